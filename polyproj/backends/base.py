@@ -1,0 +1,218 @@
+"""The :class:`QPSolver` abstract base class every backend implements.
+
+A backend is glue: it maps the canonical :class:`~polyproj.problem.QP` to its solver's API,
+maps the unified settings (``eps_abs``, ``eps_rel``, ``max_iter``, ``time_limit``, ``verbose``,
+``warm_start``) and returns a :class:`~polyproj.solution.Solution` in the single sign convention
+of DESIGN §2. Backend-specific options are listed in ``options``; an unknown name raises
+:class:`~polyproj.errors.SettingsError`.
+
+Writing a backend::
+
+    class MySolver(pp.QPSolver):
+        name = "mysolver"
+        capabilities = pp.Capabilities(dense=True)
+        requires = ("mysolver_pkg",)
+
+        def solve(self, qp, warm_start=None):
+            ...
+            return pp.Solution(x=x, z=z, z_box=z_box, status=pp.Status.SOLVED, backend=self.name, qp=qp)
+
+    pp.register_backend("mysolver", MySolver)
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import BackendUnavailable, SettingsError, close_matches
+from ..problem import QP
+from ..solution import BatchSolution, Solution, Status
+
+__all__ = ["Capabilities", "QPSolver", "SETTINGS"]
+
+#: The unified settings every backend accepts, with their defaults.
+SETTINGS: dict[str, Any] = {
+    "eps_abs": 1e-8,
+    "eps_rel": 0.0,
+    "max_iter": None,
+    "time_limit": None,
+    "verbose": False,
+    "warm_start": True,
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do (shown by ``polyproj backends``)."""
+
+    dense: bool = True
+    sparse: bool = False
+    batch: bool = False  # native solve_batch
+    gpu: bool = False
+    warm_start: bool = False
+    duals: bool = True
+    infeasibility: bool = False  # detects primal/dual infeasibility
+
+    def as_list(self) -> list[str]:
+        """Names of the capabilities that are true."""
+        return [k for k, v in asdict(self).items() if v]
+
+
+class QPSolver(abc.ABC):
+    """Abstract base of every backend.
+
+    Parameters
+    ----------
+    eps_abs, eps_rel : float
+        Absolute / relative tolerance on primal residual, dual residual and duality gap.
+    max_iter : int or None
+    time_limit : float or None
+        Seconds; reaching it gives ``Status.TIME_LIMIT``.
+    verbose : bool
+    warm_start : bool
+        Use a given warm start (``solve(qp, warm_start=...)``) and previous results in batches.
+    **options
+        Backend-specific options; allowed names are in the class attribute ``options``.
+    """
+
+    name: ClassVar[str] = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    #: modules that must import for the backend to be available
+    requires: ClassVar[tuple[str, ...]] = ()
+    #: ``pip install "polyproj[<extra>]"`` brings the requirements
+    extra: ClassVar[str | None] = None
+    #: backend-specific option names (passed through to the solver)
+    options: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, **settings: Any) -> None:
+        unknown = [k for k in settings if k not in SETTINGS and k not in self.options]
+        if unknown:
+            known = sorted(SETTINGS) + sorted(self.options)
+            hints = "".join(close_matches(k, known) for k in unknown)
+            raise SettingsError(
+                f"unknown setting(s) {unknown} for backend {self.name!r}.{hints} "
+                f"Unified settings: {sorted(SETTINGS)}; {self.name}-specific: {sorted(self.options) or 'none'}"
+            )
+        self.settings: dict[str, Any] = {**SETTINGS, **settings}
+        self.backend_options: dict[str, Any] = {k: v for k, v in settings.items() if k in self.options}
+        for k in ("eps_abs", "eps_rel"):
+            v = self.settings[k]
+            if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
+                raise SettingsError(f"{k} must be a finite number >= 0, got {v!r}")
+        for k in ("max_iter", "time_limit"):
+            v = self.settings[k]
+            if v is not None and not (isinstance(v, (int, float)) and v > 0):
+                raise SettingsError(f"{k} must be a positive number or None, got {v!r}")
+
+    # ------------------------------------------------------------------ availability
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when the backend can run here, else why not (with the install hint)."""
+        for mod in cls.requires:
+            try:
+                importlib.import_module(mod)
+            except Exception as exc:  # ImportError, or a broken install
+                hint = f' (pip install "polyproj[{cls.extra}]")' if cls.extra else ""
+                return f"cannot import {mod}: {exc.__class__.__name__}: {exc}{hint}"
+        return None
+
+    @classmethod
+    def version(cls) -> str:
+        """Version of the underlying solver package ('' if unknown)."""
+        if not cls.requires:
+            return ""
+        try:
+            from importlib.metadata import version
+
+            return version(cls.requires[0])
+        except Exception:
+            mod = importlib.import_module(cls.requires[0])
+            return str(getattr(mod, "__version__", ""))
+
+    @classmethod
+    def ensure_available(cls) -> None:
+        """Raise :class:`BackendUnavailable` with the install hint when the backend cannot run."""
+        reason = cls.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailable(f"backend {cls.name!r} is unavailable: {reason}")
+
+    # ------------------------------------------------------------------ solving
+    @abc.abstractmethod
+    def solve(self, qp: QP, warm_start: Solution | Mapping[str, np.ndarray] | None = None) -> Solution:
+        """Solve one QP; never raise on infeasibility or iteration limits (they are statuses)."""
+
+    def solve_batch(
+        self,
+        qp: QP,
+        q: np.ndarray | None = None,
+        l: np.ndarray | None = None,
+        u: np.ndarray | None = None,
+        lb: np.ndarray | None = None,
+        ub: np.ndarray | None = None,
+        warm_start: BatchSolution | None = None,
+    ) -> BatchSolution:
+        """Solve many QPs that share ``P`` and ``C``; the given vectors carry a batch dimension.
+
+        The default loops over :meth:`solve`; backends with a native batch path override it.
+        """
+        vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
+        size = self._batch_size(vecs)
+        sols = []
+        t0 = time.perf_counter()
+        for i in range(size):
+            qpi = qp.with_vectors(**{k: v[i] for k, v in vecs.items()})
+            ws = warm_start.solution(i) if warm_start is not None else None
+            sols.append(self.solve(qpi, warm_start=ws))
+        return BatchSolution.stack(sols, backend=self.name, solve_time=time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ helpers for subclasses
+    @staticmethod
+    def _batch_vectors(qp: QP, **vecs: np.ndarray | None) -> dict[str, np.ndarray]:
+        from ..errors import ProblemError
+
+        out = {}
+        sizes = {"q": qp.n, "l": qp.m, "u": qp.m, "lb": qp.n, "ub": qp.n}
+        for k, v in vecs.items():
+            if v is None:
+                continue
+            arr = np.asarray(v, dtype=np.float64)
+            if arr.ndim != 2 or arr.shape[1] != sizes[k]:
+                raise ProblemError(f"batched {k} must have shape (batch, {sizes[k]}), got {arr.shape}")
+            out[k] = arr
+        return out
+
+    @staticmethod
+    def _batch_size(vecs: dict[str, np.ndarray]) -> int:
+        from ..errors import ProblemError
+
+        sizes = {v.shape[0] for v in vecs.values()}
+        if len(sizes) > 1:
+            raise ProblemError(f"batched vectors disagree on the batch size: { {k: v.shape[0] for k, v in vecs.items()} }")
+        if not sizes:
+            raise ProblemError("solve_batch needs at least one batched vector (q, l, u, lb or ub)")
+        return sizes.pop()
+
+    @staticmethod
+    def _nan_solution(qp: QP, status: Status, backend: str, **kw: Any) -> Solution:
+        """A Solution with NaN primal/dual values (for failures)."""
+        return Solution(
+            x=np.full(qp.n, np.nan),
+            z=np.full(qp.m, np.nan),
+            z_box=np.full(qp.n, np.nan),
+            status=status,
+            backend=backend,
+            qp=qp,
+            **kw,
+        )
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.settings.items() if SETTINGS.get(k, object()) != v}
+        args = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+        return f"{type(self).__name__}({args})"

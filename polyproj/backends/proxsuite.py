@@ -1,0 +1,213 @@
+"""ProxSuite (ProxQP) backend: dense and sparse, native batches via ``solve_in_parallel``.
+
+ProxQP's form is ``min ½xᵀHx + gᵀx  s.t.  Ax = b, l <= Cx <= u, l_box <= x <= u_box`` with
+stationarity ``Hx + g + Aᵀy + Cᵀz (+ z_box) = 0`` — the same sign convention as polyproj, so
+the multipliers are only re-ordered (equality rows and inequality rows of our C are split).
+ProxQP has no time limit: ``time_limit`` is checked after the solve (status TIME_LIMIT when
+exceeded) and enforced hard only by the benchmark's subprocess timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..problem import QP
+from ..solution import BatchSolution, Solution, Status
+from .base import Capabilities, QPSolver
+
+__all__ = ["ProxSuiteSolver"]
+
+
+class ProxSuiteSolver(QPSolver):
+    """ProxQP from ProxSuite (``pip install "polyproj[proxsuite]"``).
+
+    Backend-specific options: ``num_threads`` (batches; default all cores), ``rho``, ``mu_eq``,
+    ``mu_in``, ``compute_preconditioner``, and ``check_duality_gap`` (default True).
+    """
+
+    name = "proxsuite"
+    capabilities = Capabilities(dense=True, sparse=True, batch=True, warm_start=True, infeasibility=True)
+    requires = ("proxsuite",)
+    extra = "proxsuite"
+    options = {"num_threads": None, "rho": None, "mu_eq": None, "mu_in": None,
+               "compute_preconditioner": True, "check_duality_gap": True}
+
+    # ---------------------------------------------------------------- problem mapping
+    @staticmethod
+    def _split(qp: QP, fold_box: bool):
+        """Split C into equality and inequality rows; optionally fold bounds into C."""
+        eq = qp.eq_mask
+        ieq = np.flatnonzero(eq)
+        iin = np.flatnonzero(~eq)
+        C = qp.C
+        if sp.issparse(C):
+            C = sp.csr_matrix(C)
+        A, b = C[ieq], qp.u[ieq]
+        Cin, l, u = C[iin], qp.l[iin], qp.u[iin]
+        box_rows = np.zeros(0, dtype=np.int64)
+        if fold_box and qp.has_bounds:
+            box_rows = np.flatnonzero(np.isfinite(qp.lb) | np.isfinite(qp.ub))
+            E = sp.identity(qp.n, format="csr")[box_rows]
+            Cin = sp.vstack([sp.csr_matrix(Cin), E]) if sp.issparse(Cin) else np.vstack([Cin, E.toarray()])
+            l = np.concatenate([l, qp.lb[box_rows]])
+            u = np.concatenate([u, qp.ub[box_rows]])
+        return ieq, iin, box_rows, A, b, Cin, l, u
+
+    def _configure(self, solver: Any, warm: bool) -> None:
+        import proxsuite
+
+        st = solver.settings
+        s = self.settings
+        st.eps_abs = float(s["eps_abs"])
+        st.eps_rel = float(s["eps_rel"])
+        st.verbose = bool(s["verbose"])
+        if s["max_iter"] is not None:
+            st.max_iter = int(s["max_iter"])
+        if self.backend_options.get("check_duality_gap", True):
+            st.check_duality_gap = True
+            st.eps_duality_gap_abs = float(s["eps_abs"])
+            st.eps_duality_gap_rel = float(s["eps_rel"])
+        st.initial_guess = (proxsuite.proxqp.InitialGuess.WARM_START if warm
+                            else proxsuite.proxqp.InitialGuess.EQUALITY_CONSTRAINED_INITIAL_GUESS)
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        kw = {k: self.backend_options[k] for k in ("rho", "mu_eq", "mu_in") if self.backend_options.get(k) is not None}
+        kw["compute_preconditioner"] = bool(self.backend_options.get("compute_preconditioner", True))
+        return kw
+
+    def _build(self, qp: QP, warm: bool):
+        import proxsuite
+
+        sparse = qp.is_sparse
+        native_box = (not sparse) and qp.has_bounds
+        ieq, iin, box_rows, A, b, Cin, l, u = self._split(qp, fold_box=not native_box)
+        n = qp.n
+        if sparse:
+            solver = proxsuite.proxqp.sparse.QP(n, A.shape[0], Cin.shape[0])
+            H = sp.csc_matrix(qp.P)
+            A, Cin = sp.csc_matrix(A), sp.csc_matrix(Cin)
+        else:
+            solver = proxsuite.proxqp.dense.QP(n, A.shape[0], Cin.shape[0], native_box)
+            H = qp.P
+            A, Cin = np.ascontiguousarray(A), np.ascontiguousarray(Cin)
+        self._configure(solver, warm)
+        args = [H, qp.q, A if A.shape[0] else None, b if A.shape[0] else None,
+                Cin if Cin.shape[0] else None, l if Cin.shape[0] else None, u if Cin.shape[0] else None]
+        if native_box:
+            args += [qp.lb, qp.ub]
+        solver.init(*args, **self._init_kwargs())
+        return solver, (ieq, iin, box_rows, native_box)
+
+    def _collect(self, qp: QP, res: Any, layout, setup_time: float) -> Solution:
+        ieq, iin, box_rows, native_box = layout
+        x = np.array(res.x, dtype=np.float64)
+        z = np.zeros(qp.m)
+        z[ieq] = res.y
+        zin = np.asarray(res.z)
+        z[iin] = zin[: iin.size]
+        z_box = np.zeros(qp.n)
+        if native_box:
+            z_box[:] = zin[iin.size: iin.size + qp.n]
+        elif box_rows.size:
+            z_box[box_rows] = zin[iin.size: iin.size + box_rows.size]
+        status = self._status(res, x)
+        tl = self.settings["time_limit"]
+        if status.ok and tl is not None and res.info.run_time * 1e-6 > tl:
+            status = Status.TIME_LIMIT
+        return Solution(
+            x=x, z=z, z_box=z_box, status=status, iterations=int(res.info.iter),
+            solve_time=float(res.info.solve_time) * 1e-6, setup_time=setup_time,
+            backend=self.name, qp=qp,
+            info={"raw_status": str(res.info.status), "pri_res": res.info.pri_res,
+                  "dua_res": res.info.dua_res, "duality_gap": res.info.duality_gap},
+        )
+
+    @staticmethod
+    def _status(res: Any, x: np.ndarray) -> Status:
+        import proxsuite
+
+        out = proxsuite.proxqp.QPSolverOutput
+        raw = res.info.status
+        status = {
+            out.PROXQP_SOLVED: Status.SOLVED,
+            out.PROXQP_MAX_ITER_REACHED: Status.MAX_ITER,
+            out.PROXQP_PRIMAL_INFEASIBLE: Status.PRIMAL_INFEASIBLE,
+            out.PROXQP_DUAL_INFEASIBLE: Status.DUAL_INFEASIBLE,
+            out.PROXQP_SOLVED_CLOSEST_PRIMAL_FEASIBLE: Status.PRIMAL_INFEASIBLE,
+        }.get(raw, Status.NUMERICAL_ERROR)
+        if status.ok and not np.all(np.isfinite(x)):
+            status = Status.NUMERICAL_ERROR
+        return status
+
+    @staticmethod
+    def _warm_vectors(qp: QP, layout, ws: Any):
+        ieq, iin, box_rows, native_box = layout
+        get = (lambda k: getattr(ws, k, None)) if not isinstance(ws, dict) else ws.get
+        x, z, zb = get("x"), get("z"), get("z_box")
+        if x is None:
+            return None
+        z = np.zeros(qp.m) if z is None else np.nan_to_num(np.asarray(z, dtype=float))
+        zb = np.zeros(qp.n) if zb is None else np.nan_to_num(np.asarray(zb, dtype=float))
+        zin = z[iin]
+        if native_box:
+            zin = np.concatenate([zin, zb])
+        elif box_rows.size:
+            zin = np.concatenate([zin, zb[box_rows]])
+        return np.nan_to_num(np.asarray(x, dtype=float)), z[ieq], zin
+
+    # ---------------------------------------------------------------- public API
+    def solve(self, qp: QP, warm_start: Any = None) -> Solution:
+        """Solve one QP with ProxQP (dense or sparse following the data)."""
+        warm = warm_start is not None and self.settings["warm_start"]
+        t0 = time.perf_counter()
+        try:
+            solver, layout = self._build(qp, warm)
+            setup = time.perf_counter() - t0
+            vecs = self._warm_vectors(qp, layout, warm_start) if warm else None
+            if vecs is not None:
+                solver.solve(*vecs)
+            else:
+                solver.solve()
+        except (RuntimeError, ValueError) as exc:  # ProxSuite raises on inconsistent data
+            return self._nan_solution(qp, Status.NUMERICAL_ERROR, self.name, info={"error": str(exc)})
+        return self._collect(qp, solver.results, layout, setup)
+
+    def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None) -> BatchSolution:
+        """Native batch: ProxSuite ``BatchQP`` (bounds folded into C) solved by ``solve_in_parallel``."""
+        import proxsuite
+
+        if qp.is_sparse or warm_start is not None:
+            return super().solve_batch(qp, q=q, l=l, u=u, lb=lb, ub=ub, warm_start=warm_start)
+        vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
+        size = self._batch_size(vecs)
+        dense = proxsuite.proxqp.dense
+        t0 = time.perf_counter()
+        batch = dense.BatchQP()
+        kw = self._init_kwargs()
+        qps, layouts = [], []
+        shared = None
+        for i in range(size):
+            qpi = qp.with_vectors(**{k: v[i] for k, v in vecs.items()})
+            if shared is None or "l" in vecs or "u" in vecs or "lb" in vecs or "ub" in vecs:
+                ieq, iin, box_rows, A, b, Cin, lo, hi = self._split(qpi, fold_box=True)
+                A, Cin = np.ascontiguousarray(A), np.ascontiguousarray(Cin)
+                shared = (A if A.shape[0] else None, b if A.shape[0] else None, Cin if Cin.shape[0] else None,
+                          lo if Cin.shape[0] else None, hi if Cin.shape[0] else None)
+                layout = (ieq, iin, box_rows, False)
+            solver = batch.init_qp_in_place(qp.n, A.shape[0], Cin.shape[0])
+            self._configure(solver, warm=False)
+            solver.init(qpi.P, qpi.q, *shared, **kw)
+            qps.append(qpi)
+            layouts.append(layout)
+        setup = time.perf_counter() - t0
+        threads = self.backend_options.get("num_threads") or os.cpu_count() or 1
+        t1 = time.perf_counter()
+        dense.solve_in_parallel(batch, int(threads))
+        wall = time.perf_counter() - t1
+        sols = [self._collect(qps[i], batch.get(i).results, layouts[i], 0.0) for i in range(size)]
+        return BatchSolution.stack(sols, backend=self.name, solve_time=wall, setup_time=setup)

@@ -1,0 +1,86 @@
+"""The ``polyproj`` command: ``backends``, ``check``, ``bench``, ``demo``.
+
+``python -m polyproj`` runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .registry import backend_info
+
+    table = Table(title="polyproj backends")
+    for col in ("name", "available", "version", "capabilities", "source"):
+        table.add_column(col)
+    for row in backend_info():
+        avail = "[green]yes[/green]" if row.available else f"[red]no[/red]: {row.reason}"
+        table.add_row(row.name, avail, row.version, ", ".join(row.capabilities), row.source)
+    Console().print(table)
+    return 0
+
+
+def _delegate(path: str, args: argparse.Namespace) -> int:
+    """Run ``module:function(args)``; a feature not installed is a clear error, not a traceback."""
+    mod_name, _, fn = path.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        print(f"polyproj: this command needs {exc.name!r}: {exc}", file=sys.stderr)
+        return 2
+    return int(getattr(mod, fn)(args) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``polyproj`` command."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="polyproj", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"polyproj {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("backends", help="list backends: availability, version, capabilities")
+    p.set_defaults(func=_cmd_backends)
+
+    p = sub.add_parser("demo", help="run the showcase")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (used by the tests)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=lambda a: _delegate("polyproj.demo:main", a))
+
+    p = sub.add_parser("check", help="run the property and conformance suites on a backend")
+    p.add_argument("backend", help="registered name or module:Class")
+    p.add_argument("--examples", type=int, default=None, help="hypothesis examples per property")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=lambda a: _delegate("polyproj.testing.check:cli_main", a))
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bsub = p.add_subparsers(dest="bench", required=True)
+    s = bsub.add_parser("solvers", help="Maros–Meszaros suite (qpbenchmark methodology)")
+    s.add_argument("--data", required=True, help="folder of Maros–Meszaros .mat files")
+    s.add_argument("--backends", nargs="+", default=None)
+    s.add_argument("--tol", type=float, default=1e-6)
+    s.add_argument("--time-limit", type=float, default=10.0)
+    s.add_argument("--subset", choices=["dense", "all", "small"], default="dense")
+    s.add_argument("--problems", nargs="+", default=None, help="only these problem names")
+    s.add_argument("--out", default=None, help="JSON results file")
+    s.set_defaults(func=lambda a: _delegate("polyproj.bench:cli_main", a))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``polyproj`` command."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

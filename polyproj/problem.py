@@ -1,0 +1,438 @@
+"""Problem model: :class:`QP` (canonical form) and :class:`Polyhedron` (the papers' form).
+
+QP (DESIGN §2)::
+
+    minimize ½ xᵀPx + qᵀx   subject to   l <= C x <= u,   lb <= x <= ub
+
+rows with ``l_i == u_i`` are equalities; ``±inf`` (or ``|v| >= 1e20``) means no bound.
+
+Polyhedron::
+
+    P = {y : A y <= a,  B y = b,  lb <= y <= ub}
+
+Both are frozen and validated on construction; bad data raises :class:`ProblemError` with a
+message that names the offending argument (and row or entry).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+
+from .errors import ProblemError
+
+__all__ = ["QP", "Polyhedron"]
+
+_INF_THRESHOLD = 1e20  # Maros–Meszaros and many solvers write infinite bounds as ±1e20
+_DENSE_PSD_LIMIT = 3000  # dense eigenvalue check up to this size
+_RANK_CHECK_LIMIT = 20_000_000  # entries of B beyond which the rank check is skipped
+
+
+# --------------------------------------------------------------------------- helpers
+def _check_numeric(arr: Any, name: str) -> None:
+    kind = np.asarray(arr.data if sp.issparse(arr) else arr).dtype.kind
+    if kind not in "biuf":
+        raise ProblemError(f"{name} must hold real numbers, got dtype {np.asarray(arr).dtype}")
+
+
+def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
+    """Validate a matrix (dense or scipy.sparse) and return it as float64 (CSC if sparse)."""
+    if M is None:
+        if allow_none:
+            return None
+        raise ProblemError(f"{name} is required")
+    if sp.issparse(M):
+        _check_numeric(M, name)
+        M = sp.csc_matrix(M, dtype=np.float64)
+        vals = M.data
+    else:
+        if hasattr(M, "detach"):  # torch tensor given to the NumPy-level API
+            M = M.detach().cpu().numpy()
+        arr = np.asarray(M)
+        _check_numeric(arr, name)
+        M = np.array(arr, dtype=np.float64)  # copy: the problem must not alias user data
+        if M.ndim == 1 and cols is not None and M.size == cols:
+            M = M[None, :]
+        vals = M
+    if M.ndim != 2:
+        raise ProblemError(f"{name} must be a 2-D matrix, got shape {M.shape}")
+    if cols is not None and M.shape[1] != cols:
+        raise ProblemError(f"{name} has {M.shape[1]} columns, expected {cols} (the number of variables)")
+    if not np.all(np.isfinite(vals)):
+        bad = np.argwhere(~np.isfinite(M.toarray() if sp.issparse(M) else M))[0]
+        raise ProblemError(f"{name} contains NaN or inf (first at row {bad[0]}, column {bad[1]})")
+    return M
+
+
+def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow_inf: int = 0) -> np.ndarray:
+    """Validate a vector of length ``size``.
+
+    ``allow_inf``: 0 no infinities, +1 only +inf, -1 only -inf. Values beyond ±1e20 count as inf.
+    """
+    if v is None:
+        if default is None:
+            raise ProblemError(f"{name} is required")
+        return np.full(size, default, dtype=np.float64)
+    if hasattr(v, "detach"):
+        v = v.detach().cpu().numpy()
+    arr = np.asarray(v)
+    _check_numeric(arr, name)
+    arr = np.array(arr, dtype=np.float64).reshape(-1) if arr.ndim <= 1 else arr
+    if arr.ndim != 1 or arr.shape[0] != size:
+        raise ProblemError(f"{name} must have shape ({size},), got {np.shape(v)}")
+    if np.any(np.isnan(arr)):
+        raise ProblemError(f"{name} contains NaN (first at index {int(np.flatnonzero(np.isnan(arr))[0])})")
+    arr = np.where(arr >= _INF_THRESHOLD, np.inf, np.where(arr <= -_INF_THRESHOLD, -np.inf, arr))
+    wrong = np.isinf(arr) & ((arr > 0) if allow_inf != 1 else (arr < 0))
+    if allow_inf == 0:
+        wrong = np.isinf(arr)
+    if np.any(wrong):
+        i = int(np.flatnonzero(wrong)[0])
+        raise ProblemError(f"{name}[{i}] = {arr[i]} is not allowed (must be finite" +
+                           ("" if allow_inf == 0 else " or " + ("+inf" if allow_inf > 0 else "-inf")) + ")")
+    return arr
+
+
+def _check_order(lo: np.ndarray, hi: np.ndarray, lname: str, uname: str) -> None:
+    bad = lo > hi
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise ProblemError(
+            f"{lname}[{i}] = {lo[i]:g} > {uname}[{i}] = {hi[i]:g}: the bounds cross "
+            f"({int(bad.sum())} such entries)"
+        )
+
+
+def _check_psd(P, name: str = "P") -> None:
+    n = P.shape[0]
+    dense = P.toarray() if sp.issparse(P) else P
+    scale = max(1.0, float(np.max(np.abs(dense)))) if dense.size else 1.0
+    asym = float(np.max(np.abs(dense - dense.T))) if dense.size else 0.0
+    if asym > 1e-9 * scale:
+        i, j = np.unravel_index(np.argmax(np.abs(dense - dense.T)), dense.shape)
+        raise ProblemError(
+            f"{name} is not symmetric: |{name}[{i},{j}] - {name}[{j},{i}]| = {asym:.3g}; "
+            f"pass (P + P.T) / 2 if you meant the symmetric part"
+        )
+    diag = np.diag(dense)
+    if np.any(diag < -1e-9 * scale):
+        i = int(np.argmin(diag))
+        raise ProblemError(f"{name} is not positive semidefinite ({name}[{i},{i}] = {diag[i]:.3g} < 0)")
+    if n <= _DENSE_PSD_LIMIT:
+        lam = float(scipy.linalg.eigvalsh(dense, subset_by_index=[0, 0])[0]) if n else 0.0
+        if lam < -1e-8 * scale:
+            raise ProblemError(
+                f"{name} is not positive semidefinite (smallest eigenvalue {lam:.3g}); "
+                "polyproj solves convex QPs only"
+            )
+
+
+def _dependent_rows(B) -> list[int]:
+    """Indices of rows of B that are linear combinations of the other rows (empty if full rank)."""
+    dense = B.toarray() if sp.issparse(B) else B
+    if dense.shape[0] == 0:
+        return []
+    norms = np.linalg.norm(dense, axis=1)
+    zero = [int(i) for i in np.flatnonzero(norms == 0)]
+    scaled = dense / np.where(norms > 0, norms, 1.0)[:, None]
+    _, R, piv = scipy.linalg.qr(scaled.T, mode="economic", pivoting=True)
+    d = np.abs(np.diag(R))
+    tol = max(dense.shape) * np.finfo(float).eps * (d[0] if d.size else 1.0) * 100
+    rank = int(np.sum(d > tol))
+    dep = sorted(set(int(i) for i in piv[rank:]) | set(zero))
+    return dep
+
+
+# --------------------------------------------------------------------------- QP
+@dataclass(frozen=True, eq=False)
+class QP:
+    """Convex quadratic program ``min ½ xᵀPx + qᵀx  s.t.  l <= Cx <= u,  lb <= x <= ub``.
+
+    Parameters
+    ----------
+    P : (n, n) array or scipy.sparse matrix
+        Symmetric positive semidefinite (checked).
+    q : (n,) array
+    C : (m, n) array or scipy.sparse matrix, optional
+    l, u : (m,) arrays, optional
+        ``-inf`` / ``+inf`` (or beyond ±1e20) mean unbounded; ``l_i == u_i`` is an equality.
+    lb, ub : (n,) arrays, optional
+        Variable bounds.
+    check_psd : bool
+        Check symmetry and positive semidefiniteness of P (default True).
+
+    Examples
+    --------
+    >>> import numpy as np, polyproj as pp
+    >>> qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    >>> qp.n, qp.m
+    (2, 1)
+    """
+
+    P: Any
+    q: Any
+    C: Any = None
+    l: Any = None
+    u: Any = None
+    lb: Any = None
+    ub: Any = None
+    check_psd: bool = field(default=True, repr=False)
+
+    def __post_init__(self) -> None:
+        q = _vector(self.q, "q", np.size(self.q))
+        n = q.shape[0]
+        P = _matrix(self.P, "P", n, allow_none=False)
+        if P.shape != (n, n):
+            raise ProblemError(f"P must have shape ({n}, {n}) to match q, got {P.shape}")
+        C = _matrix(self.C, "C", n)
+        if C is None:
+            C = np.zeros((0, n))
+            if self.l is not None or self.u is not None:
+                raise ProblemError("l/u given without C")
+        m = C.shape[0]
+        l = _vector(self.l, "l", m, default=-np.inf, allow_inf=-1)
+        u = _vector(self.u, "u", m, default=np.inf, allow_inf=1)
+        _check_order(l, u, "l", "u")
+        lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1)
+        ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1)
+        _check_order(lb, ub, "lb", "ub")
+        if self.check_psd:
+            _check_psd(P)
+        for k, v in dict(P=P, q=q, C=C, l=l, u=u, lb=lb, ub=ub).items():
+            object.__setattr__(self, k, v)
+
+    # -- construction without re-validating P and C (hot paths: batches of projections)
+    def with_vectors(self, **vectors: Any) -> QP:
+        """Copy with some of ``q, l, u, lb, ub`` replaced (validated); P and C are shared."""
+        unknown = set(vectors) - {"q", "l", "u", "lb", "ub"}
+        if unknown:
+            raise ProblemError(f"with_vectors() takes q, l, u, lb, ub; got {sorted(unknown)}")
+        new = object.__new__(QP)
+        spec = {"q": (self.n, 0), "l": (self.m, -1), "u": (self.m, 1), "lb": (self.n, -1), "ub": (self.n, 1)}
+        vals = {}
+        for k, (size, inf) in spec.items():
+            vals[k] = _vector(vectors[k], k, size, allow_inf=inf) if k in vectors else getattr(self, k)
+        _check_order(vals["l"], vals["u"], "l", "u")
+        _check_order(vals["lb"], vals["ub"], "lb", "ub")
+        for k, v in dict(P=self.P, C=self.C, check_psd=self.check_psd, **vals).items():
+            object.__setattr__(new, k, v)
+        return new
+
+    # -- sizes and structure
+    @property
+    def n(self) -> int:
+        """Number of variables."""
+        return int(self.q.shape[0])
+
+    @property
+    def m(self) -> int:
+        """Number of rows of C."""
+        return int(self.C.shape[0])
+
+    @property
+    def is_sparse(self) -> bool:
+        """True when P or C is a scipy.sparse matrix."""
+        return sp.issparse(self.P) or sp.issparse(self.C)
+
+    @property
+    def eq_mask(self) -> np.ndarray:
+        """Rows of C that are equalities (l == u)."""
+        return self.l == self.u
+
+    @property
+    def has_bounds(self) -> bool:
+        """True when some variable bound is finite."""
+        return bool(np.any(np.isfinite(self.lb)) or np.any(np.isfinite(self.ub)))
+
+    # -- evaluation
+    def objective(self, x: np.ndarray) -> float:
+        """½ xᵀPx + qᵀx."""
+        x = np.asarray(x, dtype=np.float64)
+        return float(0.5 * x @ (self.P @ x) + self.q @ x)
+
+    def primal_violation(self, x: np.ndarray) -> float:
+        """Largest violation of the constraints at ``x`` (inf-norm; NaN x gives inf)."""
+        x = np.asarray(x, dtype=np.float64)
+        if not np.all(np.isfinite(x)):
+            return float("inf")
+        v = 0.0
+        if self.m:
+            cx = self.C @ x
+            v = max(v, float(np.max(np.maximum(cx - self.u, self.l - cx), initial=0.0)))
+        v = max(v, float(np.max(np.maximum(x - self.ub, self.lb - x), initial=0.0)))
+        return v
+
+    def dense(self) -> QP:
+        """The same problem with dense P and C."""
+        if not self.is_sparse:
+            return self
+        new = self.with_vectors()
+        object.__setattr__(new, "P", self.P.toarray() if sp.issparse(self.P) else self.P)
+        object.__setattr__(new, "C", self.C.toarray() if sp.issparse(self.C) else self.C)
+        return new
+
+    def __repr__(self) -> str:
+        kind = "sparse" if self.is_sparse else "dense"
+        return f"QP(n={self.n}, m={self.m}, equalities={int(self.eq_mask.sum())}, {kind})"
+
+
+# --------------------------------------------------------------------------- Polyhedron
+@dataclass(frozen=True, eq=False)
+class Polyhedron:
+    """Polyhedron ``{y : A y <= a, B y = b, lb <= y <= ub}``.
+
+    Inequality rows are numbered in *inequality form*: first the rows of ``A``, then one row
+    ``-y_i <= -lb_i`` per finite lower bound, then one row ``y_i <= ub_i`` per finite upper
+    bound. Active-set masks (``ProjectionResult.active``) and :func:`polyproj.hs_jacobian` use this
+    numbering; ``n_ineq`` is its length.
+
+    Parameters
+    ----------
+    A : (m, n) array or sparse, optional;  a : (m,) array (``+inf`` allowed: row ignored)
+    B : (p, n) array or sparse, optional;  b : (p,) array.  ``B`` must have full row rank.
+    lb, ub : (n,) arrays, optional
+    n : int, optional
+        Number of variables when neither A nor B is given.
+
+    Examples
+    --------
+    >>> import numpy as np, polyproj as pp
+    >>> simplex = pp.Polyhedron(B=np.ones((1, 3)), b=[1.0], lb=np.zeros(3))
+    >>> simplex.n, simplex.n_ineq
+    (3, 3)
+    """
+
+    A: Any = None
+    a: Any = None
+    B: Any = None
+    b: Any = None
+    lb: Any = None
+    ub: Any = None
+    n: int | None = None
+
+    def __post_init__(self) -> None:
+        n = self.n
+        for M in (self.A, self.B):
+            if M is not None and n is None:
+                shp = M.shape if sp.issparse(M) else np.shape(M)
+                n = int(shp[-1]) if len(shp) else None
+        for v in (self.lb, self.ub):
+            if v is not None and n is None:
+                n = int(np.size(v))
+        if n is None or n <= 0:
+            raise ProblemError("cannot tell the number of variables: give A, B, lb/ub or n")
+        A = _matrix(self.A, "A", n)
+        B = _matrix(self.B, "B", n)
+        if A is None:
+            A = np.zeros((0, n))
+            if self.a is not None and np.size(self.a):
+                raise ProblemError("a given without A")
+        if B is None:
+            B = np.zeros((0, n))
+            if self.b is not None and np.size(self.b):
+                raise ProblemError("b given without B")
+        a = _vector(self.a, "a", A.shape[0], default=np.inf if A.shape[0] == 0 else None, allow_inf=1)
+        b = _vector(self.b, "b", B.shape[0], default=0.0 if B.shape[0] == 0 else None)
+        lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1)
+        ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1)
+        _check_order(lb, ub, "lb", "ub")
+        if B.shape[0] and B.shape[0] * n <= _RANK_CHECK_LIMIT:
+            dep = _dependent_rows(B)
+            if dep:
+                raise ProblemError(
+                    f"B must have full row rank: rows {dep} of B are linearly dependent on the others "
+                    "(remove them; if they are consistent they add nothing, if not the set is empty)"
+                )
+        for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub, n=n).items():
+            object.__setattr__(self, k, v)
+
+    # -- sizes
+    @property
+    def m_ineq(self) -> int:
+        """Rows of A."""
+        return int(self.A.shape[0])
+
+    @property
+    def m_eq(self) -> int:
+        """Rows of B."""
+        return int(self.B.shape[0])
+
+    @functools.cached_property
+    def lb_idx(self) -> np.ndarray:
+        """Indices of finite lower bounds."""
+        return np.flatnonzero(np.isfinite(self.lb))
+
+    @functools.cached_property
+    def ub_idx(self) -> np.ndarray:
+        """Indices of finite upper bounds."""
+        return np.flatnonzero(np.isfinite(self.ub))
+
+    @property
+    def n_ineq(self) -> int:
+        """Length of the inequality form: rows of A + finite lb + finite ub."""
+        return self.m_ineq + self.lb_idx.size + self.ub_idx.size
+
+    # -- dense views used by projection and the HS-Jacobian
+    @functools.cached_property
+    def A_dense(self) -> np.ndarray:
+        """A as a dense array."""
+        return self.A.toarray() if sp.issparse(self.A) else self.A
+
+    @functools.cached_property
+    def B_dense(self) -> np.ndarray:
+        """B as a dense array."""
+        return self.B.toarray() if sp.issparse(self.B) else self.B
+
+    # -- conversions
+    def constraint_form(self):
+        """Return ``(C, l, u, lb, ub)`` of the canonical QP: C = [A; B], l = [-inf; b], u = [a; b]."""
+        if sp.issparse(self.A) or sp.issparse(self.B):
+            C = sp.vstack([sp.csc_matrix(self.A), sp.csc_matrix(self.B)], format="csc")
+        else:
+            C = np.vstack([self.A, self.B])
+        l = np.concatenate([np.full(self.m_ineq, -np.inf), self.b])
+        u = np.concatenate([self.a, self.b])
+        return C, l, u, self.lb, self.ub
+
+    def projection_qp(self, x: np.ndarray | None = None) -> QP:
+        """The QP whose solution is the projection of ``x``: P = I, q = -x."""
+        C, l, u, lb, ub = self.constraint_form()
+        x = np.zeros(self.n) if x is None else x
+        eye = sp.identity(self.n, format="csc") if sp.issparse(C) else np.eye(self.n)
+        qp = QP(P=eye, q=-np.asarray(x, dtype=np.float64), C=C, l=l, u=u, lb=lb, ub=ub, check_psd=False)
+        return qp
+
+    # -- evaluation (batched)
+    def violation(self, Y: np.ndarray) -> np.ndarray:
+        """Largest constraint violation of each row of ``Y`` ((n,) or (batch, n))."""
+        Y = np.asarray(Y, dtype=np.float64)
+        Y2 = np.atleast_2d(Y)
+        v = np.zeros(Y2.shape[0])
+        if self.m_ineq:
+            fin = np.isfinite(self.a)
+            r = (self.A @ Y2.T).T[:, fin] - self.a[fin]
+            v = np.maximum(v, np.max(r, axis=1, initial=0.0))
+        if self.m_eq:
+            v = np.maximum(v, np.max(np.abs((self.B @ Y2.T).T - self.b), axis=1))
+        v = np.maximum(v, np.max(np.maximum(Y2 - self.ub, self.lb - Y2), axis=1, initial=0.0))
+        v = np.where(np.all(np.isfinite(Y2), axis=1), v, np.inf)
+        return v if Y.ndim == 2 else v[0]
+
+    def ineq_slack(self, Y: np.ndarray) -> np.ndarray:
+        """Slack ``rhs - row·y`` of every inequality-form row, shape (batch, n_ineq)."""
+        Y2 = np.atleast_2d(np.asarray(Y, dtype=np.float64))
+        parts = []
+        if self.m_ineq:
+            parts.append(self.a - (self.A @ Y2.T).T)
+        parts.append(Y2[:, self.lb_idx] - self.lb[self.lb_idx])
+        parts.append(self.ub[self.ub_idx] - Y2[:, self.ub_idx])
+        return np.concatenate(parts, axis=1)
+
+    def __repr__(self) -> str:
+        return (f"Polyhedron(n={self.n}, inequalities={self.m_ineq}, equalities={self.m_eq}, "
+                f"lower bounds={self.lb_idx.size}, upper bounds={self.ub_idx.size})")

@@ -1,0 +1,285 @@
+"""Exact projection onto a polyhedron with any backend: solve, identify the active set, polish.
+
+``project(X, P)`` asks a backend for the projection (one QP with ``P = I, q = -x`` per row of
+``X``), then identifies the active set from *both* the slacks and the multipliers (DESIGN §5) and
+**polishes**: it solves the equality-constrained projection onto the candidate active rows exactly
+(:func:`polyproj.hs_jacobian.project_on_face`) and accepts it when it is feasible and its
+inequality multipliers are non-negative — the KKT conditions of the projection. Rows with negative
+multipliers are dropped and violated rows added (a primal–dual active-set step) until the KKT
+conditions hold or ``max_polish_iter`` is reached. The result is then exact to rounding whatever the
+backend's accuracy, and its active set is the one the HS-Jacobian needs. When polish is refused the
+result says so (``polished[i]`` False) and keeps the backend's point.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import InfeasibleError, PolyprojWarning, ProblemError
+from .hs_jacobian import box_masks, expand_rows, factor_active, project_on_face
+from .problem import Polyhedron
+from .registry import get_backend
+from .solution import BatchSolution, Solution, Status
+
+__all__ = ["ProjectionResult", "project"]
+
+
+@dataclass(frozen=True)
+class ProjectionResult:
+    """Result of :func:`project`.
+
+    For a single point ``x`` of shape ``(n,)`` the batch dimension is dropped from every array and
+    ``status`` / ``polished`` are scalars.
+
+    Attributes
+    ----------
+    y : (batch, n)
+        The projections.
+    active : (batch, n_ineq) bool
+        Active inequality-form rows (rows of A, then finite lb, then finite ub).
+    multipliers : (batch, n_ineq + m_eq)
+        KKT multipliers: ``>= 0`` for inequality-form rows, free for the rows of B, with
+        ``y − x + A_Iᵀλ_I + Bᵀμ − λ_lb + λ_ub = 0``.
+    status : Status or tuple of Status
+    max_violation : float
+        Largest constraint violation over the batch.
+    violation : (batch,)
+    polished : bool or (batch,) bool
+        Whether the exact polish was accepted (the KKT conditions hold to rounding).
+    backend : str
+    solution : BatchSolution
+        What the backend returned.
+    """
+
+    y: np.ndarray
+    active: np.ndarray
+    multipliers: np.ndarray
+    status: Any
+    max_violation: float
+    violation: np.ndarray
+    polished: Any
+    backend: str
+    solution: BatchSolution | Solution | None = field(default=None, repr=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _projection_qp(polyhedron: Polyhedron):
+    return polyhedron.projection_qp()
+
+
+def _ineq_rows(P: Polyhedron):
+    """Rhs, row 1-norms and row 2-norms of the inequality form (for tolerances)."""
+    rhs = np.concatenate([P.a, -P.lb[P.lb_idx], P.ub[P.ub_idx]])
+    ones = np.ones(P.lb_idx.size + P.ub_idx.size)
+    rn1 = np.concatenate([np.abs(P.A_dense).sum(axis=1), ones])
+    rn2 = np.concatenate([np.linalg.norm(P.A_dense, axis=1), ones])
+    return rhs, rn1, np.where(rn2 > 0, rn2, 1.0)
+
+
+def _backend_multipliers(P: Polyhedron, sol: BatchSolution) -> np.ndarray:
+    """Inequality-form multipliers (>= 0 meaningful) from the backend's z, z_box."""
+    z = np.nan_to_num(np.atleast_2d(sol.z))
+    zb = np.nan_to_num(np.atleast_2d(sol.z_box))
+    return np.concatenate([z[:, : P.m_ineq], -zb[:, P.lb_idx], zb[:, P.ub_idx]], axis=1)
+
+
+def _face_solve(P: Polyhedron, X: np.ndarray, S: np.ndarray):
+    """Exact projection onto the face given by the candidate set S (b, n_ineq).
+
+    Returns Y, inequality-form multipliers (b, n_ineq), equality multipliers (b, m_eq), consistency.
+    """
+    m, nl = P.m_ineq, P.lb_idx.size
+    batch, n = X.shape
+    sA, s_lb, s_ub = S[:, :m], S[:, m: m + nl], S[:, m + nl:]
+    at_lb, at_ub = box_masks(s_lb, s_ub, P.lb_idx, P.ub_idx, n, batch, np, np.float64, None)
+    # a coordinate listed at both bounds (lb == ub) is fixed once, at the upper bound value
+    at_lb = at_lb * (1.0 - at_ub)
+    fixed = at_lb + at_ub
+    fixed_val = np.where(at_ub > 0, np.nan_to_num(P.ub, posinf=0.0), np.nan_to_num(P.lb, neginf=0.0))
+    F = factor_active(P.A_dense, P.B_dense, sA, 1.0 - fixed)
+    a = np.nan_to_num(P.a, posinf=0.0)
+    Y, lam_c, cons = project_on_face(F, X, a, P.b, fixed_val, fixed)
+    lamA, mu = expand_rows(F, lam_c)
+    # box multipliers from stationarity on the fixed coordinates: y - x + Mᵀλ + z_box = 0
+    Mt_lam = np.einsum("bkn,bk->bn", F.rows, lam_c)
+    z_box = (X - Y - Mt_lam) * fixed
+    lam_lb = (-z_box * at_lb)[:, P.lb_idx]
+    lam_ub = (z_box * at_ub)[:, P.ub_idx]
+    mult = np.concatenate([lamA, lam_lb, lam_ub], axis=1)
+    return Y, mult, mu, np.max(np.abs(cons), axis=1, initial=0.0)
+
+
+def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
+    """Primal–dual active-set polish; returns Y, active, mult (ineq + eq), accepted mask."""
+    batch = X.shape[0]
+    rhs, rn, rn2 = _ineq_rows(P)
+    fin = np.isfinite(rhs)
+    ynorm = np.max(np.abs(np.where(np.isfinite(Y0), Y0, X)), axis=1, keepdims=True)
+    rscale = 1.0 + np.abs(np.where(fin, rhs, 0.0))[None, :] + rn[None, :] * ynorm
+    good0 = np.all(np.isfinite(Y0), axis=1)
+    Ystart = np.where(good0[:, None], Y0, X)
+    slack0 = P.ineq_slack(Ystart)
+    mscale = 1.0 + np.max(np.abs(mult0), axis=1, keepdims=True)
+    # candidates: geometric distance to the row's hyperplane small, or multiplier clearly positive
+    # (a weakly active row left out is harmless: it is re-added if the face point violates it,
+    # and it enters the final active set by its zero slack)
+    S = fin[None, :] & ((slack0 / rn2 <= dist_tol * (1.0 + ynorm)) | (mult0 > cand_tol * mscale))
+    Y = np.array(Ystart)
+    mult = np.zeros((batch, P.n_ineq))
+    mu = np.zeros((batch, P.m_eq))
+    accepted = np.zeros(batch, dtype=bool)
+    todo = np.arange(batch)
+    for it in range(max_iter):
+        if todo.size == 0:
+            break
+        Yt, mt, mut, cons = _face_solve(P, X[todo], S[todo])
+        slack = P.ineq_slack(Yt)
+        feas_tol = tol * rscale[todo]
+        mtol = tol * (1.0 + np.max(np.abs(mt), axis=1, keepdims=True))
+        # rows to drop: negative multiplier, or left slack by an inconsistent (least-squares) face
+        neg = S[todo] & ((mt < -mtol) | (slack > feas_tol))
+        viol = (~S[todo]) & fin[None, :] & (slack < -feas_tol)
+        eq_ok = cons <= tol * (1.0 + np.max(np.abs(Yt), axis=1))
+        if P.m_eq:
+            eq_ok &= np.max(np.abs(P.B_dense @ Yt.T - P.b[:, None]), axis=0) <= tol * (1.0 + np.abs(P.b).max())
+        done = ~neg.any(axis=1) & ~viol.any(axis=1) & eq_ok
+        Y[todo], mult[todo], mu[todo] = Yt, mt, mut
+        accepted[todo[done]] = True
+        # next candidate set, one change per sample (a primal active-set step): add the most
+        # violated row if there is one, else drop the row with the most negative multiplier
+        rest = ~done
+        Snew = S[todo][rest]
+        has_v = viol[rest].any(axis=1)
+        dist = slack[rest] / rn2[None, :]
+        worst_v = np.argmin(np.where(viol[rest], dist, np.inf), axis=1)
+        worst_n = np.argmin(np.where(neg[rest], np.minimum(mt[rest], -dist), np.inf), axis=1)
+        rows = np.flatnonzero(rest)
+        Snew[np.arange(rows.size)[has_v], worst_v[has_v]] = True
+        drop = ~has_v & neg[rest].any(axis=1)
+        Snew[np.arange(rows.size)[drop], worst_n[drop]] = False
+        todo = todo[rest]
+        S[todo] = Snew
+    mult = np.where(mult > 0, mult, 0.0)
+    slack = P.ineq_slack(Y)
+    active = np.zeros((batch, P.n_ineq), dtype=bool)
+    active[accepted] = S[accepted] | (fin[None, :] & (np.abs(slack[accepted]) <= tol * rscale[accepted]))
+    return Y, active, np.concatenate([mult, mu], axis=1), accepted
+
+
+def project(
+    X: Any,
+    polyhedron: Polyhedron,
+    backend: Any = "proxsuite",
+    *,
+    polish: bool = True,
+    tol: float = 1e-9,
+    max_polish_iter: int = 50,
+    **settings: Any,
+) -> ProjectionResult:
+    """Project points onto a polyhedron exactly, with the active set.
+
+    Parameters
+    ----------
+    X : (n,) or (batch, n) array
+    polyhedron : Polyhedron
+    backend : str or QPSolver
+        Any registered backend (default ``"proxsuite"``); batches use its native ``solve_batch``.
+    polish : bool
+        Polish to the exact projection on the identified active face (default True).
+    tol : float
+        Tolerance of the KKT checks of the polish (relative to the scale of each row).
+    max_polish_iter : int
+        Active-set corrections allowed during polish.
+    **settings
+        Backend settings (``eps_abs``, ``max_iter``, ...).
+
+    Returns
+    -------
+    ProjectionResult
+
+    Raises
+    ------
+    ProblemError
+        X of the wrong shape, or holding NaN/inf.
+    InfeasibleError
+        The polyhedron is empty (``.solution`` holds the backend's answer).
+
+    Examples
+    --------
+    >>> import numpy as np, polyproj as pp
+    >>> simplex = pp.Polyhedron(B=np.ones((1, 3)), b=[1.0], lb=np.zeros(3))
+    >>> res = pp.project(np.array([0.9, 0.5, -1.0]), simplex)
+    >>> np.round(res.y, 12), res.active
+    (array([0.7, 0.3, 0. ]), array([False, False,  True]))
+    """
+    if not isinstance(polyhedron, Polyhedron):
+        raise ProblemError(f"polyhedron must be a polyproj.Polyhedron, got {type(polyhedron).__name__}")
+    if hasattr(X, "detach"):
+        raise ProblemError("pp.project takes NumPy arrays; use polyproj.adapters.torch.project for tensors")
+    Xa = np.asarray(X)
+    if Xa.dtype.kind not in "biuf":
+        raise ProblemError(f"X must hold real numbers, got dtype {Xa.dtype}")
+    single = Xa.ndim == 1
+    X2 = np.atleast_2d(np.asarray(Xa, dtype=np.float64))
+    if X2.ndim != 2 or X2.shape[1] != polyhedron.n:
+        raise ProblemError(f"X must have shape ({polyhedron.n},) or (batch, {polyhedron.n}), got {Xa.shape}")
+    if not np.all(np.isfinite(X2)):
+        i = np.argwhere(~np.isfinite(X2))[0]
+        raise ProblemError(f"X contains NaN or inf (first at {tuple(int(v) for v in i) if not single else int(i[1])})")
+    solver = get_backend(backend, **settings)
+    qp = _projection_qp(polyhedron)
+    if X2.shape[0] == 1:
+        sol1 = solver.solve(qp.with_vectors(q=-X2[0]))
+        sol = BatchSolution.stack([sol1], backend=solver.name)
+    else:
+        sol = solver.solve_batch(qp, q=-X2)
+    statuses = list(sol.status)
+    if Status.PRIMAL_INFEASIBLE in statuses:
+        raise InfeasibleError(
+            f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
+            f"{Status.PRIMAL_INFEASIBLE.message}",
+            solution=sol,
+        )
+    Y0 = np.array(sol.x, dtype=np.float64)
+    mult0 = _backend_multipliers(polyhedron, sol)
+    if polish:
+        eps = float(solver.settings.get("eps_abs", 1e-8))
+        Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps),
+                                            dist_tol=max(1e-9, eps), tol=tol,
+                                            max_iter=max_polish_iter)
+        Y = np.where(accepted[:, None], Y, Y0)
+        statuses = [Status.SOLVED if acc else st for acc, st in zip(accepted, statuses, strict=True)]
+        if not accepted.all():
+            warnings.warn(
+                f"polish refused for {int((~accepted).sum())} of {len(accepted)} points: the KKT "
+                "conditions could not be verified on the identified active set; those points keep "
+                f"the backend's accuracy (statuses {sorted({s.name for s in np.array(sol.status)[~accepted]})})",
+                PolyprojWarning,
+                stacklevel=2,
+            )
+        if not accepted.all():  # fall back to a slack-and-multiplier rule on refused points
+            bad = ~accepted
+            rhs = _ineq_rows(polyhedron)[0]
+            slack = polyhedron.ineq_slack(Y0[bad])
+            active[bad] = np.isfinite(rhs)[None, :] & (slack <= 1e-7 * (1 + np.abs(np.nan_to_num(rhs))))
+            eqm = np.nan_to_num(np.atleast_2d(sol.z))[:, polyhedron.m_ineq:]
+            mult[bad] = np.concatenate([np.maximum(mult0[bad], 0), eqm[bad]], axis=1)
+    else:
+        Y = Y0
+        accepted = np.zeros(X2.shape[0], dtype=bool)
+        rhs = _ineq_rows(polyhedron)[0]
+        eps = float(solver.settings.get("eps_abs", 1e-8))
+        active = np.isfinite(rhs)[None, :] & (polyhedron.ineq_slack(Y) <= max(1e-7, 100 * eps) * (1 + np.abs(np.nan_to_num(rhs))))
+        eqm = np.nan_to_num(np.atleast_2d(sol.z))[:, polyhedron.m_ineq:]
+        mult = np.concatenate([np.maximum(mult0, 0), eqm], axis=1)
+    viol = polyhedron.violation(Y)
+    if single:
+        return ProjectionResult(Y[0], active[0], mult[0], statuses[0], float(viol[0]), viol,
+                                bool(accepted[0]), solver.name, sol.solution(0))
+    return ProjectionResult(Y, active, mult, tuple(statuses), float(np.max(viol)), viol, accepted,
+                            solver.name, sol)

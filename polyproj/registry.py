@@ -1,0 +1,194 @@
+"""Backend registry: built-in table (lazy), run-time registrations, and entry points.
+
+Lookup order for a name: run-time registrations (:func:`register_backend`), the built-in table,
+then the entry-point group ``polyproj.backends`` of installed distributions, e.g. in a
+third party's ``pyproject.toml``::
+
+    [project.entry-points."polyproj.backends"]
+    mysolver = "mysolver_polyproj:MySolver"
+
+Nothing is imported until a backend is used or its availability is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from .backends.base import QPSolver
+from .errors import BackendNotFound, BackendUnavailable, PolyprojError, close_matches
+
+__all__ = [
+    "BackendInfo",
+    "available_backends",
+    "backend_info",
+    "get_backend",
+    "register_backend",
+    "unregister_backend",
+]
+
+ENTRY_POINT_GROUP = "polyproj.backends"
+
+#: name -> (import path, extra that installs it)
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "proxsuite": ("polyproj.backends.proxsuite:ProxSuiteSolver", "proxsuite"),
+    "osqp": ("polyproj.backends.osqp:OSQPSolver", "osqp"),
+    "highs": ("polyproj.backends.highs:HiGHSSolver", "highs"),
+    "ipm": ("polyproj.backends.ipm:IPMSolver", "ipm"),
+    "cupy": ("polyproj.backends.cupy:CuPySolver", "cupy"),
+}
+
+_RUNTIME: dict[str, type[QPSolver]] = {}
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One row of :func:`backend_info`."""
+
+    name: str
+    available: bool
+    reason: str = ""
+    version: str = ""
+    capabilities: list[str] = field(default_factory=list)
+    source: str = "builtin"
+
+
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _import_path(path: str) -> type[QPSolver]:
+    mod_name, _, cls_name = path.partition(":")
+    if not cls_name:
+        raise BackendNotFound(f"{path!r} is not of the form 'module:Class'")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise BackendNotFound(f"cannot import module {mod_name!r} for backend {path!r}: {exc}") from exc
+    try:
+        return getattr(mod, cls_name)
+    except AttributeError as exc:
+        raise BackendNotFound(f"module {mod_name!r} has no attribute {cls_name!r}") from exc
+
+
+def _check_class(cls: Any, name: str) -> type[QPSolver]:
+    if not (isinstance(cls, type) and issubclass(cls, QPSolver)):
+        raise PolyprojError(f"backend {name!r} must be a subclass of polyproj.QPSolver, got {cls!r}")
+    return cls
+
+
+def _all_names() -> list[str]:
+    return list(dict.fromkeys([*_RUNTIME, *_BUILTIN, *_entry_points()]))
+
+
+def _resolve(name: str) -> tuple[type[QPSolver], str]:
+    """Return (class, source) for a backend name; raise BackendNotFound."""
+    if name in _RUNTIME:
+        return _RUNTIME[name], "runtime"
+    if name in _BUILTIN:
+        return _check_class(_import_path(_BUILTIN[name][0]), name), "builtin"
+    eps = _entry_points()
+    if name in eps:
+        try:
+            cls = eps[name].load()
+        except Exception as exc:
+            raise BackendUnavailable(f"entry point {name!r} ({eps[name].value}) failed to load: {exc}") from exc
+        return _check_class(cls, name), "entry point"
+    if ":" in name:
+        return _check_class(_import_path(name), name), "path"
+    raise BackendNotFound(
+        f"no backend named {name!r}.{close_matches(name, _all_names())} "
+        f"Known backends: {', '.join(_all_names())}"
+    )
+
+
+def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False) -> None:
+    """Register a backend class under ``name`` for this process.
+
+    Parameters
+    ----------
+    name : str
+    cls : subclass of :class:`QPSolver`
+    overwrite : bool
+        Replace an existing registration of the same name (built-ins included).
+    """
+    _check_class(cls, name)
+    if not overwrite and (name in _RUNTIME or name in _BUILTIN):
+        raise PolyprojError(f"backend {name!r} is already registered; pass overwrite=True to replace it")
+    _RUNTIME[name] = cls
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a run-time registration (built-ins and entry points are not affected)."""
+    _RUNTIME.pop(name, None)
+
+
+def get_backend(backend: str | QPSolver | type[QPSolver] = "proxsuite", **settings: Any) -> QPSolver:
+    """Return a ready solver.
+
+    Parameters
+    ----------
+    backend : str, QPSolver instance or QPSolver subclass
+        A registered name, ``"module:Class"``, an instance (returned as is when no settings are
+        given, else a copy with the settings merged) or a class.
+    **settings
+        Unified settings and backend-specific options.
+
+    Raises
+    ------
+    BackendNotFound
+        Unknown name (the message names close matches).
+    BackendUnavailable
+        Known, but its package is missing (the message has the ``pip install`` hint).
+    SettingsError
+        Unknown setting.
+    """
+    if isinstance(backend, QPSolver):
+        if not settings:
+            return backend
+        return type(backend)(**{**backend.settings, **backend.backend_options, **settings})
+    if isinstance(backend, type):
+        cls = _check_class(backend, getattr(backend, "__name__", "?"))
+    elif isinstance(backend, str):
+        cls, _ = _resolve(backend)
+    else:
+        raise PolyprojError(f"backend must be a name, a QPSolver or a QPSolver subclass, got {backend!r}")
+    cls.ensure_available()
+    return cls(**settings)
+
+
+def backend_info() -> list[BackendInfo]:
+    """Every known backend with availability, reason, version and capabilities."""
+    rows = []
+    for name in _all_names():
+        try:
+            cls, source = _resolve(name)
+        except PolyprojError as exc:
+            source = "runtime" if name in _RUNTIME else "builtin" if name in _BUILTIN else "entry point"
+            rows.append(BackendInfo(name, False, reason=str(exc), source=source))
+            continue
+        reason = cls.unavailable_reason()
+        version = ""
+        if reason is None:
+            try:
+                version = cls.version()
+            except Exception:  # version lookup is cosmetic
+                version = ""
+        rows.append(
+            BackendInfo(
+                name,
+                reason is None,
+                reason=reason or "",
+                version=version,
+                capabilities=cls.capabilities.as_list(),
+                source=source,
+            )
+        )
+    return rows
+
+
+def available_backends() -> list[str]:
+    """Names of the backends that can run here."""
+    return [row.name for row in backend_info() if row.available]

@@ -1,0 +1,217 @@
+"""Solver results: the :class:`Status` enum and the :class:`Solution` / :class:`BatchSolution` records.
+
+Sign convention (DESIGN §2): with ``z`` one multiplier per row of ``C`` and ``z_box`` one per
+variable bound, stationarity reads ``P x + q + Cᵀ z + z_box = 0``; ``z_i > 0`` means the upper side
+``u_i`` is active, ``z_i < 0`` the lower side ``l_i``. Every backend maps its multipliers to this.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .problem import QP
+
+__all__ = ["BatchSolution", "Solution", "Status"]
+
+
+class Status(enum.Enum):
+    """Outcome of a solve. ``status.message`` says what it means and what to try."""
+
+    SOLVED = "solved"
+    SOLVED_INACCURATE = "solved_inaccurate"
+    PRIMAL_INFEASIBLE = "primal_infeasible"
+    DUAL_INFEASIBLE = "dual_infeasible"
+    MAX_ITER = "max_iter"
+    TIME_LIMIT = "time_limit"
+    NUMERICAL_ERROR = "numerical_error"
+    NON_CONVEX = "non_convex"
+
+    @property
+    def message(self) -> str:
+        """Human-readable explanation with a fix-it hint."""
+        return _MESSAGES[self]
+
+    @property
+    def ok(self) -> bool:
+        """True for SOLVED and SOLVED_INACCURATE (a usable x)."""
+        return self in (Status.SOLVED, Status.SOLVED_INACCURATE)
+
+
+_MESSAGES = {
+    Status.SOLVED: "solved to the requested tolerance",
+    Status.SOLVED_INACCURATE: "a solution was found but not to the requested tolerance; "
+    "loosen eps_abs/eps_rel, raise max_iter, or try another backend",
+    Status.PRIMAL_INFEASIBLE: "the constraints admit no point; check l <= u, the bounds and "
+    "the consistency of the equalities",
+    Status.DUAL_INFEASIBLE: "the objective is unbounded below on the feasible set; add bounds "
+    "or make P positive definite on the feasible directions",
+    Status.MAX_ITER: "the iteration limit was reached; raise max_iter or loosen the tolerances",
+    Status.TIME_LIMIT: "the time limit was reached; raise time_limit",
+    Status.NUMERICAL_ERROR: "the solver failed numerically; rescale the data or try another backend",
+    Status.NON_CONVEX: "P is not positive semidefinite; polyproj solves convex QPs only",
+}
+
+
+def _pos(v: np.ndarray) -> np.ndarray:
+    return np.maximum(v, 0.0)
+
+
+def _finite_dot(bound: np.ndarray, mult: np.ndarray) -> float:
+    """Sum of bound * mult over entries where the bound is finite (0 * inf counted as 0)."""
+    fin = np.isfinite(bound)
+    return float(np.dot(bound[fin], mult[fin]))
+
+
+@dataclass(frozen=True)
+class Solution:
+    """Result of one QP solve.
+
+    Attributes
+    ----------
+    x : ndarray (n,)
+        Primal solution (NaN when the solver produced none).
+    z : ndarray (m,)
+        Multipliers of ``l <= C x <= u`` (DESIGN §2 sign convention).
+    z_box : ndarray (n,)
+        Multipliers of ``lb <= x <= ub``.
+    status : Status
+    iterations : int
+    solve_time, setup_time : float
+        Seconds, as measured around the solver call.
+    backend : str
+    qp : QP or None
+        The problem that was solved; the residual methods use it.
+    info : dict
+        Backend-specific extras (raw status, infeasibility certificates, ...).
+    """
+
+    x: np.ndarray
+    z: np.ndarray
+    z_box: np.ndarray
+    status: Status
+    iterations: int = 0
+    solve_time: float = 0.0
+    setup_time: float = 0.0
+    backend: str = ""
+    qp: QP | None = field(default=None, repr=False, compare=False)
+    info: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the status is SOLVED or SOLVED_INACCURATE."""
+        return self.status.ok
+
+    @property
+    def objective(self) -> float:
+        """½ xᵀPx + qᵀx (NaN without a problem attached)."""
+        if self.qp is None:
+            return float("nan")
+        return self.qp.objective(self.x)
+
+    def _problem(self, qp: QP | None) -> QP:
+        qp = qp if qp is not None else self.qp
+        if qp is None:
+            from .errors import PolyprojError
+
+            raise PolyprojError("this Solution carries no problem; pass qp= to the residual method")
+        return qp
+
+    def primal_residual(self, qp: QP | None = None) -> float:
+        """Largest violation of ``l <= Cx <= u`` and ``lb <= x <= ub`` (inf-norm)."""
+        return self._problem(qp).primal_violation(self.x)
+
+    def dual_residual(self, qp: QP | None = None) -> float:
+        """Inf-norm of ``Px + q + Cᵀz + z_box`` plus multipliers on infinite bounds."""
+        qp = self._problem(qp)
+        x, z, zb = self.x, self.z, self.z_box
+        r = qp.P @ x + qp.q
+        if qp.m:
+            r = r + qp.C.T @ z
+        r = r + zb
+        worst = float(np.max(np.abs(r))) if r.size else 0.0
+        # a multiplier pushing against an infinite bound is a dual infeasibility
+        for mult, lo, hi in ((z, qp.l, qp.u), (zb, qp.lb, qp.ub)):
+            if mult.size:
+                bad = np.concatenate([_pos(mult)[np.isposinf(hi)], _pos(-mult)[np.isneginf(lo)]])
+                if bad.size:
+                    worst = max(worst, float(np.max(bad)))
+        return worst
+
+    def duality_gap(self, qp: QP | None = None) -> float:
+        """|xᵀPx + qᵀx + uᵀz⁺ − lᵀz⁻ + ubᵀz_box⁺ − lbᵀz_box⁻| (qpbenchmark's definition)."""
+        qp = self._problem(qp)
+        x, z, zb = self.x, self.z, self.z_box
+        gap = float(x @ (qp.P @ x) + qp.q @ x)
+        gap += _finite_dot(qp.u, _pos(z)) - _finite_dot(qp.l, _pos(-z))
+        gap += _finite_dot(qp.ub, _pos(zb)) - _finite_dot(qp.lb, _pos(-zb))
+        return abs(gap)
+
+    def residuals(self, qp: QP | None = None) -> dict[str, float]:
+        """All three residuals as a dict (primal, dual, gap)."""
+        return {
+            "primal": self.primal_residual(qp),
+            "dual": self.dual_residual(qp),
+            "gap": self.duality_gap(qp),
+        }
+
+
+@dataclass(frozen=True)
+class BatchSolution:
+    """Results of many QPs sharing P and C (one row per element).
+
+    ``status`` holds one :class:`Status` per element; one failed element never spoils the
+    others. ``solution(i)`` returns element ``i`` as a :class:`Solution`.
+    """
+
+    x: np.ndarray
+    z: np.ndarray
+    z_box: np.ndarray
+    status: tuple[Status, ...]
+    iterations: np.ndarray
+    solve_time: float = 0.0
+    setup_time: float = 0.0
+    backend: str = ""
+    qps: tuple[QP, ...] | None = field(default=None, repr=False, compare=False)
+    info: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.status)
+
+    @property
+    def ok(self) -> np.ndarray:
+        """Boolean mask of elements with a usable solution."""
+        return np.array([s.ok for s in self.status], dtype=bool)
+
+    def solution(self, i: int) -> Solution:
+        """Element ``i`` as a :class:`Solution`."""
+        return Solution(
+            x=self.x[i],
+            z=self.z[i],
+            z_box=self.z_box[i],
+            status=self.status[i],
+            iterations=int(self.iterations[i]),
+            solve_time=self.solve_time / max(len(self), 1),
+            backend=self.backend,
+            qp=None if self.qps is None else self.qps[i],
+        )
+
+    @classmethod
+    def stack(cls, sols: list[Solution], backend: str = "", **kw: Any) -> BatchSolution:
+        """Stack single solutions into a batch record."""
+        return cls(
+            x=np.stack([s.x for s in sols]),
+            z=np.stack([s.z for s in sols]),
+            z_box=np.stack([s.z_box for s in sols]),
+            status=tuple(s.status for s in sols),
+            iterations=np.array([s.iterations for s in sols], dtype=np.int64),
+            solve_time=kw.pop("solve_time", sum(s.solve_time for s in sols)),
+            setup_time=kw.pop("setup_time", sum(s.setup_time for s in sols)),
+            backend=backend or (sols[0].backend if sols else ""),
+            qps=tuple(s.qp for s in sols) if sols and sols[0].qp is not None else None,
+            **kw,
+        )

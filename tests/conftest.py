@@ -1,0 +1,40 @@
+"""Shared fixtures: hypothesis profiles and the backend fixture parametrised over every backend."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import polyproj as pp
+
+# `ci` is bounded (make test); `dev` is long (make test-dev). HYPOTHESIS_PROFILE selects.
+settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", max_examples=500, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+#: CPU backends every test runs on (cupy needs a GPU and is tested by benchmarks/gpu_check.sh)
+CPU_BACKENDS = [name for name in pp.available_backends() if name != "cupy"]
+
+
+@pytest.fixture(params=CPU_BACKENDS)
+def backend(request) -> str:
+    """Name of each available CPU backend in turn."""
+    return request.param
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded generator (tests are deterministic)."""
+    return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def shared_dir() -> str:
+    """The shared/ folder beside the repository (Maros–Meszaros data)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.normpath(os.path.join(here, "..", "..", "shared"))
