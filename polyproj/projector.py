@@ -124,7 +124,7 @@ def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
     good0 = np.all(np.isfinite(Y0), axis=1)
     Ystart = np.where(good0[:, None], Y0, X)
     slack0 = P.ineq_slack(Ystart)
-    mscale = 1.0 + np.max(np.abs(mult0), axis=1, keepdims=True)
+    mscale = 1.0 + np.max(np.abs(mult0), axis=1, keepdims=True, initial=0.0)
     # candidates: geometric distance to the row's hyperplane small, or multiplier clearly positive
     # (a weakly active row left out is harmless: it is re-added if the face point violates it,
     # and it enters the final active set by its zero slack)
@@ -140,7 +140,7 @@ def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
         Yt, mt, mut, cons = _face_solve(P, X[todo], S[todo])
         slack = P.ineq_slack(Yt)
         feas_tol = tol * rscale[todo]
-        mtol = tol * (1.0 + np.max(np.abs(mt), axis=1, keepdims=True))
+        mtol = tol * (1.0 + np.max(np.abs(mt), axis=1, keepdims=True, initial=0.0))
         # rows to drop: negative multiplier, or left slack by an inconsistent (least-squares) face
         neg = S[todo] & ((mt < -mtol) | (slack > feas_tol))
         viol = (~S[todo]) & fin[None, :] & (slack < -feas_tol)
@@ -153,6 +153,8 @@ def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
         # next candidate set, one change per sample (a primal active-set step): add the most
         # violated row if there is one, else drop the row with the most negative multiplier
         rest = ~done
+        if not rest.any() or P.n_ineq == 0:
+            break
         Snew = S[todo][rest]
         has_v = viol[rest].any(axis=1)
         dist = slack[rest] / rn2[None, :]

@@ -1,0 +1,119 @@
+"""pp.project: optimality checked independently (KKT from scratch), at tight and loose backend tolerances."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyproj as pp
+from tests.helpers import kkt_residuals, random_polytope
+
+SIZES = [(5, 8, 0), (20, 40, 1), (60, 120, 3), (200, 400, 5)]
+
+
+@pytest.mark.parametrize(("n", "m", "p"), SIZES)
+@pytest.mark.parametrize("eps_abs", [1e-9, 1e-4])
+def test_projection_satisfies_kkt(n, m, p, eps_abs):
+    rng = np.random.default_rng(n * 7 + m)
+    P = random_polytope(rng, n, m, p)
+    batch = 6 if n < 200 else 3
+    X = 3.0 * rng.normal(size=(batch, n))
+    res = pp.project(X, P, backend="proxsuite", eps_abs=eps_abs)
+    assert res.polished.all()
+    assert res.max_violation <= 1e-9
+    for i in range(batch):
+        r = kkt_residuals(P, X[i], res.y[i], res.multipliers[i])
+        scale = 1.0 + np.max(np.abs(X[i]))
+        assert r["stationarity"] <= 1e-8 * scale, r
+        assert r["dual_feasibility"] <= 1e-8, r
+        assert r["complementarity"] <= 1e-8 * scale, r
+        assert r["primal"] <= 1e-9, r
+        # the active set is the set of rows with zero slack
+        slack = P.ineq_slack(res.y[i])[0]
+        assert np.all(np.abs(slack[res.active[i]]) <= 1e-9 * (1 + np.abs(slack).max()))
+
+
+def test_projection_of_interior_point_is_identity(rng):
+    P = random_polytope(rng, 10, 20, 0)
+    x0 = np.linalg.lstsq(P.A_dense, P.a - 0.5, rcond=None)[0]
+    x0 = np.clip(x0, P.lb + 1e-3, P.ub - 1e-3)
+    if P.violation(x0) > 0:  # fall back to a known interior point: a projection is in P
+        x0 = pp.project(x0, P).y
+    res = pp.project(x0, P)
+    np.testing.assert_allclose(res.y, x0, atol=1e-12)
+
+
+def test_single_point_and_batch_agree(rng):
+    P = random_polytope(rng, 15, 30, 2)
+    X = 2.0 * rng.normal(size=(4, 15))
+    batch = pp.project(X, P)
+    for i in range(4):
+        single = pp.project(X[i], P)
+        assert single.y.shape == (15,)
+        assert single.active.shape == (P.n_ineq,)
+        assert isinstance(single.status, pp.Status)
+        np.testing.assert_allclose(single.y, batch.y[i], atol=1e-12)
+        np.testing.assert_array_equal(single.active, batch.active[i])
+
+
+def test_simplex_projection_matches_closed_form(rng):
+    """Projection onto the probability simplex has a sort-based closed form (Held et al.)."""
+    n = 12
+    P = pp.Polyhedron(B=np.ones((1, n)), b=[1.0], lb=np.zeros(n))
+    X = rng.normal(size=(20, n))
+    res = pp.project(X, P)
+    for x, y in zip(X, res.y):
+        u = np.sort(x)[::-1]
+        css = np.cumsum(u) - 1.0
+        k = np.max(np.flatnonzero(u - css / np.arange(1, n + 1) > 0)) + 1
+        ref = np.maximum(x - css[k - 1] / k, 0.0)
+        np.testing.assert_allclose(y, ref, atol=1e-12)
+
+
+def test_projection_with_equality_only_is_affine_projection(rng):
+    B = rng.normal(size=(3, 8))
+    b = rng.normal(size=3)
+    P = pp.Polyhedron(B=B, b=b)
+    x = rng.normal(size=8)
+    ref = x - B.T @ np.linalg.solve(B @ B.T, B @ x - b)
+    np.testing.assert_allclose(pp.project(x, P).y, ref, atol=1e-12)
+
+
+def test_projection_sparse_polyhedron_matches_dense(rng):
+    import scipy.sparse as sp
+
+    P = random_polytope(rng, 30, 50, 2)
+    Ps = pp.Polyhedron(A=sp.csr_matrix(P.A), a=P.a, B=sp.csr_matrix(P.B), b=P.b, lb=P.lb, ub=P.ub)
+    X = 3.0 * rng.normal(size=(3, 30))
+    np.testing.assert_allclose(pp.project(X, Ps).y, pp.project(X, P).y, atol=1e-10)
+
+
+def test_polish_off_keeps_backend_point(rng):
+    P = random_polytope(rng, 10, 20, 1)
+    X = 3.0 * rng.normal(size=(2, 10))
+    res = pp.project(X, P, polish=False, eps_abs=1e-6)
+    assert not res.polished.any()
+    assert np.allclose(res.y, res.solution.x)
+
+
+def test_project_rejects_bad_points(rng):
+    P = random_polytope(rng, 4, 6, 0)
+    with pytest.raises(pp.ProblemError, match="NaN or inf"):
+        pp.project(np.array([0.0, np.nan, 0.0, 0.0]), P)
+    with pytest.raises(pp.ProblemError, match="NaN or inf"):
+        pp.project(np.array([[0.0, np.inf, 0.0, 0.0]]), P)
+    with pytest.raises(pp.ProblemError, match="shape"):
+        pp.project(np.zeros(5), P)
+    with pytest.raises(pp.ProblemError, match="real numbers"):
+        pp.project(np.array(["a", "b", "c", "d"]), P)
+    with pytest.raises(pp.ProblemError, match="Polyhedron"):
+        pp.project(np.zeros(4), "not a polyhedron")
+
+
+def test_project_infeasible_polyhedron_raises():
+    # y1 <= -1 and -y1 <= -1 (y1 >= 1): empty
+    P = pp.Polyhedron(A=[[1.0, 0.0], [-1.0, 0.0]], a=[-1.0, -1.0])
+    with pytest.raises(pp.InfeasibleError, match="empty") as info:
+        pp.project(np.zeros(2), P)
+    assert info.value.solution is not None
+    assert pp.Status.PRIMAL_INFEASIBLE in info.value.solution.status
