@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--subset", choices=["dense", "all", "small"], default="dense")
     s.add_argument("--problems", nargs="+", default=None, help="only these problem names")
     s.add_argument("--out", default=None, help="JSON results file")
+    s.add_argument("--jobs", type=int, default=None, help="parallel solves (default min(2, cores))")
     s.set_defaults(func=lambda a: _delegate("polyproj.bench:cli_main", a))
     return parser
 

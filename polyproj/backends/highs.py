@@ -1,0 +1,161 @@
+"""HiGHS backend (highspy): active-set QP solver (simplex for LPs), bounds as column bounds.
+
+HiGHS solves ``min cᵀx + ½xᵀQx  s.t.  L <= Ax <= U, lb <= x <= ub`` with ``Q`` given as its lower
+triangle in column-wise (CSC) form. Its duals satisfy ``Qx + c - Aᵀy - s = 0`` (``y`` row duals,
+``s`` column duals / reduced costs), so polyproj's multipliers are ``z = -y`` and ``z_box = -s``.
+A non-convex ``Q`` is reported by HiGHS as a model/solve error and mapped to NON_CONVEX (never a
+silent answer); ``time_limit`` and ``max_iter`` map to HiGHS's ``time_limit`` and
+``qp_iteration_limit`` / ``simplex_iteration_limit``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..problem import QP
+from ..solution import Solution, Status
+from .base import Capabilities, QPSolver
+
+__all__ = ["HiGHSSolver"]
+
+
+def _nonconvex(qp: QP, always: bool = False) -> bool:
+    """True when P has an eigenvalue below ``-1e-8 max|P|``.
+
+    Checked before the solve only when ``QP(check_psd=False)`` let P through unchecked, and after
+    a HiGHS error (HiGHS stops with "Solve error" / "Not Set" on a non-convex Hessian).
+    """
+    if (qp.check_psd and not always) or qp.n == 0:
+        return False
+    from scipy.linalg import eigvalsh
+    from scipy.sparse.linalg import eigsh
+
+    P = qp.P
+    scale = max(1.0, float(abs(P).max()))
+    if qp.n <= 3000:
+        lam = eigvalsh(P.toarray() if sp.issparse(P) else P, subset_by_index=[0, 0])[0]
+    else:
+        lam = eigsh(sp.csc_matrix(P), k=1, which="SA", return_eigenvectors=False)[0]
+    return bool(lam < -1e-8 * scale)
+
+
+class HiGHSSolver(QPSolver):
+    """HiGHS through highspy (``pip install "polyproj[highs]"``).
+
+    Backend-specific options: any HiGHS option name is *not* accepted blindly; the supported ones
+    are ``primal_feasibility_tolerance``, ``dual_feasibility_tolerance`` (both default to
+    ``eps_abs``), ``presolve`` (``"choose"``/``"on"``/``"off"``), ``threads`` and
+    ``qp_regularization_value`` (default ``min(1e-7, 1e-3 eps_abs)``; HiGHS's own default 1e-7
+    limits the dual residual to about 1e-7).
+    """
+
+    name = "highs"
+    capabilities = Capabilities(dense=True, sparse=True, warm_start=False, infeasibility=True)
+    requires = ("highspy",)
+    extra = "highs"
+    options: ClassVar[dict[str, Any]] = {"primal_feasibility_tolerance": None, "dual_feasibility_tolerance": None,
+               "presolve": None, "threads": None, "qp_regularization_value": None}
+
+    def _highs(self) -> Any:
+        import highspy
+
+        h = highspy.Highs()
+        s = self.settings
+        h.setOptionValue("output_flag", bool(s["verbose"]))
+        tol = max(float(s["eps_abs"]), 1e-10)  # HiGHS rejects tolerances below 1e-10
+        h.setOptionValue("primal_feasibility_tolerance", tol)
+        h.setOptionValue("dual_feasibility_tolerance", tol)
+        if s["time_limit"] is not None:
+            h.setOptionValue("time_limit", float(s["time_limit"]))
+        if s["max_iter"] is not None:
+            h.setOptionValue("qp_iteration_limit", int(s["max_iter"]))
+            h.setOptionValue("simplex_iteration_limit", int(s["max_iter"]))
+        # HiGHS's QP solver regularises with 1e-7 by default, which caps dual accuracy near 1e-7;
+        # scale it with the requested tolerance (an explicit option wins)
+        h.setOptionValue("qp_regularization_value", min(1e-7, 1e-3 * tol))
+        for k, v in self.backend_options.items():
+            if v is not None:
+                h.setOptionValue(k, v)
+        return h
+
+    @staticmethod
+    def _model(qp: QP) -> Any:
+        import highspy
+
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = qp.n, qp.m
+        lp.col_cost_ = qp.q
+        lp.col_lower_, lp.col_upper_ = qp.lb, qp.ub
+        lp.row_lower_, lp.row_upper_ = qp.l, qp.u
+        A = sp.csc_matrix(qp.C)
+        A.sort_indices()
+        mat = lp.a_matrix_
+        mat.format_ = highspy.MatrixFormat.kColwise
+        mat.num_col_, mat.num_row_ = qp.n, qp.m
+        mat.start_, mat.index_, mat.value_ = A.indptr, A.indices, A.data
+        model = highspy.HighsModel()
+        model.lp_ = lp
+        Q = sp.tril(sp.csc_matrix(qp.P), format="csc")
+        Q.eliminate_zeros()
+        if Q.nnz:
+            Q.sort_indices()
+            hess = highspy.HighsHessian()
+            hess.dim_ = qp.n
+            hess.format_ = highspy.HessianFormat.kTriangular
+            hess.start_, hess.index_, hess.value_ = Q.indptr, Q.indices, Q.data
+            model.hessian_ = hess
+        return model
+
+    def solve(self, qp: QP, warm_start: Any = None) -> Solution:
+        """Solve one QP with HiGHS (warm starts are not used: HiGHS's QP solver has none here)."""
+        import highspy
+
+        if _nonconvex(qp):
+            return self._nan_solution(qp, Status.NON_CONVEX, self.name, info={"error": "P is not PSD"})
+        t0 = time.perf_counter()
+        h = self._highs()
+        pass_status = h.passModel(self._model(qp))
+        setup = time.perf_counter() - t0
+        if pass_status == highspy.HighsStatus.kError:
+            return self._nan_solution(qp, Status.NUMERICAL_ERROR, self.name, setup_time=setup,
+                                      info={"error": "HiGHS rejected the model"})
+        t1 = time.perf_counter()
+        run_status = h.run()
+        solve_time = time.perf_counter() - t1
+        ms = h.getModelStatus()
+        M = highspy.HighsModelStatus
+        status = {
+            M.kOptimal: Status.SOLVED,
+            M.kInfeasible: Status.PRIMAL_INFEASIBLE,
+            M.kUnbounded: Status.DUAL_INFEASIBLE,
+            M.kUnboundedOrInfeasible: Status.DUAL_INFEASIBLE,
+            M.kTimeLimit: Status.TIME_LIMIT,
+            M.kIterationLimit: Status.MAX_ITER,
+        }.get(ms, Status.NUMERICAL_ERROR)
+        if status is Status.NUMERICAL_ERROR and _nonconvex(qp, always=True):
+            status = Status.NON_CONVEX
+        info_h = h.getInfo()
+        iters = int(info_h.qp_iteration_count) + max(int(info_h.simplex_iteration_count), 0)
+        info = {"raw_status": h.modelStatusToString(ms), "run_status": str(run_status)}
+        if ms == M.kUnboundedOrInfeasible:
+            info["note"] = "HiGHS reports unbounded-or-infeasible"
+        sol = h.getSolution()
+        if not status.ok and status not in (Status.TIME_LIMIT, Status.MAX_ITER):
+            return self._nan_solution(qp, status, self.name, iterations=iters, solve_time=solve_time,
+                                      setup_time=setup, info=info)
+        x = np.array(sol.col_value, dtype=np.float64)
+        if sol.dual_valid:
+            z, z_box = -np.array(sol.row_dual, dtype=np.float64), -np.array(sol.col_dual, dtype=np.float64)
+        else:
+            z, z_box = np.full(qp.m, np.nan), np.full(qp.n, np.nan)
+        if x.shape != (qp.n,) or (status.ok and not np.all(np.isfinite(x))):
+            x, status = np.full(qp.n, np.nan), Status.NUMERICAL_ERROR
+        if x.shape == (qp.n,) and run_status == highspy.HighsStatus.kWarning and status is Status.SOLVED:
+            info["warning"] = "HiGHS returned a warning"
+        return Solution(x=x, z=z, z_box=z_box, status=status, iterations=iters, solve_time=solve_time,
+                        setup_time=setup, backend=self.name, qp=qp, info=info)
+

@@ -1,0 +1,298 @@
+"""``polyproj bench solvers``: the Maros–Meszaros suite with qpbenchmark's methodology.
+
+For every (problem, backend) pair the solve runs in its own child process with a hard timeout, so a
+crashing or hanging solver costs one failure, not the run. A solve is a **success** when the backend
+returns a solution (status SOLVED or SOLVED_INACCURATE) whose
+
+- primal residual  ``max(0, Cx - u, l - Cx, x - ub, lb - x)``,
+- dual residual    ``||Px + q + Cᵀz + z_box||_∞``,
+- duality gap      ``|xᵀPx + qᵀx + uᵀz⁺ - lᵀz⁻ + ubᵀz_box⁺ - lbᵀz_box⁻|``
+
+are all at most ``tol`` — computed by polyproj's own :class:`~polyproj.Solution` methods, with
+``eps_abs = tol`` and ``eps_rel = 0`` given to the solver (qpbenchmark's definitions). Runtime
+(wall-clock of ``backend.solve``, set-up included) is summarised by the shifted geometric mean
+
+    sgm(t) = exp(mean(log(t_i + 10))) - 10,
+
+failures charged the time limit; ``sgm rel`` divides by the best backend's value (1.0 = fastest).
+
+Examples
+--------
+    polyproj bench solvers --data ../shared/data/maros_meszaros --tol 1e-6 --time-limit 10
+    polyproj bench solvers --data DIR --backends osqp highs --problems HS21 QAFIRO
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SolveRecord", "cli_main", "machine_description", "run_suite", "shifted_geometric_mean",
+           "solve_one", "summarize"]
+
+SHIFT = 10.0
+
+
+@dataclass(frozen=True)
+class SolveRecord:
+    """Outcome of one (problem, backend) solve."""
+
+    problem: str
+    backend: str
+    status: str
+    success: bool
+    runtime: float  # seconds, wall-clock of backend.solve (time limit charged on failure in summaries)
+    primal: float
+    dual: float
+    gap: float
+    iterations: int
+    note: str = ""
+
+
+def shifted_geometric_mean(values: Sequence[float], shift: float = SHIFT) -> float:
+    """``exp(mean(log(v + shift))) - shift`` (qpbenchmark's runtime summary)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return float("nan")
+    return float(np.exp(np.mean(np.log(v + shift))) - shift)
+
+
+def machine_description() -> dict[str, Any]:
+    """Platform, CPU, Python and package versions (written into every results file)."""
+    from .registry import backend_info
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "python": sys.version.split()[0], "numpy": np.__version__,
+            "backends": {b.name: b.version for b in backend_info() if b.available}}
+
+
+def _residual(fn) -> float:
+    try:
+        v = float(fn())
+    except Exception:
+        return float("inf")
+    return v if math.isfinite(v) else float("inf")
+
+
+def solve_one(mm: Any, backend: str, tol: float, time_limit: float) -> SolveRecord:
+    """Solve one Maros–Meszaros problem with one backend (runs in the child process)."""
+    from .registry import get_backend
+
+    note = ""
+    try:
+        solver = get_backend(backend, eps_abs=tol, eps_rel=0.0, time_limit=time_limit)
+        t0 = time.perf_counter()
+        sol = solver.solve(mm.qp)
+        runtime = time.perf_counter() - t0
+    except Exception as exc:  # a broken backend is a failure of that backend, not of the run
+        return SolveRecord(mm.name, backend, "exception", False, float(time_limit), math.inf, math.inf,
+                           math.inf, 0, note=f"{type(exc).__name__}: {exc}"[:300])
+    res = [_residual(f) for f in (sol.primal_residual, sol.dual_residual, sol.duality_gap)]
+    ok = sol.status.ok and runtime <= time_limit and all(r <= tol for r in res)
+    return SolveRecord(mm.name, backend, sol.status.value, bool(ok), runtime, *res, int(sol.iterations), note)
+
+
+def _child(conn: Any, mm: Any, backend: str, tol: float, time_limit: float) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # solvers' C-level banners and logs would garble the progress bar
+    os.dup2(devnull, 2)
+    try:
+        conn.send(asdict(solve_one(mm, backend, tol, time_limit)))
+    finally:
+        conn.close()
+
+
+def _load(data: str, name: str, dense: bool) -> Any:
+    """Load a problem; a non-convex P is kept (check_psd=False) so each backend can say so.
+
+    With ``dense`` the matrices are converted to NumPy arrays (the dense subset is meant for
+    dense solvers; ProxSuite then uses its dense backend).
+    """
+    from dataclasses import replace
+
+    from .errors import ProblemError
+    from .maros_meszaros import load_problem
+
+    path = os.path.join(data, f"{name}.mat")
+    try:
+        mm = load_problem(path)
+    except ProblemError:
+        mm = load_problem(path, check_psd=False)
+    return replace(mm, qp=mm.qp.dense()) if dense else mm
+
+
+def run_suite(data: str, backends: Sequence[str], names: Sequence[str], tol: float, time_limit: float,
+              jobs: int = 2, progress: Any = None, dense: bool = False) -> list[SolveRecord]:
+    """Solve every problem with every backend, each solve in a child process with a hard timeout.
+
+    ``dense`` converts every problem to dense matrices before the solves.
+
+    The child is killed ``time_limit * 1.2 + 3`` seconds after its start; a killed or crashed
+    child is recorded as a failure (status ``killed`` / ``crashed``).
+    """
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    tasks = [(name, b) for name in names for b in backends]
+    remaining = {name: len(backends) for name in names}
+    cache: dict[str, Any] = {}
+    running: dict[Any, tuple[Any, str, str, float]] = {}
+    records: list[SolveRecord] = []
+    hard = time_limit * 1.2 + 3.0
+
+    def fail(name: str, b: str, status: str, note: str) -> SolveRecord:
+        return SolveRecord(name, b, status, False, float(time_limit), math.inf, math.inf, math.inf, 0, note)
+
+    def finish(name: str, rec: SolveRecord) -> None:
+        records.append(rec)
+        remaining[name] -= 1
+        if remaining[name] == 0:
+            cache.pop(name, None)
+        if progress is not None:
+            progress(rec)
+
+    while tasks or running:
+        while tasks and len(running) < max(1, jobs):
+            name, b = tasks.pop(0)
+            if name not in cache:
+                try:
+                    cache[name] = _load(data, name, dense)
+                except Exception as exc:
+                    finish(name, fail(name, b, "load_error", f"{type(exc).__name__}: {exc}"[:300]))
+                    continue
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(child, cache[name], b, tol, time_limit), daemon=True)
+            proc.start()
+            child.close()
+            running[parent] = (proc, name, b, time.monotonic() + hard)
+        ready = wait(list(running), timeout=0.05)
+        now = time.monotonic()
+        for conn in list(running):
+            proc, name, b, deadline = running[conn]
+            if conn in ready:
+                try:
+                    rec = SolveRecord(**conn.recv())
+                except (EOFError, OSError):
+                    rec = fail(name, b, "crashed", f"child exited with code {proc.join(1) or proc.exitcode}")
+            elif now > deadline:
+                proc.kill()
+                rec = fail(name, b, "killed", f"no answer after {hard:.1f} s")
+            else:
+                continue
+            proc.join(1)
+            conn.close()
+            del running[conn]
+            finish(name, rec)
+    order = {(n, b): i for i, (n, b) in enumerate((n, b) for n in names for b in backends)}
+    return sorted(records, key=lambda r: order[(r.problem, r.backend)])
+
+
+def summarize(records: Sequence[SolveRecord], backends: Sequence[str], time_limit: float) -> dict[str, dict]:
+    """Per backend: problems, successes, success rate (%), shifted geometric mean runtime (abs, rel)."""
+    out: dict[str, dict] = {}
+    for b in backends:
+        recs = [r for r in records if r.backend == b]
+        times = [r.runtime if r.success else time_limit for r in recs]
+        ok = sum(r.success for r in recs)
+        out[b] = {"problems": len(recs), "solved": ok, "success_rate": 100.0 * ok / max(len(recs), 1),
+                  "sgm_runtime": shifted_geometric_mean(times)}
+    best = min((v["sgm_runtime"] for v in out.values()), default=float("nan"))
+    for v in out.values():
+        v["sgm_runtime_rel"] = v["sgm_runtime"] / best if best > 0 else float("nan")
+    return out
+
+
+def _finite(obj: Any) -> Any:
+    """Replace inf/NaN floats by None so that the JSON is standard."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _default_backends() -> list[str]:
+    from .registry import available_backends
+
+    return [b for b in available_backends() if b != "cupy"]
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    """Run ``polyproj bench solvers`` (see the module docstring)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from .maros_meszaros import DataNotFound, list_problems
+    from .registry import get_backend
+
+    console = Console()
+    backends = list(args.backends or _default_backends())
+    for b in backends:  # fail early and clearly on an unknown or unavailable name
+        get_backend(b)
+    try:
+        names = list_problems(args.data, args.subset)
+    except DataNotFound as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    if args.problems:
+        missing = sorted(set(args.problems) - set(list_problems(args.data, "all")))
+        if missing:
+            console.print(f"[red]unknown problem(s) {missing} in {args.data}[/red]")
+            return 2
+        names = [n for n in args.problems]
+    jobs = int(getattr(args, "jobs", None) or min(2, os.cpu_count() or 1))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per solve: jobs solves share the cores
+    tol, tl = float(args.tol), float(args.time_limit)
+    console.print(f"Maros–Meszaros ({args.subset}, {len(names)} problems) x {backends}: tol={tol:g}, "
+                  f"time limit {tl:g} s, {jobs} parallel solve(s)")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        task = bar.add_task("solving", total=len(names) * len(backends))
+
+        def tick(rec: SolveRecord) -> None:
+            bar.update(task, advance=1, description=f"{rec.problem:>10} {rec.backend:>9} "
+                       f"{'ok' if rec.success else rec.status}")
+
+        records = run_suite(args.data, backends, names, tol, tl, jobs=jobs, progress=tick,
+                            dense=args.subset == "dense")
+    summary = summarize(records, backends, tl)
+    table = Table(title=f"Maros–Meszaros {args.subset} subset, tol {tol:g} (qpbenchmark methodology)")
+    for col in ("backend", "solved", "success rate (%)", "sgm runtime (s)", "sgm rel (1 = best)"):
+        table.add_column(col, justify="right")
+    for b, v in summary.items():
+        table.add_row(b, f"{v['solved']}/{v['problems']}", f"{v['success_rate']:.1f}",
+                      f"{v['sgm_runtime']:.4f}", f"{v['sgm_runtime_rel']:.3f}")
+    console.print(table)
+    out = args.out
+    if out is None:
+        suffix = "" if args.backends is None else "_" + "-".join(backends)
+        out = os.path.join("benchmarks", "results", f"solvers_{tol:g}{suffix}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    payload = {"suite": "maros_meszaros", "subset": args.subset, "matrices": "dense" if args.subset == "dense"
+               else "sparse", "tol": tol, "time_limit": tl,
+               "shift": SHIFT, "jobs": jobs, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "machine": machine_description(), "summary": summary,
+               "records": [asdict(r) for r in records]}
+    with open(out, "w") as fh:
+        json.dump(_finite(payload), fh, indent=1)
+    console.print(f"results written to {out}")
+    return 0
