@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InfeasibleError, PolyprojWarning, ProblemError
-from .hs_jacobian import box_masks, expand_rows, factor_active, project_on_face
+from .polish import polish as polish_batch
 from .problem import Polyhedron
 from .registry import get_backend
 from .solution import BatchSolution, Solution, Status
@@ -88,89 +88,19 @@ def _backend_multipliers(P: Polyhedron, sol: BatchSolution) -> np.ndarray:
     return np.concatenate([z[:, : P.m_ineq], -zb[:, P.lb_idx], zb[:, P.ub_idx]], axis=1)
 
 
-def _face_solve(P: Polyhedron, X: np.ndarray, S: np.ndarray):
-    """Exact projection onto the face given by the candidate set S (b, n_ineq).
-
-    Returns Y, inequality-form multipliers (b, n_ineq), equality multipliers (b, m_eq), consistency.
-    """
-    m, nl = P.m_ineq, P.lb_idx.size
-    batch, n = X.shape
-    sA, s_lb, s_ub = S[:, :m], S[:, m: m + nl], S[:, m + nl:]
-    at_lb, at_ub = box_masks(s_lb, s_ub, P.lb_idx, P.ub_idx, n, batch, np, np.float64, None)
-    # a coordinate listed at both bounds (lb == ub) is fixed once, at the upper bound value
-    at_lb = at_lb * (1.0 - at_ub)
-    fixed = at_lb + at_ub
-    fixed_val = np.where(at_ub > 0, np.nan_to_num(P.ub, posinf=0.0), np.nan_to_num(P.lb, neginf=0.0))
-    F = factor_active(P.A_dense, P.B_dense, sA, 1.0 - fixed)
-    a = np.nan_to_num(P.a, posinf=0.0)
-    Y, lam_c, cons = project_on_face(F, X, a, P.b, fixed_val, fixed)
-    lamA, mu = expand_rows(F, lam_c)
-    # box multipliers from stationarity on the fixed coordinates: y - x + Mᵀλ + z_box = 0
-    Mt_lam = np.einsum("bkn,bk->bn", F.rows, lam_c)
-    z_box = (X - Y - Mt_lam) * fixed
-    lam_lb = (-z_box * at_lb)[:, P.lb_idx]
-    lam_ub = (z_box * at_ub)[:, P.ub_idx]
-    mult = np.concatenate([lamA, lam_lb, lam_ub], axis=1)
-    return Y, mult, mu, np.max(np.abs(cons), axis=1, initial=0.0)
-
-
 def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
-    """Primal–dual active-set polish; returns Y, active, mult (ineq + eq), accepted mask."""
-    batch = X.shape[0]
-    rhs, rn, rn2 = _ineq_rows(P)
-    fin = np.isfinite(rhs)
-    ynorm = np.max(np.abs(np.where(np.isfinite(Y0), Y0, X)), axis=1, keepdims=True)
-    rscale = 1.0 + np.abs(np.where(fin, rhs, 0.0))[None, :] + rn[None, :] * ynorm
-    good0 = np.all(np.isfinite(Y0), axis=1)
-    Ystart = np.where(good0[:, None], Y0, X)
-    slack0 = P.ineq_slack(Ystart)
-    mscale = 1.0 + np.max(np.abs(mult0), axis=1, keepdims=True, initial=0.0)
-    # candidates: geometric distance to the row's hyperplane small, or multiplier clearly positive
-    # (a weakly active row left out is harmless: it is re-added if the face point violates it,
-    # and it enters the final active set by its zero slack)
-    S = fin[None, :] & ((slack0 / rn2 <= dist_tol * (1.0 + ynorm)) | (mult0 > cand_tol * mscale))
-    Y = np.array(Ystart)
-    mult = np.zeros((batch, P.n_ineq))
-    mu = np.zeros((batch, P.m_eq))
-    accepted = np.zeros(batch, dtype=bool)
-    todo = np.arange(batch)
-    for it in range(max_iter):
-        if todo.size == 0:
-            break
-        Yt, mt, mut, cons = _face_solve(P, X[todo], S[todo])
-        slack = P.ineq_slack(Yt)
-        feas_tol = tol * rscale[todo]
-        mtol = tol * (1.0 + np.max(np.abs(mt), axis=1, keepdims=True, initial=0.0))
-        # rows to drop: negative multiplier, or left slack by an inconsistent (least-squares) face
-        neg = S[todo] & ((mt < -mtol) | (slack > feas_tol))
-        viol = (~S[todo]) & fin[None, :] & (slack < -feas_tol)
-        eq_ok = cons <= tol * (1.0 + np.max(np.abs(Yt), axis=1))
-        if P.m_eq:
-            eq_ok &= np.max(np.abs(P.B_dense @ Yt.T - P.b[:, None]), axis=0) <= tol * (1.0 + np.abs(P.b).max())
-        done = ~neg.any(axis=1) & ~viol.any(axis=1) & eq_ok
-        Y[todo], mult[todo], mu[todo] = Yt, mt, mut
-        accepted[todo[done]] = True
-        # next candidate set, one change per sample (a primal active-set step): add the most
-        # violated row if there is one, else drop the row with the most negative multiplier
-        rest = ~done
-        if not rest.any() or P.n_ineq == 0:
-            break
-        Snew = S[todo][rest]
-        has_v = viol[rest].any(axis=1)
-        dist = slack[rest] / rn2[None, :]
-        worst_v = np.argmin(np.where(viol[rest], dist, np.inf), axis=1)
-        worst_n = np.argmin(np.where(neg[rest], np.minimum(mt[rest], -dist), np.inf), axis=1)
-        rows = np.flatnonzero(rest)
-        Snew[np.arange(rows.size)[has_v], worst_v[has_v]] = True
-        drop = ~has_v & neg[rest].any(axis=1)
-        Snew[np.arange(rows.size)[drop], worst_n[drop]] = False
-        todo = todo[rest]
-        S[todo] = Snew
-    mult = np.where(mult > 0, mult, 0.0)
-    slack = P.ineq_slack(Y)
-    active = np.zeros((batch, P.n_ineq), dtype=bool)
-    active[accepted] = S[accepted] | (fin[None, :] & (np.abs(slack[accepted]) <= tol * rscale[accepted]))
-    return Y, active, np.concatenate([mult, mu], axis=1), accepted
+    """Primal–dual active-set polish (:func:`polyproj.polish.polish`) in the Polyhedron numbering.
+
+    Returns Y, active (batch, n_ineq), mult (ineq + eq), accepted mask.
+    """
+    m, n = P.m_ineq, P.n
+    cols = np.concatenate([np.arange(m), m + P.lb_idx, m + n + P.ub_idx])
+    full0 = np.zeros((X.shape[0], m + 2 * n))
+    full0[:, cols] = mult0
+    Y, active, mult, mu, accepted = polish_batch(
+        X, P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0, full0,
+        cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
+    return Y, active[:, cols], np.concatenate([mult[:, cols], mu], axis=1), accepted
 
 
 def project(
@@ -276,7 +206,8 @@ def project(
         accepted = np.zeros(X2.shape[0], dtype=bool)
         rhs = _ineq_rows(polyhedron)[0]
         eps = float(solver.settings.get("eps_abs", 1e-8))
-        active = np.isfinite(rhs)[None, :] & (polyhedron.ineq_slack(Y) <= max(1e-7, 100 * eps) * (1 + np.abs(np.nan_to_num(rhs))))
+        active = np.isfinite(rhs)[None, :] & (
+            polyhedron.ineq_slack(Y) <= max(1e-7, 100 * eps) * (1 + np.abs(np.nan_to_num(rhs))))
         eqm = np.nan_to_num(np.atleast_2d(sol.z))[:, polyhedron.m_ineq:]
         mult = np.concatenate([np.maximum(mult0, 0), eqm], axis=1)
     viol = polyhedron.violation(Y)

@@ -1,0 +1,337 @@
+"""Exact active-set polish of a projection onto a polyhedron, written against the array API.
+
+Given a (possibly inaccurate) projection ``Y0`` of ``X`` onto
+
+    P = {y : A y <= a,  B y = b,  lb <= y <= ub}
+
+and the backend's multipliers, :func:`polish` identifies candidate active rows from *both* the
+slacks and the multipliers (DESIGN §5), solves the equality-constrained projection onto that face
+exactly,
+
+    y* = x − M_Fᵀ (M_F M_Fᵀ)⁺ (M x − c),     M = [A_I; B],  fixed coordinates at their bounds,
+
+and accepts it when it is feasible and its inequality multipliers are non-negative (the KKT
+conditions of the projection). Otherwise it changes the face by one row per sample (add the most
+violated row, else drop the most negative multiplier: a primal active-set step) and repeats.
+
+Everything here takes arrays of one array-API namespace (NumPy, PyTorch on CPU or CUDA,
+``array_api_strict``); constraint data may be shared, ``A (m, n)``, or per sample,
+``A (batch, m, n)`` (likewise ``a, B, b, lb, ub``). Inequality rows use the *full* layout: the
+``m`` rows of ``A``, then one ``-y_i <= -lb_i`` row for every coordinate, then one ``y_i <= ub_i``
+row for every coordinate (rows with an infinite right-hand side are never active), so shapes never
+depend on the data. :func:`polyproj.project` maps this layout to the Polyhedron numbering.
+
+The face factorisation :func:`factor_face` is a Cholesky factorisation of the Gram matrix of the
+row-normalised active rows, ``G = M_n M_nᵀ = L Lᵀ`` (``O(k³)`` batched, ~40x faster than an SVD
+on CPU), with ``V = L⁻¹ M_n`` an orthonormal basis of ``range(M_nᵀ)``; samples whose Gram matrix
+is singular or ill-conditioned (dependent active rows: LICQ fails) fall back to the
+rank-revealing SVD of :func:`polyproj.hs_jacobian.factor_active`. Both produce an
+:class:`~polyproj.hs_jacobian.ActiveFactor` on which the HS-Jacobian operators (``null_apply``,
+``pinv_apply``, ``pinv_t_apply``, ``gram_pinv_apply``) are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
+
+from .hs_jacobian import ActiveFactor, expand_rows, project_on_face
+
+__all__ = ["factor_face", "ineq_slack", "polish"]
+
+
+def _eps(xp, dtype) -> float:
+    return float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
+
+
+def _is_torch(xp) -> bool:
+    return "torch" in getattr(xp, "__name__", "")
+
+
+def _scatter(xp, full, mask, part):
+    """Write ``part`` (one row per True entry of ``mask``) into ``full`` at the True rows."""
+    if part.shape[0] == 0:
+        return full
+    pos = xp.cumulative_sum(xp.astype(mask, xp.int64)) - 1
+    pos = xp.where(pos > 0, pos, xp.zeros_like(pos))
+    gathered = xp.take(part, pos, axis=0)
+    m = xp.reshape(mask, (-1,) + (1,) * (full.ndim - 1))
+    return xp.where(m, gathered, full)
+
+
+def _rows(xp, M, mask, ndim_batched: int):
+    """Rows of per-sample data selected by a batch mask; shared data unchanged."""
+    return M[mask, ...] if M.ndim == ndim_batched else M
+
+
+def _tri_inv(xp, L):
+    """``L⁻¹`` for a batch of lower-triangular matrices."""
+    eye = xp.eye(L.shape[-1], dtype=L.dtype, device=_device(L))
+    if _is_torch(xp):
+        import torch
+
+        return torch.linalg.solve_triangular(L, torch.broadcast_to(eye, L.shape), upper=False)
+    return xp.linalg.solve(L, xp.broadcast_to(eye, L.shape))
+
+
+def _cholesky(xp, G):
+    """Batched Cholesky; returns (L, ok) with ``ok`` False where it failed."""
+    b = G.shape[0]
+    if _is_torch(xp):
+        import torch
+
+        L, info = torch.linalg.cholesky_ex(G)
+        return L, info == 0
+    try:
+        L = xp.linalg.cholesky(G)
+    except Exception:  # NumPy fails the whole batch when one sample is not positive definite
+        return xp.zeros_like(G), xp.zeros((b,), dtype=xp.bool, device=_device(G))
+    return L, xp.all(xp.isfinite(xp.reshape(L, (b, -1))), axis=1)
+
+
+def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
+    """Factor the active rows of a batch (Cholesky of the Gram matrix, SVD where it is singular).
+
+    Parameters
+    ----------
+    A : (m, n) or (b, m, n) array
+    B : (p, n) or (b, p, n) array or None
+    active : (b, m) bool array
+        Active rows of A.
+    free : (b, n) 0/1 array
+        Coordinates not fixed by an active bound.
+    method : {"auto", "svd"}
+        ``"svd"`` forces the rank-revealing SVD for every sample.
+
+    Returns
+    -------
+    ActiveFactor
+        With ``Vh`` an orthonormal basis of the row space of ``M_n`` (rows normalised, columns
+        masked) and ``U, s_inv`` such that ``M_n⁺ = Vhᵀ diag(s_inv) Uᵀ``; on the Cholesky path
+        ``Vh = L⁻¹M_n``, ``U = L⁻ᵀ``, ``s_inv = 1``.
+    """
+    xp = array_namespace(*[v for v in (A, B, free) if v is not None])
+    dtype, dev = A.dtype, _device(A)
+    batch, n = free.shape
+    m = A.shape[-2]
+    if B is None:
+        B = xp.zeros((0, n), dtype=dtype, device=dev)
+    p = B.shape[-2]
+    act_i = xp.astype(active, xp.int8)
+    k = int(xp.max(xp.sum(xp.astype(active, xp.int32), axis=-1))) if m and batch else 0
+    if m:
+        order = xp.argsort(act_i, axis=-1, descending=True, stable=True)
+    else:
+        order = xp.zeros((batch, 0), dtype=xp.int64, device=dev)
+    idx = order[:, :k]
+    if A.ndim == 2:
+        rowsA = xp.reshape(xp.take(A, xp.reshape(idx, (-1,)), axis=0), (batch, k, n))
+    else:
+        rowsA = xp.take_along_axis(A, xp.broadcast_to(idx[:, :, None], (batch, k, n)), axis=1)
+    rowsA = rowsA * xp.astype(xp.take_along_axis(act_i, idx, axis=1), dtype)[:, :, None]
+    Bb = xp.broadcast_to(B[None, ...], (batch, p, n)) if B.ndim == 2 else B
+    rows = xp.concat([rowsA, Bb], axis=1)
+    Mf = rows * free[:, None, :]
+    norms = xp.linalg.vector_norm(Mf, axis=-1)
+    pos = norms > 0
+    scale = xp.where(pos, 1.0 / xp.where(pos, norms, xp.ones_like(norms)), xp.zeros_like(norms))
+    Mn = Mf * scale[:, :, None]
+    kk = k + p
+    if kk == 0:
+        z = xp.zeros((batch, 0), dtype=dtype, device=dev)
+        return ActiveFactor(xp, free, xp.zeros((batch, 0, n), dtype=dtype, device=dev),
+                            xp.zeros((batch, 0, 0), dtype=dtype, device=dev), z, scale, rows, order, k, m, p)
+    eps = _eps(xp, dtype)
+    if method == "auto" and kk <= n:
+        pad = 1.0 - xp.astype(pos, dtype)  # zero rows (padding, or fully fixed support) get a unit pivot
+        eye = xp.eye(kk, dtype=dtype, device=dev)
+        G = xp.matmul(Mn, xp.matrix_transpose(Mn)) + eye[None, :, :] * pad[:, :, None]
+        L, ok = _cholesky(xp, G)
+        diag = xp.linalg.diagonal(L)
+        # accept well-conditioned faces only: min pivot >= eps^(1/4) keeps V = L⁻¹M_n orthonormal to ~eps^(3/4)
+        ok = ok & xp.all(xp.where(pos, diag, xp.ones_like(diag)) >= eps ** 0.25, axis=1)
+        L = xp.where(ok[:, None, None], L, xp.broadcast_to(eye, L.shape))
+        Linv = _tri_inv(xp, L)
+        Vh = xp.matmul(Linv, Mn)
+        U = xp.matrix_transpose(Linv)
+        s_inv = xp.astype(xp.broadcast_to(ok[:, None], (batch, kk)), dtype)
+        bad = ~ok
+        if bool(xp.any(bad)):
+            Ub, sb, Vhb = _svd_part(xp, Mn[bad, ...], n, eps)
+            r = sb.shape[1]
+            if r < kk:
+                Ub = xp.concat([Ub, xp.zeros((Ub.shape[0], kk, kk - r), dtype=dtype, device=dev)], axis=2)
+                Vhb = xp.concat([Vhb, xp.zeros((Vhb.shape[0], kk - r, n), dtype=dtype, device=dev)], axis=1)
+                sb = xp.concat([sb, xp.zeros((sb.shape[0], kk - r), dtype=dtype, device=dev)], axis=1)
+            Vh = _scatter(xp, Vh, bad, Vhb)
+            U = _scatter(xp, U, bad, Ub)
+            s_inv = _scatter(xp, s_inv, bad, sb)
+        return ActiveFactor(xp, free, Vh, U, s_inv, scale, rows, order, k, m, p)
+    U, s_inv, Vh = _svd_part(xp, Mn, n, eps)
+    return ActiveFactor(xp, free, Vh, U, s_inv, scale, rows, order, k, m, p)
+
+
+def _svd_part(xp, Mn, n: int, eps: float):
+    """Rank-revealing SVD of the normalised rows: (U, s_inv, Vh) with dropped directions zeroed."""
+    U, s, Vh = xp.linalg.svd(Mn, full_matrices=False)
+    tol = max(Mn.shape[1], n) * eps * xp.max(s, axis=-1, keepdims=True)
+    keep = s > tol
+    s_inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))
+    return U, s_inv, Vh * xp.astype(keep, Mn.dtype)[:, :, None]
+
+
+# ----------------------------------------------------------------------------- helpers on the full layout
+def _matvec(xp, M, Y):
+    """``M y`` per sample: M (r, n) shared or (b, r, n); Y (b, n) -> (b, r)."""
+    if M.ndim == 2:
+        return xp.matmul(Y, xp.matrix_transpose(M))
+    return xp.matmul(M, Y[:, :, None])[:, :, 0]
+
+
+def ineq_slack(Y, A, a, lb, ub):
+    """Slack of every full-layout inequality row: ``[a − A y, y − lb, ub − y]`` (b, m + 2n)."""
+    xp = array_namespace(Y, A)
+    return xp.concat([a - _matvec(xp, A, Y), Y - lb, ub - Y], axis=1)
+
+
+def _rmax(xp, v):
+    """Row-wise max of |v| (0 for empty rows), keepdims."""
+    if v.shape[1] == 0:
+        return xp.zeros((v.shape[0], 1), dtype=v.dtype, device=_device(v))
+    return xp.max(xp.abs(v), axis=1, keepdims=True)
+
+
+def face_solve(X, A, a, B, b, lb, ub, S):
+    """Exact projection of X onto the face given by the candidate set S (b, m + 2n).
+
+    Returns ``Y``, full-layout inequality multipliers (b, m + 2n), equality multipliers (b, p) and
+    the consistency residual ``max|M y − c|`` (b,), with ``Y − X + Aᵀλ_A − λ_lb + λ_ub + Bᵀμ = 0``.
+    """
+    xp = array_namespace(X, A)
+    dtype = X.dtype
+    n = X.shape[1]
+    m = A.shape[-2]
+    sA, s_lb, s_ub = S[:, :m], S[:, m: m + n], S[:, m + n:]
+    at_ub = xp.astype(s_ub, dtype)
+    # a coordinate listed at both bounds (lb == ub) is fixed once, at the upper bound value
+    at_lb = xp.astype(s_lb, dtype) * (1.0 - at_ub)
+    fixed = at_lb + at_ub
+    lbf = xp.where(xp.isfinite(lb), lb, xp.zeros_like(lb))
+    ubf = xp.where(xp.isfinite(ub), ub, xp.zeros_like(ub))
+    fixed_val = xp.where(at_ub > 0, ubf, lbf)
+    F = factor_face(A, B, sA, 1.0 - fixed)
+    a0 = xp.where(xp.isfinite(a), a, xp.zeros_like(a))
+    Y, lam_c, cons = project_on_face(F, X, a0, b, fixed_val, fixed)
+    lamA, mu = expand_rows(F, lam_c)
+    Mt_lam = xp.sum(F.rows * lam_c[:, :, None], axis=1)
+    z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
+    mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
+    return Y, mult, mu, _rmax(xp, cons)[:, 0], F
+
+
+def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float,
+           max_iter: int) -> tuple[Any, Any, Any, Any, Any]:
+    """Primal–dual active-set polish of a batch of projections.
+
+    Parameters
+    ----------
+    X : (batch, n) array
+        Points to project.
+    A, a : (m, n), (m,) or per sample (batch, m, n), (batch, m)
+        Inequality rows (``a`` may hold ``+inf``: row ignored).
+    B, b : (p, n), (p,) or per sample; ``p`` may be 0
+    lb, ub : (n,) or (batch, n)
+        Bounds (``±inf`` allowed).
+    Y0 : (batch, n)
+        The backend's projection (rows with NaN start from X).
+    mult0 : (batch, m + 2n)
+        The backend's full-layout inequality multipliers (NaN-free).
+    cand_tol, dist_tol : float
+        Candidate thresholds: multiplier above ``cand_tol`` (relative), or distance to the row's
+        hyperplane below ``dist_tol`` (relative).
+    tol : float
+        Tolerance of the KKT checks.
+    max_iter : int
+        Active-set corrections allowed.
+
+    Returns
+    -------
+    Y : (batch, n); active : (batch, m + 2n) bool; mult : (batch, m + 2n) >= 0;
+    mu : (batch, p); accepted : (batch,) bool.
+    """
+    xp = array_namespace(X, A)
+    dtype, dev = X.dtype, _device(X)
+    batch, n = X.shape
+    m, p = A.shape[-2], B.shape[-2]
+    bshape = (batch, m + 2 * n)
+    rhs = xp.broadcast_to(xp.concat([xp.broadcast_to(a, (batch, m)), -xp.broadcast_to(lb, (batch, n)),
+                                     xp.broadcast_to(ub, (batch, n))], axis=1), bshape)
+    fin = xp.isfinite(rhs)
+    ones = xp.ones((batch, 2 * n), dtype=dtype, device=dev)
+    rn1 = xp.concat([xp.broadcast_to(xp.sum(xp.abs(A), axis=-1), (batch, m)), ones], axis=1)
+    rn2 = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(A, axis=-1), (batch, m)), ones], axis=1)
+    rn2 = xp.where(rn2 > 0, rn2, xp.ones_like(rn2))
+    good0 = xp.all(xp.isfinite(Y0), axis=1)
+    Ystart = xp.where(good0[:, None], Y0, X)
+    ynorm = _rmax(xp, Ystart)
+    rscale = 1.0 + xp.abs(xp.where(fin, rhs, xp.zeros_like(rhs))) + rn1 * ynorm
+    slack0 = ineq_slack(Ystart, A, a, lb, ub)
+    mscale = 1.0 + _rmax(xp, mult0)
+    # candidates: geometric distance to the row's hyperplane small, or multiplier clearly positive
+    # (a weakly active row left out is harmless: it is re-added if the face point violates it,
+    # and it enters the final active set by its zero slack)
+    S = fin & ((slack0 / rn2 <= dist_tol * (1.0 + ynorm)) | (mult0 > cand_tol * mscale))
+    Y = Ystart
+    mult = xp.zeros(bshape, dtype=dtype, device=dev)
+    mu = xp.zeros((batch, p), dtype=dtype, device=dev)
+    accepted = xp.zeros((batch,), dtype=xp.bool, device=dev)
+    todo = xp.ones((batch,), dtype=xp.bool, device=dev)
+    cols = xp.arange(m + 2 * n, device=dev)[None, :]
+    bnorm = 1.0 + (float(xp.max(xp.abs(b))) if b.shape[-1] and batch else 0.0)
+    for _ in range(max_iter):
+        if not bool(xp.any(todo)):
+            break
+        full = bool(xp.all(todo))
+        mask = None if full else todo
+
+        def sel(v, nd, mask=mask):
+            return v if mask is None else _rows(xp, v, mask, nd)
+
+        Xt, At, at, Bt, bt = sel(X, 2), sel(A, 3), sel(a, 2), sel(B, 3), sel(b, 2)
+        lbt, ubt, St, fint = sel(lb, 2), sel(ub, 2), sel(S, 2), sel(fin, 2)
+        Yt, mt, mut, cons, _ = face_solve(Xt, At, at, Bt, bt, lbt, ubt, St)
+        slack = ineq_slack(Yt, At, at, lbt, ubt)
+        feas_tol = tol * sel(rscale, 2)
+        mtol = tol * (1.0 + _rmax(xp, mt))
+        # rows to drop: negative multiplier, or left slack by an inconsistent (least-squares) face
+        neg = St & ((mt < -mtol) | (slack > feas_tol))
+        viol = (~St) & fint & (slack < -feas_tol)
+        eq_ok = cons <= tol * (1.0 + _rmax(xp, Yt)[:, 0])
+        if p:
+            eq_ok = eq_ok & (_rmax(xp, _matvec(xp, Bt, Yt) - bt)[:, 0] <= tol * bnorm)
+        done = ~xp.any(neg, axis=1) & ~xp.any(viol, axis=1) & eq_ok
+        # next candidate set, one change per sample (a primal active-set step): add the most
+        # violated row if there is one, else drop the row with the most negative multiplier
+        has_v = xp.any(viol, axis=1)
+        dist = slack / sel(rn2, 2)
+        inf = xp.full(dist.shape, xp.inf, dtype=dtype, device=dev)
+        worst_v = xp.argmin(xp.where(viol, dist, inf), axis=1)
+        worst_n = xp.argmin(xp.where(neg, xp.minimum(mt, -dist), inf), axis=1)
+        add = (cols == worst_v[:, None]) & has_v[:, None]
+        drop = (cols == worst_n[:, None]) & ((~has_v) & xp.any(neg, axis=1))[:, None]
+        Snew = xp.where(done[:, None], St, (St | add) & ~drop)
+        if full:
+            Y, mult, mu, S, accepted = Yt, mt, mut, Snew, done
+            todo = ~done
+        else:
+            Y, mult = _scatter(xp, Y, todo, Yt), _scatter(xp, mult, todo, mt)
+            mu, S = _scatter(xp, mu, todo, mut), _scatter(xp, S, todo, Snew)
+            accepted = _scatter(xp, accepted, todo, done)
+            todo = _scatter(xp, todo, todo, ~done)
+    mult = xp.where(mult > 0, mult, xp.zeros_like(mult))
+    slack = ineq_slack(Y, A, a, lb, ub)
+    active = accepted[:, None] & (S | (fin & (xp.abs(slack) <= tol * rscale)))
+    return Y, active, mult, mu, accepted
