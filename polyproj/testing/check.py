@@ -1,0 +1,369 @@
+"""``check_backend``: run the backend contract and the property suites on any backend.
+
+What runs (each property is a hypothesis test driven programmatically, seeded, no database):
+
+=====================  ==============  ===========================================================
+property               group           what it checks
+=====================  ==============  ===========================================================
+qp_contract            contract        raw ``solve`` on feasible QPs: SOLVED, feasibility, KKT,
+                                       multiplier sign convention, duality gap
+qp_contract_sparse     contract        the same with scipy.sparse data (backends declaring sparse)
+infeasibility          contract        certified-infeasible QPs are never SOLVED (PRIMAL_INFEASIBLE
+                                       when the backend declares detection)
+batch_contract         contract        raw ``solve_batch`` on projection QPs: KKT per element,
+                                       agreement with the exact projection
+projection             projection      KKT, idempotence, firm non-expansiveness, variational ineq.
+conservativity         hs-jacobian     path integral of J d over kinks = chord; a.e. derivative
+                                       = J d for every HS element (8 segments per example)
+licq_equivalence       hs-jacobian     under LICQ: Jacobians at nearby points = the HS set
+hs_contains_b          hs-jacobian     without LICQ: nearby Jacobians ⊆ HS set, our J ∈ HS set
+nonlicq_example        hs-jacobian     the documented example where ∂_B ≠ ∂_HS
+conformance:<name>     conformance     the checks of ``polyproj.testing.conformance`` (if present)
+=====================  ==============  ===========================================================
+
+The contract properties look at the backend's *raw* Solution: ``pp.project`` polishes a slightly
+wrong answer into the exact projection, so the projection properties alone would not catch it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backends.base import QPSolver
+from ..errors import PolyprojError
+from ..registry import get_backend
+
+__all__ = ["PROPERTIES", "CheckReport", "PropertyResult", "PropertySpec", "check_backend", "cli_main",
+           "run_property"]
+
+DEFAULT_EXAMPLES = 20
+
+
+@dataclass(frozen=True)
+class PropertySpec:
+    """One property: how to draw a case for a solver and how to check it."""
+
+    name: str
+    group: str
+    description: str
+    strategy: Callable[[QPSolver], Any]
+    check: Callable[[Any, QPSolver, np.random.Generator, float], dict[str, int]]
+    applies: Callable[[QPSolver], str | None] = lambda s: None  # reason to skip, or None
+    examples: Callable[[int], int] = lambda n: n
+
+
+@dataclass(frozen=True)
+class PropertyResult:
+    """Outcome of one property.
+
+    ``status`` is 'passed', 'failed' (the property is false: ``falsifying`` holds the shrunk
+    example), 'error' (the check itself crashed) or 'skipped' (``message`` says why).
+    """
+
+    name: str
+    group: str
+    status: str
+    examples: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+    falsifying: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True unless failed or errored."""
+        return self.status in ("passed", "skipped")
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Result of :func:`check_backend`."""
+
+    backend: str
+    results: tuple[PropertyResult, ...]
+    seed: int
+    max_examples: int
+
+    @property
+    def passed(self) -> bool:
+        """True when no property failed or errored."""
+        return all(r.ok for r in self.results)
+
+    def __getitem__(self, name: str) -> PropertyResult:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def failed(self) -> list[PropertyResult]:
+        """The properties that failed or errored."""
+        return [r for r in self.results if not r.ok]
+
+    def table(self):
+        """A rich Table of the results."""
+        from rich.table import Table
+
+        t = Table(title=f"polyproj check {self.backend} (seed {self.seed}, {self.max_examples} examples per property)")
+        for col in ("property", "group", "result", "examples", "checked", "time [s]", "detail"):
+            t.add_column(col, overflow="fold")
+        style = {"passed": "[green]PASS[/green]", "failed": "[red]FAIL[/red]", "error": "[red]ERROR[/red]",
+                 "skipped": "[yellow]SKIP[/yellow]"}
+        for r in self.results:
+            counts = ", ".join(f"{v} {k}" for k, v in r.counts.items())
+            t.add_row(r.name, r.group, style[r.status], str(r.examples), counts, f"{r.seconds:.1f}",
+                      r.message.splitlines()[0][:160] if r.message else "")
+        return t
+
+    def __str__(self) -> str:
+        lines = [f"polyproj check {self.backend}: {'PASSED' if self.passed else 'FAILED'}"]
+        for r in self.results:
+            lines.append(f"  {r.name:<28} {r.status:<8} {r.message.splitlines()[0][:120] if r.message else ''}")
+            if r.falsifying:
+                lines += ["      " + s for s in r.falsifying.splitlines()]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the properties
+def _props() -> list[PropertySpec]:
+    from . import properties as pr
+    from . import strategies as ps
+
+    def sparse_reason(s: QPSolver) -> str | None:
+        return None if s.capabilities.sparse else "the backend does not declare sparse support"
+
+    return [
+        PropertySpec("qp_contract", "contract", "raw solve on feasible QPs: status, feasibility, KKT, signs, gap",
+                     lambda s: ps.feasible_qps(), lambda c, s, rng, tol: pr.check_qp_contract(c, s, tol)),
+        PropertySpec("qp_contract_sparse", "contract", "the same with scipy.sparse P and C",
+                     lambda s: ps.feasible_qps(sparse=True), lambda c, s, rng, tol: pr.check_qp_contract(c, s, tol),
+                     applies=sparse_reason, examples=lambda n: max(1, n // 2)),
+        PropertySpec("infeasibility", "contract", "certified-infeasible QPs are not reported solved",
+                     lambda s: ps.infeasible_qps(), lambda c, s, rng, tol: pr.check_infeasible_contract(c, s, tol),
+                     examples=lambda n: max(1, n // 2)),
+        PropertySpec("batch_contract", "contract", "raw solve_batch on projection QPs: KKT per element",
+                     lambda s: ps.projection_batches(),
+                     lambda c, s, rng, tol: pr.check_batch_contract(c[0].polyhedron, c[1], s, tol)),
+        PropertySpec("projection", "projection", "KKT, idempotence, firm non-expansiveness, variational inequality",
+                     lambda s: ps.projection_batches(),
+                     lambda c, s, rng, tol: pr.check_projection(c[0].polyhedron, c[1], s, feasible=c[0].y_star)),
+        PropertySpec("conservativity", "hs-jacobian", "∫ J(x(t)) d dt over kinks = Π(x(1)) − Π(x(0)); "
+                     "a.e. derivative = J d for every HS element",
+                     lambda s: ps.segments(ps.degenerate_points(ps.polyhedron_cases(licq=None)), count=8),
+                     lambda c, s, rng, tol: pr.check_conservativity(c, s, rng=rng)),
+        PropertySpec("licq_equivalence", "hs-jacobian", "under LICQ the Jacobians near a degenerate point "
+                     "are exactly the HS set",
+                     lambda s: ps.degenerate_points(ps.polyhedron_cases(licq=True)),
+                     lambda c, s, rng, tol: pr.check_licq_equivalence(c, s, rng)),
+        PropertySpec("hs_contains_b", "hs-jacobian", "without LICQ: nearby Jacobians lie in the HS set",
+                     lambda s: ps.degenerate_points(ps.polyhedron_cases(licq=False)),
+                     lambda c, s, rng, tol: pr.check_b_subdifferential_in_hs(c, s, rng),
+                     examples=lambda n: max(1, n // 2)),
+    ]
+
+
+PROPERTIES: tuple[str, ...] = ("qp_contract", "qp_contract_sparse", "infeasibility", "batch_contract", "projection",
+                               "conservativity", "licq_equivalence", "hs_contains_b", "nonlicq_example")
+
+
+def _falsifying_text(exc: BaseException) -> str:
+    notes = [str(n) for n in getattr(exc, "__notes__", [])]
+    return "\n".join(n for n in notes if not n.startswith("You can add @seed"))
+
+
+def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0,
+                 tol: float = 1e-6) -> PropertyResult:
+    """Run one property of :data:`PROPERTIES` on a backend and return its result.
+
+    The counts (``result.counts``) sum what the checks verified, e.g. ``segments`` for
+    conservativity or ``points`` for LICQ equivalence.
+    """
+    solver = get_backend(backend)
+    if name == "nonlicq_example":
+        return _run_nonlicq(solver)
+    specs = {s.name: s for s in _props()}
+    if name not in specs:
+        raise KeyError(f"unknown property {name!r}; known: {', '.join(PROPERTIES)}")
+    spec = specs[name]
+    reason = spec.applies(solver)
+    if reason:
+        return PropertyResult(name, spec.group, "skipped", message=reason)
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+
+    counts: dict[str, int] = {}
+    calls = [0]
+    n_examples = spec.examples(max_examples)
+
+    @hseed(seed)
+    @settings(max_examples=n_examples, deadline=None, database=None, derandomize=False, print_blob=False,
+              report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+    @given(case=spec.strategy(solver))
+    def prop(case: Any) -> None:
+        out = spec.check(case, solver, np.random.default_rng(seed), tol)
+        calls[0] += 1
+        for k, v in out.items():
+            counts[k] = counts.get(k, 0) + int(v)
+
+    t0 = time.perf_counter()
+    try:
+        prop()
+    except AssertionError as exc:
+        return PropertyResult(name, spec.group, "failed", calls[0], {}, str(exc), _falsifying_text(exc),
+                              time.perf_counter() - t0)
+    except Exception as exc:
+        return PropertyResult(name, spec.group, "error", calls[0], {},
+                              f"{type(exc).__name__}: {exc}", _falsifying_text(exc), time.perf_counter() - t0)
+    return PropertyResult(name, spec.group, "passed", calls[0], counts, spec.description, "",
+                          time.perf_counter() - t0)
+
+
+def _run_nonlicq(solver: QPSolver) -> PropertyResult:
+    from . import properties as pr
+
+    t0 = time.perf_counter()
+    P, x, _ = pr.nonlicq_example()
+    try:
+        res = pr.project_checked(x, P, solver)
+        els = pr.hs_set(P, x, res.y[0], res.active[0])
+        Jb, _ = pr.b_subdifferential_samples(P, x, solver, np.random.default_rng(0), n_random=16, delta=1e-3)
+        expected = [np.zeros((2, 2)), np.eye(2) - 0.5 * np.ones((2, 2))]
+        hs_ok = len(els) == 2 and all(min(np.abs(e.J - E).max() for E in expected) < 1e-9 for e in els)
+        b_ok = len(Jb) >= 8 and all(np.abs(J).max() < 1e-6 for J in Jb)
+        from ..hs_jacobian import hs_jacobian
+
+        used_ok = np.abs(hs_jacobian(P, res.active[0])).max() < 1e-12
+        if not (hs_ok and b_ok and used_ok):
+            raise AssertionError(f"non-LICQ example: HS set {[list(e.K) for e in els]} (expected 2 elements "
+                                 f"{{0, I − ½11ᵀ}}), {len(Jb)} nearby Jacobians (expected all 0), "
+                                 f"used J = 0: {used_ok}")
+    except AssertionError as exc:
+        return PropertyResult("nonlicq_example", "hs-jacobian", "failed", 1, {}, str(exc),
+                              seconds=time.perf_counter() - t0)
+    return PropertyResult("nonlicq_example", "hs-jacobian", "passed", 1,
+                          {"hs_elements": len(els), "b_samples": len(Jb)},
+                          "∂_B = {0} ⊊ ∂_HS = {0, I − ½11ᵀ} at x = (1, 1); used J = 0 in both",
+                          seconds=time.perf_counter() - t0)
+
+
+def _conformance(solver: QPSolver, seed: int) -> list[PropertyResult]:
+    try:
+        mod = importlib.import_module("polyproj.testing.conformance")
+    except ModuleNotFoundError as exc:
+        if exc.name != "polyproj.testing.conformance":
+            raise
+        return [PropertyResult("conformance", "conformance", "skipped",
+                               message="polyproj.testing.conformance is not installed: conformance checks not run")]
+    checks = getattr(mod, "CHECKS", None)
+    if not checks:
+        return [PropertyResult("conformance", "conformance", "skipped",
+                               message="polyproj.testing.conformance defines no CHECKS")]
+    out = []
+    for name, fn in checks.items():
+        t0 = time.perf_counter()
+        try:
+            fn(solver, np.random.default_rng(seed))
+        except AssertionError as exc:
+            out.append(PropertyResult(f"conformance:{name}", "conformance", "failed", 1, message=str(exc),
+                                      seconds=time.perf_counter() - t0))
+            continue
+        except Exception as exc:
+            out.append(PropertyResult(f"conformance:{name}", "conformance", "error", 1,
+                                      message=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0))
+            continue
+        doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+        out.append(PropertyResult(f"conformance:{name}", "conformance", "passed", 1, message=doc[0] if doc else "",
+                                  seconds=time.perf_counter() - t0))
+    return out
+
+
+def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, *,
+                  properties: Sequence[str] | None = None, conformance: bool = True, tol: float = 1e-6,
+                  progress: bool = False, **settings: Any) -> CheckReport:
+    """Run the backend contract, projection and HS-Jacobian properties on a backend.
+
+    Parameters
+    ----------
+    name_or_solver : str, QPSolver instance or subclass
+        A registered name (built-in, :func:`polyproj.register_backend`, or the entry-point group
+        ``polyproj.backends``), ``"module:Class"``, or a solver.
+    max_examples : int
+        Hypothesis examples per property (conservativity draws 8 segments per example).
+    seed : int
+        Seed of the example generation (reproducible reports).
+    properties : sequence of str, optional
+        A subset of :data:`PROPERTIES` (default: all).
+    conformance : bool
+        Also run ``polyproj.testing.conformance.CHECKS`` when that module exists.
+    tol : float
+        Relative tolerance of the raw contract checks (residuals <= tol · (1 + max |data|)).
+    progress : bool
+        Show a progress bar.
+    **settings
+        Solver settings (``eps_abs``, ...).
+
+    Returns
+    -------
+    CheckReport
+        ``report.passed``, ``report[name]`` (a :class:`PropertyResult` with the shrunk falsifying
+        example in ``.falsifying``), ``report.table()``.
+
+    Examples
+    --------
+    >>> import polyproj as pp
+    >>> from polyproj.testing import check_backend
+    >>> report = check_backend("proxsuite", max_examples=2, properties=["qp_contract"], conformance=False)
+    >>> report.passed
+    True
+    """
+    solver = get_backend(name_or_solver, **settings)
+    label = name_or_solver if isinstance(name_or_solver, str) else (solver.name or type(solver).__name__)
+    names = list(PROPERTIES if properties is None else properties)
+    unknown = [n for n in names if n not in PROPERTIES]
+    if unknown:
+        raise PolyprojError(f"unknown properties {unknown}; known: {', '.join(PROPERTIES)}")
+    results: list[PropertyResult] = []
+    if progress:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"checking {label}", total=len(names) + int(conformance))
+            if conformance:
+                results += _conformance(solver, seed)
+                bar.advance(task)
+            for n in names:
+                bar.update(task, description=f"{label}: {n}")
+                results.append(run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol))
+                bar.advance(task)
+    else:
+        if conformance:
+            results += _conformance(solver, seed)
+        results += [run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol) for n in names]
+    return CheckReport(str(label), tuple(results), seed, max_examples)
+
+
+def cli_main(args: Any) -> int:
+    """``polyproj check NAME|module:Class [--examples N] [--seed S]``: print the table; 1 on failure."""
+    from rich.console import Console
+
+    console = Console()
+    try:
+        report = check_backend(args.backend, max_examples=args.examples or DEFAULT_EXAMPLES, seed=args.seed,
+                               progress=console.is_terminal)
+    except PolyprojError as exc:
+        console.print(f"[red]polyproj check: {exc}[/red]")
+        return 2
+    console.print(report.table())
+    for r in report.failed:
+        console.print(f"\n[bold red]{r.name}[/bold red] ({r.status}): {r.message}")
+        if r.falsifying:
+            console.print(r.falsifying, markup=False, highlight=False)
+    console.print("[green]all properties hold[/green]" if report.passed else
+                  f"[red]{len(report.failed)} properties failed[/red]")
+    return 0 if report.passed else 1

@@ -1,0 +1,543 @@
+"""Property checks: the backend contract, the projection, conservativity and LICQ equivalence.
+
+Every ``check_*`` function takes concrete data (no hypothesis inside), raises ``AssertionError``
+with a readable message when the property fails, and returns a small ``dict`` of counts when it
+holds. :mod:`polyproj.testing.check` drives them with the strategies of
+:mod:`polyproj.testing.strategies`; tests may call them directly.
+
+Notation: ``G`` (``n_ineq × n``) and ``h`` are the inequality form of a polyhedron (rows of A,
+then ``-e_j`` for finite lower bounds, then ``e_j`` for finite upper bounds), ``B y = b`` the
+equalities, ``I(x)`` the active rows at ``y = Π_P(x)``.
+
+The HS set (DESIGN §6, Han & Sun 1997)::
+
+    ∂_HS Π_P(x) = { I − M_Kᵀ(M_K M_Kᵀ)⁻¹M_K :  K ⊆ I(x),  M_K = [G_K; B] has independent rows,
+                    ∃ multiplier λ >= 0 of the projection with supp(λ) ⊆ K }
+
+is enumerated by :func:`hs_set` directly from this definition: for every subset ``K`` with
+independent rows, the unique least-squares solution of ``M_Kᵀ ν = x − y`` is a multiplier with
+``supp ⊆ K`` iff the residual vanishes and ``ν_G >= 0``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..hs_jacobian import hs_jacobian, hs_vjp
+from ..problem import QP, Polyhedron
+from ..projector import ProjectionResult, project
+from ..solution import Solution, Status
+
+__all__ = [
+    "HSElement",
+    "b_subdifferential_samples",
+    "check_b_subdifferential_in_hs",
+    "check_batch_contract",
+    "check_conservativity",
+    "check_infeasible_contract",
+    "check_licq_equivalence",
+    "check_projection",
+    "check_qp_contract",
+    "check_solution_kkt",
+    "find_kinks",
+    "hs_set",
+    "ineq_form",
+    "nonlicq_example",
+    "project_checked",
+]
+
+
+# --------------------------------------------------------------------------- helpers
+def ineq_form(P: Polyhedron) -> tuple[np.ndarray, np.ndarray]:
+    """Dense inequality form ``(G, h)``: ``G y <= h`` (rows of A, then -lb rows, then ub rows)."""
+    E = np.eye(P.n)
+    G = np.vstack([P.A_dense, -E[P.lb_idx], E[P.ub_idx]]).reshape(-1, P.n)
+    h = np.concatenate([P.a, -P.lb[P.lb_idx], P.ub[P.ub_idx]])
+    return G, h
+
+
+def _arr(v: np.ndarray, digits: int = 6) -> str:
+    return np.array2string(np.asarray(v, dtype=float), precision=digits, separator=", ",
+                           suppress_small=True, max_line_width=200)
+
+
+def project_checked(X: np.ndarray, P: Polyhedron, backend: Any) -> ProjectionResult:
+    """``pp.project`` on a batch; a refused polish (unverifiable KKT) is an AssertionError."""
+    X2 = np.atleast_2d(np.asarray(X, dtype=float))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = project(X2, P, backend=backend)
+    if not np.all(res.polished):
+        bad = int(np.flatnonzero(~np.asarray(res.polished))[0])
+        raise AssertionError(
+            f"the projection of x = {_arr(X2[bad])} could not be verified: polish refused "
+            f"(backend status {res.status[bad].name}, backend x = {_arr(res.solution.x[bad])}); "
+            f"{'; '.join(str(w.message) for w in caught)[:300]}"
+        )
+    return res
+
+
+def _rank(M: np.ndarray) -> int:
+    return int(np.linalg.matrix_rank(M, tol=1e-9 * max(1.0, float(np.abs(M).max(initial=0.0))))) if M.size else 0
+
+
+def _null_projector(M: np.ndarray, n: int) -> np.ndarray:
+    if M.shape[0] == 0:
+        return np.eye(n)
+    Q, _ = np.linalg.qr(M.T)
+    return np.eye(n) - Q @ Q.T
+
+
+@dataclass(frozen=True)
+class HSElement:
+    """One element ``I − M_Kᵀ(M_K M_Kᵀ)⁻¹M_K`` of the HS set with the index set ``K``."""
+
+    K: tuple[int, ...]
+    J: np.ndarray
+    multiplier: np.ndarray  # (n_ineq,) a multiplier with supp ⊆ K
+
+
+def hs_set(P: Polyhedron, x: np.ndarray, y: np.ndarray, active: np.ndarray, *, tol: float = 1e-9,
+           max_active: int = 14) -> list[HSElement]:
+    """Enumerate the HS set at ``x`` (``y = Π_P(x)``, ``active`` = I(x)) from its definition.
+
+    Distinct index sets giving the same projector are merged (the first ``K`` is kept).
+    """
+    G, _ = ineq_form(P)
+    B = P.B_dense
+    I = np.flatnonzero(active)
+    if I.size > max_active:
+        raise ValueError(f"{I.size} active rows: enumerating 2^{I.size} subsets is too costly")
+    r = np.asarray(x, float) - np.asarray(y, float)
+    scale = 1.0 + float(np.abs(r).max(initial=0.0)) + float(np.abs(G).max(initial=0.0))
+    out: list[HSElement] = []
+    for size in range(I.size + 1):
+        for K in itertools.combinations(I.tolist(), size):
+            M = np.vstack([G[list(K)], B]).reshape(-1, P.n)
+            if _rank(M) < M.shape[0]:
+                continue
+            nu = np.linalg.lstsq(M.T, r, rcond=None)[0] if M.shape[0] else np.zeros(0)
+            resid = float(np.abs(M.T @ nu - r).max(initial=0.0)) if M.shape[0] else float(np.abs(r).max(initial=0.0))
+            if resid > tol * scale or np.any(nu[:size] < -tol * scale):
+                continue
+            J = _null_projector(M, P.n)
+            if any(np.abs(J - e.J).max() < 1e-9 for e in out):
+                continue
+            lam = np.zeros(G.shape[0])
+            lam[list(K)] = nu[:size]
+            out.append(HSElement(tuple(K), J, lam))
+    return out
+
+
+def _match(J: np.ndarray, elements: list[HSElement], tol: float) -> int | None:
+    for i, e in enumerate(elements):
+        if np.abs(J - e.J).max() <= tol:
+            return i
+    return None
+
+
+def _scale(*arrays: np.ndarray) -> float:
+    return 1.0 + max(float(np.abs(np.nan_to_num(np.asarray(a, float), posinf=0, neginf=0)).max(initial=0.0))
+                     for a in arrays)
+
+
+# --------------------------------------------------------------------------- backend contract (raw)
+def check_solution_kkt(qp: QP, sol: Solution, tol: float = 1e-6, what: str = "") -> None:
+    """The raw Solution of a feasible QP: status, feasibility, stationarity, sign convention, gap.
+
+    Residuals are compared with ``tol · (1 + max |data|)``. A wrong multiplier sign is named as
+    such (stationarity holds with ``-z``).
+    """
+    where = f" ({what})" if what else ""
+    qd = qp.dense()
+    scale = _scale(qd.P, qd.q, qd.C, qd.l, qd.u, qd.lb, qd.ub)
+    lim = tol * scale
+    if sol.status is not Status.SOLVED:
+        raise AssertionError(f"status {sol.status.name} on a feasible, bounded QP{where}; expected SOLVED")
+    x = np.asarray(sol.x, float)
+    if x.shape != (qp.n,) or np.asarray(sol.z).shape != (qp.m,) or np.asarray(sol.z_box).shape != (qp.n,):
+        raise AssertionError(f"shapes x {x.shape}, z {np.shape(sol.z)}, z_box {np.shape(sol.z_box)}; "
+                             f"expected ({qp.n},), ({qp.m},), ({qp.n},){where}")
+    pr = qp.primal_violation(x)
+    if not pr <= lim:
+        raise AssertionError(f"x = {_arr(x, 10)} violates the constraints by {pr:.3g} > {lim:.3g}{where}")
+    dr = sol.dual_residual(qp)
+    if not dr <= lim:
+        flipped = Solution(x=x, z=-np.asarray(sol.z), z_box=-np.asarray(sol.z_box), status=sol.status)
+        if flipped.dual_residual(qp) <= lim:
+            raise AssertionError(
+                f"multipliers have the wrong sign{where}: stationarity P x + q + Cᵀz + z_box = 0 fails by "
+                f"{dr:.3g} but holds with -z, -z_box (z = {_arr(sol.z)}, z_box = {_arr(sol.z_box)}); "
+                "polyproj's convention: z_i > 0 when the upper side u_i is active, z_i < 0 for l_i")
+        raise AssertionError(f"dual residual |P x + q + Cᵀz + z_box| (plus multipliers on infinite bounds) "
+                             f"= {dr:.3g} > {lim:.3g} at x = {_arr(x, 10)}, z = {_arr(sol.z)}, "
+                             f"z_box = {_arr(sol.z_box)}{where}")
+    gap = sol.duality_gap(qp)
+    if not gap <= lim * scale:
+        raise AssertionError(f"duality gap {gap:.3g} > {lim * scale:.3g}: x = {_arr(x, 10)} is not optimal "
+                             f"for the multipliers returned{where}")
+
+
+def check_qp_contract(case: Any, solver: Any, tol: float = 1e-6) -> dict[str, int]:
+    """``solver.solve`` on a feasible QP (a :class:`~polyproj.testing.strategies.QPCase`)."""
+    sol = solver.solve(case.qp)
+    check_solution_kkt(case.qp, sol, tol, what="solve")
+    return {"qps": 1}
+
+
+def check_infeasible_contract(case: Any, solver: Any, tol: float = 1e-6) -> dict[str, int]:
+    """An infeasible QP is never reported solved; PRIMAL_INFEASIBLE when the backend detects it."""
+    sol = solver.solve(case.qp)
+    if sol.status.ok:
+        raise AssertionError(f"status {sol.status.name} with x = {_arr(sol.x)} on a certified-infeasible QP "
+                             f"(primal violation {case.qp.primal_violation(sol.x):.3g})")
+    if solver.capabilities.infeasibility and sol.status is not Status.PRIMAL_INFEASIBLE:
+        raise AssertionError(f"status {sol.status.name} on a certified-infeasible QP; the backend declares "
+                             "infeasibility detection, so PRIMAL_INFEASIBLE is expected")
+    return {"qps": 1}
+
+
+def check_batch_contract(P: Polyhedron, X: np.ndarray, solver: Any, tol: float = 1e-6) -> dict[str, int]:
+    """``solver.solve_batch`` on projection QPs: the KKT contract for every element.
+
+    Each element's x must also be the exact (polished) projection to within ``sqrt(tol)``.
+    """
+    qp = P.projection_qp()
+    X = np.atleast_2d(X)
+    bs = solver.solve_batch(qp, q=-X)
+    if len(bs) != X.shape[0]:
+        raise AssertionError(f"solve_batch returned {len(bs)} results for {X.shape[0]} problems")
+    ref = project_checked(X, P, solver).y
+    for i in range(X.shape[0]):
+        qpi = qp.with_vectors(q=-X[i])
+        check_solution_kkt(qpi, bs.solution(i), tol, what=f"solve_batch element {i}, projection of x = {_arr(X[i])}")
+        err = float(np.abs(bs.x[i] - ref[i]).max())
+        if err > np.sqrt(tol) * _scale(X[i]):
+            raise AssertionError(f"solve_batch element {i}: x = {_arr(bs.x[i], 10)} is {err:.3g} away from the "
+                                 f"exact projection {_arr(ref[i], 10)} of {_arr(X[i])}")
+    return {"qps": X.shape[0]}
+
+
+# --------------------------------------------------------------------------- projection
+def check_projection(P: Polyhedron, X: np.ndarray, solver: Any, tol: float = 1e-8,
+                     feasible: np.ndarray | None = None) -> dict[str, int]:
+    """KKT optimality, idempotence, firm non-expansiveness and the variational inequality.
+
+    - KKT: ``y − x + Gᵀλ + Bᵀμ = 0``, ``λ >= 0``, ``λ·(h − Gy) = 0``, ``y ∈ P``;
+    - idempotence: ``Π(Π(x)) = Π(x)``;
+    - firm non-expansiveness: ``‖Π(x) − Π(x')‖² <= ⟨Π(x) − Π(x'), x − x'⟩``;
+    - variational inequality: ``⟨x − Π(x), z − Π(x)⟩ <= 0`` for every feasible ``z`` (the other
+      projections and ``feasible``).
+    """
+    X = np.atleast_2d(np.asarray(X, float))
+    res = project_checked(X, P, solver)
+    Y, mult = res.y, res.multipliers
+    G, h = ineq_form(P)
+    sc = _scale(X, G, np.where(np.isfinite(h), h, 0.0), P.B_dense, P.b)
+    lim = tol * sc * sc
+    ni = P.n_ineq
+    for i in range(X.shape[0]):
+        lam, mu = mult[i, :ni], mult[i, ni:]
+        stat = Y[i] - X[i] + G.T @ lam + (P.B_dense.T @ mu if P.m_eq else 0.0)
+        slack = np.where(np.isfinite(h), h - G @ Y[i], 0.0)
+        checks = {
+            "stationarity |y − x + Gᵀλ + Bᵀμ|": float(np.abs(stat).max()),
+            "dual feasibility max(−λ)": float(max(0.0, -lam.min(initial=0.0))),
+            "complementarity |λ·slack|": float(np.abs(lam * slack).max(initial=0.0)),
+            "primal violation": float(P.violation(Y[i])),
+        }
+        for name, v in checks.items():
+            if not v <= lim:
+                raise AssertionError(f"projection KKT fails: {name} = {v:.3g} > {lim:.3g} for x = {_arr(X[i])}, "
+                                     f"y = {_arr(Y[i], 10)}, multipliers = {_arr(mult[i])}")
+    Y2 = project_checked(Y, P, solver).y
+    err = np.abs(Y2 - Y).max(axis=1)
+    if np.any(err > lim):
+        i = int(np.argmax(err))
+        raise AssertionError(f"idempotence fails: Π(Π(x)) − Π(x) = {err[i]:.3g} for x = {_arr(X[i])}, "
+                             f"Π(x) = {_arr(Y[i], 10)}, Π(Π(x)) = {_arr(Y2[i], 10)}")
+    dY = Y[:, None, :] - Y[None, :, :]
+    dX = X[:, None, :] - X[None, :, :]
+    fne = np.einsum("ijk,ijk->ij", dY, dY) - np.einsum("ijk,ijk->ij", dY, dX)
+    if np.any(fne > lim):
+        i, j = np.unravel_index(int(np.argmax(fne)), fne.shape)
+        raise AssertionError(f"firm non-expansiveness fails: ‖Π(x)−Π(x')‖² − ⟨Π(x)−Π(x'), x−x'⟩ = {fne[i, j]:.3g} "
+                             f"for x = {_arr(X[i])}, x' = {_arr(X[j])}")
+    Z = Y if feasible is None else np.vstack([Y, np.atleast_2d(feasible)])
+    vi = np.einsum("ik,ijk->ij", X - Y, Z[None, :, :] - Y[:, None, :])
+    if np.any(vi > lim):
+        i, j = np.unravel_index(int(np.argmax(vi)), vi.shape)
+        raise AssertionError(f"variational inequality fails: ⟨x − Π(x), z − Π(x)⟩ = {vi[i, j]:.3g} > 0 for "
+                             f"x = {_arr(X[i])}, feasible z = {_arr(Z[j])}")
+    return {"points": X.shape[0]}
+
+
+# --------------------------------------------------------------------------- kinks and conservativity
+def find_kinks(P: Polyhedron, x0: np.ndarray, D: np.ndarray, solver: Any, *, grid: int = 33,
+               width: float = 1e-11, extra_t: np.ndarray | None = None, max_rounds: int = 60) -> list[np.ndarray]:
+    """Kinks of ``t ↦ Π_P(x0_j + t d_j)`` on ``[0, 1]``: where the active set changes.
+
+    A grid of ``grid`` points (plus ``extra_t[j]``, e.g. the degenerate point) gives brackets whose
+    end points have different active sets; all brackets of all segments are bisected together
+    (one batched projection per round) until narrower than ``width``. Independent of the Jacobian.
+
+    Returns
+    -------
+    list of sorted arrays, one per segment, of kink parameters (merged within ``1e3 · width``).
+    """
+    x0 = np.atleast_2d(x0)
+    D = np.atleast_2d(D)
+    S = x0.shape[0]
+    T = np.tile(np.linspace(0.0, 1.0, grid), (S, 1))
+    if extra_t is not None:
+        T = np.sort(np.hstack([T, np.asarray(extra_t, float).reshape(S, -1)]), axis=1)
+    pts = (x0[:, None, :] + T[:, :, None] * D[:, None, :]).reshape(-1, P.n)
+    act = project_checked(pts, P, solver).active.reshape(S, T.shape[1], -1)
+    brackets = []  # (segment, ta, tb, Sa, Sb)
+    for j in range(S):
+        for g in range(T.shape[1] - 1):
+            if T[j, g + 1] > T[j, g] and not np.array_equal(act[j, g], act[j, g + 1]):
+                brackets.append((j, T[j, g], T[j, g + 1], act[j, g], act[j, g + 1]))
+    done: list[tuple[int, float]] = []
+    for _ in range(max_rounds):
+        live = [b for b in brackets if b[2] - b[1] > width]
+        done += [(b[0], 0.5 * (b[1] + b[2])) for b in brackets if b[2] - b[1] <= width]
+        if not live:
+            break
+        mids = np.array([0.5 * (b[1] + b[2]) for b in live])
+        segs = np.array([b[0] for b in live])
+        am = project_checked(x0[segs] + mids[:, None] * D[segs], P, solver).active
+        brackets = []
+        for b, tm, sm in zip(live, mids, am):
+            if not np.array_equal(sm, b[3]):
+                brackets.append((b[0], b[1], tm, b[3], sm))
+            if not np.array_equal(sm, b[4]):
+                brackets.append((b[0], tm, b[2], sm, b[4]))
+        if len(brackets) > 200 * S:
+            raise AssertionError(f"the active set flips too often along the segments ({len(brackets)} brackets): "
+                                 "the backend's active sets are not reproducible")
+    else:
+        done += [(b[0], 0.5 * (b[1] + b[2])) for b in brackets]
+    out = []
+    for j in range(S):
+        ks = np.sort([t for s, t in done if s == j])
+        merged: list[float] = []
+        for t in ks:
+            if not merged or t - merged[-1] > 1e3 * width:
+                merged.append(float(t))
+        out.append(np.array(merged))
+    return out
+
+
+def check_conservativity(case: Any, solver: Any, tol: float = 1e-7, rng: np.random.Generator | None = None,
+                         every_element: bool = True) -> dict[str, int]:
+    """Conservativity of the HS-Jacobian along segments through a degenerate point.
+
+    ``case`` is a :class:`~polyproj.testing.strategies.SegmentCase`. For each segment
+    ``x(t) = x0 + t d`` the kinks are found (:func:`find_kinks`), and
+
+    1. path integral: ``Σ_pieces J(x(t_mid)) d Δt = Π(x(1)) − Π(x(0))`` (J is constant on a piece);
+    2. a.e. derivative: at a random interior ``t`` of every piece, the central difference of
+       ``t ↦ Π(x(t))`` equals ``J(x(t)) d`` — for **every** element of the HS set at ``x(t)``
+       (enumerated by :func:`hs_set`) when ``every_element``.
+    """
+    rng = np.random.default_rng(0) if rng is None else rng
+    P = case.point.polyhedron
+    D = np.asarray(case.directions, float)
+    x0 = case.x0
+    S = D.shape[0]
+    kinks = find_kinks(P, x0, D, solver, extra_t=case.s)
+    ends = project_checked(np.vstack([x0, x0 + D]), P, solver).y
+    pieces = []  # (segment, ta, tb)
+    for j in range(S):
+        br = np.concatenate([[0.0], kinks[j], [1.0]])
+        pieces += [(j, br[i], br[i + 1]) for i in range(br.size - 1) if br[i + 1] - br[i] > 1e-9]
+    seg = np.array([p[0] for p in pieces])
+    ta = np.array([p[1] for p in pieces])
+    tb = np.array([p[2] for p in pieces])
+    tm = 0.5 * (ta + tb)
+    res_m = project_checked(x0[seg] + tm[:, None] * D[seg], P, solver)
+    Jd = hs_vjp(P, res_m.active, D[seg])
+    n_kinks = 0
+    for j in range(S):
+        sel = seg == j
+        integral = np.sum(Jd[sel] * (tb[sel] - ta[sel])[:, None], axis=0)
+        chord = ends[S + j] - ends[j]
+        lim = tol * _scale(D[j], x0[j]) * (1 + kinks[j].size)
+        err = float(np.abs(integral - chord).max())
+        n_kinks += kinks[j].size
+        if err > lim:
+            raise AssertionError(
+                f"path integral fails on segment {j} (x0 = {_arr(x0[j])}, d = {_arr(D[j])}): "
+                f"Σ J d Δt = {_arr(integral, 10)} but Π(x(1)) − Π(x(0)) = {_arr(chord, 10)} (error {err:.3g}); "
+                f"kinks at t = {_arr(kinks[j], 8)}")
+    # a.e. derivative on pieces wide enough for a central difference
+    wide = (tb - ta) > 1e-6
+    u = rng.uniform(0.25, 0.75, size=wide.sum())
+    tr = ta[wide] + u * (tb[wide] - ta[wide])
+    hh = np.minimum(1e-6, 0.05 * (tb[wide] - ta[wide]))
+    sw, Dw = seg[wide], D[seg[wide]]
+    Xr = x0[sw] + tr[:, None] * Dw
+    res = project_checked(np.vstack([Xr, Xr + hh[:, None] * Dw, Xr - hh[:, None] * Dw]), P, solver)
+    k = tr.size
+    fd = (res.y[k:2 * k] - res.y[2 * k:]) / (2 * hh[:, None])
+    Jr = hs_vjp(P, res.active[:k], Dw)
+    checked_elements = 0
+    for i in range(k):
+        lim = 1e-6 * _scale(Dw[i], Xr[i])
+        err = float(np.abs(fd[i] - Jr[i]).max())
+        if err > lim:
+            raise AssertionError(
+                f"derivative fails at t = {tr[i]:.9g} on segment {sw[i]} (x0 = {_arr(x0[sw[i]])}, d = {_arr(Dw[i])}): "
+                f"d/dt Π(x(t)) = {_arr(fd[i], 8)} but J(x(t)) d = {_arr(Jr[i], 8)} "
+                f"(active set {np.flatnonzero(res.active[i]).tolist()})")
+        if every_element:
+            els = hs_set(P, Xr[i], res.y[i], res.active[i])
+            if not els:
+                act_i = np.flatnonzero(res.active[i]).tolist()
+                raise AssertionError(f"empty HS set at x = {_arr(Xr[i])} (active {act_i})")
+            for e in els:
+                checked_elements += 1
+                if np.abs(e.J @ Dw[i] - fd[i]).max() > lim:
+                    raise AssertionError(
+                        f"HS element K = {list(e.K)} at t = {tr[i]:.9g} on segment {sw[i]} gives J d = "
+                        f"{_arr(e.J @ Dw[i], 8)} but d/dt Π(x(t)) = {_arr(fd[i], 8)}")
+    return {"segments": S, "kinks": n_kinks, "pieces": len(pieces), "hs_elements": checked_elements}
+
+
+# --------------------------------------------------------------------------- B-subdifferential and LICQ
+def _fd_jacobians(P: Polyhedron, Xs: np.ndarray, solver: Any, h: float):
+    """Central-difference Jacobians at the rows of Xs; also whether each stencil stays on one piece."""
+    s, n = Xs.shape
+    E = np.eye(n)
+    pts = np.vstack([Xs, (Xs[:, None, :] + h * E[None]).reshape(-1, n), (Xs[:, None, :] - h * E[None]).reshape(-1, n)])
+    res = project_checked(pts, P, solver)
+    Yp = res.y[s: s + s * n].reshape(s, n, n)
+    Ym = res.y[s + s * n:].reshape(s, n, n)
+    Jfd = np.swapaxes((Yp - Ym) / (2 * h), 1, 2)
+    act_c = res.active[:s]
+    same = np.all(res.active[s: s + s * n].reshape(s, n, -1) == act_c[:, None, :], axis=(1, 2))
+    same &= np.all(res.active[s + s * n:].reshape(s, n, -1) == act_c[:, None, :], axis=(1, 2))
+    return Jfd, act_c, same, res
+
+
+def b_subdifferential_samples(P: Polyhedron, x: np.ndarray, solver: Any, rng: np.random.Generator, *,
+                              n_random: int = 16, delta: float = 1e-4) -> tuple[list[np.ndarray], int]:
+    """Jacobians of Π_P (central differences) at random differentiable points within ``delta`` of ``x``.
+
+    Returns the Jacobians and the number of samples discarded because the difference stencil
+    crossed a kink (a measure-zero event made likely only by a huge ``delta``).
+    """
+    n = P.n
+    dirs = rng.normal(size=(n_random, n))
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    dl = delta * _scale(x)
+    Jfd, _, same, _ = _fd_jacobians(P, x[None, :] + dl * dirs, solver, 1e-3 * dl)
+    return [Jfd[i] for i in range(n_random) if same[i]], int((~same).sum())
+
+
+def _licq_holds(P: Polyhedron, active: np.ndarray) -> bool:
+    G, _ = ineq_form(P)
+    M = np.vstack([G[active], P.B_dense]).reshape(-1, P.n)
+    return _rank(M) == M.shape[0]
+
+
+def check_licq_equivalence(point: Any, solver: Any, rng: np.random.Generator | None = None, *,
+                           n_random: int = 16, delta: float = 1e-4, tol: float = 1e-6) -> dict[str, int]:
+    """Under LICQ at a degenerate ``x``: the B-subdifferential equals the HS set.
+
+    ``point`` is a :class:`~polyproj.testing.strategies.DegeneratePoint` (LICQ at ``y*``).
+
+    - ⊆: the Jacobian (central differences) at every random differentiable point within ``delta``
+      is an HS element (and equals ``hs_jacobian`` at that point);
+    - ⊇: every HS element ``K`` is reached: at ``x' = x + δ(t + G_Kᵀ1)``, where ``t`` solves
+      ``G_K t = 0, B t = 0, G_{I∖K} t = −1`` (it exists under LICQ), ``Π`` is differentiable with
+      active set ``K`` and its Jacobian is measured by central differences (Theorem 1's sequence);
+    - the element used for backpropagation, ``hs_jacobian(P, I(x))``, is in the HS set.
+    """
+    rng = np.random.default_rng(0) if rng is None else rng
+    P = point.polyhedron
+    x = np.asarray(point.x, float)
+    r0 = project_checked(x, P, solver)
+    y, act = r0.y[0], r0.active[0]
+    if float(np.abs(y - point.y).max()) > 1e-9 * _scale(y):
+        raise AssertionError(f"Π(x) = {_arr(y, 10)} but the exact projection is {_arr(point.y)} for x = {_arr(x)}")
+    if not np.array_equal(act, point.case.active):
+        raise AssertionError(f"active set {np.flatnonzero(act).tolist()} at x = {_arr(x)}; "
+                             f"expected {np.flatnonzero(point.case.active).tolist()}")
+    if not _licq_holds(P, act):
+        raise ValueError("LICQ fails at this point; use check_b_subdifferential_in_hs")
+    els = hs_set(P, x, y, act)
+    J_used = hs_jacobian(P, act)
+    if _match(J_used, els, 1e-9) is None:
+        raise AssertionError(f"hs_jacobian at I(x) = {np.flatnonzero(act).tolist()} is not in the HS set")
+    G, _ = ineq_form(P)
+    I = np.flatnonzero(act)
+    dl = delta * _scale(x)
+    targets = []
+    for e in els:
+        K = list(e.K)
+        rest = [i for i in I if i not in K]
+        M = np.vstack([G[I], P.B_dense]).reshape(-1, P.n)
+        rhs = np.concatenate([np.where(np.isin(I, rest), -1.0, 0.0), np.zeros(P.m_eq)])
+        t = np.linalg.lstsq(M, rhs, rcond=None)[0]
+        push = G[K].sum(axis=0) if K else np.zeros(P.n)
+        jitter = 1e-3 * rng.normal(size=P.n)
+        targets.append(x + dl * (t + push + jitter))
+    Jt, act_t, same_t, _ = _fd_jacobians(P, np.array(targets), solver, 1e-4 * dl)
+    for e, Jfd, ok, a in zip(els, Jt, same_t, act_t):
+        if not ok or np.abs(Jfd - e.J).max() > tol:
+            raise AssertionError(
+                f"HS element K = {list(e.K)} is not reached: at the nearby point built for it Π has "
+                f"active set {np.flatnonzero(a).tolist()} and Jacobian\n{_arr(Jfd)}\n(expected\n{_arr(e.J)})")
+    Jr, discarded = b_subdifferential_samples(P, x, solver, rng, n_random=n_random, delta=delta)
+    for Jfd in Jr:
+        if _match(Jfd, els, tol) is None:
+            raise AssertionError(f"a Jacobian at a random point near x = {_arr(x)} is not in the HS set "
+                                 f"({len(els)} elements):\n{_arr(Jfd)}")
+    return {"points": 1, "hs_elements": len(els), "random_samples": len(Jr), "discarded": discarded}
+
+
+def check_b_subdifferential_in_hs(point: Any, solver: Any, rng: np.random.Generator | None = None, *,
+                                  n_random: int = 16, delta: float = 1e-4, tol: float = 1e-6) -> dict[str, int]:
+    """Without LICQ: nearby Jacobians still lie in the HS set, and so does the element we use.
+
+    (The converse may fail: see :func:`nonlicq_example`.)
+    """
+    rng = np.random.default_rng(0) if rng is None else rng
+    P = point.polyhedron
+    x = np.asarray(point.x, float)
+    r0 = project_checked(x, P, solver)
+    y, act = r0.y[0], r0.active[0]
+    els = hs_set(P, x, y, act)
+    if not els:
+        raise AssertionError(f"empty HS set at x = {_arr(x)} (active {np.flatnonzero(act).tolist()})")
+    if _match(hs_jacobian(P, act), els, 1e-9) is None:
+        raise AssertionError(f"hs_jacobian at I(x) = {np.flatnonzero(act).tolist()} is not in the HS set "
+                             f"{[list(e.K) for e in els]}")
+    Jr, discarded = b_subdifferential_samples(P, x, solver, rng, n_random=n_random, delta=delta)
+    for Jfd in Jr:
+        if _match(Jfd, els, tol) is None:
+            raise AssertionError(f"a Jacobian at a random point near x = {_arr(x)} is not in the HS set:\n{_arr(Jfd)}")
+    return {"points": 1, "hs_elements": len(els), "random_samples": len(Jr), "discarded": discarded}
+
+
+def nonlicq_example() -> tuple[Polyhedron, np.ndarray, str]:
+    """A point where LICQ fails and the HS set is strictly larger than the B-subdifferential.
+
+    ``P = {y ∈ R² : y₁ <= 0, y₂ <= 0, y₁ + y₂ <= 0}`` (the third row is redundant) and ``x = (1, 1)``:
+    ``Π(x) = 0`` with all three rows active. The multipliers ``λ`` solving ``x = λ₁e₁ + λ₂e₂ +
+    λ₃(1, 1)``, ``λ >= 0`` are ``(s, s, 1 − s)``, ``s ∈ [0, 1]``. Independent index sets containing
+    the support of one of them: ``{1,2}``, ``{1,3}``, ``{2,3}`` (projector 0) and ``{3}``
+    (projector ``I − ½ 11ᵀ``), so ``∂_HS Π(x) = {0, I − ½11ᵀ}``. But ``x`` is in the interior of the
+    normal cone (the positive quadrant): every point nearby projects to 0, so ``∂_B Π(x) = {0}``.
+    The element used for backpropagation, the projector onto the null space of all active rows,
+    is 0 — in both sets.
+    """
+    P = Polyhedron(A=np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), a=np.zeros(3))
+    return P, np.array([1.0, 1.0]), nonlicq_example.__doc__ or ""
