@@ -106,7 +106,10 @@ def factor_active(A, B, active, free) -> ActiveFactor:
     p = B.shape[-2]
     act_i = xp.astype(active, xp.int8)
     k = int(xp.max(xp.sum(xp.astype(active, xp.int32), axis=-1))) if m and batch else 0
-    order = xp.argsort(act_i, axis=-1, descending=True, stable=True) if m else xp.zeros((batch, 0), dtype=xp.int64, device=dev)
+    if m:
+        order = xp.argsort(act_i, axis=-1, descending=True, stable=True)
+    else:
+        order = xp.zeros((batch, 0), dtype=xp.int64, device=dev)
     idx = order[:, :k]
     if A.ndim == 2:
         rowsA = xp.reshape(xp.take(A, xp.reshape(idx, (-1,)), axis=0), (batch, k, n))
@@ -120,7 +123,6 @@ def factor_active(A, B, active, free) -> ActiveFactor:
     scale = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)), xp.zeros_like(norms))
     Mn = Mf * scale[:, :, None]
     if Mn.shape[1] == 0:
-        r = 0
         U = xp.zeros((batch, 0, 0), dtype=dtype, device=dev)
         Vh = xp.zeros((batch, 0, n), dtype=dtype, device=dev)
         s_inv = xp.zeros((batch, 0), dtype=dtype, device=dev)
@@ -173,7 +175,10 @@ def compact_rhs(F: ActiveFactor, a, b_eq):
     if F.m:
         a2 = xp.broadcast_to(a[None, :], (batch, F.m)) if a.ndim == 1 else a
         a_k = xp.take_along_axis(a2, F.order[:, : F.k], axis=1)
-        parts.append(xp.where(F.scale[:, : F.k] > 0, a_k, xp.zeros_like(a_k)))
+        # padding rows are zero in F.rows; an active row whose support is fully fixed by active
+        # bounds has scale 0 but keeps its rhs (the consistency residual needs it)
+        real = xp.linalg.vector_norm(F.rows[:, : F.k, :], axis=-1) > 0
+        parts.append(xp.where(real, a_k, xp.zeros_like(a_k)))
     if F.p:
         parts.append(xp.broadcast_to(b_eq[None, :], (batch, F.p)) if b_eq.ndim == 1 else b_eq)
     if not parts:
@@ -286,7 +291,7 @@ def hs_vjp(polyhedron, active, V) -> np.ndarray:
     """
     V = np.asarray(V, dtype=np.float64)
     single_v = V.ndim == 1
-    single, F = _factor_polyhedron(polyhedron, active)
+    _, F = _factor_polyhedron(polyhedron, active)
     V2 = np.atleast_2d(V)
     if V2.shape[-1] != polyhedron.n:
         from .errors import ProblemError

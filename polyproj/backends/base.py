@@ -35,7 +35,7 @@ from ..errors import BackendUnavailable, SettingsError, close_matches
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
 
-__all__ = ["Capabilities", "QPSolver", "SETTINGS"]
+__all__ = ["SETTINGS", "Capabilities", "QPSolver"]
 
 #: The unified settings every backend accepts, with their defaults.
 SETTINGS: dict[str, Any] = {
@@ -194,7 +194,8 @@ class QPSolver(abc.ABC):
 
         sizes = {v.shape[0] for v in vecs.values()}
         if len(sizes) > 1:
-            raise ProblemError(f"batched vectors disagree on the batch size: { {k: v.shape[0] for k, v in vecs.items()} }")
+            found = {k: v.shape[0] for k, v in vecs.items()}
+            raise ProblemError(f"batched vectors disagree on the batch size: {found}")
         if not sizes:
             raise ProblemError("solve_batch needs at least one batched vector (q, l, u, lb or ub)")
         return sizes.pop()

@@ -84,7 +84,9 @@ class ProxSuiteSolver(QPSolver):
         import proxsuite
 
         sparse = qp.is_sparse
-        native_box = (not sparse) and qp.has_bounds
+        # ProxQP's dense box mode mishandles warm starts (wrong dual sizes, then no convergence):
+        # with a warm start the bounds are folded into C instead
+        native_box = (not sparse) and qp.has_bounds and not warm
         ieq, iin, box_rows, A, b, Cin, l, u = self._split(qp, fold_box=not native_box)
         n = qp.n
         if sparse:
@@ -153,10 +155,8 @@ class ProxSuiteSolver(QPSolver):
             return None
         z = np.zeros(qp.m) if z is None else np.nan_to_num(np.asarray(z, dtype=float))
         zb = np.zeros(qp.n) if zb is None else np.nan_to_num(np.asarray(zb, dtype=float))
-        zin = z[iin]
-        if native_box:
-            zin = np.concatenate([zin, zb])
-        elif box_rows.size:
+        zin = z[iin]  # ProxQP's dense box mode takes no warm start for the box multipliers
+        if not native_box and box_rows.size:
             zin = np.concatenate([zin, zb[box_rows]])
         return np.nan_to_num(np.asarray(x, dtype=float)), z[ieq], zin
 

@@ -1,0 +1,26 @@
+"""The polyproj command: backends table and the demo (quick mode)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from polyproj.cli import main
+
+
+def test_backends_table(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "proxsuite" in out and "yes" in out and "capabilities" in out
+
+
+def test_python_dash_m_runs_the_cli():
+    out = subprocess.run([sys.executable, "-m", "polyproj", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("polyproj ")
+
+
+def test_demo_quick_runs_and_checks():
+    out = subprocess.run([sys.executable, "-m", "polyproj", "demo", "--quick"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "HS-Jacobian" in out.stdout

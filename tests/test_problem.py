@@ -1,0 +1,159 @@
+"""Problem model validation: each bad input its own test, with a clear ProblemError."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import polyproj as pp
+
+
+def test_qp_shapes_and_defaults():
+    qp = pp.QP(P=np.eye(3), q=np.zeros(3))
+    assert (qp.n, qp.m) == (3, 0)
+    assert np.all(np.isneginf(qp.lb)) and np.all(np.isposinf(qp.ub))
+    assert "QP(n=3" in repr(qp)
+
+
+def test_qp_infinite_bounds_written_as_1e20_are_infinite():
+    qp = pp.QP(P=np.eye(2), q=np.zeros(2), C=np.eye(2), l=[-1e20, 0.0], u=[1e20, 1.0])
+    assert np.isneginf(qp.l[0]) and np.isposinf(qp.u[0])
+
+
+def test_qp_copies_user_data():
+    P = np.eye(2)
+    qp = pp.QP(P=P, q=np.zeros(2))
+    P[0, 0] = -5.0
+    assert qp.P[0, 0] == 1.0
+
+
+def test_nan_in_q_rejected():
+    with pytest.raises(pp.ProblemError, match=r"q contains NaN"):
+        pp.QP(P=np.eye(2), q=[0.0, np.nan])
+
+
+def test_inf_in_q_rejected():
+    with pytest.raises(pp.ProblemError, match=r"q\[1\]"):
+        pp.QP(P=np.eye(2), q=[0.0, np.inf])
+
+
+def test_nan_in_A_rejected():
+    with pytest.raises(pp.ProblemError, match=r"A contains NaN or inf \(first at row 1, column 0\)"):
+        pp.Polyhedron(A=[[1.0, 0.0], [np.nan, 1.0]], a=[1.0, 1.0])
+
+
+def test_inf_in_A_rejected():
+    with pytest.raises(pp.ProblemError, match="A contains NaN or inf"):
+        pp.Polyhedron(A=[[1.0, np.inf]], a=[1.0])
+
+
+def test_nan_in_a_rejected():
+    with pytest.raises(pp.ProblemError, match="a contains NaN"):
+        pp.Polyhedron(A=np.eye(2), a=[1.0, np.nan])
+
+
+def test_minus_inf_in_a_rejected():
+    with pytest.raises(pp.ProblemError, match=r"a\[0\] = -inf is not allowed"):
+        pp.Polyhedron(A=np.eye(2), a=[-np.inf, 1.0])
+
+
+def test_nan_in_sparse_matrix_rejected():
+    C = sp.csr_matrix(np.array([[1.0, np.nan]]))
+    with pytest.raises(pp.ProblemError, match="C contains NaN"):
+        pp.QP(P=np.eye(2), q=np.zeros(2), C=C, l=[0.0], u=[1.0])
+
+
+def test_shape_mismatch_P_q():
+    with pytest.raises(pp.ProblemError, match="P has 2 columns, expected 3"):
+        pp.QP(P=np.eye(2), q=np.zeros(3))
+
+
+def test_shape_mismatch_C_columns():
+    with pytest.raises(pp.ProblemError, match="C has 3 columns, expected 2"):
+        pp.QP(P=np.eye(2), q=np.zeros(2), C=np.ones((1, 3)), l=[0.0], u=[1.0])
+
+
+def test_shape_mismatch_bounds():
+    with pytest.raises(pp.ProblemError, match=r"u must have shape \(2,\)"):
+        pp.QP(P=np.eye(2), q=np.zeros(2), C=np.eye(2), l=[0.0, 0.0], u=[1.0])
+
+
+def test_shape_mismatch_polyhedron_rhs():
+    with pytest.raises(pp.ProblemError, match=r"a must have shape \(2,\)"):
+        pp.Polyhedron(A=np.eye(2), a=[1.0, 2.0, 3.0])
+
+
+def test_shape_mismatch_A_B_columns():
+    with pytest.raises(pp.ProblemError, match="B has 3 columns, expected 2"):
+        pp.Polyhedron(A=np.eye(2), a=[1.0, 1.0], B=np.ones((1, 3)), b=[1.0])
+
+
+def test_non_symmetric_P_rejected():
+    with pytest.raises(pp.ProblemError, match="P is not symmetric"):
+        pp.QP(P=[[1.0, 2.0], [0.0, 1.0]], q=np.zeros(2))
+
+
+def test_indefinite_P_rejected():
+    with pytest.raises(pp.ProblemError, match="not positive semidefinite"):
+        pp.QP(P=[[1.0, 2.0], [2.0, 1.0]], q=np.zeros(2))
+
+
+def test_negative_diagonal_P_rejected():
+    with pytest.raises(pp.ProblemError, match=r"P\[1,1\]"):
+        pp.QP(P=np.diag([1.0, -1.0]), q=np.zeros(2))
+
+
+def test_dependent_rows_of_B_named():
+    B = [[1.0, 1.0, 0.0], [0.0, 0.0, 1.0], [2.0, 2.0, 1.0]]
+    with pytest.raises(pp.ProblemError, match=r"rows \[\d\] of B are linearly dependent"):
+        pp.Polyhedron(B=B, b=[1.0, 0.0, 2.0])
+
+
+def test_zero_row_of_B_named():
+    with pytest.raises(pp.ProblemError, match=r"rows \[1\] of B"):
+        pp.Polyhedron(B=[[1.0, 0.0], [0.0, 0.0]], b=[1.0, 0.0])
+
+
+def test_crossing_bounds_rejected():
+    with pytest.raises(pp.ProblemError, match=r"lb\[1\] = 2 > ub\[1\] = 1"):
+        pp.Polyhedron(lb=[0.0, 2.0], ub=[1.0, 1.0])
+
+
+def test_non_numeric_rejected():
+    with pytest.raises(pp.ProblemError, match="real numbers"):
+        pp.QP(P=np.eye(2), q=["a", "b"])
+    with pytest.raises(pp.ProblemError, match="real numbers"):
+        pp.Polyhedron(A=np.array([[1 + 1j, 0]]), a=[1.0])
+
+
+def test_polyhedron_needs_a_dimension():
+    with pytest.raises(pp.ProblemError, match="number of variables"):
+        pp.Polyhedron()
+
+
+def test_polyhedron_constraint_form_and_projection_qp(rng):
+    A, B = rng.normal(size=(3, 4)), rng.normal(size=(1, 4))
+    P = pp.Polyhedron(A=A, a=np.ones(3), B=B, b=[0.5], lb=-np.ones(4))
+    C, l, u, _, _ = P.constraint_form()
+    np.testing.assert_array_equal(C, np.vstack([A, B]))
+    np.testing.assert_array_equal(l, [-np.inf, -np.inf, -np.inf, 0.5])
+    np.testing.assert_array_equal(u, [1.0, 1.0, 1.0, 0.5])
+    qp = P.projection_qp(np.arange(4.0))
+    np.testing.assert_array_equal(qp.q, -np.arange(4.0))
+    assert P.n_ineq == 3 + 4 and P.lb_idx.tolist() == [0, 1, 2, 3] and P.ub_idx.size == 0
+
+
+def test_polyhedron_violation_batched(rng):
+    P = pp.Polyhedron(A=[[1.0, 1.0]], a=[1.0], lb=[0.0, 0.0])
+    v = P.violation(np.array([[0.5, 0.5], [2.0, 0.0], [-1.0, 0.0]]))
+    np.testing.assert_allclose(v, [0.0, 1.0, 1.0])
+    assert P.violation(np.array([np.nan, 0.0])) == np.inf
+
+
+def test_with_vectors_validates():
+    qp = pp.QP(P=np.eye(2), q=np.zeros(2))
+    with pytest.raises(pp.ProblemError, match="q contains NaN"):
+        qp.with_vectors(q=[np.nan, 0.0])
+    with pytest.raises(pp.ProblemError, match="takes q, l, u, lb, ub"):
+        qp.with_vectors(P=np.eye(2))

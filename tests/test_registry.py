@@ -1,0 +1,147 @@
+"""Registry: names, close matches, install hints, run-time and entry-point backends, import isolation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import polyproj as pp
+from tests.toy_backend import ToyKKTSolver
+
+
+def _eq_qp(rng, n=5, m=2):
+    B = rng.normal(size=(m, n))
+    b = rng.normal(size=m)
+    return pp.QP(P=np.eye(n) * 2.0, q=rng.normal(size=n), C=B, l=b, u=b), B, b
+
+
+def test_unknown_name_names_close_matches():
+    with pytest.raises(pp.BackendNotFound, match=r"no backend named 'proxsuit'.*Did you mean 'proxsuite'"):
+        pp.get_backend("proxsuit")
+    with pytest.raises(pp.BackendNotFound, match="Known backends: proxsuite"):
+        pp.get_backend("nothing-like-it")
+
+
+def test_unknown_setting_is_an_error():
+    with pytest.raises(pp.SettingsError, match=r"unknown setting\(s\) \['eps_ab'\].*Did you mean 'eps_abs'"):
+        pp.get_backend("proxsuite", eps_ab=1e-9)
+    with pytest.raises(pp.SettingsError, match="eps_abs must be a finite number"):
+        pp.get_backend("proxsuite", eps_abs=-1.0)
+    with pytest.raises(pp.SettingsError, match="max_iter must be a positive"):
+        pp.get_backend("proxsuite", max_iter=0)
+
+
+def test_get_backend_accepts_instances_and_classes():
+    s = pp.get_backend("proxsuite", eps_abs=1e-7)
+    assert pp.get_backend(s) is s
+    s2 = pp.get_backend(s, max_iter=50)
+    assert s2.settings["eps_abs"] == 1e-7 and s2.settings["max_iter"] == 50
+    assert pp.get_backend(type(s)).name == "proxsuite"
+    with pytest.raises(pp.PolyprojError, match="subclass of polyproj.QPSolver"):
+        pp.get_backend(dict)
+
+
+def test_runtime_registration_solves_end_to_end(rng):
+    pp.register_backend("toy", ToyKKTSolver)
+    try:
+        assert "toy" in pp.available_backends()
+        qp, B, b = _eq_qp(rng)
+        sol = pp.solve_qp(qp, backend="toy")
+        ref = pp.solve_qp(qp, backend="proxsuite", eps_abs=1e-11)
+        np.testing.assert_allclose(sol.x, ref.x, atol=1e-8)
+        np.testing.assert_allclose(sol.z, ref.z, atol=1e-7)  # same multiplier convention
+        assert sol.dual_residual() < 1e-10
+        # and through project(): projection onto an affine set
+        P = pp.Polyhedron(B=B, b=b)
+        res = pp.project(rng.normal(size=(3, 5)), P, backend="toy")
+        assert res.polished.all() and res.max_violation < 1e-12
+        with pytest.raises(pp.PolyprojError, match="already registered"):
+            pp.register_backend("toy", ToyKKTSolver)
+        with pytest.raises(pp.SettingsError, match="toy-specific: \\['shift'\\]"):
+            pp.get_backend("toy", shiftt=1.0)
+    finally:
+        pp.unregister_backend("toy")
+    assert "toy" not in pp.available_backends()
+
+
+def test_register_rejects_non_solvers():
+    with pytest.raises(pp.PolyprojError, match="subclass of polyproj.QPSolver"):
+        pp.register_backend("bad", object)
+
+
+FAKE_DIST = """
+Metadata-Version: 2.1
+Name: polyproj-fake-solver
+Version: 0.0.1
+"""
+
+
+def test_entry_point_backend_is_discovered_and_solves(tmp_path, rng, monkeypatch):
+    """A fake distribution on sys.path declaring the entry point group polyproj.backends."""
+    pkg = tmp_path / "fake_polyproj_solver"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from tests.toy_backend import ToyKKTSolver as FakeSolver\n")
+    dist = tmp_path / "polyproj_fake_solver-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
+    (dist / "entry_points.txt").write_text("[polyproj.backends]\nfakesolver = fake_polyproj_solver:FakeSolver\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    info = {row.name: row for row in pp.backend_info()}
+    assert info["fakesolver"].available and info["fakesolver"].source == "entry point"
+    qp, _, _ = _eq_qp(rng)
+    sol = pp.solve_qp(qp, backend="fakesolver")
+    assert sol.status is pp.Status.SOLVED and sol.primal_residual() < 1e-12
+
+
+def test_module_class_path_is_accepted(rng):
+    qp, _, _ = _eq_qp(rng)
+    sol = pp.solve_qp(qp, backend="tests.toy_backend:ToyKKTSolver")
+    assert sol.status is pp.Status.SOLVED
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def test_missing_package_gives_install_hint_and_import_still_works():
+    out = _run("""
+        import sys
+        sys.modules["proxsuite"] = None  # make proxsuite unimportable
+        import polyproj as pp
+        print("available:", pp.available_backends())
+        info = {r.name: r for r in pp.backend_info()}
+        print("reason:", info["proxsuite"].reason)
+        try:
+            pp.get_backend("proxsuite")
+        except pp.BackendUnavailable as exc:
+            print("error:", exc)
+    """)
+    assert "'proxsuite'" not in out.split("reason:")[0]
+    assert 'pip install "polyproj[proxsuite]"' in out.split("reason:")[1]
+    assert "error: backend 'proxsuite' is unavailable" in out
+    assert 'pip install "polyproj[proxsuite]"' in out.split("error:")[1]
+
+
+def test_import_polyproj_imports_no_optional_package():
+    out = _run("""
+        import sys
+        import polyproj
+        optional = ("torch", "proxsuite", "osqp", "highspy", "cupy", "hypothesis", "pytest")
+        heavy = [m for m in optional if m in sys.modules]
+        print(heavy)
+    """)
+    assert out.strip() == "[]"
+
+
+def test_backend_info_rows():
+    rows = {r.name: r for r in pp.backend_info()}
+    assert rows["proxsuite"].available and rows["proxsuite"].version
+    assert "batch" in rows["proxsuite"].capabilities
+    for name in ("osqp", "highs", "ipm", "cupy"):
+        assert name in rows  # built-ins are always listed, available or with the reason
+        assert rows[name].available or rows[name].reason

@@ -1,0 +1,133 @@
+"""solve_qp with ProxSuite: residuals, sign convention, statuses, warm start, sparse data, batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import polyproj as pp
+
+
+def _feasible_qp(rng, n=10, m=8, p=2, sparse=False, bounds=True):
+    M = rng.normal(size=(n, n))
+    P = M @ M.T + 0.1 * np.eye(n)
+    x0 = rng.normal(size=n)
+    C = rng.normal(size=(m + p, n))
+    l = np.concatenate([C[:m] @ x0 - rng.uniform(0, 1, m), C[m:] @ x0])
+    u = np.concatenate([C[:m] @ x0 + rng.uniform(0, 1, m), C[m:] @ x0])
+    l[:2] = -np.inf  # one-sided rows
+    kw = {"lb": x0 - 1.0, "ub": x0 + 1.0} if bounds else {}
+    if sparse:
+        P, C = sp.csc_matrix(P), sp.csc_matrix(C)
+    return pp.QP(P=P, q=rng.normal(size=n) * 5, C=C, l=l, u=u, **kw)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("bounds", [False, True])
+def test_solution_residuals_and_sign_convention(rng, sparse, bounds):
+    qp = _feasible_qp(rng, sparse=sparse, bounds=bounds)
+    sol = pp.solve_qp(qp, eps_abs=1e-10)
+    assert sol.status is pp.Status.SOLVED and sol.ok
+    r = sol.residuals()
+    assert r["primal"] < 1e-8 and r["dual"] < 1e-8 and r["gap"] < 1e-7, r
+    # sign convention: z > 0 only where the upper side is active, z < 0 only at the lower side
+    Cx = qp.C @ sol.x
+    up = sol.z > 1e-7
+    lo = sol.z < -1e-7
+    np.testing.assert_allclose(Cx[up], qp.u[up], atol=1e-7)
+    np.testing.assert_allclose(Cx[lo], qp.l[lo], atol=1e-7)
+    np.testing.assert_allclose(sol.x[sol.z_box > 1e-7], qp.ub[sol.z_box > 1e-7], atol=1e-7)
+    np.testing.assert_allclose(sol.x[sol.z_box < -1e-7], qp.lb[sol.z_box < -1e-7], atol=1e-7)
+    assert sol.backend == "proxsuite" and sol.iterations > 0
+
+
+def test_residual_methods_detect_wrong_answers(rng):
+    qp = _feasible_qp(rng)
+    sol = pp.solve_qp(qp, eps_abs=1e-10)
+    flipped = pp.Solution(x=sol.x, z=-sol.z, z_box=-sol.z_box, status=sol.status, qp=qp)
+    assert flipped.dual_residual() > 1e-3
+    moved = pp.Solution(x=sol.x + 0.1, z=sol.z, z_box=sol.z_box, status=sol.status, qp=qp)
+    assert moved.dual_residual() > 1e-3
+    with pytest.raises(pp.PolyprojError, match="carries no problem"):
+        pp.Solution(x=sol.x, z=sol.z, z_box=sol.z_box, status=sol.status).primal_residual()
+
+
+def test_duality_gap_definition():
+    # min ½x² - x  s.t. x <= 0.5: x* = 0.5, z = 0.5; gap = |x²-x + 0.5*0.5| = 0 at the optimum
+    qp = pp.QP(P=[[1.0]], q=[-1.0], C=[[1.0]], l=[-np.inf], u=[0.5])
+    sol = pp.Solution(x=np.array([0.5]), z=np.array([0.5]), z_box=np.zeros(1), status=pp.Status.SOLVED, qp=qp)
+    assert sol.duality_gap() == pytest.approx(0.0, abs=1e-15)
+    assert sol.dual_residual() == pytest.approx(0.0, abs=1e-15)
+    bad = pp.Solution(x=np.array([0.5]), z=np.array([0.2]), z_box=np.zeros(1), status=pp.Status.SOLVED, qp=qp)
+    assert bad.duality_gap() == pytest.approx(0.15)
+
+
+def test_primal_infeasible_is_a_status():
+    # x1 <= -1 and -x1 <= -1; (ProxQP does not certify every infeasible problem: some end in MAX_ITER)
+    qp = pp.QP(P=np.eye(2), q=np.zeros(2), C=[[1.0, 0.0], [-1.0, 0.0]], l=[-np.inf, -np.inf], u=[-1.0, -1.0])
+    sol = pp.solve_qp(qp)
+    assert sol.status is pp.Status.PRIMAL_INFEASIBLE
+    assert not sol.ok
+    assert "no point" in sol.status.message
+
+
+def test_dual_infeasible_is_a_status():
+    # min -x1 with x1 unbounded above
+    qp = pp.QP(P=np.zeros((2, 2)), q=[-1.0, 0.0], C=[[0.0, 1.0]], l=[0.0], u=[1.0])
+    sol = pp.solve_qp(qp)
+    assert sol.status in (pp.Status.DUAL_INFEASIBLE, pp.Status.MAX_ITER)
+    assert not sol.ok
+
+
+def test_max_iter_is_a_status(rng):
+    qp = _feasible_qp(rng, n=30, m=40)
+    sol = pp.solve_qp(qp, eps_abs=1e-12, max_iter=1)
+    assert sol.status is pp.Status.MAX_ITER
+
+
+def test_warm_start_from_the_solution_needs_fewer_iterations(rng):
+    qp = _feasible_qp(rng, n=40, m=60)
+    cold = pp.solve_qp(qp, eps_abs=1e-9)
+    warm = pp.solve_qp(qp.with_vectors(q=qp.q + 1e-4), eps_abs=1e-9, warm_start=cold)
+    assert warm.status is pp.Status.SOLVED
+    assert warm.iterations <= cold.iterations
+    warm2 = pp.solve_qp(qp, eps_abs=1e-9, warm_start={"x": cold.x, "z": cold.z, "z_box": cold.z_box})
+    assert warm2.iterations <= cold.iterations
+
+
+def test_solve_batch_native_matches_single_solves(rng):
+    qp = _feasible_qp(rng, n=12, m=10)
+    Q = rng.normal(size=(7, 12)) * 5
+    solver = pp.get_backend("proxsuite", eps_abs=1e-10)
+    batch = solver.solve_batch(qp, q=Q)
+    assert len(batch) == 7 and batch.ok.all()
+    for i in range(7):
+        single = solver.solve(qp.with_vectors(q=Q[i]))
+        np.testing.assert_allclose(batch.x[i], single.x, atol=1e-7)
+        np.testing.assert_allclose(batch.z[i], single.z, atol=1e-6)
+        assert batch.solution(i).dual_residual() < 1e-8
+
+
+def test_solve_batch_with_batched_bounds(rng):
+    qp = _feasible_qp(rng, n=6, m=4, p=0)
+    U = np.broadcast_to(qp.u, (3, qp.m)).copy()
+    U[1] += 0.5
+    batch = pp.get_backend("proxsuite", eps_abs=1e-10).solve_batch(qp, u=U)
+    for i in range(3):
+        ref = pp.solve_qp(qp.with_vectors(u=U[i]), eps_abs=1e-10)
+        np.testing.assert_allclose(batch.x[i], ref.x, atol=1e-7)
+
+
+def test_solve_batch_rejects_bad_shapes(rng):
+    qp = _feasible_qp(rng, n=4, m=2, p=0)
+    solver = pp.get_backend("proxsuite")
+    with pytest.raises(pp.ProblemError, match=r"batched q must have shape \(batch, 4\)"):
+        solver.solve_batch(qp, q=np.zeros((2, 5)))
+    with pytest.raises(pp.ProblemError, match="disagree on the batch size"):
+        solver.solve_batch(qp, q=np.zeros((2, 4)), u=np.zeros((3, 2)))
+
+
+def test_solve_qp_rejects_non_qp():
+    with pytest.raises(pp.ProblemError, match="takes a polyproj.QP"):
+        pp.solve_qp({"P": np.eye(2)})
