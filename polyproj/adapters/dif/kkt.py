@@ -1,0 +1,300 @@
+"""KKT points of a :class:`ConstrainedProblem`: :class:`KKTPoint` and :func:`solve`.
+
+At a KKT point (θ̄, λ̄)::
+
+    ∇f₀(θ̄) + Σ λ̄ⱼ ∇gⱼ(θ̄) = 0,   gⱼ(θ̄) <= 0,   λ̄ⱼ >= 0,   λ̄ⱼ gⱼ(θ̄) = 0
+
+(equality constraints: gⱼ = 0, λ̄ⱼ free). Each inequality is *binding* (λ̄ⱼ > mult_tol), *weakly
+active* (gⱼ >= −active_tol, λ̄ⱼ <= mult_tol: strict complementarity fails) or *inactive*.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+import torch
+from torch import nn
+
+from ...errors import PolyprojWarning, ProblemError, SolverError
+from .calculus import constraint_jacobian, lagrangian_hessian, objective_grad
+from .problem import ConstrainedProblem
+from .qp import solve_qp_exact
+
+__all__ = ["KKTPoint", "solve"]
+
+BINDING, WEAK, INACTIVE, EQUALITY = "binding", "weakly_active", "inactive", "equality"
+
+
+@dataclass(frozen=True, eq=False)
+class KKTPoint:
+    """A KKT point (θ̄, λ̄) with the classification of each constraint.
+
+    Attributes
+    ----------
+    theta : torch.Tensor (d,)
+        Flat float64 parameters θ̄.
+    lambdas : torch.Tensor (m,)
+        Multipliers λ̄ (>= 0 on inequalities).
+    g : ndarray (m,)
+        Constraint values gⱼ(θ̄) = mean ℓⱼ − τⱼ.
+    status : tuple of str
+        Per constraint: ``"binding"``, ``"weakly_active"``, ``"inactive"`` or ``"equality"``.
+    names : tuple of str
+        Constraint names.
+    residuals : dict
+        ``stationarity`` (‖∇θL‖∞), ``feasibility``, ``complementarity`` (max |λⱼgⱼ|), ``dual``.
+    active_tol, mult_tol : float
+        Tolerances of the classification.
+    info : dict
+        How it was obtained (iterations, time, whether multipliers were polished).
+    """
+
+    theta: torch.Tensor
+    lambdas: torch.Tensor
+    g: np.ndarray
+    status: tuple[str, ...]
+    names: tuple[str, ...]
+    residuals: dict[str, float]
+    active_tol: float
+    mult_tol: float
+    info: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def residual(self) -> float:
+        """The KKT residual: max of stationarity, feasibility, complementarity and dual residuals."""
+        return max(self.residuals.values(), default=0.0)
+
+    def _idx(self, *kinds: str) -> np.ndarray:
+        return np.array([j for j, s in enumerate(self.status) if s in kinds], dtype=np.int64)
+
+    @property
+    def binding(self) -> np.ndarray:
+        """Indices of binding constraints (λ̄ > 0) and equality constraints."""
+        return self._idx(BINDING, EQUALITY)
+
+    @property
+    def weakly_active(self) -> np.ndarray:
+        """Indices of weakly active constraints (g = 0, λ̄ = 0)."""
+        return self._idx(WEAK)
+
+    @property
+    def inactive(self) -> np.ndarray:
+        """Indices of inactive constraints (g < 0)."""
+        return self._idx(INACTIVE)
+
+    @property
+    def classification(self) -> dict[str, str]:
+        """``{constraint name: status}``."""
+        return dict(zip(self.names, self.status, strict=True))
+
+    def __repr__(self) -> str:
+        cls = ", ".join(f"{n}={s}" for n, s in self.classification.items())
+        return f"KKTPoint(d={self.theta.numel()}, residual={self.residual:.2e}, [{cls}])"
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_params(cls, problem: ConstrainedProblem, theta: Any, lambdas: Any = None, *, tol: float = 1e-6,
+                    active_tol: float = 1e-6, mult_tol: float = 1e-7, polish: bool | None = None,
+                    warn: bool = True) -> KKTPoint:
+        """Build a KKT point from a user's solution, polishing the multipliers when needed.
+
+        Parameters
+        ----------
+        problem : ConstrainedProblem
+        theta : 1-D tensor or nn.Module
+            The trained parameters (a module in the layout of ``problem``'s module).
+        lambdas : array-like (m,), optional
+            Multipliers (e.g. from Cooper). Missing, or not satisfying stationarity to ``tol``, they
+            are recomputed by non-negative least squares on stationarity over the active constraints,
+            ``min ‖∇f₀ + G_Aᵀλ‖₂  s.t. λ >= 0`` (free on equalities).
+        tol : float
+            Accepted KKT residual (inf-norm); a larger one raises :class:`ProblemError`.
+        active_tol : float
+            |gⱼ| <= active_tol counts as active.
+        mult_tol : float
+            λⱼ > mult_tol counts as binding.
+        polish : bool, optional
+            Force (True) or forbid (False) the NNLS polish; default: when needed.
+        warn : bool
+            Warn (:class:`PolyprojWarning`) when LICQ or strict complementarity fails.
+
+        Raises
+        ------
+        ProblemError
+            θ infeasible, or not stationary for any admissible multipliers (not a KKT point).
+        """
+        th = _flat_theta(problem, theta)
+        gval, G = constraint_jacobian(problem, th)
+        _, grad = objective_grad(problem, th)
+        eq = problem.eq_mask
+        names = tuple(c.name for c in problem.constraints)
+        viol = np.where(eq, np.abs(gval), np.maximum(gval, 0.0))
+        if np.any(viol > max(active_tol, tol)):
+            j = int(np.argmax(viol))
+            raise ProblemError(f"not a KKT point: constraint {names[j]!r} is violated (g = {gval[j]:.3e} "
+                               f"{'!= 0' if eq[j] else '> 0'}); train to feasibility first (dif.solve)")
+        active = eq | (gval >= -active_tol)
+        lam, polished = None, False
+        if lambdas is not None:
+            lam = np.asarray(lambdas.detach().cpu() if isinstance(lambdas, torch.Tensor) else lambdas,
+                             dtype=np.float64).reshape(-1)
+            if lam.shape != (problem.m,) or not np.all(np.isfinite(lam)):
+                raise ProblemError(f"lambdas must be {problem.m} finite numbers, got shape {lam.shape}")
+        need = lam is None or polish is True
+        if lam is not None and polish is None:
+            res = _residuals(grad, G, gval, lam, eq)
+            need = max(res.values(), default=0.0) > tol or bool(np.any(lam[~active & ~eq] != 0))
+        if need and polish is not False:
+            lam = _nnls_multipliers(grad, G, active, eq)
+            polished = True
+        res = _residuals(grad, G, gval, lam, eq)
+        if max(res.values(), default=0.0) > tol:
+            raise ProblemError(
+                f"not a KKT point: stationarity residual {res['stationarity']:.3e}, complementarity "
+                f"{res['complementarity']:.3e}, dual {res['dual']:.3e} exceed tol = {tol:g}"
+                + (" even with the best non-negative multipliers" if polished else "")
+                + "; train further (polyproj.adapters.dif.solve) or pass a looser tol")
+        status = tuple(EQUALITY if eq[j] else (INACTIVE if gval[j] < -active_tol else
+                                               (BINDING if lam[j] > mult_tol else WEAK))
+                       for j in range(problem.m))
+        act_rows = np.array([s != INACTIVE for s in status], dtype=bool)
+        if warn and act_rows.any():
+            Ga = G[act_rows]
+            rank = np.linalg.matrix_rank(Ga, tol=1e-9 * max(1.0, float(np.abs(Ga).max(initial=0.0))))
+            if rank < Ga.shape[0]:
+                warnings.warn(f"LICQ fails at this KKT point: the gradients of the {Ga.shape[0]} active constraints "
+                              f"have rank {rank}; the multipliers are not unique", PolyprojWarning, stacklevel=2)
+        weak = [names[j] for j, s in enumerate(status) if s == WEAK]
+        if warn and weak:
+            warnings.warn(f"strict complementarity fails for {weak} (active with zero multiplier): the solution "
+                          "is only directionally differentiable; DIF handles it, classic IF does not",
+                          PolyprojWarning, stacklevel=2)
+        return cls(theta=th.clone(), lambdas=torch.as_tensor(lam.copy()), g=gval, status=status, names=names,
+                   residuals=res, active_tol=active_tol, mult_tol=mult_tol, info={"polished_multipliers": polished})
+
+
+def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
+    if isinstance(theta, nn.Module):
+        if problem.model is None:
+            raise ProblemError("theta is a module but the problem was built on a tensor")
+        ps = [p for _, p in theta.named_parameters() if p.requires_grad]
+        theta = torch.cat([p.detach().reshape(-1) for p in ps])
+    th = torch.as_tensor(theta).detach().to(torch.float64).reshape(-1).clone()
+    if th.numel() != problem.dim:
+        raise ProblemError(f"theta has {th.numel()} entries, the problem has {problem.dim} parameters")
+    if not bool(torch.isfinite(th).all()):
+        raise ProblemError("theta contains NaN or inf")
+    return th
+
+
+def _residuals(grad, G, gval, lam, eq) -> dict[str, float]:
+    stat = grad + G.T @ lam if G.shape[0] else grad
+    feas = np.where(eq, np.abs(gval), np.maximum(gval, 0.0))
+    return {"stationarity": float(np.max(np.abs(stat), initial=0.0)),
+            "feasibility": float(np.max(feas, initial=0.0)),
+            "complementarity": float(np.max(np.abs(np.where(eq, 0.0, lam * gval)), initial=0.0)),
+            "dual": float(np.max(np.where(eq, 0.0, np.maximum(-lam, 0.0)), initial=0.0))}
+
+
+def _nnls_multipliers(grad, G, active, eq) -> np.ndarray:
+    lam = np.zeros(G.shape[0])
+    idx = np.flatnonzero(active)
+    if idx.size == 0:
+        return lam
+    lo = np.where(eq[idx], -np.inf, 0.0)
+    sol = scipy.optimize.lsq_linear(G[idx].T, -grad, bounds=(lo, np.full(idx.size, np.inf)),
+                                    method="bvls", tol=1e-15, lsmr_tol="auto")
+    lam[idx] = sol.x
+    return lam
+
+
+def _merit(problem, th, nu, eq) -> float:
+    with torch.no_grad():
+        f = float(problem.objective_value(th))
+        g = problem.constraint_values(th).numpy() if problem.m else np.zeros(0)
+    return f + nu * float(np.sum(np.where(eq, np.abs(g), np.maximum(g, 0.0))))
+
+
+def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None, *, tol: float = 1e-10,
+          max_iter: int = 100, backend: Any = "proxsuite", active_tol: float = 1e-6, mult_tol: float = 1e-7,
+          warn: bool = True, **settings: Any) -> KKTPoint:
+    """Train to a KKT point by sequential quadratic programming (exact Hessian of the Lagrangian).
+
+    Each iteration solves ``min ½dᵀ∇²L d + ∇f₀ᵀd  s.t.  gⱼ + ∇gⱼᵀd <= 0`` (``= 0`` for equalities)
+    with ``backend`` (exact polish), takes the QP multipliers as the new λ, and a step on the ℓ₁
+    merit function. Quadratic convergence near a KKT point satisfying SOSC, so a warm start from a
+    nearby KKT point (leave-one-out retraining) converges in a few iterations.
+
+    Parameters
+    ----------
+    problem : ConstrainedProblem
+    theta0 : tensor, optional
+        Start (default ``problem.theta0``).
+    lambdas0 : array-like, optional
+    tol : float
+        Target KKT residual (inf-norm of stationarity, feasibility, complementarity).
+    max_iter : int
+    backend : str or QPSolver
+    active_tol, mult_tol, warn : as :meth:`KKTPoint.from_params`
+    **settings : QP solver settings
+
+    Returns
+    -------
+    KKTPoint
+
+    Raises
+    ------
+    SolverError
+        The QP subproblem is infeasible or the iteration does not reach ``tol``.
+    """
+    t0 = time.perf_counter()
+    th = _flat_theta(problem, problem.theta0 if theta0 is None else theta0)
+    lam = np.zeros(problem.m) if lambdas0 is None else np.asarray(
+        lambdas0.detach().cpu() if isinstance(lambdas0, torch.Tensor) else lambdas0, dtype=np.float64).copy()
+    if lam.shape != (problem.m,):
+        raise ProblemError(f"lambdas0 must have shape ({problem.m},), got {lam.shape}")
+    eq = problem.eq_mask
+    res = np.inf
+    for it in range(1, max_iter + 1):
+        _, grad = objective_grad(problem, th)
+        gval, G = constraint_jacobian(problem, th)
+        res = max(_residuals(grad, G, gval, lam, eq).values(), default=0.0)
+        if res <= tol:
+            break
+        H = lagrangian_hessian(problem, th, lam)
+        w = np.linalg.eigvalsh(H)
+        floor = 1e-10 * max(1.0, float(np.max(np.abs(w))))
+        if w[0] < floor:  # not positive definite (non-convex or rank deficient): shift
+            H = H + (floor - w[0]) * np.eye(H.shape[0])
+        sol = solve_qp_exact(H, grad, G, -gval, eq, backend=backend, **settings)
+        if not sol.status.ok:
+            raise SolverError(f"SQP iteration {it}: the QP subproblem returned {sol.status.name} "
+                              f"({sol.status.message}); the linearised constraints admit no step: check that the "
+                              "constraints are feasible, or start from a feasible point")
+        d, lam_new = sol.x, np.where(eq, sol.z, np.maximum(sol.z, 0.0))
+        nu = 2.0 * float(np.max(np.abs(lam_new), initial=0.0)) + 1e-8
+        phi0 = _merit(problem, th, nu, eq)
+        slope = float(grad @ d) - nu * float(np.sum(np.where(eq, np.abs(gval), np.maximum(gval, 0.0))))
+        alpha, dt = 1.0, torch.as_tensor(d)
+        for _ in range(40):
+            if _merit(problem, th + alpha * dt, nu, eq) <= phi0 + 1e-4 * alpha * min(slope, 0.0) + 1e-14 * abs(phi0):
+                break
+            alpha *= 0.5
+        th = th + alpha * dt
+        lam = lam + alpha * (lam_new - lam)
+    else:
+        _, grad = objective_grad(problem, th)
+        gval, G = constraint_jacobian(problem, th)
+        res = max(_residuals(grad, G, gval, lam, eq).values(), default=0.0)
+        if res > tol:
+            raise SolverError(f"SQP did not reach the KKT residual {tol:g} in {max_iter} iterations "
+                              f"(residual {res:.3e}); raise max_iter or loosen tol")
+    kkt = KKTPoint.from_params(problem, th, lam, tol=max(tol, 10 * res), active_tol=active_tol,
+                               mult_tol=mult_tol, polish=False, warn=warn)
+    kkt.info.update(iterations=it, time=time.perf_counter() - t0, method="sqp")
+    return kkt

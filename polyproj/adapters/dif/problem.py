@@ -1,0 +1,407 @@
+"""Constrained ERM problem specification for the DIF engine (DESIGN §10).
+
+The problem is::
+
+    minimise   f₀(θ) = mean_i ℓ₀(z_i, θ)
+    subject to gⱼ(θ) = mean_i ℓⱼ(z_i, θ) − τⱼ <= 0      (or = 0 for ``kind="eq"``)
+
+``fn(params_or_model, batch)`` returns the per-sample losses of a batch; a data-free constraint
+(``data=None``) has ``fn(params)`` (or ``fn(params, None)``) return a single value. Everything is
+evaluated in float64 on a flat parameter vector θ, so that ``torch.func`` can differentiate it.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...errors import ProblemError, close_matches
+
+__all__ = ["ConstrainedProblem", "Constraint", "Loss", "Removal"]
+
+#: ``{loss name: indices removed from that loss's data}``
+Removal = Mapping[str, Any]
+
+
+def _as_float64(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.is_floating_point():
+        return t.detach().to(torch.float64)
+    return t
+
+
+def _prepare_data(data: Any, name: str) -> tuple[Any, int | None]:
+    """Validate a tensor or tuple of tensors sharing the sample dimension; return (data, N)."""
+    if data is None:
+        return None, None
+    items = data if isinstance(data, tuple) else (data,)
+    if len(items) == 0:
+        raise ProblemError(f"{name}: data is an empty tuple")
+    conv = []
+    for k, t in enumerate(items):
+        if isinstance(t, np.ndarray):
+            t = torch.from_numpy(t)
+        if not isinstance(t, torch.Tensor):
+            raise ProblemError(f"{name}: data[{k}] must be a tensor, got {type(t).__name__}")
+        if t.ndim == 0:
+            raise ProblemError(f"{name}: data[{k}] is a scalar; the first dimension must index samples")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ProblemError(f"{name}: data[{k}] contains NaN or inf")
+        conv.append(_as_float64(t))
+    sizes = {int(t.shape[0]) for t in conv}
+    if len(sizes) != 1:
+        raise ProblemError(f"{name}: the data tensors must share the first (sample) dimension, "
+                           f"got sizes {sorted(sizes)}")
+    n = sizes.pop()
+    if n == 0:
+        raise ProblemError(f"{name}: data has no samples")
+    return (tuple(conv) if isinstance(data, tuple) else conv[0]), n
+
+
+def _take(data: Any, idx: torch.Tensor) -> Any:
+    if isinstance(data, tuple):
+        return tuple(t[idx] for t in data)
+    return data[idx]
+
+
+class _Term:
+    """Shared validation of :class:`Loss` and :class:`Constraint`."""
+
+    def _validate(self) -> None:
+        if not callable(self.fn):
+            raise ProblemError(f"{self.name}: fn must be callable, got {type(self.fn).__name__}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ProblemError(f"loss name must be a non-empty string, got {self.name!r}")
+        data, _ = _prepare_data(self.data, self.name)
+        object.__setattr__(self, "data", data)
+
+    @property
+    def n_samples(self) -> int | None:
+        """Number of samples (None for a data-free term)."""
+        if self.data is None:
+            return None
+        return int((self.data[0] if isinstance(self.data, tuple) else self.data).shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class Loss(_Term):
+    """The objective: ``fn(params_or_model, batch)`` returns one loss per sample of ``batch``.
+
+    Parameters
+    ----------
+    fn : callable
+    data : tensor or tuple of tensors sharing the first (sample) dimension
+    name : str
+        Always ``"objective"`` inside a :class:`ConstrainedProblem`.
+    """
+
+    fn: Callable[..., Any]
+    data: Any = None
+    name: str = "objective"
+    weights: torch.Tensor | None = field(default=None, repr=False, kw_only=True)
+    renormalize: bool = field(default=True, repr=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+
+@dataclass(frozen=True, eq=False)
+class Constraint(_Term):
+    """Constraint ``mean(fn(params, data)) − tau <= 0`` (``kind="eq"``: ``= 0``).
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(params_or_model, batch)`` -> per-sample values; with ``data=None``, ``fn(params)``
+        (or ``fn(params, None)``) -> one value, e.g. a linear constraint on θ.
+    data : tensor, tuple of tensors, or None
+    tau : float
+    name : str
+        Unique among the constraints; not ``"objective"``.
+    kind : {"ineq", "eq"}
+    """
+
+    fn: Callable[..., Any]
+    data: Any = None
+    tau: float = 0.0
+    name: str = "constraint"
+    kind: str = "ineq"
+    weights: torch.Tensor | None = field(default=None, repr=False, kw_only=True)
+    renormalize: bool = field(default=True, repr=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        self._validate()
+        if self.kind not in ("ineq", "eq"):
+            raise ProblemError(f"constraint {self.name!r}: kind must be 'ineq' or 'eq', got {self.kind!r}")
+        try:
+            tau = float(self.tau)
+        except (TypeError, ValueError):
+            raise ProblemError(f"constraint {self.name!r}: tau must be a number, got {self.tau!r}") from None
+        if not np.isfinite(tau):
+            raise ProblemError(f"constraint {self.name!r}: tau must be finite, got {self.tau}")
+        object.__setattr__(self, "tau", tau)
+
+
+class _FunctionalModule:
+    """Calls ``model`` with the parameters taken from a flat vector (``torch.func.functional_call``)."""
+
+    def __init__(self, model: nn.Module, params: dict[str, torch.Tensor]) -> None:
+        self._model, self._params = model, params
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return torch.func.functional_call(self._model, self._params, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def _takes_batch(fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return True
+    pos = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var = any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values())
+    return var or len(pos) >= 2
+
+
+class ConstrainedProblem:
+    """``min mean ℓ₀ s.t. mean ℓⱼ − τⱼ <= 0`` over a flat float64 parameter vector θ.
+
+    Parameters
+    ----------
+    params : 1-D tensor or nn.Module
+        The point the problem is set up at (copied to float64; the user's object is not touched).
+    objective : Loss
+    constraints : sequence of Constraint
+
+    Examples
+    --------
+    >>> import torch
+    >>> from polyproj.adapters.dif import ConstrainedProblem, Loss, Constraint
+    >>> X, y = torch.randn(20, 3, dtype=torch.float64), torch.randn(20, dtype=torch.float64)
+    >>> prob = ConstrainedProblem(torch.zeros(3), objective=Loss(lambda th, b: (b[0] @ th - b[1]) ** 2, (X, y)),
+    ...                           constraints=[Constraint(lambda th: th.sum(), None, tau=1.0, name="sum")])
+    >>> prob.dim, prob.names
+    (3, ('objective', 'sum'))
+    """
+
+    def __init__(self, params: torch.Tensor | nn.Module, objective: Loss,
+                 constraints: Sequence[Constraint] = ()) -> None:
+        if isinstance(params, nn.Module):
+            self.model: nn.Module | None = copy.deepcopy(params).double()
+            named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
+            if not named:
+                raise ProblemError("params: the module has no trainable parameters")
+            self._names = [k for k, _ in named]
+            self._shapes = [tuple(p.shape) for _, p in named]
+            theta = torch.cat([p.detach().reshape(-1) for _, p in named])
+        elif isinstance(params, torch.Tensor) or isinstance(params, np.ndarray):
+            theta = torch.as_tensor(params).detach()
+            if theta.ndim != 1:
+                raise ProblemError(f"params must be a 1-D tensor or an nn.Module, got shape {tuple(theta.shape)}")
+            if not theta.is_floating_point():
+                raise ProblemError(f"params must be a floating tensor, got {theta.dtype}")
+            self.model = None
+        else:
+            raise ProblemError(f"params must be a 1-D tensor or an nn.Module, got {type(params).__name__}")
+        theta = theta.to(torch.float64).clone()
+        if theta.numel() == 0 or not bool(torch.isfinite(theta).all()):
+            raise ProblemError("params must be non-empty and finite")
+        self.theta0 = theta
+        if not isinstance(objective, Loss):
+            raise ProblemError(f"objective must be a Loss, got {type(objective).__name__}")
+        if objective.data is None:
+            raise ProblemError("objective: data is required (the objective is a mean over training samples)")
+        if objective.name != "objective":
+            objective = replace(objective, name="objective")
+        constraints = tuple(constraints)
+        for c in constraints:
+            if not isinstance(c, Constraint):
+                raise ProblemError(f"constraints must be Constraint objects, got {type(c).__name__}")
+        names = [c.name for c in constraints]
+        if "objective" in names:
+            raise ProblemError("a constraint cannot be named 'objective'")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ProblemError(f"constraint names must be unique; repeated: {dup}")
+        self.objective = objective
+        self.constraints = constraints
+        self._free_call = {c.name: _takes_batch(c.fn) for c in constraints if c.data is None}
+        # evaluate once: shapes and finiteness
+        with torch.no_grad():
+            per = self.per_sample(objective, theta)
+            if per.ndim != 1 or per.shape[0] != objective.n_samples:
+                raise ProblemError(f"objective: fn must return one loss per sample, shape ({objective.n_samples},), "
+                                   f"got {tuple(per.shape)}")
+            for c in constraints:
+                v = self.per_sample(c, theta)
+                want = 1 if c.data is None else c.n_samples
+                if v.ndim != 1 or v.shape[0] != want:
+                    raise ProblemError(f"constraint {c.name!r}: fn must return "
+                                       + ("one value" if c.data is None else f"one loss per sample ({want})")
+                                       + f", got shape {tuple(v.shape)}")
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def dim(self) -> int:
+        """Number of parameters d."""
+        return int(self.theta0.numel())
+
+    @property
+    def m(self) -> int:
+        """Number of constraints."""
+        return len(self.constraints)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """``("objective", constraint names...)``."""
+        return ("objective", *(c.name for c in self.constraints))
+
+    @property
+    def taus(self) -> np.ndarray:
+        """Constraint levels τ."""
+        return np.array([c.tau for c in self.constraints], dtype=np.float64)
+
+    @property
+    def eq_mask(self) -> np.ndarray:
+        """Equality constraints."""
+        return np.array([c.kind == "eq" for c in self.constraints], dtype=bool)
+
+    def loss(self, name: str) -> Loss | Constraint:
+        """The loss (objective or constraint) called ``name``."""
+        if name == "objective":
+            return self.objective
+        for c in self.constraints:
+            if c.name == name:
+                return c
+        raise ProblemError(f"unknown loss name {name!r}; the losses are {list(self.names)}."
+                           + close_matches(str(name), list(self.names)))
+
+    # ------------------------------------------------------------------ evaluation
+    def wrap(self, theta: torch.Tensor) -> Any:
+        """What the user's functions receive: θ itself, or the module with θ's parameters."""
+        if self.model is None:
+            return theta
+        chunks = torch.split(theta, [int(np.prod(s)) for s in self._shapes])
+        params = {k: c.reshape(s) for k, c, s in zip(self._names, chunks, self._shapes, strict=True)}
+        return _FunctionalModule(self.model, params)
+
+    def per_sample(self, loss: Loss, theta: torch.Tensor, data: Any = "all") -> torch.Tensor:
+        """Per-sample losses of ``loss`` at θ (1-D; one value for a data-free constraint)."""
+        p = self.wrap(theta)
+        if loss.data is None:
+            out = loss.fn(p, None) if self._free_call.get(loss.name, False) else loss.fn(p)
+        else:
+            out = loss.fn(p, loss.data if isinstance(data, str) else data)
+        out = torch.as_tensor(out)
+        return out.reshape(-1) if out.ndim == 0 else out
+
+    def mean(self, loss: Loss, theta: torch.Tensor) -> torch.Tensor:
+        """The (weighted) mean of ``loss`` at θ, the quantity the problem constrains/minimises."""
+        v = self.per_sample(loss, theta)
+        if loss.data is None:
+            return v.sum()
+        if loss.weights is None:
+            return v.mean()
+        w = loss.weights.to(v.dtype)
+        denom = w.sum() if loss.renormalize else torch.tensor(float(w.numel()), dtype=v.dtype)
+        return (w * v).sum() / denom
+
+    def objective_value(self, theta: torch.Tensor) -> torch.Tensor:
+        """f₀(θ)."""
+        return self.mean(self.objective, theta)
+
+    def constraint_values(self, theta: torch.Tensor) -> torch.Tensor:
+        """g(θ) = mean ℓⱼ − τⱼ, shape (m,)."""
+        if not self.constraints:
+            return theta.new_zeros(0)
+        return torch.stack([self.mean(c, theta) - c.tau for c in self.constraints])
+
+    def lagrangian(self, theta: torch.Tensor, lambdas: torch.Tensor) -> torch.Tensor:
+        """L(θ, λ) = f₀(θ) + Σ λⱼ gⱼ(θ)."""
+        out = self.objective_value(theta)
+        if self.constraints:
+            out = out + (lambdas.to(theta.dtype) * self.constraint_values(theta)).sum()
+        return out
+
+    # ------------------------------------------------------------------ removals
+    def check_removal(self, removal: Removal) -> dict[str, np.ndarray]:
+        """Validate ``removal`` and return it as ``{name: sorted unique int64 indices}``."""
+        if not isinstance(removal, Mapping):
+            raise ProblemError("removal must map loss names ('objective' or a constraint's name) to indices, "
+                               f"got {type(removal).__name__}")
+        out: dict[str, np.ndarray] = {}
+        for name, idx in removal.items():
+            loss = self.loss(name)
+            if loss.data is None:
+                raise ProblemError(f"removal names {name!r}, which has no data to remove from")
+            if isinstance(idx, torch.Tensor):
+                idx = idx.detach().cpu().numpy()
+            arr = np.atleast_1d(np.asarray(idx))
+            if arr.dtype == bool:
+                if arr.shape != (loss.n_samples,):
+                    raise ProblemError(f"removal[{name!r}]: a boolean mask must have shape ({loss.n_samples},)")
+                arr = np.flatnonzero(arr)
+            if arr.size and arr.dtype.kind not in "iu":
+                if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
+                    arr = arr.astype(np.int64)
+                else:
+                    raise ProblemError(f"removal[{name!r}]: indices must be integers, got dtype {arr.dtype}")
+            arr = arr.astype(np.int64).reshape(-1)
+            n = loss.n_samples
+            bad = (arr < 0) | (arr >= n)
+            if np.any(bad):
+                raise ProblemError(f"removal[{name!r}]: index {int(arr[bad][0])} is out of range for {n} samples "
+                                   "(indices must lie in [0, N); negative indices are not accepted)")
+            if np.unique(arr).size != arr.size:
+                raise ProblemError(f"removal[{name!r}]: repeated indices")
+            if arr.size >= n:
+                raise ProblemError(f"removal[{name!r}] removes all {n} samples")
+            if arr.size:
+                out[name] = np.sort(arr)
+        return out
+
+    def _with_losses(self, mapping: dict[str, Loss]) -> ConstrainedProblem:
+        new = copy.copy(self)
+        new.objective = mapping.get("objective", self.objective)
+        new.constraints = tuple(mapping.get(c.name, c) for c in self.constraints)
+        return new
+
+    def remove(self, removal: Removal) -> ConstrainedProblem:
+        """The problem retrained without the removed samples (every loss a mean over what remains)."""
+        rem = self.check_removal(removal)
+        mapping = {}
+        for name, idx in rem.items():
+            loss = self.loss(name)
+            keep = np.setdiff1d(np.arange(loss.n_samples), idx)
+            kt = torch.as_tensor(keep)
+            w = None if loss.weights is None else loss.weights[kt]
+            mapping[name] = replace(loss, data=_take(loss.data, kt), weights=w)
+        return self._with_losses(mapping)
+
+    def perturbed(self, removal: Removal, t: float, *, renormalize: bool = True) -> ConstrainedProblem:
+        """The PCL problem at ``ε = t·Δε``: removed samples get weight ``1 − t``.
+
+        ``renormalize=True`` keeps every loss a weighted mean (``Σwℓ / Σw``; at ``t = 1`` this is
+        :meth:`remove`); ``False`` is the paper's plain form ``Σwℓ / N`` (a τ-shifted problem).
+        """
+        rem = self.check_removal(removal)
+        mapping = {}
+        for name, idx in rem.items():
+            loss = self.loss(name)
+            w = torch.ones(loss.n_samples, dtype=torch.float64) if loss.weights is None else loss.weights.clone()
+            w[torch.as_tensor(idx)] *= 1.0 - float(t)
+            mapping[name] = replace(loss, weights=w, renormalize=renormalize)
+        return self._with_losses(mapping)
+
+    def __repr__(self) -> str:
+        kind = "module" if self.model is not None else "tensor"
+        cons = ", ".join(f"{c.name}({c.kind}, N={c.n_samples})" for c in self.constraints)
+        return f"ConstrainedProblem(d={self.dim} [{kind}], N0={self.objective.n_samples}, constraints=[{cons}])"
