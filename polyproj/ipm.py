@@ -1,0 +1,725 @@
+"""Batched Mehrotra predictor–corrector primal–dual interior-point method on the array API.
+
+One implementation, written against the array API standard (``array_api_compat.array_namespace``),
+runs on NumPy, PyTorch (CPU or CUDA, no copy), CuPy and ``array_api_strict``. It solves a batch of
+convex QPs in the canonical form of DESIGN §2::
+
+    minimize ½ xᵀPx + qᵀx   subject to   l <= C x <= u,   lb <= x <= ub
+
+with a leading batch dimension on ``q, l, u, lb, ub`` (and on ``P, C`` when given per sample).
+
+Method
+------
+Stack the constraints as ``G = [C; I]`` with bounds ``L = [l; lb]``, ``U = [u; ub]``. Rows with
+``L_i == U_i`` are equalities (multiplier ``y`` free); every other finite side gets a slack and a
+multiplier: ``G x − L = s_l ≥ 0`` (``z_l ≥ 0``), ``U − G x = s_u ≥ 0`` (``z_u ≥ 0``). With the
+combined multiplier ``z = z_u − z_l (+ y)`` stationarity reads ``P x + q + Gᵀz = 0`` — exactly the
+polyproj sign convention. Each iteration eliminates slacks and inequality multipliers and solves
+the regularised reduced KKT system
+
+    [K_γ   G_eᵀ] [dx]   [r₁ + γ G_eᵀ r₂]       K_γ = P + Gᵀ D G + γ G_eᵀG_e + ρ I,
+    [G_e   −δ I] [dy] = [r₂           ],       D = z_l/s_l + z_u/s_u,
+
+by a batched Cholesky factorisation of ``K_γ`` (n × n per element) and of the Schur complement
+``G_e K_γ⁻¹ G_eᵀ + δ I`` on the equality rows (``γ`` is an augmented-Lagrangian term that keeps
+``K_γ`` definite when equalities fix free directions; ``ρ`` and ``δ`` are tiny primal/dual
+regularisations, so rank-deficient equalities and LPs are handled). The affine (predictor)
+direction sets the centring ``σ = (μ_aff/μ)³`` and the corrector adds the second-order term
+``Δs_aff ∘ Δz_aff`` (Mehrotra). Data are equilibrated (Ruiz) beforehand.
+
+Stopping (per element, on the *unscaled* problem, qpbenchmark's definitions):
+
+    ‖max(Cx − u, l − Cx, x − ub, lb − x, 0)‖∞ <= ε_abs + ε_rel max(‖Cx‖∞, ‖x‖∞)
+    ‖Px + q + Cᵀz + z_box‖∞                   <= ε_abs + ε_rel max(‖Px‖∞, ‖q‖∞, ‖Cᵀz‖∞, ‖z_box‖∞)
+    |xᵀPx + qᵀx + uᵀz⁺ − lᵀz⁻ + ubᵀz_box⁺ − lbᵀz_box⁻| <= ε_abs + ε_rel max(|xᵀPx|, |qᵀx|, ...)
+
+Infeasibility: the Newton direction of a primal infeasible element converges to a Farkas
+certificate ``δz`` with ``Cᵀδz + δz_box ≈ 0`` and ``uᵀδz⁺ − lᵀδz⁻ + … < 0``; that of a dual
+infeasible (unbounded) one to ``δx`` with ``Pδx ≈ 0``, ``qᵀδx < 0`` and ``Cδx`` in the recession
+cone of ``[l, u]``. Both are checked on every element at every iteration; a certified element is
+frozen with status PRIMAL_INFEASIBLE / DUAL_INFEASIBLE and NaN primal values, without touching the
+other elements. A non-finite iterate is NUMERICAL_ERROR; nothing non-finite is ever SOLVED.
+
+Everything shared across the batch (P, C, the scaling, the equality pattern) is prepared once; the
+per-element work is batched linear algebra (one GEMM for ``Cᵀ D C`` when C is shared, batched
+Cholesky), with no Python loop over the batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, is_numpy_namespace, is_torch_namespace
+from array_api_compat import device as _device
+
+from .errors import ProblemError
+from .solution import Status
+
+__all__ = ["CODES", "IPMResult", "code_to_status", "solve_qp_batch"]
+
+_INF = 1e20  # |bound| >= 1e20 means no bound (as in problem.py)
+
+#: integer status codes of :class:`IPMResult.status`
+CODES: dict[str, int] = {
+    "SOLVED": 0,
+    "SOLVED_INACCURATE": 1,
+    "PRIMAL_INFEASIBLE": 2,
+    "DUAL_INFEASIBLE": 3,
+    "MAX_ITER": 4,
+    "NUMERICAL_ERROR": 5,
+    "TIME_LIMIT": 6,
+}
+_RUNNING = -1
+_STATUS_OF_CODE = {v: Status[k] for k, v in CODES.items()}
+
+
+def code_to_status(code: int) -> Status:
+    """Map an integer code of :attr:`IPMResult.status` to :class:`polyproj.Status`."""
+    return _STATUS_OF_CODE.get(int(code), Status.NUMERICAL_ERROR)
+
+
+def _host_list(a: Any) -> list:
+    """Small array -> Python list (one device sync)."""
+    if hasattr(a, "tolist"):
+        return a.tolist()
+    return [a[i].__index__() if hasattr(a[i], "__index__") else float(a[i]) for i in range(a.shape[0])]
+
+
+@dataclass(frozen=True)
+class IPMResult:
+    """Result of :func:`solve_qp_batch`; every array is in the namespace and on the device of the input.
+
+    Attributes
+    ----------
+    x : (b, n)
+        Primal solutions (NaN for PRIMAL_INFEASIBLE, DUAL_INFEASIBLE and NUMERICAL_ERROR elements).
+    z : (b, m)
+        Multipliers of ``l <= Cx <= u`` (``z > 0``: upper side active, ``z < 0``: lower side).
+    z_box : (b, n)
+        Multipliers of ``lb <= x <= ub``; ``Px + q + Cᵀz + z_box = 0``.
+    status : (b,) int array
+        Codes of :data:`CODES`; :meth:`statuses` maps them to :class:`polyproj.Status`.
+    iterations : (b,) int array
+        Iterations each element took.
+    prim_res, dual_res, gap : (b,)
+        Unscaled primal residual, dual residual and duality gap at the returned point.
+    """
+
+    x: Any
+    z: Any
+    z_box: Any
+    status: Any
+    iterations: Any
+    prim_res: Any = field(default=None, repr=False)
+    dual_res: Any = field(default=None, repr=False)
+    gap: Any = field(default=None, repr=False)
+
+    def statuses(self) -> tuple[Status, ...]:
+        """The statuses as :class:`polyproj.Status` (one host transfer of the code array)."""
+        return tuple(code_to_status(c) for c in _host_list(self.status))
+
+
+# ============================================================================ linear algebra
+class _Linalg:
+    """Batched SPD factor/solve: torch and NumPy fast paths, the standard ``linalg.solve`` otherwise."""
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+        self.kind = "torch" if is_torch_namespace(xp) else "numpy" if is_numpy_namespace(xp) else "generic"
+
+    def factor(self, K: Any) -> tuple[Any, Any]:
+        """Return (factor, ok) with ok a (b,) bool array (False where K is not numerically PD)."""
+        xp = self.xp
+        b = K.shape[0]
+        if self.kind == "torch":
+            L, info = xp.linalg.cholesky_ex(K)
+            return L, info == 0
+        if self.kind == "numpy":
+            try:
+                return np.linalg.cholesky(K), np.ones(b, dtype=bool)
+            except np.linalg.LinAlgError:  # rare: find the culprits one by one
+                L = np.zeros_like(K)
+                ok = np.ones(b, dtype=bool)
+                for i in range(b):
+                    try:
+                        L[i] = np.linalg.cholesky(K[i])
+                    except np.linalg.LinAlgError:
+                        ok[i] = False
+                        L[i] = np.eye(K.shape[-1], dtype=K.dtype)
+                return L, ok
+        return K, xp.ones(b, dtype=xp.bool, device=_device(K))
+
+    def solve(self, F: Any, R: Any) -> Any:
+        """Solve ``K X = R`` for R (b, n, k) with the factor of :meth:`factor`."""
+        xp = self.xp
+        if self.kind == "torch":
+            return xp.cholesky_solve(R, F)
+        if self.kind == "numpy":
+            from scipy.linalg import solve_triangular
+
+            try:
+                Y = solve_triangular(F, R, lower=True, check_finite=False)
+                return solve_triangular(np.swapaxes(F, -1, -2), Y, lower=False, check_finite=False)
+            except (ValueError, TypeError):  # SciPy without batched solve_triangular
+                return np.linalg.solve(F @ np.swapaxes(F, -1, -2), R)
+        return xp.linalg.solve(F, R)
+
+
+# ============================================================================ helpers
+def _mv(M: Any, v: Any) -> Any:
+    """(1|b, r, n) matrix times (b, n) vectors -> (b, r); one GEMM when M is shared."""
+    if M.shape[0] == 1:
+        return v @ M[0, ...].mT
+    return (M @ v[..., None])[..., 0]
+
+
+def _rmv(M: Any, w: Any) -> Any:
+    """Transposed product: (1|b, r, n)ᵀ times (b, r) -> (b, n)."""
+    if M.shape[0] == 1:
+        return w @ M[0, ...]
+    return (M.mT @ w[..., None])[..., 0]
+
+
+def _inf_norm(xp: Any, v: Any) -> Any:
+    if v.shape[-1] == 0:
+        return xp.zeros(v.shape[:-1], dtype=v.dtype, device=_device(v))
+    return xp.max(xp.abs(v), axis=-1)
+
+
+def _add_diag(xp: Any, K: Any, d: Any) -> Any:
+    """K + diag(d) for K (b, n, n), d (b, n)."""
+    n = K.shape[-1]
+    if is_torch_namespace(xp):
+        K = K.clone()
+        K.diagonal(dim1=-2, dim2=-1).add_(d)
+        return K
+    return K + xp.eye(n, dtype=K.dtype, device=_device(K))[None, ...] * d[:, :, None]
+
+
+def _as3(xp: Any, M: Any, rows: int, n: int, name: str) -> Any:
+    if M.ndim == 2:
+        if M.shape != (rows, n):
+            raise ProblemError(f"{name} must have shape ({rows}, {n}) or (batch, {rows}, {n}), got {tuple(M.shape)}")
+        return M[None, ...]
+    if M.ndim == 3 and M.shape[1:] == (rows, n):
+        return M
+    raise ProblemError(f"{name} must have shape ({rows}, {n}) or (batch, {rows}, {n}), got {tuple(M.shape)}")
+
+
+def _as_batch_vec(xp: Any, v: Any, b: int, size: int, name: str, fill: float, dtype: Any, dev: Any) -> Any:
+    if v is None:
+        return xp.full((b, size), fill, dtype=dtype, device=dev)
+    v = xp.astype(v, dtype) if v.dtype != dtype else v
+    if v.ndim == 1 and v.shape[0] == size:
+        return xp.broadcast_to(v[None, :], (b, size))
+    if v.ndim == 2 and v.shape == (b, size):
+        return v
+    raise ProblemError(f"{name} must have shape ({size},) or ({b}, {size}), got {tuple(v.shape)}")
+
+
+def _detach(a: Any) -> Any:
+    return a.detach() if hasattr(a, "detach") else a
+
+
+# ============================================================================ public entry point
+def solve_qp_batch(
+    P: Any,
+    q: Any,
+    C: Any,
+    l: Any,
+    u: Any,
+    lb: Any = None,
+    ub: Any = None,
+    *,
+    eps_abs: float = 1e-8,
+    eps_rel: float = 0.0,
+    max_iter: int = 100,
+    warm_start: Any = None,
+    time_limit: float | None = None,
+    ruiz_iter: int = 10,
+    batch_chunk: int | None = None,
+) -> IPMResult:
+    """Solve a batch of convex QPs ``min ½xᵀPx + qᵀx s.t. l <= Cx <= u, lb <= x <= ub``.
+
+    Parameters
+    ----------
+    P : (n, n) or (b, n, n) array
+        Symmetric PSD (not checked here: the backend and :class:`polyproj.QP` check it).
+    q : (b, n) array
+        ``(n,)`` is read as a batch of one.
+    C : (m, n) or (b, m, n) array, or None (no rows)
+    l, u : (m,) or (b, m) arrays, or None (±inf)
+        ``±inf`` or ``|v| >= 1e20`` means no bound; ``l_i == u_i`` is an equality.
+    lb, ub : (n,) or (b, n) arrays, optional
+    eps_abs, eps_rel : float
+        Tolerances of the stopping rule (see the module docstring). For float32 data they are
+        floored at ``1000 · eps(float32)`` times the scale of the data.
+    max_iter : int
+    warm_start : object or dict with ``x`` ((b, n) array), optional
+        Starting primal point (the interior-point start heuristic is applied from it).
+    time_limit : float, optional
+        Seconds; elements still running get code TIME_LIMIT.
+    ruiz_iter : int
+        Ruiz equilibration passes (0 disables scaling).
+    batch_chunk : int, optional
+        Largest batch solved at once (default: sized to keep the work arrays near 512 MB).
+
+    Returns
+    -------
+    IPMResult
+        Arrays in the namespace and on the device of the inputs.
+
+    Raises
+    ------
+    ProblemError
+        Inconsistent shapes, non-real dtypes, or NaN/inf in P, q or C.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from polyproj.ipm import solve_qp_batch
+    >>> C = np.ones((1, 2))
+    >>> res = solve_qp_batch(np.eye(2), -np.array([[1.0, 1.0], [2.0, 0.0]]), C, [-np.inf], [1.0])
+    >>> np.round(res.x, 6)
+    array([[0.5, 0.5],
+           [1. , 0. ]])
+    >>> [s.name for s in res.statuses()]
+    ['SOLVED', 'SOLVED']
+    """
+    arrays = [a for a in (P, q, C, l, u, lb, ub) if a is not None and not isinstance(a, (list, tuple, float, int))]
+    xp = array_namespace(*arrays)
+    P, q = _detach(P), _detach(q)
+    q = xp.asarray(q)
+    if q.ndim == 1:
+        q = q[None, :]
+    if q.ndim != 2:
+        raise ProblemError(f"q must have shape (batch, n), got {tuple(q.shape)}")
+    dev = _device(q)
+    dtypes = [a.dtype for a in (P, q, C) if a is not None and hasattr(a, "dtype")]
+    for a, name in ((P, "P"), (q, "q"), (C, "C")):
+        if a is not None and hasattr(a, "dtype") and not xp.isdtype(a.dtype, ("real floating", "integral", "bool")):
+            raise ProblemError(f"{name} must hold real numbers, got dtype {a.dtype}")
+    dtype = xp.float32 if dtypes and all(d == xp.float32 for d in dtypes) else xp.float64
+    b, n = q.shape
+
+    def conv(a):
+        if a is None:
+            return None
+        a = xp.asarray(_detach(a), device=dev) if not hasattr(a, "shape") else _detach(a)
+        return xp.astype(a, dtype) if a.dtype != dtype else a
+
+    q, P = conv(q), conv(P)
+    C = conv(C) if C is not None else xp.zeros((0, n), dtype=dtype, device=dev)
+    m = C.shape[-2]
+    P3 = _as3(xp, P, n, n, "P")
+    C3 = _as3(xp, C, m, n, "C")
+    for M, name in ((P3, "P"), (C3, "C"), (q, "q")):
+        if M.shape[0] not in (1, b) and name != "q":
+            raise ProblemError(f"{name} has batch size {M.shape[0]}, q has {b}")
+        if not bool(xp.all(xp.isfinite(M))):
+            raise ProblemError(f"{name} contains NaN or inf")
+    l = _as_batch_vec(xp, conv(l), b, m, "l", -math.inf, dtype, dev)
+    u = _as_batch_vec(xp, conv(u), b, m, "u", math.inf, dtype, dev)
+    lb = _as_batch_vec(xp, conv(lb), b, n, "lb", -math.inf, dtype, dev)
+    ub = _as_batch_vec(xp, conv(ub), b, n, "ub", math.inf, dtype, dev)
+    for v, name in ((l, "l"), (u, "u"), (lb, "lb"), (ub, "ub")):
+        if bool(xp.any(xp.isnan(v))):
+            raise ProblemError(f"{name} contains NaN")
+    x0 = None
+    if warm_start is not None:
+        x0 = warm_start.get("x") if isinstance(warm_start, dict) else getattr(warm_start, "x", None)
+        if x0 is not None:
+            x0 = conv(x0)
+            x0 = x0[None, :] if x0.ndim == 1 else x0
+            if tuple(x0.shape) != (b, n):
+                raise ProblemError(f"warm_start x must have shape ({b}, {n}), got {tuple(x0.shape)}")
+            x0 = xp.where(xp.isfinite(x0), x0, xp.zeros_like(x0))
+
+    chunk = batch_chunk or max(1, int(2**26 // max(1, n * (m + n))))
+    kw = dict(eps_abs=float(eps_abs), eps_rel=float(eps_rel), max_iter=int(max_iter), ruiz_iter=int(ruiz_iter),
+              deadline=None if time_limit is None else time.perf_counter() + float(time_limit))
+    if b <= chunk:
+        return _solve(xp, P3, q, C3, l, u, lb, ub, x0, **kw)
+    parts = []
+    for i in range(0, b, chunk):
+        j = min(b, i + chunk)
+
+        def sl(M, i=i, j=j):
+            return M if M.shape[0] == 1 else M[i:j, ...]
+
+        parts.append(_solve(xp, sl(P3), q[i:j, ...], sl(C3), l[i:j, ...], u[i:j, ...], lb[i:j, ...],
+                            ub[i:j, ...], None if x0 is None else x0[i:j, ...], **kw))
+    return IPMResult(*[xp.concat([getattr(p, f) for p in parts], axis=0)
+                       for f in ("x", "z", "z_box", "status", "iterations", "prim_res", "dual_res", "gap")])
+
+
+# ============================================================================ scaling
+def _ruiz(xp: Any, P3: Any, C3: Any, q: Any, iters: int):
+    """Ruiz equilibration of [P Cᵀ; C 0] and cost scaling: returns Ps, Cs, D, E, c."""
+    bs = max(P3.shape[0], C3.shape[0])
+    n, m = P3.shape[-1], C3.shape[-2]
+    dtype, dev = P3.dtype, _device(P3)
+    if P3.shape[0] != bs:
+        P3 = xp.broadcast_to(P3, (bs, n, n))
+    if C3.shape[0] != bs:
+        C3 = xp.broadcast_to(C3, (bs, m, n))
+    D = xp.ones((bs, n), dtype=dtype, device=dev)
+    E = xp.ones((bs, m), dtype=dtype, device=dev)
+    Ps, Cs = P3, C3
+    one = xp.ones((), dtype=dtype, device=dev)
+
+    def inv_sqrt(v):
+        v = xp.where(v < 1e-8, one, v)
+        return 1.0 / xp.sqrt(xp.clip(v, 1e-4, 1e4))
+
+    for _ in range(iters):
+        cn = xp.max(xp.abs(Ps), axis=-2)
+        if m:
+            cn = xp.maximum(cn, xp.max(xp.abs(Cs), axis=-2))
+            e = inv_sqrt(xp.max(xp.abs(Cs), axis=-1))
+        d = inv_sqrt(cn)
+        Ps = d[:, :, None] * Ps * d[:, None, :]
+        D = D * d
+        if m:
+            Cs = e[:, :, None] * Cs * d[:, None, :]
+            E = E * e
+    if iters:
+        pcol = xp.mean(xp.max(xp.abs(Ps), axis=-2), axis=-1)  # (bs,)
+        qn = xp.max(xp.abs(q * D), axis=-1)
+        qn = xp.max(qn) if bs == 1 else qn
+        c = 1.0 / xp.clip(xp.where(xp.maximum(pcol, qn) < 1e-8, one, xp.maximum(pcol, qn)), 1e-4, 1e4)
+        Ps = Ps * c[:, None, None]
+    else:
+        c = xp.ones((bs,), dtype=dtype, device=dev)
+    return Ps, Cs, D, E, c
+
+
+# ============================================================================ the IPM
+def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_iter, deadline) -> IPMResult:
+    b, n = q.shape
+    m = C3.shape[-2]
+    M = m + n
+    dtype, dev = q.dtype, _device(q)
+    la = _Linalg(xp)
+    eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
+    zero = xp.zeros((), dtype=dtype, device=dev)
+    one = xp.ones((), dtype=dtype, device=dev)
+    inf = xp.full((), math.inf, dtype=dtype, device=dev)
+
+    # ---------------------------------------------------------------- structure (masks) and scaling
+    L = xp.concat([l, lb], axis=1)
+    U = xp.concat([u, ub], axis=1)
+    finL = L > -_INF
+    finU = U < _INF
+    eq = finL & finU & (L == U)
+    mlb = finL & ~eq
+    mub = finU & ~eq
+    ml = xp.astype(mlb, dtype)
+    mu = xp.astype(mub, dtype)
+    Lf = xp.where(finL, L, zero)  # unscaled, finite (0 where infinite)
+    Uf = xp.where(finU, U, zero)
+
+    Ps, Cs, D, E, c = _ruiz(xp, P3, C3, q, ruiz_iter)
+    DE = xp.concat([E, 1.0 / D], axis=1)  # row scaling of G = [C; I] in the scaled problem
+    qs = q * D * c[:, None]
+    Ls = Lf * DE
+    Us = Uf * DE
+
+    # equality rows: union of the patterns over the batch, masked per element
+    eq_any = xp.any(eq, axis=0)
+    e_idx = xp.nonzero(eq_any)[0] if bool(xp.any(eq_any)) else None
+    p = 0 if e_idx is None else int(e_idx.shape[0])
+    bs = Cs.shape[0]
+    eyeM = None
+    if p:
+        eyeM = xp.eye(M, dtype=dtype, device=dev)
+        sel = xp.take(eyeM, e_idx, axis=0)  # (p, M) one-hot rows of G
+        Gfull = xp.concat([Cs, xp.broadcast_to(xp.eye(n, dtype=dtype, device=dev)[None, ...], (bs, n, n))],
+                          axis=1)  # scaled G (bs, M, n)
+        Ge = xp.take(Gfull, e_idx, axis=1)  # (bs, p, n)
+        mee = xp.astype(xp.take(eq, e_idx, axis=1), dtype)  # (b, p)
+        erhs = xp.take(Ls, e_idx, axis=1) * mee
+    gamma = 1.0
+    rho = max(1e-10, 1e2 * eps) if dtype == xp.float64 else 1e-6
+    delta = rho
+    dmax = 1e-2 / eps
+    eye_p = xp.eye(p, dtype=dtype, device=dev) if p else None
+
+    def gx_of(x):  # scaled G x  (b, M)
+        return xp.concat([_mv(Cs, x), x], axis=1)
+
+    def gtw(w):  # scaled Gᵀ w  (b, n)
+        return _rmv(Cs, w[:, :m]) + w[:, m:]
+
+    def build_K(Dg, running):
+        Dc = Dg[:, :m]
+        if Cs.shape[0] == 1:
+            CtD = Cs[0, ...].mT[None, ...] * Dc[:, None, :]
+            K = xp.reshape(xp.reshape(CtD, (b * n, m)) @ Cs[0, ...], (b, n, n))
+        else:
+            K = (Cs.mT * Dc[:, None, :]) @ Cs
+        K = K + Ps
+        K = _add_diag(xp, K, Dg[:, m:] + rho)
+        frozen = ~running
+        if bool(xp.any(frozen)):
+            K = xp.where(frozen[:, None, None], xp.eye(n, dtype=dtype, device=dev)[None, ...], K)
+        return K
+
+    def factorize(Dg, running):
+        if p:
+            Dg = Dg + gamma * (xp.astype(eq, dtype))
+        K = build_K(Dg, running)
+        F, ok = la.factor(K)
+        if not bool(xp.all(ok)):  # stronger regularisation where the factorisation failed
+            diagmax = xp.max(xp.abs(xp.linalg.diagonal(K)), axis=-1)
+            K = _add_diag(xp, K, xp.broadcast_to((1e3 * eps * n * diagmax * xp.astype(~ok, dtype))[:, None], (b, n)))
+            F, ok = la.factor(K)
+        Sfac = W = None
+        if p:
+            W = la.solve(F, xp.broadcast_to(Ge.mT, (b, n, p)) * mee[:, None, :])  # K⁻¹ G_eᵀ (masked)
+            S = (Ge * mee[:, :, None]) @ W
+            S = S + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
+            Sfac, ok2 = la.factor(S)
+            ok = ok & ok2
+        return F, W, Sfac, ok
+
+    def newton(fac, r1, r2):
+        F, W, Sfac, _ = fac
+        if not p:
+            return la.solve(F, r1[:, :, None])[..., 0], None
+        r1p = r1 + gamma * _rmv(Ge, r2 * mee)
+        t = la.solve(F, r1p[:, :, None])[..., 0]
+        rhs = (_mv(Ge, t) - r2) * mee
+        dy = la.solve(Sfac, rhs[:, :, None])[..., 0]
+        dx = t - (W @ dy[:, :, None])[..., 0]
+        return dx, dy
+
+    def direction(fac, st, res, rcl, rcu, Dl, Du):
+        # Dl, Du: z/s (capped) — used both in K and here, so the linearised stationarity is exact
+        _, sl, _, su, _, _ = st
+        rd, rpl, rpu, rpe = res
+        v = (-rcu / su - Du * rpu) * mu + (rcl / sl + Dl * rpl) * ml
+        r1 = -rd - gtw(v)
+        dx, dy = newton(fac, r1, -rpe if p else None)
+        gdx = gx_of(dx)
+        dsl = (gdx + rpl) * ml
+        dsu = (rpu - gdx) * mu
+        dzl = (-rcl / sl - Dl * dsl) * ml
+        dzu = (-rcu / su - Du * dsu) * mu
+        return dx, dsl, dzl, dsu, dzu, dy
+
+    def residuals(st):
+        x, sl, zl, su, zu, y = st
+        gx = gx_of(x)
+        zg = zu * mu - zl * ml
+        rd = _mv(Ps, x) + qs + gtw(zg)
+        rpe = None
+        if p:
+            rd = rd + _rmv(Ge, y * mee)
+            rpe = (_mv(Ge, x) - erhs) * mee
+        rpl = (gx - Ls - sl) * ml
+        rpu = (Us - gx - su) * mu
+        return rd, rpl, rpu, rpe
+
+    def max_step(v, dv, mask):
+        neg = (dv < 0) & mask
+        ratio = xp.where(neg, -v / xp.where(neg, dv, -one), inf)
+        return xp.min(ratio, axis=-1)
+
+    def step_len(st, d):
+        _, sl, zl, su, zu, _ = st
+        _, dsl, dzl, dsu, dzu, _ = d
+        a = xp.minimum(xp.minimum(max_step(sl, dsl, mlb), max_step(zl, dzl, mlb)),
+                       xp.minimum(max_step(su, dsu, mub), max_step(zu, dzu, mub)))
+        return a
+
+    ncomp = xp.sum(ml, axis=1) + xp.sum(mu, axis=1)
+    ncomp = xp.where(ncomp > 0, ncomp, one)
+
+    def mu_of(sl, zl, su, zu):
+        return (xp.sum(sl * zl * ml, axis=1) + xp.sum(su * zu * mu, axis=1)) / ncomp
+
+    # ---------------------------------------------------------------- unscaled quantities and checks
+    Dx = D  # x = D x̃
+    Pu = P3
+    Cu = C3
+
+    def unscale(st):
+        x, _, zl, _, zu, y = st
+        zg = zu * mu - zl * ml
+        if p:
+            zg = zg + (y * mee) @ sel
+        zg = zg / c[:, None]
+        return x * Dx, zg[:, :m] * E, zg[:, m:] / D
+
+    def kkt(xu, zu_, zbu):
+        Px = _mv(Pu, xu)
+        Cx = _mv(Cu, xu)
+        gx = xp.concat([Cx, xu], axis=1)
+        pres = xp.max(xp.maximum(xp.maximum(gx - U, L - gx), zero), axis=1)
+        Ctz = _rmv(Cu, zu_)
+        dres = _inf_norm(xp, Px + q + Ctz + zbu)
+        zall = xp.concat([zu_, zbu], axis=1)
+        xPx = xp.sum(xu * Px, axis=1)
+        qx = xp.sum(q * xu, axis=1)
+        supp = xp.sum(Uf * xp.maximum(zall, zero) - Lf * xp.maximum(-zall, zero), axis=1)
+        gap = xp.abs(xPx + qx + supp)
+        tp = eps_abs + eps_rel * xp.maximum(_inf_norm(xp, Cx), _inf_norm(xp, xu))
+        td = eps_abs + eps_rel * xp.maximum(xp.maximum(_inf_norm(xp, Px), _inf_norm(xp, q)),
+                                            xp.maximum(_inf_norm(xp, Ctz), _inf_norm(xp, zbu)))
+        tg = eps_abs + eps_rel * xp.maximum(xp.maximum(xp.abs(xPx), xp.abs(qx)), xp.abs(supp))
+        return pres, dres, gap, tp, td, tg
+
+    # data scale for the float32 floor of the tolerances
+    finite_scale = xp.maximum(_inf_norm(xp, q), _inf_norm(xp, xp.concat([Lf, Uf], axis=1)))
+    floor = 1e3 * eps * (1.0 + finite_scale) if dtype == xp.float32 else 0.0 * finite_scale
+
+    eps_inf = 1e-8 if dtype == xp.float64 else 1e-4
+
+    def certificates(dx, dzg_u, dzb_u, xu, zall_u):
+        """Primal (δz) and dual (δx) infeasibility certificates, unscaled; (b,) bool each.
+
+        A feasible problem admits no ε-certificate beyond ``‖x̄‖₁·stat`` (``x̄`` feasible), and a
+        bounded one none beyond ``‖z̄‖₁·rec + ‖x̄‖₁·‖Pδx‖`` (``z̄`` dual feasible): the margins use
+        the current iterate as ``x̄, z̄``.
+        """
+        x1 = xp.sum(xp.abs(xu), axis=1)
+        z1 = xp.sum(xp.abs(zall_u), axis=1)
+        nz = xp.maximum(_inf_norm(xp, dzg_u), _inf_norm(xp, dzb_u))
+        nz_safe = xp.where(nz > 0, nz, one)
+        zall = xp.concat([dzg_u, dzb_u], axis=1) / nz_safe[:, None]
+        stat = _inf_norm(xp, _rmv(Cu, zall[:, :m]) + zall[:, m:])
+        supp = xp.sum(Uf * xp.maximum(zall, zero) - Lf * xp.maximum(-zall, zero), axis=1)
+        pinf = (nz > 0) & (stat <= eps_inf) & (supp < -xp.maximum(1e3 * eps_inf + 0.0 * stat, 10.0 * x1 * stat))
+        nx = _inf_norm(xp, dx)
+        nx_safe = xp.where(nx > 0, nx, one)
+        dxn = dx / nx_safe[:, None]
+        Pdx = _inf_norm(xp, _mv(Pu, dxn))
+        qdx = xp.sum(q * dxn, axis=1)
+        gdx = xp.concat([_mv(Cu, dxn), dxn], axis=1)
+        up_bad = xp.where(finU, gdx, -inf)  # finite upper side: G δx <= 0
+        lo_bad = xp.where(finL, -gdx, -inf)  # finite lower side: G δx >= 0
+        rec = xp.max(xp.maximum(up_bad, lo_bad), axis=1)
+        rec = xp.maximum(rec, zero)
+        margin = xp.maximum(1e3 * eps_inf + 0.0 * rec, 10.0 * (z1 * rec + x1 * Pdx))
+        dinf = (nx > 0) & (Pdx <= eps_inf) & (qdx < -margin) & (rec <= eps_inf)
+        return pinf, dinf
+
+    # ---------------------------------------------------------------- starting point (Mehrotra heuristic)
+    x = xp.zeros((b, n), dtype=dtype, device=dev) if x0 is None else x0 / D
+    ones_M = xp.ones((b, M), dtype=dtype, device=dev)
+    sl = ones_M
+    su = ones_M
+    zl = ml * 1.0
+    zu = mu * 1.0
+    y = xp.zeros((b, p), dtype=dtype, device=dev)
+    st = (x, sl, zl, su, zu, y)
+    running = xp.ones((b,), dtype=xp.bool, device=dev)
+    fac = factorize(xp.ones((b, M), dtype=dtype, device=dev) * (ml + mu), running)
+    res = residuals(st)
+    d = direction(fac, st, res, sl * zl * ml, su * zu * mu, ml, mu)
+    x = x + d[0]
+    y = y + d[5] if p else y
+    sl = xp.where(mlb, xp.maximum(xp.abs(sl + d[1]), one), one)
+    zl = xp.where(mlb, xp.maximum(xp.abs(zl + d[2]), one), zero)
+    su = xp.where(mub, xp.maximum(xp.abs(su + d[3]), one), one)
+    zu = xp.where(mub, xp.maximum(xp.abs(zu + d[4]), one), zero)
+    ok0 = xp.all(xp.isfinite(x), axis=1)
+    x = xp.where(ok0[:, None], x, xp.zeros_like(x))
+    st = (x, sl, zl, su, zu, y)
+
+    status = xp.full((b,), _RUNNING, dtype=xp.int32, device=dev)
+    iters = xp.zeros((b,), dtype=xp.int32, device=dev)
+    code = {k: xp.full((b,), v, dtype=xp.int32, device=dev) for k, v in CODES.items()}
+    best = None
+    zero_i = xp.zeros((b,), dtype=xp.int32, device=dev)
+    pin_cnt = zero_i
+    din_cnt = zero_i
+    for it in range(max_iter + 1):
+        xu, zu_, zbu = unscale(st)
+        pres, dres, gap, tp, td, tg = kkt(xu, zu_, zbu)
+        finite = xp.isfinite(pres) & xp.isfinite(dres) & xp.isfinite(gap) & xp.all(xp.isfinite(xu), axis=1)
+        conv = (finite & (pres <= xp.maximum(tp, floor)) & (dres <= xp.maximum(td, floor))
+                & (gap <= xp.maximum(tg, floor)))
+        running = status == _RUNNING
+        newly = running & conv
+        status = xp.where(newly, code["SOLVED"], status)
+        status = xp.where(running & ~finite, code["NUMERICAL_ERROR"], status)
+        # keep the last finite unscaled point per element (returned for MAX_ITER / TIME_LIMIT)
+        cur = (xu, zu_, zbu, pres, dres, gap, xp.maximum(tp, floor), xp.maximum(td, floor), xp.maximum(tg, floor))
+        if best is None:
+            best = cur
+        else:
+            upd = running & finite
+            best = tuple(xp.where(upd[:, None] if a.ndim == 2 else upd, a, bst) for a, bst in zip(cur, best))
+        running = status == _RUNNING
+        if not bool(xp.any(running)) or it == max_iter:
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            status = xp.where(running, code["TIME_LIMIT"], status)
+            break
+        iters = iters + xp.astype(running, xp.int32)
+
+        x, sl, zl, su, zu, y = st
+        Dl = xp.clip(zl / sl * ml, zero, dmax * one)
+        Du = xp.clip(zu / su * mu, zero, dmax * one)
+        fac = factorize(Dl + Du, running)
+        status = xp.where(running & ~fac[3], code["NUMERICAL_ERROR"], status)
+        running = status == _RUNNING
+        res = residuals(st)
+        mu_c = mu_of(sl, zl, su, zu)
+        # predictor
+        da = direction(fac, st, res, sl * zl * ml, su * zu * mu, Dl, Du)
+        a_aff = xp.minimum(step_len(st, da), one)
+        mu_aff = mu_of(sl + a_aff[:, None] * da[1], zl + a_aff[:, None] * da[2],
+                       su + a_aff[:, None] * da[3], zu + a_aff[:, None] * da[4])
+        sigma = xp.clip((mu_aff / xp.where(mu_c > 0, mu_c, one)) ** 3, zero, one)
+        smu = (sigma * mu_c)[:, None]
+        # corrector
+        rcl = (sl * zl + da[1] * da[2] - smu) * ml
+        rcu = (su * zu + da[3] * da[4] - smu) * mu
+        dc = direction(fac, st, res, rcl, rcu, Dl, Du)
+        alpha = xp.minimum(0.99 * step_len(st, dc), one)
+        alpha = xp.where(running, alpha, zero)
+        # infeasibility certificates from the corrector direction (unscaled)
+        dzg = dc[4] * mu - dc[2] * ml
+        if p:
+            dzg = dzg + (dc[5] * mee) @ sel
+        dzg = dzg / c[:, None]
+        pinf, dinf = certificates(dc[0] * Dx, dzg[:, :m] * E, dzg[:, m:] / D, xu, xp.concat([zu_, zbu], axis=1))
+        pinf = pinf & (pres > xp.maximum(tp, floor))
+        dinf = dinf & ~pinf
+        pin_cnt = xp.where(pinf, pin_cnt + 1, zero_i)
+        din_cnt = xp.where(dinf, din_cnt + 1, zero_i)
+        status = xp.where(running & (pin_cnt >= 2), code["PRIMAL_INFEASIBLE"], status)
+        status = xp.where(running & (din_cnt >= 2), code["DUAL_INFEASIBLE"], status)
+        running = status == _RUNNING
+        alpha = xp.where(running, alpha, zero)
+        a2 = alpha[:, None]
+        new = (x + a2 * dc[0], sl + a2 * dc[1], zl + a2 * dc[2], su + a2 * dc[3], zu + a2 * dc[4],
+               (y + a2 * dc[5]) if p else y)
+        # keep masked-off entries inert and every element finite
+        new = (new[0], xp.where(mlb, new[1], one), xp.where(mlb, new[2], zero),
+               xp.where(mub, new[3], one), xp.where(mub, new[4], zero), new[5])
+        fin = xp.all(xp.isfinite(new[0]), axis=1) & xp.all(xp.isfinite(new[1] * new[2] + new[3] * new[4]), axis=1)
+        status = xp.where(running & ~fin, code["NUMERICAL_ERROR"], status)
+        keep = (status == _RUNNING)
+        st = tuple(xp.where(keep[:, None], a, o) for a, o in zip(new, st))
+
+    running = status == _RUNNING
+    xu, zu_, zbu, pres, dres, gap, tp, td, tg = best
+    # unfinished: SOLVED_INACCURATE when within 1e3 x tolerance, else MAX_ITER / TIME_LIMIT
+    loose = (pres <= 1e3 * tp) & (dres <= 1e3 * td) & (gap <= 1e3 * tg)
+    status = xp.where(running & loose & xp.isfinite(pres), code["SOLVED_INACCURATE"], status)
+    status = xp.where(status == _RUNNING, code["MAX_ITER"], status)
+    bad = ((status == CODES["PRIMAL_INFEASIBLE"]) | (status == CODES["DUAL_INFEASIBLE"])
+           | (status == CODES["NUMERICAL_ERROR"]))
+    nan = xp.full((), math.nan, dtype=dtype, device=dev)
+    xu = xp.where(bad[:, None], nan, xu)
+    zu_ = xp.where(bad[:, None], nan, zu_)
+    zbu = xp.where(bad[:, None], nan, zbu)
+    return IPMResult(xu, zu_, zbu, status, iters, pres, dres, gap)
