@@ -207,18 +207,25 @@ class QP:
             object.__setattr__(self, k, v)
 
     # -- construction without re-validating P and C (hot paths: batches of projections)
-    def with_vectors(self, **vectors: Any) -> QP:
-        """Copy with some of ``q, l, u, lb, ub`` replaced (validated); P and C are shared."""
+    def with_vectors(self, *, validate: bool = True, **vectors: Any) -> QP:
+        """Copy with some of ``q, l, u, lb, ub`` replaced; P and C are shared.
+
+        ``validate=False`` skips the checks: for callers that validated a whole batch at once
+        (float64 1-D arrays of the right sizes, infinities already mapped).
+        """
         unknown = set(vectors) - {"q", "l", "u", "lb", "ub"}
         if unknown:
             raise ProblemError(f"with_vectors() takes q, l, u, lb, ub; got {sorted(unknown)}")
         new = object.__new__(QP)
-        spec = {"q": (self.n, 0), "l": (self.m, -1), "u": (self.m, 1), "lb": (self.n, -1), "ub": (self.n, 1)}
-        vals = {}
-        for k, (size, inf) in spec.items():
-            vals[k] = _vector(vectors[k], k, size, allow_inf=inf) if k in vectors else getattr(self, k)
-        _check_order(vals["l"], vals["u"], "l", "u")
-        _check_order(vals["lb"], vals["ub"], "lb", "ub")
+        vals = {k: getattr(self, k) for k in ("q", "l", "u", "lb", "ub")}
+        if validate:
+            spec = {"q": (self.n, 0), "l": (self.m, -1), "u": (self.m, 1), "lb": (self.n, -1), "ub": (self.n, 1)}
+            for k, v in vectors.items():
+                vals[k] = _vector(v, k, spec[k][0], allow_inf=spec[k][1])
+            _check_order(vals["l"], vals["u"], "l", "u")
+            _check_order(vals["lb"], vals["ub"], "lb", "ub")
+        else:
+            vals.update(vectors)
         for k, v in dict(P=self.P, C=self.C, check_psd=self.check_psd, **vals).items():
             object.__setattr__(new, k, v)
         return new

@@ -166,7 +166,7 @@ def project(
     solver = get_backend(backend, **settings)
     qp = _projection_qp(polyhedron)
     if X2.shape[0] == 1:
-        sol1 = solver.solve(qp.with_vectors(q=-X2[0]))
+        sol1 = solver.solve(qp.with_vectors(validate=False, q=-X2[0]))
         sol = BatchSolution.stack([sol1], backend=solver.name)
     else:
         sol = solver.solve_batch(qp, q=-X2)

@@ -131,3 +131,17 @@ def test_solve_batch_rejects_bad_shapes(rng):
 def test_solve_qp_rejects_non_qp():
     with pytest.raises(pp.ProblemError, match="takes a polyproj.QP"):
         pp.solve_qp({"P": np.eye(2)})
+
+
+def test_solve_batch_validates_the_batch(rng):
+    qp = _feasible_qp(rng, n=4, m=2, p=0)
+    solver = pp.get_backend("proxsuite")
+    Q = np.zeros((3, 4))
+    Q[1, 2] = np.nan
+    with pytest.raises(pp.ProblemError, match=r"batched q contains NaN \(first at \(1, 2\)\)"):
+        solver.solve_batch(qp, q=Q)
+    with pytest.raises(pp.ProblemError, match="forbidden infinity"):
+        solver.solve_batch(qp, q=np.full((2, 4), np.inf))
+    L = np.broadcast_to(qp.u + 1.0, (2, qp.m))
+    with pytest.raises(pp.ProblemError, match="batched bounds cross"):
+        solver.solve_batch(qp, l=L)

@@ -167,7 +167,7 @@ class QPSolver(abc.ABC):
         sols = []
         t0 = time.perf_counter()
         for i in range(size):
-            qpi = qp.with_vectors(**{k: v[i] for k, v in vecs.items()})
+            qpi = qp.with_vectors(validate=False, **{k: v[i] for k, v in vecs.items()})
             ws = warm_start.solution(i) if warm_start is not None else None
             sols.append(self.solve(qpi, warm_start=ws))
         return BatchSolution.stack(sols, backend=self.name, solve_time=time.perf_counter() - t0)
@@ -175,6 +175,11 @@ class QPSolver(abc.ABC):
     # ------------------------------------------------------------------ helpers for subclasses
     @staticmethod
     def _batch_vectors(qp: QP, **vecs: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Validate batched vectors at once (shapes, NaN, infinities, crossing bounds).
+
+        Returns float64 arrays with ``|v| >= 1e20`` mapped to ``±inf``, ready for
+        ``qp.with_vectors(validate=False, ...)``.
+        """
         from ..errors import ProblemError
 
         out = {}
@@ -182,10 +187,23 @@ class QPSolver(abc.ABC):
         for k, v in vecs.items():
             if v is None:
                 continue
-            arr = np.asarray(v, dtype=np.float64)
+            arr = np.array(v, dtype=np.float64)
             if arr.ndim != 2 or arr.shape[1] != sizes[k]:
                 raise ProblemError(f"batched {k} must have shape (batch, {sizes[k]}), got {arr.shape}")
+            if np.isnan(arr).any():
+                raise ProblemError(f"batched {k} contains NaN (first at {tuple(int(i) for i in np.argwhere(np.isnan(arr))[0])})")
+            arr[arr >= 1e20] = np.inf
+            arr[arr <= -1e20] = -np.inf
+            wrong = np.isinf(arr) if k == "q" else (arr == (np.inf if k in ("l", "lb") else -np.inf))
+            if wrong.any():
+                raise ProblemError(f"batched {k} has a forbidden infinity at {tuple(int(i) for i in np.argwhere(wrong)[0])}")
             out[k] = arr
+        for lo, hi in (("l", "u"), ("lb", "ub")):
+            if lo in out or hi in out:
+                L = out.get(lo, getattr(qp, lo)[None, :])
+                U = out.get(hi, getattr(qp, hi)[None, :])
+                if np.any(L > U):
+                    raise ProblemError(f"batched bounds cross: {lo} > {hi} at {tuple(int(i) for i in np.argwhere(L > U)[0])}")
         return out
 
     @staticmethod

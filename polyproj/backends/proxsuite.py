@@ -192,7 +192,7 @@ class ProxSuiteSolver(QPSolver):
         qps, layouts = [], []
         shared = None
         for i in range(size):
-            qpi = qp.with_vectors(**{k: v[i] for k, v in vecs.items()})
+            qpi = qp.with_vectors(validate=False, **{k: v[i] for k, v in vecs.items()})
             if shared is None or "l" in vecs or "u" in vecs or "lb" in vecs or "ub" in vecs:
                 ieq, iin, box_rows, A, b, Cin, lo, hi = self._split(qpi, fold_box=True)
                 A, Cin = np.ascontiguousarray(A), np.ascontiguousarray(Cin)

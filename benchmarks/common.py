@@ -1,0 +1,62 @@
+"""Shared helpers of the benchmark scripts: machine description, timing, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """A description of the machine the figures were measured on."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        info["cpu_model"] = next(
+            line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    try:
+        info["load_average"] = os.getloadavg()
+    except OSError:
+        pass
+    try:
+        info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                            text=True, check=False).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
+    """Median wall time of ``fn`` over ``repeats`` runs (after ``warmup`` runs)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` with the machine description to ``benchmarks/results/<name>.json``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"machine": machine(), **payload}
+    path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    return path
