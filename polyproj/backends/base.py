@@ -174,6 +174,10 @@ class QPSolver(abc.ABC):
 
     # ------------------------------------------------------------------ helpers for subclasses
     @staticmethod
+    def _first(mask: np.ndarray) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.argwhere(mask)[0])
+
+    @staticmethod
     def _batch_vectors(qp: QP, **vecs: np.ndarray | None) -> dict[str, np.ndarray]:
         """Validate batched vectors at once (shapes, NaN, infinities, crossing bounds).
 
@@ -191,19 +195,19 @@ class QPSolver(abc.ABC):
             if arr.ndim != 2 or arr.shape[1] != sizes[k]:
                 raise ProblemError(f"batched {k} must have shape (batch, {sizes[k]}), got {arr.shape}")
             if np.isnan(arr).any():
-                raise ProblemError(f"batched {k} contains NaN (first at {tuple(int(i) for i in np.argwhere(np.isnan(arr))[0])})")
+                raise ProblemError(f"batched {k} contains NaN (first at {QPSolver._first(np.isnan(arr))})")
             arr[arr >= 1e20] = np.inf
             arr[arr <= -1e20] = -np.inf
             wrong = np.isinf(arr) if k == "q" else (arr == (np.inf if k in ("l", "lb") else -np.inf))
             if wrong.any():
-                raise ProblemError(f"batched {k} has a forbidden infinity at {tuple(int(i) for i in np.argwhere(wrong)[0])}")
+                raise ProblemError(f"batched {k} has a forbidden infinity at {QPSolver._first(wrong)}")
             out[k] = arr
         for lo, hi in (("l", "u"), ("lb", "ub")):
             if lo in out or hi in out:
                 L = out.get(lo, getattr(qp, lo)[None, :])
                 U = out.get(hi, getattr(qp, hi)[None, :])
                 if np.any(L > U):
-                    raise ProblemError(f"batched bounds cross: {lo} > {hi} at {tuple(int(i) for i in np.argwhere(L > U)[0])}")
+                    raise ProblemError(f"batched bounds cross: {lo} > {hi} at {QPSolver._first(L > U)}")
         return out
 
     @staticmethod
