@@ -158,6 +158,13 @@ class _FunctionalModule:
         return torch.func.functional_call(self._model, self._params, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        # parameters and submodules resolve to θ's tensors (``m.bias``, ``m.layer1.weight``)
+        params = self.__dict__["_params"]
+        if name in params:
+            return params[name]
+        sub = {k[len(name) + 1:]: v for k, v in params.items() if k.startswith(name + ".")}
+        if sub:
+            return _FunctionalModule(getattr(self._model, name), sub)
         return getattr(self._model, name)
 
 

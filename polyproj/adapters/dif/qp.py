@@ -79,9 +79,9 @@ def _polish(P, q, C, u, eq, x, z, max_rounds: int = 50) -> tuple[np.ndarray, np.
         viol = C @ xa - u
         viol[eq] = 0.0
         viol[act] = 0.0
-        feas_tol = 1e-9 * (1.0 + float(np.max(np.abs(u), initial=0.0)) + float(np.max(np.abs(C @ xa), initial=0.0)))
+        feas_tol = 1e-12 * (1.0 + float(np.max(np.abs(u), initial=0.0)) + float(np.max(np.abs(C @ xa), initial=0.0)))
         neg = np.where(act & ~eq, -zf, 0.0)
-        dual_tol = 1e-9 * (1.0 + float(np.max(np.abs(zf), initial=0.0)))
+        dual_tol = 1e-12 * (1.0 + float(np.max(np.abs(zf), initial=0.0)))
         worst_v, worst_d = float(np.max(viol, initial=0.0)), float(np.max(neg, initial=0.0))
         if worst_v <= feas_tol and worst_d <= dual_tol:
             zf[~eq] = np.maximum(zf[~eq], 0.0)
