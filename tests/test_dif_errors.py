@@ -1,0 +1,193 @@
+"""DIF engine: bad input gives clear errors; KKTPoint.from_params; retrain on a Dask executor."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import polyproj as pp
+from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, retrain, solve
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _sq(th, b):
+    return (b[0] @ th - b[1]) ** 2
+
+
+@pytest.fixture(scope="module")
+def setup():
+    rng = np.random.default_rng(7)
+    X = torch.as_tensor(rng.normal(size=(30, 4)))
+    y = torch.as_tensor(rng.normal(size=30) + X.numpy() @ np.array([1.0, 2.0, -1.0, 0.5]))
+    G = (X[:10], y[:10] + 1.0)
+    cap = Constraint(lambda th: th[1], None, tau=1.0, name="cap")
+    k0 = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), [cap]))
+    kg = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, G), [cap]))  # least reachable group risk
+    lo, hi = float(_sq(kg.theta, G).mean()), float(_sq(k0.theta, G).mean())
+    tau = 0.5 * (lo + hi)  # between the two: feasible and binding
+    prob = ConstrainedProblem(k0.theta, Loss(_sq, (X, y)), [cap, Constraint(_sq, G, tau=tau, name="group")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        kkt = solve(prob)
+    return prob, kkt
+
+
+# ----------------------------------------------------------------------------- removals
+@pytest.mark.parametrize(("removal", "match"), [
+    ({"objective": [30]}, "out of range"),
+    ({"objective": [-1]}, "out of range"),
+    ({"group": [10]}, "out of range"),
+    ({"objectve": [0]}, "Did you mean 'objective'"),
+    ({"grup": [0]}, "Did you mean 'group'"),
+    ({"cap": [0]}, "no data"),
+    ({"objective": [1, 1]}, "repeated"),
+    ({"objective": [0.5]}, "integers"),
+    ({"objective": list(range(30))}, "removes all"),
+    ([0, 1], "mapping"),
+])
+def test_bad_removals(setup, removal, match):
+    prob, kkt = setup
+    with pytest.raises(pp.ProblemError, match=match):
+        DIF(prob, kkt).delta_theta(removal)
+
+
+def test_bad_removal_fails_before_retraining(setup):
+    prob, kkt = setup
+    with pytest.raises(pp.ProblemError, match="out of range"):
+        retrain(prob, [{"objective": [0]}, {"objective": [99]}], warm_start=kkt)
+
+
+def test_boolean_mask_and_tensor_indices(setup):
+    prob, kkt = setup
+    dif = DIF(prob, kkt)
+    mask = np.zeros(30, bool)
+    mask[[2, 5]] = True
+    a = dif.delta_theta({"objective": mask})
+    b = dif.delta_theta({"objective": torch.tensor([5, 2])})
+    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- problem validation
+def test_bad_problems():
+    X, y = torch.randn(10, 3, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
+    with pytest.raises(pp.ProblemError, match="share the first"):
+        Loss(_sq, (X, y[:5]))
+    with pytest.raises(pp.ProblemError, match="NaN"):
+        Loss(_sq, (X, y * float("nan")))
+    with pytest.raises(pp.ProblemError, match="callable"):
+        Loss(3, (X, y))
+    with pytest.raises(pp.ProblemError, match="1-D tensor"):
+        ConstrainedProblem(torch.zeros(3, 1), Loss(_sq, (X, y)))
+    with pytest.raises(pp.ProblemError, match="one loss per sample"):
+        ConstrainedProblem(torch.zeros(3), Loss(lambda th, b: (b[0] @ th).sum(), (X, y)))
+    with pytest.raises(pp.ProblemError, match="unique"):
+        ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)),
+                           [Constraint(lambda th: th[0], None, 1.0, "c"), Constraint(lambda th: th[1], None, 1.0, "c")])
+    with pytest.raises(pp.ProblemError, match="one value"):
+        ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)), [Constraint(lambda th: th, None, 1.0, "c")])
+    with pytest.raises(pp.ProblemError, match="kind"):
+        Constraint(lambda th: th[0], None, 1.0, "c", kind="le")
+    with pytest.raises(pp.ProblemError, match="finite"):
+        Constraint(lambda th: th[0], None, float("inf"), "c")
+    with pytest.raises(pp.ProblemError, match="objective"):
+        ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)), [Constraint(lambda th: th[0], None, 1.0, "objective")])
+
+
+def test_data_free_constraint_signatures():
+    X, y = torch.randn(10, 3, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
+    prob = ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)),
+                              [Constraint(lambda th: th[0], None, 1.0, "a"),
+                               Constraint(lambda th, batch: th[1] if batch is None else None, None, 1.0, "b")])
+    np.testing.assert_allclose(prob.constraint_values(torch.tensor([2.0, 3.0, 0.0], dtype=torch.float64)).numpy(),
+                               [1.0, 2.0])
+
+
+# ----------------------------------------------------------------------------- KKT points
+def test_non_kkt_point_is_rejected(setup):
+    prob, kkt = setup
+    with pytest.raises(pp.ProblemError, match="not a KKT point"):
+        KKTPoint.from_params(prob, kkt.theta + 0.1 * torch.tensor([1.0, -1.0, 1.0, 0.0], dtype=torch.float64))
+    infeasible = kkt.theta.clone()
+    infeasible[1] = 2.0
+    with pytest.raises(pp.ProblemError, match="violated"):
+        KKTPoint.from_params(prob, infeasible)
+    with pytest.raises(pp.ProblemError, match="entries"):
+        KKTPoint.from_params(prob, torch.zeros(3))
+    other = ConstrainedProblem(torch.zeros(4), prob.objective)
+    with pytest.raises(pp.ProblemError, match="belong"):
+        DIF(other, kkt)
+
+
+def test_from_params_polishes_missing_and_noisy_multipliers(setup):
+    prob, kkt = setup
+    assert kkt.status == ("binding", "binding")
+    k1 = KKTPoint.from_params(prob, kkt.theta)
+    assert k1.info["polished_multipliers"]
+    np.testing.assert_allclose(k1.lambdas.numpy(), kkt.lambdas.numpy(), atol=1e-9)
+    noisy = kkt.lambdas + torch.tensor([0.05, -0.03], dtype=torch.float64)
+    k2 = KKTPoint.from_params(prob, kkt.theta, noisy)
+    np.testing.assert_allclose(k2.lambdas.numpy(), kkt.lambdas.numpy(), atol=1e-9)
+    assert k2.info["polished_multipliers"]
+    k3 = KKTPoint.from_params(prob, kkt.theta, kkt.lambdas)
+    assert not k3.info["polished_multipliers"]
+    with pytest.raises(pp.ProblemError, match="lambdas"):
+        KKTPoint.from_params(prob, kkt.theta, [1.0])
+
+
+def test_warnings_for_licq_and_strict_complementarity(setup):
+    prob, kkt = setup
+    th = kkt.theta
+    dup = ConstrainedProblem(th, prob.objective, [*prob.constraints,
+                                                  Constraint(lambda t: 2 * t[1], None, tau=2.0, name="cap2")])
+    with pytest.warns(pp.PolyprojWarning, match="LICQ"):
+        KKTPoint.from_params(dup, th)
+    weak = ConstrainedProblem(th, prob.objective, [*prob.constraints,
+                                                   Constraint(lambda t: t[0], None, tau=float(th[0]), name="w")])
+    with pytest.warns(pp.PolyprojWarning, match="strict complementarity"):
+        k = KKTPoint.from_params(weak, th)
+    assert k.classification["w"] == "weakly_active"
+
+
+def test_solve_reaches_tolerance_and_reports_failure(setup):
+    prob, kkt = setup
+    assert kkt.residual <= 1e-10
+    infeasible = ConstrainedProblem(torch.zeros(4), prob.objective,
+                                    [Constraint(lambda t: t[0], None, 0.0, "a"),
+                                     Constraint(lambda t: -t[0], None, -1.0, "b")])
+    with pytest.raises(pp.SolverError, match="PRIMAL_INFEASIBLE"):
+        solve(infeasible)
+
+
+# ----------------------------------------------------------------------------- retrain on executors
+def test_retrain_on_dask_local_cluster(setup):
+    distributed = pytest.importorskip("distributed")
+    prob, kkt = setup
+    removals = [{"objective": [i]} for i in range(4)] + [{"objective": [0, 3], "group": [1]}]
+    ref = retrain(prob, removals, warm_start=kkt)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        got = retrain(prob, removals, warm_start=kkt, executor=client.get_executor())
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert isinstance(a, KKTPoint) and a.residual <= 1e-10
+        np.testing.assert_allclose(a.theta.numpy(), b.theta.numpy(), atol=1e-12)
+
+
+def test_retrain_thread_pool_matches_single(setup):
+    from concurrent.futures import ThreadPoolExecutor
+
+    prob, kkt = setup
+    single = retrain(prob, {"objective": [2]}, warm_start=kkt)
+    with ThreadPoolExecutor(2) as ex:
+        many = retrain(prob, [{"objective": [2]}], warm_start=kkt, executor=ex)
+    np.testing.assert_allclose(single.theta.numpy(), many[0].theta.numpy(), atol=1e-14)
