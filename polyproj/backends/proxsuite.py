@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
 from .base import Capabilities, QPSolver
+from .convexity import is_nonconvex
 
 __all__ = ["ProxSuiteSolver"]
 
@@ -155,8 +156,10 @@ class ProxSuiteSolver(QPSolver):
             return None
         z = np.zeros(qp.m) if z is None else np.nan_to_num(np.asarray(z, dtype=float))
         zb = np.zeros(qp.n) if zb is None else np.nan_to_num(np.asarray(zb, dtype=float))
-        zin = z[iin]  # ProxQP's dense box mode takes no warm start for the box multipliers
-        if not native_box and box_rows.size:
+        zin = z[iin]
+        if native_box:  # ProxQP's dense box mode wants z = [z_in; z_box] (n_in + n entries)
+            zin = np.concatenate([zin, zb])
+        elif box_rows.size:
             zin = np.concatenate([zin, zb[box_rows]])
         return np.nan_to_num(np.asarray(x, dtype=float)), z[ieq], zin
 
@@ -164,6 +167,8 @@ class ProxSuiteSolver(QPSolver):
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP with ProxQP (dense or sparse following the data)."""
         warm = warm_start is not None and self.settings["warm_start"]
+        if is_nonconvex(qp):  # QP(check_psd=False): ProxQP would return a stationary point silently
+            return self._nan_solution(qp, Status.NON_CONVEX, self.name)
         t0 = time.perf_counter()
         try:
             solver, layout = self._build(qp, warm)

@@ -1,0 +1,120 @@
+"""Every available CPU backend against the conformance suite (polyproj.testing.conformance)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import polyproj as pp
+from polyproj.testing import conformance as cf
+
+# measured limitation, not a loosened check: ProxQP 0.8 does not detect the dual infeasibility of
+# random_unbounded_qp(n=10, m=6) (MAX_ITER after 5e5 iterations, also with max_iter=1e5)
+KNOWN_FAILURES = {("proxsuite", "dual_infeasible"): "ProxQP 0.8 misses dual infeasibility (MAX_ITER)"}
+
+
+@pytest.mark.parametrize("check", sorted(cf.CHECKS))
+def test_conformance(backend, check):
+    if (backend, check) in KNOWN_FAILURES:
+        pytest.xfail(KNOWN_FAILURES[(backend, check)])
+    solver = pp.get_backend(backend)
+    cf.CHECKS[check](solver, np.random.default_rng(2024))
+
+
+@pytest.mark.parametrize("check", ["feasible_dense", "sign_convention", "agreement"])
+def test_conformance_tight_tolerance(backend, check):
+    solver = pp.get_backend(backend, eps_abs=1e-10)
+    cf.CHECKS[check](solver, np.random.default_rng(7))
+
+
+def test_backends_agree(rng):
+    """All backends find the same x (unique: P positive definite) on dense and sparse random QPs."""
+    names = [b for b in pp.available_backends() if b != "cupy"]
+    for sparse in (False, True):
+        qp = cf.random_feasible_qp(rng, 25, 20, 3, sparse=sparse, density=0.2)
+        xs = {b: pp.get_backend(b, eps_abs=1e-9).solve(qp).x for b in names}
+        ref = xs[names[0]]
+        for b, x in xs.items():
+            assert np.max(np.abs(x - ref)) < 1e-5, (b, np.max(np.abs(x - ref)))
+
+
+# --------------------------------------------------------------------------- the checks catch broken backends
+class _FlippedSigns(pp.QPSolver):
+    """ProxSuite with the multipliers negated (a typical glue bug)."""
+
+    name = "flipped"
+    capabilities = pp.Capabilities(dense=True, sparse=True)
+
+    def solve(self, qp, warm_start=None):
+        s = pp.get_backend("proxsuite", eps_abs=self.settings["eps_abs"]).solve(qp)
+        return pp.Solution(x=s.x, z=-s.z, z_box=-s.z_box, status=s.status, backend=self.name, qp=qp)
+
+
+class _SaysSolved(pp.QPSolver):
+    """Always claims SOLVED with x = 0."""
+
+    name = "liar"
+    capabilities = pp.Capabilities(dense=True, infeasibility=True)
+
+    def solve(self, qp, warm_start=None):
+        return pp.Solution(x=np.zeros(qp.n), z=np.zeros(qp.m), z_box=np.zeros(qp.n), status=pp.Status.SOLVED,
+                           backend=self.name, qp=qp)
+
+
+@pytest.mark.parametrize("check", ["sign_convention", "equality_only", "bounds_only", "feasible_dense"])
+def test_flipped_signs_are_caught(check):
+    with pytest.raises(AssertionError, match="flipped"):
+        cf.CHECKS[check](_FlippedSigns(), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("check", ["primal_infeasible", "nonconvex", "feasible_dense", "agreement"])
+def test_liar_is_caught(check):
+    with pytest.raises(AssertionError, match=r"\[liar\]"):
+        cf.CHECKS[check](_SaysSolved(), np.random.default_rng(0))
+
+
+def test_missing_capability_skips():
+    with pytest.raises(cf.CheckSkipped, match="warm_start"):
+        cf.CHECKS["warm_start"](_SaysSolved(), np.random.default_rng(0))
+    with pytest.raises(cf.CheckSkipped, match="sparse"):
+        cf.CHECKS["feasible_sparse"](_SaysSolved(), np.random.default_rng(0))
+
+
+# --------------------------------------------------------------------------- the generators keep their promises
+@pytest.mark.parametrize("seed", range(5))
+def test_generators(seed):
+    rng = np.random.default_rng(seed)
+    qp = cf.random_feasible_qp(rng, 5, 3, 1)
+    x = cf.reference_solution(qp)
+    assert qp.primal_violation(x) < 1e-9
+    sqp = cf.random_feasible_qp(rng, 20, 10, 2, sparse=True, density=0.2)
+    assert sp.issparse(sqp.P) and sp.issparse(sqp.C)
+    # infeasible: the Farkas certificate y > 0 with Aᵀy = 0, uᵀy < 0 exists by construction
+    inf = cf.random_infeasible_qp(rng, 6, 4)
+    res = pp.get_backend("proxsuite").solve(inf)
+    assert res.status is pp.Status.PRIMAL_INFEASIBLE
+    unb = cf.random_unbounded_qp(rng, 6, 3)
+    eig = np.linalg.eigvalsh(unb.P)
+    assert eig.min() > -1e-10 and abs(eig).min() < 1e-10
+    nc = cf.random_nonconvex_qp(rng, 5, 2)
+    assert np.linalg.eigvalsh(nc.P).min() < -1
+
+
+def test_reference_solution_matches_known_projection():
+    # projection of (2, 2) onto x1 + x2 <= 1 is (0.5, 0.5)
+    qp = pp.QP(P=np.eye(2), q=[-2.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    assert np.allclose(cf.reference_solution(qp), [0.5, 0.5])
+
+
+def test_conformance_importable_without_pytest():
+    code = ("import sys; sys.modules['pytest'] = None; sys.modules['hypothesis'] = None\n"
+            "from polyproj.testing.conformance import CHECKS, random_feasible_qp\n"
+            "import numpy as np, polyproj as pp\n"
+            "CHECKS['sign_convention'](pp.get_backend('proxsuite'), np.random.default_rng(0)); print(len(CHECKS))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) == len(cf.CHECKS)
