@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     S = make_regression_study(n=args.n, d=args.d, seed=args.seed, backend=args.backend)
     t_train = time.perf_counter() - t0
     prob, kkt, R = S.problem, S.kkt, S.removals
-    console.print(f"study: n={args.n}, d={args.d}, {kkt}; trained in {t_train:.2f} s")
+    console.print(f"study: n={args.n}, d={args.d}, {kkt}; trained in {t_train:.2f} s", markup=False)
 
     # ---- all-point DIF (H, per-sample gradients, batched QPs), timed
     def run_dif():

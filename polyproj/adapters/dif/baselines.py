@@ -57,6 +57,8 @@ def classic_if(problem: ConstrainedProblem, kkt: KKTPoint, removal: Removal | Se
     """
     lin = Linearisation(problem, kkt, hessian="objective")
     removals, single = _as_removals(removal)
+    if len(removals) > 1:
+        lin.precompute()
     H = lin.H + damping * np.eye(problem.dim)
     C = np.array([lin.removal_terms(r, renormalize=False)[0] for r in removals]).reshape(-1, problem.dim)
     return _stack(list(_solve_sym(H, C)), single, problem.dim)
@@ -94,6 +96,8 @@ def penalty_if(problem: ConstrainedProblem, kkt: KKTPoint, removal: Removal | Se
         H = lagrangian_hessian(problem, lin.theta, rho * act.astype(float))
     H = H + damping * np.eye(problem.dim)
     removals, single = _as_removals(removal)
+    if len(removals) > 1:
+        lin.precompute()
     rows = []
     for rem in removals:
         c0, _, _ = lin.removal_terms(rem, renormalize=False)

@@ -65,6 +65,21 @@ class Linearisation:
         self.H = lagrangian_hessian(problem, self.theta, lam_h)
         self.f0, self.grad_f0 = objective_grad(problem, self.theta)
         self.g, self.G = constraint_jacobian(problem, self.theta)
+        self._cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def precompute(self) -> None:
+        """Cache per-sample gradients and losses of every loss with data (for many removals)."""
+        for loss in (self.problem.objective, *self.problem.constraints):
+            if loss.data is not None and loss.name not in self._cache:
+                self._cache[loss.name] = (per_sample_grads(self.problem, loss.name, self.theta),
+                                          per_sample(self.problem, loss.name, self.theta))
+
+    def _sample_data(self, name: str, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        if name in self._cache:
+            grads, vals = self._cache[name]
+            return grads[idx], vals[idx]
+        vals = None if name == "objective" else per_sample(self.problem, name, self.theta, idx)
+        return per_sample_grads(self.problem, name, self.theta, idx), vals
 
     def _weights(self, name: str) -> tuple[np.ndarray, float]:
         loss = self.problem.loss(name)
@@ -85,7 +100,7 @@ class Linearisation:
         for name, idx in rem.items():
             w, W = self._weights(name)
             wi = w[idx]
-            grads = per_sample_grads(self.problem, name, self.theta, idx)
+            grads, vals = self._sample_data(name, idx)
             gterm = -(wi @ grads) / W
             if name == "objective":
                 if renormalize:
@@ -93,7 +108,6 @@ class Linearisation:
                 c0 += gterm
             else:
                 j = self.problem.names.index(name) - 1
-                vals = per_sample(self.problem, name, self.theta, idx)
                 rj = -(wi @ vals) / W
                 if renormalize:
                     mean_j = self.g[j] + self.problem.constraints[j].tau
@@ -243,6 +257,8 @@ class DIF:
             Q = self.lin.objective_terms(renormalize=self.renormalize)
             R = np.zeros((Q.shape[0], m))
         else:
+            if len(removals) > 1:
+                self.lin.precompute()
             terms = [self.lin.removal_terms(rem, renormalize=self.renormalize) for rem in removals]
             Q = np.array([c0 + self.lin.lam @ cc for c0, cc, _ in terms]).reshape(-1, self.problem.dim)
             R = np.array([r for _, _, r in terms]).reshape(-1, m)
