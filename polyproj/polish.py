@@ -233,7 +233,7 @@ def face_solve(X, A, a, B, b, lb, ub, S):
 
 
 def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float,
-           max_iter: int) -> tuple[Any, Any, Any, Any, Any]:
+           max_iter: int, block_iter: int = 0) -> tuple[Any, Any, Any, Any, Any]:
     """Primal–dual active-set polish of a batch of projections.
 
     Parameters
@@ -256,6 +256,10 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
         Tolerance of the KKT checks.
     max_iter : int
         Active-set corrections allowed.
+    block_iter : int
+        The first ``block_iter`` corrections change every wrong row at once (add all violated rows,
+        drop all rows with a negative multiplier: a primal–dual active-set step, fast from a rough
+        start such as a few ADMM iterations); later ones change one row (guaranteed progress).
 
     Returns
     -------
@@ -291,7 +295,7 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
     todo = xp.ones((batch,), dtype=xp.bool, device=dev)
     cols = xp.arange(m + 2 * n, device=dev)[None, :]
     bnorm = 1.0 + (float(xp.max(xp.abs(b))) if b.shape[-1] and batch else 0.0)
-    for _ in range(max_iter):
+    for it in range(max_iter):
         if not bool(xp.any(todo)):
             break
         full = bool(xp.all(todo))
@@ -320,8 +324,11 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
         inf = xp.full(dist.shape, xp.inf, dtype=dtype, device=dev)
         worst_v = xp.argmin(xp.where(viol, dist, inf), axis=1)
         worst_n = xp.argmin(xp.where(neg, xp.minimum(mt, -dist), inf), axis=1)
-        add = (cols == worst_v[:, None]) & has_v[:, None]
-        drop = (cols == worst_n[:, None]) & ((~has_v) & xp.any(neg, axis=1))[:, None]
+        if it < block_iter:
+            add, drop = viol, neg & ~has_v[:, None]
+        else:
+            add = (cols == worst_v[:, None]) & has_v[:, None]
+            drop = (cols == worst_n[:, None]) & ((~has_v) & xp.any(neg, axis=1))[:, None]
         Snew = xp.where(done[:, None], St, (St | add) & ~drop)
         if full:
             Y, mult, mu, S, accepted = Yt, mt, mut, Snew, done

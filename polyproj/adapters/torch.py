@@ -1,0 +1,537 @@
+"""Differentiable exact projection onto a polyhedron for PyTorch, with the HS-Jacobian backward.
+
+``y = Π_P(x)`` with ``P = {y : A y <= a, B y = b, lb <= y <= ub}``. The forward is a backend solve
+followed by the exact active-set polish (:mod:`polyproj.polish`), so every output is feasible to
+rounding. The backward is the HS-Jacobian (DESIGN §6) on the polished active face: with the active
+rows ``M = [A_I; B]``, the fixed coordinates ``E`` (active bounds), ``F`` the free coordinates and
+``J = I − H(HᵀH)⁺Hᵀ``, ``H = [Mᵀ, Eᵀ]`` (projector onto the null space of the active rows),
+
+    ∂L/∂x     = J g,
+    ∂L/∂c_I   = r := (M_F⁺)ᵀ g            (c = a_I, b: zero on inactive rows of a),
+    ∂L/∂v_E   = g_E − (Mᵀ r)_E            (v the value of an active bound: lb or ub),
+    ∂L/∂M     = −λ (J g)ᵀ − r yᵀ          (A_I, B; λ the multipliers of y = x − Mᵀλ − ...),
+
+computed without forming ``J`` from one batched factorisation of the active rows
+(:func:`polyproj.polish.factor_face`, the building blocks of :mod:`polyproj.hs_jacobian`), on the
+tensor's device and in its dtype. Constraint data may be shared (``A (m, n)``) or carry the batch
+dimension (``A (..., m, n)``); shared data receive the gradient summed over the batch.
+
+Backends: ``"torch"`` — a batched ADMM written in torch (shared factorisation, runs on the
+tensor's device) that only has to *identify* the active face, which the polish then solves exactly;
+``"ipm"`` — the batched interior-point method of :mod:`polyproj.ipm` when installed; any registered
+CPU backend (``"proxsuite"``, ``"osqp"``, ``"highs"``, ...) through NumPy. ``"auto"`` (default):
+see :func:`choose_backend`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import InfeasibleError, PolyprojWarning, ProblemError
+from ..hs_jacobian import expand_rows, null_apply, pinv_t_apply
+from ..polish import factor_face, polish
+from ..solution import Status
+
+__all__ = ["ProjectionLayer", "choose_backend", "project"]
+
+_NAMES = ("A", "a", "B", "b", "lb", "ub")
+_POLISH_KEYS = ("tol", "max_polish_iter")
+
+
+# ----------------------------------------------------------------------------- backend choice
+def _ipm_available() -> bool:
+    try:
+        from .. import ipm
+    except ImportError:
+        return False
+    return hasattr(ipm, "solve_qp_batch")
+
+
+def choose_backend(x: torch.Tensor, shared: bool) -> str:
+    """The ``backend="auto"`` rule (from ``benchmarks/bench_layer.py`` on a 2-core CPU).
+
+    * constraint matrices shared by the batch (any device): ``"torch"`` — ADMM on one shared
+      factorisation identifies the active face in batched matrix products; the exact polish then
+      costs one batched Cholesky per active-set correction. It was the fastest at every batch size
+      (1 to 4096) and n (10 to 1000) measured.
+    * per-sample matrices (input-dependent ``A`` / ``B``): ``"ipm"`` when :mod:`polyproj.ipm` is
+      installed (batched, on the tensor's device), else ``"torch"`` on CUDA and ``"proxsuite"``
+      (one solve per sample) on CPU.
+    """
+    if shared:
+        return "torch"
+    if _ipm_available():
+        return "ipm"
+    return "torch" if x.device.type != "cpu" else "proxsuite"
+
+
+# ----------------------------------------------------------------------------- validation
+def _as_tensor(v: Any, name: str, like: torch.Tensor) -> torch.Tensor | None:
+    if v is None:
+        return None
+    if not isinstance(v, torch.Tensor):
+        v = torch.as_tensor(np.asarray(v, dtype=np.float64), dtype=like.dtype, device=like.device)
+    if v.device != like.device:
+        raise ProblemError(f"{name} is on {v.device} but x is on {like.device}: move the constraint data to "
+                           "the device of x (ProjectionLayer.to(device) does it for its buffers)")
+    if v.dtype != like.dtype:
+        raise ProblemError(f"{name} has dtype {v.dtype} but x has {like.dtype}: use one dtype "
+                           "(float32 or float64) for x and the constraint data")
+    return v
+
+
+def _prepare(x, A, a, B, b, lb, ub):
+    """Validate and flatten the batch: returns (x2 (N, n), data dict, batch_shape)."""
+    if not isinstance(x, torch.Tensor):
+        raise ProblemError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise ProblemError(f"x must be float32 or float64, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise ProblemError(f"x must have shape (..., n) with n >= 1, got {tuple(x.shape)}")
+    n = x.shape[-1]
+    bshape = tuple(x.shape[:-1])
+    N = int(np.prod(bshape)) if bshape else 1
+    vals = {k: _as_tensor(v, k, x) for k, v in zip(_NAMES, (A, a, B, b, lb, ub), strict=True)}
+    if torch.isnan(x).any() or torch.isinf(x).any():
+        raise ProblemError("x contains NaN or inf")
+    out: dict[str, torch.Tensor | None] = {}
+    for M, v in (("A", "a"), ("B", "b")):
+        Mt, vt = vals[M], vals[v]
+        if (Mt is None) != (vt is None):
+            raise ProblemError(f"{M} and {v} must be given together")
+        if Mt is None:
+            out[M] = out[v] = None
+            continue
+        if Mt.ndim < 2 or Mt.shape[-1] != n:
+            raise ProblemError(f"{M} must have shape (r, {n}) or (..., r, {n}) to match x, got {tuple(Mt.shape)}")
+        r = Mt.shape[-2]
+        if Mt.ndim > 2:
+            if tuple(Mt.shape[:-2]) != bshape:
+                raise ProblemError(f"{M} carries batch dimensions {tuple(Mt.shape[:-2])} but x has {bshape}")
+            Mt = Mt.reshape(N, r, n)
+        if vt.ndim == 0 or vt.shape[-1] != r:
+            raise ProblemError(f"{v} must have shape ({r},) or (..., {r}) to match {M}, got {tuple(vt.shape)}")
+        if vt.ndim > 1:
+            if tuple(vt.shape[:-1]) != bshape:
+                raise ProblemError(f"{v} carries batch dimensions {tuple(vt.shape[:-1])} but x has {bshape}")
+            vt = vt.reshape(N, r)
+        if not torch.isfinite(Mt).all():
+            raise ProblemError(f"{M} contains NaN or inf")
+        if torch.isnan(vt).any() or (v == "b" and torch.isinf(vt).any()) or (v == "a" and (vt == -torch.inf).any()):
+            raise ProblemError(f"{v} contains NaN" + (" or inf" if v == "b" else " or -inf"))
+        out[M], out[v] = Mt, vt
+    for k, sign in (("lb", -1), ("ub", 1)):
+        t = vals[k]
+        if t is None:
+            out[k] = None
+            continue
+        if t.shape[-1] != n:
+            raise ProblemError(f"{k} must have shape ({n},) or (..., {n}), got {tuple(t.shape)}")
+        if t.ndim > 1:
+            if tuple(t.shape[:-1]) != bshape:
+                raise ProblemError(f"{k} carries batch dimensions {tuple(t.shape[:-1])} but x has {bshape}")
+            t = t.reshape(N, n)
+        if torch.isnan(t).any() or (t == -sign * torch.inf).any():
+            raise ProblemError(f"{k} contains NaN or {'+' if sign < 0 else '-'}inf")
+        out[k] = t
+    if out["lb"] is not None and out["ub"] is not None and (out["lb"] > out["ub"]).any():
+        raise InfeasibleError("lb > ub for some coordinate: the polyhedron is empty")
+    return x.reshape(N, n), out, bshape
+
+
+# ----------------------------------------------------------------------------- forward solvers
+def _full(data: dict, x2: torch.Tensor):
+    """Float64 constraint data with defaults for missing parts (zero rows, infinite bounds)."""
+    n, dev = x2.shape[1], x2.device
+    f64 = torch.float64
+
+    def cv(t):
+        return None if t is None else t.to(f64)
+
+    A = cv(data["A"]) if data["A"] is not None else torch.zeros(0, n, dtype=f64, device=dev)
+    a = cv(data["a"]) if data["a"] is not None else torch.zeros(0, dtype=f64, device=dev)
+    B = cv(data["B"]) if data["B"] is not None else torch.zeros(0, n, dtype=f64, device=dev)
+    b = cv(data["b"]) if data["b"] is not None else torch.zeros(0, dtype=f64, device=dev)
+    lb = cv(data["lb"]) if data["lb"] is not None else torch.full((n,), -torch.inf, dtype=f64, device=dev)
+    ub = cv(data["ub"]) if data["ub"] is not None else torch.full((n,), torch.inf, dtype=f64, device=dev)
+    return A, a, B, b, lb, ub
+
+
+def _solve_registry(backend: str, X, A, a, B, b, lb, ub, settings):
+    """Any registered CPU backend through NumPy; returns (Y0, full-layout mult0, statuses)."""
+    from .. import QP
+    from ..registry import get_backend
+
+    solver = get_backend(backend, **settings)
+    Xn = X.detach().cpu().numpy()
+    N, n = Xn.shape
+    An, an, Bn, bn = (t.detach().cpu().numpy() for t in (A, a, B, b))
+    lbn, ubn = lb.detach().cpu().numpy(), ub.detach().cpu().numpy()
+    m, p = An.shape[-2], Bn.shape[-2]
+
+    def qp_of(i):
+        Ai = An if An.ndim == 2 else An[i]
+        Bi = Bn if Bn.ndim == 2 else Bn[i]
+        ai = an if an.ndim == 1 else an[i]
+        bi = bn if bn.ndim == 1 else bn[i]
+        return QP(P=np.eye(n), q=-Xn[i], C=np.vstack([Ai, Bi]), l=np.concatenate([np.full(m, -np.inf), bi]),
+                  u=np.concatenate([ai, bi]), lb=lbn if lbn.ndim == 1 else lbn[i],
+                  ub=ubn if ubn.ndim == 1 else ubn[i], check_psd=False)
+
+    if An.ndim == 2 and Bn.ndim == 2:  # shared matrices: native batch, per-sample vectors allowed
+        qp = qp_of(0)
+        vecs: dict[str, np.ndarray] = {"q": -Xn}
+        if an.ndim == 2 or bn.ndim == 2:
+            ab = np.broadcast_to(an, (N, m)) if an.ndim == 1 else an
+            bb = np.broadcast_to(bn, (N, p)) if bn.ndim == 1 else bn
+            vecs["l"] = np.concatenate([np.full((N, m), -np.inf), bb], axis=1)
+            vecs["u"] = np.concatenate([ab, bb], axis=1)
+        if lbn.ndim == 2:
+            vecs["lb"] = lbn
+        if ubn.ndim == 2:
+            vecs["ub"] = ubn
+        if N == 1:
+            sols = [solver.solve(qp)]
+        else:
+            bs = solver.solve_batch(qp, **vecs)
+            sols = None
+    else:
+        sols = [solver.solve(qp_of(i)) for i in range(N)]
+    if sols is not None:
+        Y0 = np.stack([s.x for s in sols])
+        Z = np.stack([s.z for s in sols])
+        Zb = np.stack([s.z_box for s in sols])
+        st = [s.status for s in sols]
+    else:
+        Y0, Z, Zb, st = np.atleast_2d(bs.x), np.atleast_2d(bs.z), np.atleast_2d(bs.z_box), list(bs.status)
+    Z, Zb = np.nan_to_num(Z), np.nan_to_num(Zb)
+    mult0 = np.concatenate([Z[:, :m], -Zb, Zb], axis=1)
+    eps = float(solver.settings.get("eps_abs", 1e-8))
+    return (torch.as_tensor(Y0, dtype=X.dtype, device=X.device),
+            torch.as_tensor(mult0, dtype=X.dtype, device=X.device), st, eps)
+
+
+def _solve_ipm(X, A, a, B, b, lb, ub, settings):
+    """The batched interior-point method of :mod:`polyproj.ipm`, in torch on the tensor's device."""
+    from .. import ipm
+
+    N, n = X.shape
+    m = A.shape[-2]
+    if A.ndim == 3 or B.ndim == 3:
+        C = torch.cat([A.expand(N, -1, -1) if A.ndim == 2 else A, B.expand(N, -1, -1) if B.ndim == 2 else B], 1)
+    else:
+        C = torch.cat([A, B], 0)
+    if a.ndim == 2 or b.ndim == 2:
+        aa, bb = a.expand(N, -1) if a.ndim == 1 else a, b.expand(N, -1) if b.ndim == 1 else b
+    else:
+        aa, bb = a, b
+    lo = torch.cat([torch.full_like(aa, -torch.inf), bb], -1)
+    hi = torch.cat([aa, bb], -1)
+    eye = torch.eye(n, dtype=X.dtype, device=X.device)
+    eps = float(settings.get("eps_abs", 1e-8))
+    res = ipm.solve_qp_batch(eye, -X, C, lo, hi, lb, ub, eps_abs=eps, eps_rel=float(settings.get("eps_rel", 0.0)),
+                             max_iter=int(settings.get("max_iter") or 100))
+    z, zb = torch.nan_to_num(res.z), torch.nan_to_num(res.z_box)
+    mult0 = torch.cat([z[:, :m], -zb, zb], dim=-1)
+    return res.x, mult0, list(res.statuses()), eps
+
+
+def _solve_admm(X, A, a, B, b, lb, ub, settings):
+    """Batched ADMM for the projection (OSQP splitting, ``P = I``), shared factorisation.
+
+    Iterates ``ỹ = K⁻¹(σ y + x + Cᵀ(ρ z − w))``, ``z = clip(C ỹ + w/ρ, l, u)``, ``w += ρ(C ỹ − z)``
+    with ``C = [A; B; I]`` and ``K = (1 + σ) I + ρ CᵀC`` factorised once. It only has to identify
+    the active face (rows with ``w ≠ 0``); the polish makes the result exact.
+    """
+    N, n = X.shape
+    if A.ndim == 3 or B.ndim == 3:
+        raise ProblemError("backend 'torch' needs constraint matrices shared by the batch; use 'ipm' or a CPU backend")
+    dev, dt = X.device, X.dtype
+    m, p = A.shape[0], B.shape[0]
+    eye = torch.eye(n, dtype=dt, device=dev)
+    rows_n = torch.linalg.vector_norm(A, dim=1).clamp_min(1e-300)
+    Bn = torch.linalg.vector_norm(B, dim=1).clamp_min(1e-300)
+    C = torch.cat([A / rows_n[:, None], B / Bn[:, None], eye])  # row-equilibrated
+    hi = torch.cat([(a / rows_n).expand(N, m) if a.ndim == 1 else a / rows_n, (b / Bn).expand(N, p) if b.ndim == 1
+                    else b / Bn, ub.expand(N, n)], dim=1)
+    lo = torch.cat([torch.full((N, m), -torch.inf, dtype=dt, device=dev), hi[:, m: m + p], lb.expand(N, n)], dim=1)
+    eq = torch.zeros(m + p + n, dtype=torch.bool, device=dev)
+    eq[m: m + p] = True
+    rho = float(settings.get("rho", 30.0))
+    sigma = 1e-6
+    rho_v = torch.where(eq, 1e3 * rho, rho)  # OSQP: stiffer equality rows
+    K = (1.0 + sigma) * eye + (C.T * rho_v) @ C
+    Kinv = torch.cholesky_inverse(torch.linalg.cholesky(K))
+    CKinv = C @ Kinv  # (r, n)
+    Xk = X @ Kinv
+    y = X.clone()
+    z = (y @ C.T).clamp(lo, hi)
+    w = torch.zeros_like(z)
+    max_iter = int(settings.get("admm_iter", 0) or 200)
+    for _ in range(max_iter):
+        rhs = sigma * y @ Kinv + Xk + (rho_v * z - w) @ CKinv
+        y = rhs
+        Cy = y @ C.T
+        z_new = (Cy + w / rho_v).clamp(lo, hi)
+        w = w + rho_v * (Cy - z_new)
+        z = z_new
+    wa = w[:, :m] / rows_n
+    mult0 = torch.cat([wa, -w[:, m + p:], w[:, m + p:]], dim=1)
+    return y, mult0, [Status.SOLVED_INACCURATE] * N, 1e-3
+
+
+# ----------------------------------------------------------------------------- the Function
+def _forward(x2, data, backend, settings):
+    """Exact projection of the flattened batch; returns y (dtype of x), active, multipliers, accepted."""
+    polish_tol = float(settings.pop("tol", 1e-9))
+    X = x2.detach().to(torch.float64)
+    A, a, B, b, lb, ub = _full(data, X)
+    shared = A.ndim == 2 and B.ndim == 2
+    name = choose_backend(x2, shared) if backend == "auto" else backend
+    # from a rough ADMM start, samples not verified after a few corrections go to the fallback solver
+    max_polish = int(settings.pop("max_polish_iter", 8 if name == "torch" else 50))
+    if name == "torch":
+        Y0, mult0, st, eps = _solve_admm(X, A, a, B, b, lb, ub, settings)
+    elif name == "ipm":
+        Y0, mult0, st, eps = _solve_ipm(X, A, a, B, b, lb, ub, settings)
+    else:
+        Y0, mult0, st, eps = _solve_registry(name, X, A, a, B, b, lb, ub, settings)
+    if any(s is Status.PRIMAL_INFEASIBLE for s in st):
+        raise InfeasibleError(f"the polyhedron is empty (backend {name!r} reports PRIMAL_INFEASIBLE for "
+                              f"{sum(s is Status.PRIMAL_INFEASIBLE for s in st)} of {len(st)} samples)")
+    Y, active, mult, mu, accepted = polish(X, A, a, B, b, lb, ub, Y0, torch.nan_to_num(mult0),
+                                           cand_tol=max(1e-7, 10.0 * eps), dist_tol=max(1e-9, eps),
+                                           tol=polish_tol, max_iter=max_polish,
+                                           block_iter=0)
+    if name == "torch" and not bool(accepted.all()):
+        # the ADMM start was too rough for these samples: solve them accurately and polish again
+        bad = ~accepted
+        sub = {k: (v[bad] if v.ndim == (3 if k in "AB" else 2) else v)
+               for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub).items()}
+        fb = str(settings.pop("fallback", "proxsuite"))
+        for k in ("admm_iter", "rho"):
+            settings.pop(k, None)
+        Yb, ab_, mb, mub, accb = _forward(X[bad], sub, fb, dict(settings, tol=polish_tol, max_polish_iter=max_polish))
+        Y, active = _scatter_rows(Y, bad, Yb), _scatter_rows(active, bad, ab_)
+        mult, mu = _scatter_rows(mult, bad, mb), _scatter_rows(mu, bad, mub)
+        accepted = _scatter_rows(accepted, bad, accb)
+        return Y, active, mult, mu, accepted
+    if not bool(accepted.all()):
+        bad = ~accepted
+        viol = _violation(Y0[bad], A, a, B, b, lb, ub, bad)
+        if not bool(torch.isfinite(viol).all()) or float(viol.max()) > 1e-6:
+            raise InfeasibleError(
+                f"the exact projection could not be verified for {int(bad.sum())} of {bad.numel()} samples "
+                f"(backend {name!r}, max violation {float(viol.max()):.2e}): the polyhedron is probably "
+                "empty or degenerate beyond the polish; try another backend or a tighter eps_abs")
+        warnings.warn(f"polish refused for {int(bad.sum())} of {bad.numel()} points; they keep the backend's "
+                      "accuracy and a slack-based active set", PolyprojWarning, stacklevel=4)
+        Y = torch.where(accepted[:, None], Y, Y0)
+    return Y, active, mult, mu, accepted
+
+
+def _scatter_rows(full: torch.Tensor, mask: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    out = full.clone()
+    out[mask] = part
+    return out
+
+
+def _violation(Y, A, a, B, b, lb, ub, mask=None):
+    def sel(t, nd):
+        return t[mask] if (mask is not None and t.ndim == nd) else t
+
+    At, at, Bt, bt, lbt, ubt = sel(A, 3), sel(a, 2), sel(B, 3), sel(b, 2), sel(lb, 2), sel(ub, 2)
+    v = torch.zeros(Y.shape[0], dtype=Y.dtype, device=Y.device)
+    if At.shape[-2]:
+        r = (Y @ At.T if At.ndim == 2 else (At @ Y[:, :, None])[:, :, 0]) - at
+        v = torch.maximum(v, r.clamp_min(0).amax(dim=1))
+    if Bt.shape[-2]:
+        r = (Y @ Bt.T if Bt.ndim == 2 else (Bt @ Y[:, :, None])[:, :, 0]) - bt
+        v = torch.maximum(v, r.abs().amax(dim=1))
+    v = torch.maximum(v, torch.maximum(Y - ubt, lbt - Y).clamp_min(0).amax(dim=1))
+    return torch.where(torch.isfinite(Y).all(dim=1), v, torch.full_like(v, torch.inf))
+
+
+class _Project(torch.autograd.Function):
+    """``y = Π_P(x)`` with the HS-Jacobian backward (see the module docstring)."""
+
+    @staticmethod
+    def forward(x, A, a, B, b, lb, ub, cfg):
+        Y, active, mult, mu, _ = _forward(x, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), cfg["backend"],
+                                          dict(cfg["settings"]))
+        return Y.to(x.dtype), active, mult.to(x.dtype), mu.to(x.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _x, A, a, B, b, lb, ub, _ = inputs
+        y, active, mult, mu = output
+        ctx.mark_non_differentiable(active, mult, mu)
+        ctx.save_for_backward(y, active, mult, mu, A, B)
+        ctx.shapes = {k: (None if t is None else t.ndim) for k, t in zip(_NAMES, (A, a, B, b, lb, ub), strict=True)}
+        ctx.has_lb, ctx.has_ub = lb is not None, ub is not None
+
+    @staticmethod
+    def backward(ctx, gy, *_):
+        y, active, mult, mu, A, B = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        g = gy.contiguous()
+        n = g.shape[1]
+        dt, dev = g.dtype, g.device
+        A_ = A if A is not None else torch.zeros(0, n, dtype=dt, device=dev)
+        m = A_.shape[-2]
+        at_ub = active[:, m + n:].to(dt)
+        at_lb = active[:, m: m + n].to(dt) * (1.0 - at_ub)
+        fixed = at_lb + at_ub
+        F = factor_face(A_, B, active[:, :m], 1.0 - fixed)
+        Jg = null_apply(F, g)
+        r = pinv_t_apply(F, g)
+        rA, rB = expand_rows(F, r)
+        shp = ctx.shapes
+
+        def red(t, nd):  # shared data: summed over the batch
+            return t.sum(0) if nd is not None and nd < t.ndim else t
+
+        grads: list[torch.Tensor | None] = [Jg if need[0] else None] + [None] * 7
+        if need[2]:
+            grads[2] = red(rA, shp["a"])
+        if need[4]:
+            grads[4] = red(rB, shp["b"])
+        if need[5] or need[6]:
+            gv = fixed * (g - torch.einsum("bkn,bk->bn", F.rows, r))
+            if need[5]:
+                grads[5] = red(gv * at_lb, shp["lb"])
+            if need[6]:
+                grads[6] = red(gv * at_ub, shp["ub"])
+        if need[1]:
+            lamA = mult[:, :m]
+            grads[1] = red(-(lamA[:, :, None] * Jg[:, None, :] + rA[:, :, None] * y[:, None, :]), shp["A"] + 1)
+        if need[3]:
+            grads[3] = red(-(mu[:, :, None] * Jg[:, None, :] + rB[:, :, None] * y[:, None, :]), shp["B"] + 1)
+        return tuple(grads)
+
+
+def project(x: torch.Tensor, A: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None,
+            ub: Any = None, backend: str = "auto", **settings: Any) -> torch.Tensor:
+    """Differentiable exact projection ``Π_P(x)`` onto ``{y : A y <= a, B y = b, lb <= y <= ub}``.
+
+    Parameters
+    ----------
+    x : (..., n) tensor, float32 or float64
+    A, a : (m, n), (m,) — or with the batch dimensions of x, (..., m, n), (..., m)
+        Inequality rows; ``a`` may hold ``+inf`` (row ignored).
+    B, b : (p, n), (p,) — or batched; B must have full row rank
+    lb, ub : (n,) or (..., n), optional
+        Bounds (``±inf`` allowed).
+    backend : str
+        ``"auto"`` (see :func:`choose_backend`), ``"torch"`` (batched ADMM + polish on the tensor's
+        device), ``"ipm"``, or any registered CPU backend (``"proxsuite"``, ``"osqp"``, ``"highs"``).
+    **settings
+        ``tol`` (polish KKT tolerance, default 1e-9), ``max_polish_iter`` (default 50), backend
+        settings (``eps_abs``, ``max_iter``, ...), ``admm_iter`` / ``rho`` for ``"torch"``.
+
+    Returns
+    -------
+    (..., n) tensor in the dtype and on the device of x
+        Feasible to rounding; differentiable with respect to x, a, b, lb, ub, A and B (HS-Jacobian).
+
+    Raises
+    ------
+    ProblemError
+        Shapes, NaN/inf, mismatched device or dtype.
+    InfeasibleError
+        The polyhedron is empty.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from polyproj.adapters.torch import project
+    >>> x = torch.tensor([[0.9, 0.5, -1.0]], dtype=torch.float64, requires_grad=True)
+    >>> y = project(x, B=torch.ones(1, 3, dtype=torch.float64), b=torch.ones(1, dtype=torch.float64),
+    ...             lb=torch.zeros(3, dtype=torch.float64))
+    >>> y.detach().numpy().round(12)
+    array([[0.7, 0.3, 0. ]])
+    >>> y[0, 0].backward(); x.grad
+    tensor([[ 0.5000, -0.5000,  0.0000]], dtype=torch.float64)
+    """
+    x2, d, bshape = _prepare(x, A, a, B, b, lb, ub)
+    cfg = {"backend": backend, "settings": settings}
+    y, _, _, _ = _Project.apply(x2, d["A"], d["a"], d["B"], d["b"], d["lb"], d["ub"], cfg)
+    return y.reshape(*bshape, x.shape[-1])
+
+
+# ----------------------------------------------------------------------------- the Module
+class ProjectionLayer(nn.Module):
+    """``nn.Module`` projecting its input onto ``{y : A y <= a, B y = b, lb <= y <= ub}``.
+
+    Parameters
+    ----------
+    A, a, B, b, lb, ub : array-like or tensors, optional
+        Shared constraint data (validated with :class:`polyproj.Polyhedron`: shapes, NaN, B of full
+        row rank). Stored as buffers (moved by ``.to()``, saved in ``state_dict``).
+    learn : iterable of str
+        Names among ``A, a, B, b, lb, ub`` to store as ``nn.Parameter`` (learned constraints).
+    dtype : torch.dtype
+        Storage dtype (default float64).
+    backend : str
+        As in :func:`project`.
+    **settings
+        As in :func:`project`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from polyproj.adapters.torch import ProjectionLayer
+    >>> layer = ProjectionLayer(B=[[1.0, 1.0, 1.0]], b=[1.0], lb=[0.0, 0.0, 0.0])
+    >>> layer
+    ProjectionLayer(n=3, inequalities=0, equalities=1, lower bounds=3, upper bounds=0, backend='auto')
+    >>> layer(torch.tensor([[2.0, 0.0, 0.0]], dtype=torch.float64))
+    tensor([[1., 0., 0.]], dtype=torch.float64)
+    """
+
+    def __init__(self, A: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None,
+                 ub: Any = None, *, learn: tuple[str, ...] | list[str] = (), dtype: torch.dtype = torch.float64,
+                 backend: str = "auto", **settings: Any) -> None:
+        super().__init__()
+        from ..problem import Polyhedron
+
+        unknown = set(learn) - set(_NAMES)
+        if unknown:
+            raise ProblemError(f"learn takes names among {_NAMES}, got {sorted(unknown)}")
+        vals = dict(zip(_NAMES, (A, a, B, b, lb, ub), strict=True))
+        P = Polyhedron(**{k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+                          for k, v in vals.items()})  # validates shapes, NaN, rank of B, lb <= ub
+        self.n = P.n
+        self.backend = backend
+        self.settings = settings
+        for k, v in vals.items():
+            t = None if v is None else torch.as_tensor(np.asarray(
+                v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v, dtype=np.float64), dtype=dtype)
+            if t is not None and k in ("A", "B") and t.ndim == 1:
+                t = t[None, :]
+            if k in learn and t is not None:
+                self.register_parameter(k, nn.Parameter(t))
+            else:
+                self.register_buffer(k, t)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Project ``x`` (..., n)."""
+        return project(x, self.A, self.a, self.B, self.b, self.lb, self.ub, backend=self.backend, **self.settings)
+
+    def extra_repr(self) -> str:
+        """Sizes of the constraint data and the backend."""
+        def rows(t):
+            return 0 if t is None else int(t.shape[-2])
+
+        def fin(t):
+            return 0 if t is None else int(torch.isfinite(t).sum())
+
+        learned = [k for k, _ in self.named_parameters(recurse=False)]
+        s = (f"n={self.n}, inequalities={rows(self.A)}, equalities={rows(self.B)}, lower bounds={fin(self.lb)}, "
+             f"upper bounds={fin(self.ub)}, backend={self.backend!r}")
+        return s + (f", learned={learned}" if learned else "")
+

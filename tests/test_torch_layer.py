@@ -1,0 +1,287 @@
+"""The torch projection layer: exactness, HS-Jacobian gradients (gradcheck), batching, errors, training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import polyproj as pp  # noqa: E402
+from polyproj.adapters.torch import ProjectionLayer, choose_backend, project  # noqa: E402
+
+BACKENDS = ["torch", "proxsuite"] + [b for b in ("osqp", "highs") if b in pp.available_backends()]
+
+
+def _polytope(rng, n=6, m=8, p=1, box=True):
+    x0 = rng.normal(size=n)
+    A = rng.normal(size=(m, n))
+    a = A @ x0 + rng.uniform(0.2, 1.0, size=m)
+    B = rng.normal(size=(p, n))
+    lb, ub = (x0 - 1.5, x0 + 1.5) if box else (None, None)
+    return pp.Polyhedron(A=A, a=a, B=B, b=B @ x0, lb=lb, ub=ub)
+
+
+def _nondegenerate_point(P, rng, scale=2.0, margin=1e-3, tries=200):
+    """x whose projection has strictly complementary multipliers and well-separated inactive rows."""
+    for _ in range(tries):
+        x = scale * rng.normal(size=P.n) + P.lb.clip(-1e9, 1e9) * 0
+        res = pp.project(x, P)
+        slack = P.ineq_slack(res.y)[0]
+        lam = res.multipliers[: P.n_ineq]
+        act = res.active
+        if np.all(lam[act] > margin) and np.all(slack[~act] > margin) and act.sum() >= 1:
+            return x, res
+    raise AssertionError("no non-degenerate point found")
+
+
+def _tensors(P, dtype=torch.float64, requires_grad=False):
+    def t(v):
+        return torch.tensor(v, dtype=dtype, requires_grad=requires_grad)
+
+    return dict(A=t(P.A), a=t(P.a), B=t(P.B), b=t(P.b), lb=t(P.lb), ub=t(P.ub))
+
+
+# ----------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forward_matches_pp_project_and_is_feasible(backend, rng):
+    P = _polytope(rng, n=12, m=20, p=2)
+    X = 2.5 * rng.normal(size=(16, P.n))
+    ref = pp.project(X, P)
+    y = project(torch.tensor(X), backend=backend, **_tensors(P))
+    assert y.dtype == torch.float64 and y.shape == (16, P.n)
+    assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
+    assert P.violation(y.numpy()).max() < 1e-10
+
+
+def test_leading_batch_dims_and_single_point(rng):
+    P = _polytope(rng)
+    X = rng.normal(size=(2, 3, P.n)) * 2
+    y = project(torch.tensor(X), **_tensors(P))
+    assert y.shape == (2, 3, P.n)
+    ref = pp.project(X.reshape(6, P.n), P).y.reshape(2, 3, P.n)
+    assert np.max(np.abs(y.numpy() - ref)) < 1e-9
+    y1 = project(torch.tensor(X[0, 0]), **_tensors(P))
+    assert y1.shape == (P.n,) and np.max(np.abs(y1.numpy() - ref[0, 0])) < 1e-9
+
+
+def test_float32(rng):
+    P = _polytope(rng, n=10, m=15)
+    X = 2 * rng.normal(size=(8, P.n))
+    x = torch.tensor(X, dtype=torch.float32, requires_grad=True)
+    y = project(x, **_tensors(P, torch.float32))
+    assert y.dtype == torch.float32
+    assert P.violation(y.detach().double().numpy()).max() < 1e-5
+    assert np.max(np.abs(y.detach().double().numpy() - pp.project(X.astype(np.float32).astype(float), P).y)) < 1e-5
+    (y * torch.arange(P.n, dtype=torch.float32)).sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.dtype == torch.float32
+
+
+def test_infinite_rows_and_no_inequalities(rng):
+    n = 5
+    x = torch.tensor(rng.normal(size=(4, n)) * 3)
+    a = torch.tensor([1.0, np.inf], dtype=torch.float64)
+    A = torch.tensor(rng.normal(size=(2, n)))
+    y = project(x, A=A, a=a)
+    assert (y @ A[0] <= 1 + 1e-10).all()
+    # only bounds
+    y = project(x, lb=torch.zeros(n, dtype=torch.float64), ub=torch.ones(n, dtype=torch.float64))
+    assert torch.allclose(y, x.clamp(0, 1), atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("backend", ["torch", "proxsuite"])
+def test_gradcheck_x_a_b_bounds(backend, rng):
+    P = _polytope(rng)
+    x, _ = _nondegenerate_point(P, rng)
+    d = _tensors(P, requires_grad=True)
+    X = torch.tensor(x[None, :], requires_grad=True)
+
+    def f(X, a, b, lb, ub):
+        return project(X, d["A"].detach(), a, d["B"].detach(), b, lb, ub, backend=backend)
+
+    assert torch.autograd.gradcheck(f, (X, d["a"], d["b"], d["lb"], d["ub"]), eps=1e-6, atol=1e-7)
+
+
+def test_gradcheck_matrices(rng):
+    P = _polytope(rng)
+    x, _ = _nondegenerate_point(P, rng)
+    d = _tensors(P, requires_grad=True)
+    X = torch.tensor(x[None, :], requires_grad=True)
+
+    def f(X, A, B):
+        return project(X, A, d["a"].detach(), B, d["b"].detach(), d["lb"].detach(), d["ub"].detach())
+
+    assert torch.autograd.gradcheck(f, (X, d["A"], d["B"]), eps=1e-6, atol=1e-7)
+
+
+def test_gradient_is_hs_jacobian_on_batch(rng):
+    P = _polytope(rng, n=15, m=25, p=2)
+    X = 2 * rng.normal(size=(32, P.n))
+    V = rng.normal(size=(32, P.n))
+    x = torch.tensor(X, requires_grad=True)
+    (project(x, **_tensors(P)) * torch.tensor(V)).sum().backward()
+    res = pp.project(X, P)
+    ref = np.einsum("bij,bj->bi", pp.hs_jacobian(P, res.active), V)
+    assert np.max(np.abs(x.grad.numpy() - ref)) < 1e-10
+
+
+def _weakly_active_point(rng):
+    """x whose projection has an active row with a zero multiplier (a kink of Π_P)."""
+    n = 4
+    A = np.array([[1.0, 1.0, 0, 0], [1.0, -1.0, 0, 0], [0, 0, 1.0, 0]])
+    a = np.array([1.0, 0.0, 0.5])
+    P = pp.Polyhedron(A=A, a=a, lb=-3 * np.ones(n), ub=3 * np.ones(n))
+    y = np.array([0.5, 0.5, 0.5, 0.2])  # rows 0, 1, 2 active
+    x = y + 0.7 * A[0] + 0.0 * A[1] + 0.3 * A[2]  # row 1 weakly active: multiplier 0
+    return P, x
+
+
+def test_degenerate_point_gradient_is_hs_element_finite_deterministic(rng):
+    P, x = _weakly_active_point(rng)
+    V = rng.normal(size=(3, P.n))
+    grads = []
+    for _ in range(2):
+        xt = torch.tensor(np.tile(x, (3, 1)), requires_grad=True)
+        (project(xt, **_tensors(P)) * torch.tensor(V)).sum().backward()
+        grads.append(xt.grad.numpy().copy())
+    assert np.all(np.isfinite(grads[0])) and np.array_equal(grads[0], grads[1])
+    res = pp.project(x, P)
+    J = pp.hs_jacobian(P, res.active)
+    assert np.max(np.abs(grads[0] - V @ J)) < 1e-12
+    # J is an element of the HS set: projector onto null(M_K) with supp(λ) ⊆ K ⊆ I(x)
+    I_x = np.flatnonzero(np.abs(P.ineq_slack(res.y)[0]) < 1e-9)
+    K = np.flatnonzero(res.active)
+    assert set(K) <= set(I_x) and {0, 2} <= set(K)
+    M = np.vstack([P.A, -np.eye(P.n)[P.lb_idx], np.eye(P.n)[P.ub_idx]])[K]
+    assert np.linalg.matrix_rank(M) == len(K)
+    assert np.max(np.abs(J - (np.eye(P.n) - M.T @ np.linalg.solve(M @ M.T, M)))) < 1e-12
+
+
+def test_licq_failure_duplicated_rows(rng):
+    """Duplicated active rows: the HS projector is unchanged, gradients finite (SVD fallback)."""
+    n = 5
+    A1 = rng.normal(size=(3, n))
+    A = np.vstack([A1, A1[:1], 2 * A1[1:2]])
+    a = np.concatenate([np.zeros(3), [0.0], [0.0]])
+    x = torch.tensor(A1.sum(0)[None, :] * 2.0, requires_grad=True)
+    y = project(x, A=torch.tensor(A), a=torch.tensor(a), backend="proxsuite")
+    (y * torch.arange(n, dtype=torch.float64)).sum().backward()
+    P1 = pp.Polyhedron(A=A1, a=np.zeros(3))
+    y1 = pp.project(x.detach().numpy()[0], P1)
+    assert np.max(np.abs(y.detach().numpy()[0] - y1.y)) < 1e-9
+    J = pp.hs_jacobian(P1, y1.active)
+    assert np.max(np.abs(x.grad.numpy()[0] - J @ np.arange(n))) < 1e-9
+
+
+def test_batched_constraints_match_per_sample_and_shared_sum(rng):
+    P = _polytope(rng, n=6, m=8, p=1)
+    batch = 5
+    X = 2 * rng.normal(size=(batch, P.n))
+    d = _tensors(P)
+    # per-sample A (batched) built from shared data plus per-sample perturbations
+    A = (d["A"][None] + 0.05 * torch.tensor(rng.normal(size=(batch, 8, P.n)))).requires_grad_()
+    a = d["a"].clone().requires_grad_()  # shared rhs: summed gradient
+    x = torch.tensor(X, requires_grad=True)
+    V = torch.tensor(rng.normal(size=(batch, P.n)))
+    (project(x, A, a, d["B"], d["b"], d["lb"], d["ub"]) * V).sum().backward()
+    ga = torch.zeros_like(a)
+    for i in range(batch):
+        xi = torch.tensor(X[i:i + 1], requires_grad=True)
+        Ai = A.detach()[i].clone().requires_grad_()
+        ai = d["a"].clone().requires_grad_()
+        (project(xi, Ai, ai, d["B"], d["b"], d["lb"], d["ub"]) * V[i:i + 1]).sum().backward()
+        assert torch.allclose(xi.grad[0], x.grad[i], atol=1e-10)
+        assert torch.allclose(Ai.grad, A.grad[i], atol=1e-10)
+        ga += ai.grad
+    assert torch.allclose(ga, a.grad, atol=1e-10)
+
+
+def test_batched_rhs_gradcheck(rng):
+    P = _polytope(rng, n=5, m=6)
+    x, _ = _nondegenerate_point(P, rng)
+    X = torch.tensor(np.stack([x, x + 0.01 * rng.normal(size=P.n)]), requires_grad=True)
+    a = torch.tensor(np.tile(P.a, (2, 1)), requires_grad=True)
+    d = _tensors(P)
+    assert torch.autograd.gradcheck(lambda X, a: project(X, d["A"], a, d["B"], d["b"], d["lb"], d["ub"]),
+                                    (X, a), eps=1e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- errors
+def test_errors(rng):
+    P = _polytope(rng)
+    d = _tensors(P)
+    x = torch.tensor(rng.normal(size=(2, P.n)))
+    with pytest.raises(pp.ProblemError, match="dtype"):
+        project(x.float(), **d)
+    with pytest.raises(pp.ProblemError, match="NaN"):
+        project(x * torch.nan, **d)
+    with pytest.raises(pp.ProblemError, match="columns|shape"):
+        project(x[:, :3], **d)
+    with pytest.raises(pp.ProblemError, match="together"):
+        project(x, A=d["A"])
+    with pytest.raises(pp.ProblemError, match="NaN"):
+        project(x, A=d["A"], a=d["a"] * torch.nan)
+    with pytest.raises(pp.InfeasibleError):
+        project(x, lb=torch.ones(P.n, dtype=torch.float64), ub=torch.zeros(P.n, dtype=torch.float64))
+    empty = dict(A=torch.tensor([[1.0, 0, 0, 0, 0, 0], [-1.0, 0, 0, 0, 0, 0]], dtype=torch.float64),
+                 a=torch.tensor([-1.0, -1.0], dtype=torch.float64))
+    for backend in ("proxsuite", "torch"):
+        with pytest.raises(pp.InfeasibleError):
+            project(x, backend=backend, **empty)
+    with pytest.raises(pp.ProblemError, match="rank"):
+        ProjectionLayer(B=np.ones((2, 3)), b=[1.0, 1.0])
+    with pytest.raises(pp.ProblemError, match="learn"):
+        ProjectionLayer(lb=np.zeros(3), learn=["C"])
+
+
+def test_auto_rule():
+    x = torch.zeros(3, 4, dtype=torch.float64)
+    assert choose_backend(x, shared=True) == "torch"
+    assert choose_backend(x, shared=False) in ("ipm", "proxsuite")
+
+
+# ----------------------------------------------------------------------------- module
+def test_projection_layer_state_dict_and_repr(rng):
+    P = _polytope(rng)
+    layer = ProjectionLayer(P.A, P.a, P.B, P.b, P.lb, P.ub, learn=["a"])
+    assert "inequalities=8" in repr(layer) and "learned=['a']" in repr(layer)
+    assert [k for k, _ in layer.named_parameters()] == ["a"]
+    X = torch.tensor(2 * rng.normal(size=(4, P.n)))
+    y = layer(X)
+    y.sum().backward()
+    assert layer.a.grad is not None and torch.isfinite(layer.a.grad).all()
+    state = layer.state_dict()
+    other = ProjectionLayer(np.zeros_like(P.A), np.ones_like(P.a), P.B, np.zeros(1), P.lb, P.ub, learn=["a"])
+    other.load_state_dict(state)
+    assert torch.equal(other(X), y.detach())
+    assert set(state) == {"A", "a", "B", "b", "lb", "ub"}
+    layer32 = ProjectionLayer(P.A, P.a, P.B, P.b, P.lb, P.ub).to(torch.float32)
+    assert layer32(X.float()).dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------- training
+def test_training_portfolio_feasible_and_loss_decreases():
+    """A network learns portfolio weights on {w >= 0, Σw = 1, Σ_{i in S} w_i >= 0.5}."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    n_assets, n_feat, N = 12, 6, 128
+    chosen = np.zeros(n_assets)
+    chosen[:5] = 1.0  # "a chosen five"
+    F = torch.tensor(rng.normal(size=(N, n_feat)))
+    W_true = torch.tensor(rng.normal(size=(n_feat, n_assets)))
+    R = F @ W_true * 0.05 + 0.01 * torch.tensor(rng.normal(size=(N, n_assets)))  # synthetic returns
+    layer = ProjectionLayer(A=-chosen[None, :], a=[-0.5], B=np.ones((1, n_assets)), b=[1.0], lb=np.zeros(n_assets))
+    net = torch.nn.Sequential(torch.nn.Linear(n_feat, 32), torch.nn.Tanh(), torch.nn.Linear(32, n_assets)).double()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(40):
+        w = layer(net(F))
+        loss = -(w * R).sum(1).mean() + 0.5 * (w ** 2).sum(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        Wn = w.detach().numpy()
+        assert Wn.min() >= -1e-8 and np.abs(Wn.sum(1) - 1).max() <= 1e-8 and (Wn @ chosen).min() >= 0.5 - 1e-8
+    assert np.mean(losses[-5:]) < losses[0] - 0.1 * abs(losses[0])
