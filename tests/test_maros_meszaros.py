@@ -1,0 +1,162 @@
+"""Maros–Meszaros loader, the small problems solved by every backend, and ``polyproj bench solvers``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import scipy.io
+
+import polyproj as pp
+from polyproj import bench
+from polyproj.maros_meszaros import DataNotFound, in_subset, iter_problems, list_problems, load_problem
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MM_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data", "maros_meszaros"))
+SMALL = list_problems(MM_DIR, "small") if os.path.isdir(MM_DIR) else []
+CPU_BACKENDS = [b for b in pp.available_backends() if b != "cupy"]
+
+# measured, not loosened: OSQP 1.1 hits max_iter (also 1e5) on QSHARE2B; qpbenchmark reports the same
+KNOWN_FAILURES = {("osqp", "QSHARE2B"): "OSQP does not converge on QSHARE2B (max_iter)"}
+SETTINGS = {"osqp": {"max_iter": 50_000}}
+
+
+@pytest.fixture
+def mm_dir(shared_dir):
+    path = os.path.join(shared_dir, "data", "maros_meszaros")
+    if not os.path.isdir(path):
+        pytest.skip(f"Maros–Meszaros data not found at {path}")
+    return path
+
+
+def test_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(DataNotFound, match="maros_meszaros_qpbenchmark"):
+        list_problems(tmp_path / "nope")
+    with pytest.raises(DataNotFound, match="not found"):
+        load_problem(tmp_path / "NOPE.mat")
+    with pytest.raises(pp.PolyprojError, match="unknown subset"):
+        in_subset(1, 1, "tiny")
+
+
+def test_subsets(mm_dir):
+    dense, small, everything = (list_problems(mm_dir, s) for s in ("dense", "small", "all"))
+    assert set(small) <= set(dense) <= set(everything)
+    assert len(everything) == len([f for f in os.listdir(mm_dir) if f.endswith(".mat")])
+    for name in everything:
+        d = scipy.io.loadmat(os.path.join(mm_dir, f"{name}.mat"), variable_names=["n", "m"])
+        n, m = int(d["n"].item()), int(d["m"].item())
+        assert (name in dense) == (n <= 1000 and m <= 10000)
+        assert (name in small) == (n <= 100 and m <= 1000)
+
+
+@pytest.mark.parametrize("name", ["HS21", "QAFIRO", "CVXQP1_S", "DUALC1"])
+def test_bound_rows_become_bounds_without_changing_the_problem(mm_dir, name, rng):
+    path = os.path.join(mm_dir, f"{name}.mat")
+    split, raw = load_problem(path), load_problem(path, split_bounds=False)
+    d = scipy.io.loadmat(path)
+    assert raw.qp.m == int(d["m"].item()) and split.qp.m <= raw.qp.m and split.n == raw.n
+    assert split.r == pytest.approx(float(np.asarray(d["r"]).item()))
+    sol = pp.get_backend("proxsuite", eps_abs=1e-9).solve(split.qp)
+    for x in [sol.x, *(sol.x + 0.1 * rng.standard_normal(split.n) for _ in range(5))]:
+        assert split.qp.objective(x) == pytest.approx(raw.qp.objective(x))
+        assert split.qp.primal_violation(x) == pytest.approx(raw.qp.primal_violation(x), abs=1e-12)
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_small_problem_solved_by_every_backend(mm_dir, name, backend):
+    """n <= 100: every backend reaches primal, dual residual and duality gap <= 1e-6 (our residual code)."""
+    if (backend, name) in KNOWN_FAILURES:
+        pytest.xfail(KNOWN_FAILURES[(backend, name)])
+    qp = load_problem(os.path.join(mm_dir, f"{name}.mat")).qp.dense()
+    sol = pp.get_backend(backend, eps_abs=1e-6, eps_rel=0.0, time_limit=10.0, **SETTINGS.get(backend, {})).solve(qp)
+    res = sol.residuals()
+    assert sol.status.ok, (name, backend, sol.status)
+    assert max(res.values()) <= 1e-6, (name, backend, res)
+
+
+def test_iter_problems(mm_dir):
+    got = [mm.name for mm in iter_problems(mm_dir, names=["HS21", "HS35"])]
+    assert got == ["HS21", "HS35"]
+
+
+# --------------------------------------------------------------------------- bench
+def test_shifted_geometric_mean():
+    assert bench.shifted_geometric_mean([1.0, 1.0]) == pytest.approx(1.0)
+    # exp(mean(log([10, 1010]))) - 10 = sqrt(10 * 1010) - 10
+    assert bench.shifted_geometric_mean([0.0, 1000.0]) == pytest.approx(np.sqrt(10 * 1010) - 10)
+    assert np.isnan(bench.shifted_geometric_mean([]))
+
+
+def _args(mm_dir, out, **kw):
+    base = dict(data=mm_dir, backends=None, tol=1e-6, time_limit=10.0, subset="dense", problems=None,
+                out=str(out), jobs=2)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_bench_cli_end_to_end(mm_dir, tmp_path):
+    out = tmp_path / "res.json"
+    rc = bench.cli_main(_args(mm_dir, out, backends=CPU_BACKENDS, problems=["HS21", "QAFIRO"]))
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["machine"]["cpu_count"] and data["tol"] == 1e-6
+    assert len(data["records"]) == 2 * len(CPU_BACKENDS)
+    hs21 = [r for r in data["records"] if r["problem"] == "HS21"]
+    assert all(r["success"] for r in hs21), hs21
+    for b in CPU_BACKENDS:
+        assert data["summary"][b]["problems"] == 2
+    # success is decided by our residuals: recompute one record
+    rec = hs21[0]
+    assert max(rec["primal"], rec["dual"], rec["gap"]) <= 1e-6
+
+
+class _Hangs(pp.QPSolver):
+    name = "hangs"
+
+    def solve(self, qp, warm_start=None):
+        time.sleep(3600)
+
+
+class _Crashes(pp.QPSolver):
+    name = "crashes"
+
+    def solve(self, qp, warm_start=None):
+        os._exit(3)
+
+
+class _Raises(pp.QPSolver):
+    name = "raises"
+
+    def solve(self, qp, warm_start=None):
+        raise RuntimeError("boom")
+
+
+def test_bench_survives_hanging_crashing_and_raising_backends(mm_dir):
+    for cls in (_Hangs, _Crashes, _Raises):
+        pp.register_backend(cls.name, cls, overwrite=True)
+    try:
+        t0 = time.monotonic()
+        recs = bench.run_suite(mm_dir, ["hangs", "crashes", "raises", "proxsuite"], ["HS21"], tol=1e-6,
+                               time_limit=0.5, jobs=2)
+        assert time.monotonic() - t0 < 30
+    finally:
+        for cls in (_Hangs, _Crashes, _Raises):
+            pp.unregister_backend(cls.name)
+    by = {r.backend: r for r in recs}
+    assert by["hangs"].status == "killed" and not by["hangs"].success
+    assert by["crashes"].status == "crashed" and not by["crashes"].success
+    assert by["raises"].status == "exception" and "boom" in by["raises"].note
+    assert by["proxsuite"].success
+    summary = bench.summarize(recs, ["hangs", "proxsuite"], time_limit=0.5)
+    assert summary["hangs"]["sgm_runtime"] == pytest.approx(0.5)  # failures charged the time limit
+
+
+def test_bench_unknown_problem_and_backend(mm_dir, tmp_path):
+    assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", problems=["NOPE"])) == 2
+    with pytest.raises(pp.BackendNotFound):
+        bench.cli_main(_args(mm_dir, tmp_path / "x.json", backends=["nosuchsolver"]))
+    assert bench.cli_main(_args(str(tmp_path / "absent"), tmp_path / "x.json")) == 2
