@@ -20,7 +20,7 @@ CPU_BACKENDS = [name for name in pp.available_backends() if name != "cupy"]
 # ----------------------------------------------------------------------------- strategies
 @given(case=ps.polyhedron_cases(licq=True))
 def test_licq_cases_have_independent_active_rows(case):
-    G, h = pr.ineq_form(case.polyhedron)
+    G, _ = pr.ineq_form(case.polyhedron)
     M = np.vstack([G[case.active], case.polyhedron.B_dense])
     assert case.active.any()
     assert np.linalg.matrix_rank(M) == M.shape[0]

@@ -178,8 +178,10 @@ def _falsifying_text(exc: BaseException) -> str:
 
 
 def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0,
-                 tol: float = 1e-6) -> PropertyResult:
+                 tol: float = 1e-6, shrink_budget: float = 30.0) -> PropertyResult:
     """Run one property of :data:`PROPERTIES` on a backend and return its result.
+
+    ``shrink_budget`` (seconds) bounds the time spent shrinking a falsifying example.
 
     The counts (``result.counts``) sum what the checks verified, e.g. ``segments`` for
     conservativity or ``points`` for LICQ equivalence.
@@ -200,13 +202,26 @@ def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = D
     counts: dict[str, int] = {}
     calls = [0]
     n_examples = spec.examples(max_examples)
+    # shrinking budget: once exceeded, only cases already seen failing are re-checked, so hypothesis
+    # stops at the smallest failing case found so far (and its final replay still fails)
+    failing: set[str] = set()
+    first_failure = [0.0]
 
     @hseed(seed)
     @settings(max_examples=n_examples, deadline=None, database=None, derandomize=False, print_blob=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
     @given(case=spec.strategy(solver))
     def prop(case: Any) -> None:
-        out = spec.check(case, solver, np.random.default_rng(seed), tol)
+        key = repr(case)
+        if failing and time.perf_counter() - first_failure[0] > shrink_budget and key not in failing:
+            return
+        try:
+            out = spec.check(case, solver, np.random.default_rng(seed), tol)
+        except Exception:
+            if not failing:
+                first_failure[0] = time.perf_counter()
+            failing.add(key)
+            raise
         calls[0] += 1
         for k, v in out.items():
             counts[k] = counts.get(k, 0) + int(v)
@@ -285,7 +300,7 @@ def _conformance(solver: QPSolver, seed: int) -> list[PropertyResult]:
 
 def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, *,
                   properties: Sequence[str] | None = None, conformance: bool = True, tol: float = 1e-6,
-                  progress: bool = False, **settings: Any) -> CheckReport:
+                  progress: bool = False, shrink_budget: float = 30.0, **settings: Any) -> CheckReport:
     """Run the backend contract, projection and HS-Jacobian properties on a backend.
 
     Parameters
@@ -305,6 +320,8 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
         Relative tolerance of the raw contract checks (residuals <= tol · (1 + max |data|)).
     progress : bool
         Show a progress bar.
+    shrink_budget : float
+        Seconds allowed for shrinking each falsifying example.
     **settings
         Solver settings (``eps_abs``, ...).
 
@@ -339,12 +356,14 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
                 bar.advance(task)
             for n in names:
                 bar.update(task, description=f"{label}: {n}")
-                results.append(run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol))
+                results.append(run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
+                                            shrink_budget=shrink_budget))
                 bar.advance(task)
     else:
         if conformance:
             results += _conformance(solver, seed)
-        results += [run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol) for n in names]
+        results += [run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
+                                 shrink_budget=shrink_budget) for n in names]
     return CheckReport(str(label), tuple(results), seed, max_examples)
 
 

@@ -318,7 +318,7 @@ def find_kinks(P: Polyhedron, x0: np.ndarray, D: np.ndarray, solver: Any, *, gri
                 brackets.append((b[0], b[1], tm, b[3], sm))
             if not np.array_equal(sm, b[4]):
                 brackets.append((b[0], tm, b[2], sm, b[4]))
-        if len(brackets) > 200 * S:
+        if len(brackets) > 20 * S + 50:
             raise AssertionError(f"the active set flips too often along the segments ({len(brackets)} brackets): "
                                  "the backend's active sets are not reproducible")
     else:
