@@ -1,0 +1,395 @@
+"""Tests of the batched array-API interior-point method (polyproj.ipm) and the ipm / cupy backends.
+
+Namespaces: NumPy, torch (CPU) and array_api_strict (which proves only the standard is used, hence
+CuPy works). References: ProxSuite at tight tolerance (float64) and KKT conditions from scratch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import polyproj as pp
+from polyproj.ipm import CODES, code_to_status, solve_qp_batch
+
+torch = pytest.importorskip("torch")
+xps = pytest.importorskip("array_api_strict")
+
+NAMESPACES = ["numpy", "torch", "strict"]
+
+
+def to_ns(ns, a, dtype=np.float64):
+    if a is None:
+        return None
+    a = np.asarray(a, dtype=dtype)
+    if ns == "numpy":
+        return a
+    if ns == "torch":
+        return torch.from_numpy(a.copy())
+    return xps.asarray(a)
+
+
+def to_np(a):
+    if hasattr(a, "detach"):
+        return a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
+def random_qp(rng, n=12, m=18, b=6, *, pd=True):
+    """A feasible batch: equality, two-sided, one-sided and free rows, finite and infinite bounds."""
+    A = rng.standard_normal((n, n))
+    P = A @ A.T / n + (0.1 * np.eye(n) if pd else 0.0)
+    C = rng.standard_normal((m, n))
+    x0 = rng.uniform(-1, 1, n)
+    cx = C @ x0
+    l = cx - rng.uniform(0.1, 1.0, m)
+    u = cx + rng.uniform(0.1, 1.0, m)
+    l[:3] = -np.inf  # upper only
+    u[3:6] = np.inf  # lower only
+    l[6] = u[6] = cx[6]  # equality
+    l[7], u[7] = -np.inf, np.inf  # free row
+    lb = np.full(n, -2.0)
+    ub = np.full(n, np.inf)
+    ub[: n // 2] = 1.5
+    q = 3.0 * rng.standard_normal((b, n))
+    return P, q, C, l, u, lb, ub
+
+
+def kkt_residuals(P, q, C, l, u, lb, ub, x, z, zb):
+    """Primal residual, dual residual, gap and sign-convention violation (float64, from scratch)."""
+    cx = C @ x
+    pres = max(np.max(np.maximum(np.maximum(cx - u, l - cx), 0.0), initial=0.0),
+               np.max(np.maximum(np.maximum(x - ub, lb - x), 0.0), initial=0.0))
+    dres = np.max(np.abs(P @ x + q + C.T @ z + zb), initial=0.0)
+    fin = lambda v: np.where(np.isfinite(v), v, 0.0)  # noqa: E731
+    gap = abs(x @ P @ x + q @ x + fin(u) @ np.maximum(z, 0) - fin(l) @ np.maximum(-z, 0)
+              + fin(ub) @ np.maximum(zb, 0) - fin(lb) @ np.maximum(-zb, 0))
+    # sign convention: z > 0 only where u finite, z < 0 only where l finite
+    sign = max(np.max(np.maximum(z, 0)[np.isposinf(u)], initial=0.0),
+               np.max(np.maximum(-z, 0)[np.isneginf(l)], initial=0.0),
+               np.max(np.maximum(zb, 0)[np.isposinf(ub)], initial=0.0),
+               np.max(np.maximum(-zb, 0)[np.isneginf(lb)], initial=0.0))
+    return pres, dres, gap, sign
+
+
+def proxsuite_reference(P, q, C, l, u, lb, ub):
+    solver = pp.get_backend("proxsuite", eps_abs=1e-11)
+    qp = pp.QP(P, q[0], C, l, u, lb, ub)
+    return [solver.solve(qp.with_vectors(q=qi)) for qi in q]
+
+
+# --------------------------------------------------------------------------- random QPs vs ProxSuite
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_random_qps_agree_with_proxsuite(ns, rng):
+    P, q, C, l, u, lb, ub = random_qp(rng)
+    res = solve_qp_batch(*(to_ns(ns, a) for a in (P, q, C, l, u, lb, ub)), eps_abs=1e-9)
+    assert [s.name for s in res.statuses()] == ["SOLVED"] * q.shape[0]
+    x, z, zb = to_np(res.x), to_np(res.z), to_np(res.z_box)
+    refs = proxsuite_reference(P, q, C, l, u, lb, ub)
+    for i, ref in enumerate(refs):
+        assert ref.status == pp.Status.SOLVED
+        pres, dres, gap, sign = kkt_residuals(P, q[i], C, l, u, lb, ub, x[i], z[i], zb[i])
+        assert pres <= 1e-9 and dres <= 1e-9 and gap <= 1e-9 and sign == 0.0
+        np.testing.assert_allclose(x[i], ref.x, atol=1e-7)
+        np.testing.assert_allclose(z[i], ref.z, atol=1e-6)
+        np.testing.assert_allclose(zb[i], ref.z_box, atol=1e-6)
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_outputs_stay_in_the_input_namespace(ns, rng):
+    P, q, C, l, u, lb, ub = random_qp(rng, b=3)
+    args = [to_ns(ns, a) for a in (P, q, C, l, u, lb, ub)]
+    res = solve_qp_batch(*args)
+    kind = type(args[1])
+    for a in (res.x, res.z, res.z_box, res.status, res.iterations, res.prim_res):
+        assert type(a) is kind
+    assert tuple(res.x.shape) == q.shape and tuple(res.z.shape) == (3, C.shape[0])
+
+
+def test_torch_path_has_no_numpy_round_trip(rng, monkeypatch):
+    P, q, C, l, u, lb, ub = random_qp(rng, b=4)
+    args = [torch.from_numpy(a.copy()) for a in (P, q, C, l, u, lb, ub)]
+    expected = solve_qp_batch(P, q, C, l, u, lb, ub).x
+
+    def forbidden(*_a, **_k):
+        raise AssertionError("a torch tensor was converted to NumPy inside the IPM")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", forbidden)
+    monkeypatch.setattr(torch.Tensor, "__array__", forbidden)
+    monkeypatch.setattr(torch.Tensor, "tolist", forbidden)
+    res = solve_qp_batch(*args)
+    monkeypatch.undo()
+    assert isinstance(res.x, torch.Tensor) and res.x.dtype == torch.float64
+    np.testing.assert_allclose(res.x.numpy(), expected, atol=1e-8)
+    assert all(s == pp.Status.SOLVED for s in res.statuses())
+
+
+def test_torch_inputs_requiring_grad_are_accepted(rng):
+    P, q, C, l, u, _, _ = random_qp(rng, b=2)
+    qt = torch.from_numpy(q.copy()).requires_grad_(True)
+    res = solve_qp_batch(torch.from_numpy(P), qt, torch.from_numpy(C), torch.from_numpy(l), torch.from_numpy(u))
+    assert not res.x.requires_grad
+
+
+# --------------------------------------------------------------------------- projections (P = I, q = -x)
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_batched_projection_direct_call(ns, rng):
+    n, m, b = 15, 30, 40
+    A = rng.standard_normal((m - 1, n))
+    y0 = rng.standard_normal(n)
+    a = A @ y0 + rng.uniform(0.0, 1.0, m - 1)
+    Beq = rng.standard_normal((1, n))
+    poly = pp.Polyhedron(A=A, a=a, B=Beq, b=Beq @ y0, lb=-3 * np.ones(n), ub=3 * np.ones(n))
+    X = 3.0 * rng.standard_normal((b, n))
+    Cm, lo, hi, lbv, ubv = poly.constraint_form()
+    res = solve_qp_batch(*(to_ns(ns, v) for v in (np.eye(n), -X, Cm, lo, hi, lbv, ubv)), eps_abs=1e-11)
+    assert all(s == pp.Status.SOLVED for s in res.statuses())
+    ref = pp.project(X, poly, backend="proxsuite", eps_abs=1e-10)
+    np.testing.assert_allclose(to_np(res.x), ref.y, atol=1e-7)
+
+
+def test_project_with_ipm_backend_matches_proxsuite_after_polish(rng):
+    n, b = 20, 64
+    A = rng.standard_normal((2 * n - 1, n))
+    y0 = rng.standard_normal(n)
+    a = A @ y0 + rng.uniform(0.0, 1.0, 2 * n - 1)
+    B = np.ones((1, n))
+    poly = pp.Polyhedron(A=A, a=a, B=B, b=B @ y0, lb=-4 * np.ones(n))
+    X = 4.0 * rng.standard_normal((b, n))
+    r_ipm = pp.project(X, poly, backend="ipm")
+    r_ref = pp.project(X, poly, backend="proxsuite")
+    assert np.all(r_ipm.polished)
+    np.testing.assert_allclose(r_ipm.y, r_ref.y, atol=1e-7)
+    np.testing.assert_array_equal(r_ipm.active, r_ref.active)
+    assert r_ipm.max_violation <= 1e-9
+    assert r_ipm.backend == "ipm"
+
+
+# --------------------------------------------------------------------------- infeasible / unbounded elements
+def test_primal_infeasible_elements_are_flagged_per_element(rng):
+    n, m, b = 8, 12, 5
+    C = rng.standard_normal((m, n))
+    C[1] = C[0]
+    x0 = rng.standard_normal(n)
+    l = np.tile(C @ x0 - 1.0, (b, 1))
+    u = np.tile(C @ x0 + 1.0, (b, 1))
+    l[2, 1], u[2, 1] = u[2, 0] + 1.0, u[2, 0] + 2.0  # element 2: c·x <= u0 and c·x >= u0 + 1
+    q = rng.standard_normal((b, n))
+    for ns in NAMESPACES:
+        res = solve_qp_batch(*(to_ns(ns, v) for v in (np.eye(n), q, C, l, u)))
+        st = res.statuses()
+        assert st[2] == pp.Status.PRIMAL_INFEASIBLE
+        assert all(s == pp.Status.SOLVED for i, s in enumerate(st) if i != 2)
+        x = to_np(res.x)
+        assert np.all(np.isnan(x[2]))
+        for i in (0, 1, 3, 4):
+            pres, dres, gap, _ = kkt_residuals(np.eye(n), q[i], C, l[i], u[i], -np.inf * np.ones(n),
+                                               np.inf * np.ones(n), x[i], to_np(res.z)[i], to_np(res.z_box)[i])
+            assert max(pres, dres, gap) <= 1e-8
+
+
+def test_dual_infeasible_elements_are_flagged_per_element(rng):
+    n, m, b = 10, 15, 5
+    A = rng.standard_normal((n, n))
+    P = A @ A.T / n
+    P[-1, :] = 0.0
+    P[:, -1] = 0.0  # no curvature along e_n
+    C = rng.standard_normal((m, n))
+    C[:, -1] = 0.0
+    x0 = rng.standard_normal(n)
+    l, u = C @ x0 - 1.0, C @ x0 + 1.0
+    lb, ub = np.full(n, -5.0), np.full(n, 5.0)
+    lb[-1], ub[-1] = 0.0, np.inf  # x_n >= 0 only
+    q = rng.standard_normal((b, n))
+    q[:, -1] = 1.0
+    q[3, -1] = -1.0  # element 3: x_n -> +inf decreases the objective without bound
+    res = solve_qp_batch(P, q, C, l, u, lb, ub)
+    st = res.statuses()
+    assert st[3] == pp.Status.DUAL_INFEASIBLE
+    assert all(s == pp.Status.SOLVED for i, s in enumerate(st) if i != 3)
+    assert np.all(np.isnan(res.x[3])) and np.all(np.isfinite(res.x[[0, 1, 2, 4]]))
+
+
+# --------------------------------------------------------------------------- float32
+@pytest.mark.parametrize("ns", ["numpy", "torch", "strict"])
+def test_float32_inputs(ns, rng):
+    P, q, C, l, u, lb, ub = random_qp(rng, b=4)
+    res = solve_qp_batch(*(to_ns(ns, a, np.float32) for a in (P, q, C, l, u, lb, ub)))
+    assert str(res.x.dtype).endswith("float32")
+    assert all(s == pp.Status.SOLVED for s in res.statuses())
+    ref = solve_qp_batch(P, q, C, l, u, lb, ub, eps_abs=1e-10)
+    scale = 1.0 + np.max(np.abs(ref.x))
+    # float32: eps ≈ 1.2e-7, IPM conditioning near the solution costs a few digits
+    np.testing.assert_allclose(to_np(res.x).astype(np.float64), ref.x, atol=1e-2 * scale)
+    assert np.max(to_np(res.prim_res)) <= 1e-3 * scale
+
+
+# --------------------------------------------------------------------------- structure
+def test_per_sample_P_and_C_and_bounds(rng):
+    n, m, b = 6, 9, 4
+    Ps = np.stack([(lambda A: A @ A.T / n + 0.05 * np.eye(n))(rng.standard_normal((n, n))) for _ in range(b)])
+    Cs = rng.standard_normal((b, m, n))
+    x0 = rng.uniform(-1, 1, (b, n))
+    x0[2, 0] = 0.25  # feasible by construction, with the fixed variable below
+    cx = np.einsum("bmn,bn->bm", Cs, x0)
+    l, u = cx - 0.5, cx + 0.5
+    l[1, 2] = u[1, 2] = cx[1, 2]  # an equality in element 1 only
+    lb = np.full((b, n), -3.0)
+    ub = np.full((b, n), 3.0)
+    lb[2, 0] = ub[2, 0] = 0.25  # a fixed variable in element 2 only
+    q = rng.standard_normal((b, n))
+    res = solve_qp_batch(Ps, q, Cs, l, u, lb, ub, eps_abs=1e-9)
+    assert all(s == pp.Status.SOLVED for s in res.statuses())
+    for i in range(b):
+        ref = pp.solve_qp(pp.QP(Ps[i], q[i], Cs[i], l[i], u[i], lb[i], ub[i]), eps_abs=1e-11)
+        np.testing.assert_allclose(res.x[i], ref.x, atol=1e-7)
+        pres, dres, gap, sign = kkt_residuals(Ps[i], q[i], Cs[i], l[i], u[i], lb[i], ub[i], res.x[i], res.z[i],
+                                              res.z_box[i])
+        assert max(pres, dres, gap) <= 1e-9 and sign == 0.0
+    assert res.x[2, 0] == pytest.approx(0.25, abs=1e-10)
+
+
+def test_rank_deficient_equalities_and_lp(rng):
+    n, m = 8, 6
+    C = rng.standard_normal((m, n))
+    C[1] = 2.0 * C[0]  # dependent, consistent equality rows
+    x0 = rng.uniform(0.2, 0.8, n)
+    l = u = C @ x0
+    q = rng.standard_normal((3, n))
+    P = np.zeros((n, n))  # an LP
+    res = solve_qp_batch(P, q, C, l, u, np.zeros(n), np.ones(n), eps_abs=1e-9)
+    assert all(s == pp.Status.SOLVED for s in res.statuses())
+    for i in range(3):
+        ref = pp.solve_qp(pp.QP(P, q[i], C, l, u, np.zeros(n), np.ones(n)), backend="highs")
+        assert q[i] @ res.x[i] == pytest.approx(q[i] @ ref.x, abs=1e-7)
+        pres, dres, gap, _ = kkt_residuals(P, q[i], C, l, u, np.zeros(n), np.ones(n), res.x[i], res.z[i],
+                                           res.z_box[i])
+        assert max(pres, dres, gap) <= 1e-8
+
+
+def test_no_constraints_and_only_bounds(rng):
+    n = 5
+    q = rng.standard_normal((3, n))
+    res = solve_qp_batch(np.eye(n), q, None, None, None)
+    np.testing.assert_allclose(res.x, -q, atol=1e-10)
+    res = solve_qp_batch(np.eye(n), q, None, None, None, lb=np.zeros(n), ub=np.ones(n), eps_abs=1e-10)
+    np.testing.assert_allclose(res.x, np.clip(-q, 0, 1), atol=1e-8)
+
+
+def test_chunked_batch_equals_unchunked(rng):
+    P, q, C, l, u, lb, ub = random_qp(rng, b=10)
+    a = solve_qp_batch(P, q, C, l, u, lb, ub, eps_abs=1e-11)
+    c = solve_qp_batch(P, q, C, l, u, lb, ub, batch_chunk=3, eps_abs=1e-11)
+    # the cost scaling depends on the chunk's q, so the iterates differ at the tolerance level
+    np.testing.assert_allclose(a.x, c.x, atol=1e-7)
+    np.testing.assert_array_equal(a.status, c.status)
+
+
+def test_max_iter_is_a_status_not_solved(rng):
+    P, q, C, l, u, lb, ub = random_qp(rng, b=3)
+    res = solve_qp_batch(P, q, C, l, u, lb, ub, max_iter=2)
+    assert all(s in (pp.Status.MAX_ITER, pp.Status.SOLVED_INACCURATE) for s in res.statuses())
+    assert np.all(np.isfinite(res.x))
+    assert code_to_status(CODES["TIME_LIMIT"]) == pp.Status.TIME_LIMIT
+
+
+def test_warm_start_is_accepted(rng):
+    P, q, C, l, u, lb, ub = random_qp(rng, b=3)
+    a = solve_qp_batch(P, q, C, l, u, lb, ub)
+    w = solve_qp_batch(P, q, C, l, u, lb, ub, warm_start={"x": a.x})
+    np.testing.assert_allclose(w.x, a.x, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"q": np.zeros((2, 4))}, "P must have shape"),
+        ({"l": np.zeros(5)}, "l must have shape"),
+        ({"lb": np.zeros((3, 3))}, "lb must have shape"),
+        ({"q": np.full((2, 3), np.nan)}, "q contains NaN"),
+        ({"C": np.full((2, 3), np.inf)}, "C contains NaN or inf"),
+    ],
+)
+def test_bad_input_is_a_problem_error(kwargs, match):
+    args = dict(P=np.eye(3), q=np.zeros((2, 3)), C=np.ones((2, 3)), l=np.zeros(2), u=np.ones(2))
+    args.update(kwargs)
+    with pytest.raises(pp.ProblemError, match=match):
+        solve_qp_batch(**args)
+
+
+# --------------------------------------------------------------------------- hypothesis: feasible by construction
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 9), m=st.integers(0, 12), b=st.integers(1, 5),
+       pd=st.booleans())
+def test_property_feasible_qps_are_solved_to_kkt(seed, n, m, b, pd):
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((n, n))
+    P = A @ A.T / n + (1e-2 * np.eye(n) if pd else 0.0)
+    C = rng.standard_normal((m, n))
+    x0 = rng.uniform(-1, 1, n)
+    kinds = rng.integers(0, 4, m)  # 0 two-sided, 1 upper, 2 lower, 3 equality
+    cx = C @ x0
+    l = np.where(kinds == 1, -np.inf, cx - rng.uniform(0, 1, m))
+    u = np.where(kinds == 2, np.inf, cx + rng.uniform(0, 1, m))
+    l = np.where(kinds == 3, cx, l)
+    u = np.where(kinds == 3, cx, u)
+    lb, ub = np.full(n, -2.0), np.full(n, 2.0)  # bounded: never dual infeasible
+    q = rng.standard_normal((b, n))
+    res = solve_qp_batch(P, q, C, l, u, lb, ub, eps_abs=1e-8)
+    assert all(s == pp.Status.SOLVED for s in res.statuses())
+    for i in range(b):
+        pres, dres, gap, sign = kkt_residuals(P, q[i], C, l, u, lb, ub, res.x[i], res.z[i], res.z_box[i])
+        assert pres <= 1e-8 and dres <= 1e-8 and gap <= 1e-8 and sign == 0.0
+
+
+# --------------------------------------------------------------------------- backends
+def test_ipm_backend_solve_and_native_batch(rng):
+    P, q, C, l, u, lb, ub = random_qp(rng, b=5)
+    qp = pp.QP(P, q[0], C, l, u, lb, ub)
+    solver = pp.get_backend("ipm", eps_abs=1e-9)
+    assert solver.capabilities.batch and solver.capabilities.infeasibility
+    sol = solver.solve(qp)
+    assert sol.status == pp.Status.SOLVED and sol.backend == "ipm"
+    assert max(sol.primal_residual(), sol.dual_residual(), sol.duality_gap()) <= 1e-9
+    batch = solver.solve_batch(qp, q=q)
+    assert len(batch) == 5 and all(s == pp.Status.SOLVED for s in batch.status)
+    for i in range(5):
+        s_i = batch.solution(i)
+        assert max(s_i.primal_residual(), s_i.dual_residual(), s_i.duality_gap()) <= 1e-9
+    torch_solver = pp.get_backend("ipm", namespace="torch", eps_abs=1e-9)
+    np.testing.assert_allclose(torch_solver.solve_batch(qp, q=q).x, batch.x, atol=1e-8)
+
+
+def test_ipm_backend_settings_are_validated():
+    with pytest.raises(pp.SettingsError):
+        pp.get_backend("ipm", namespace="jax")
+    with pytest.raises(pp.SettingsError):
+        pp.get_backend("ipm", rho=1.0)
+
+
+def test_ipm_backend_batch_flags_infeasible_elements(rng):
+    n = 4
+    qp = pp.QP(np.eye(n), np.zeros(n), C=np.ones((1, n)), l=[0.0], u=[1.0])
+    l = np.array([[0.0], [2.0], [0.5]])
+    u = np.array([[1.0], [3.0], [0.5]])
+    solver = pp.get_backend("ipm")
+    sols = solver.solve_batch(qp, q=rng.standard_normal((3, n)), l=l, u=u)
+    assert sols.status[0] == pp.Status.SOLVED and sols.status[2] == pp.Status.SOLVED
+    assert sols.status[1] == pp.Status.SOLVED  # 2 <= sum(x) <= 3 is feasible
+    bad_l = np.array([[0.0], [0.0], [0.0]])
+    lb = np.array([[0.0] * n, [1.0] * n, [0.0] * n])
+    ub = np.array([[1.0] * n, [1.0] * n, [1.0] * n])
+    sols = solver.solve_batch(qp, l=bad_l, lb=lb, ub=ub)  # element 1: x = 1 forces sum(x) = 4 > 1
+    assert sols.status[1] == pp.Status.PRIMAL_INFEASIBLE
+    assert sols.status[0] == pp.Status.SOLVED and sols.status[2] == pp.Status.SOLVED
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed: gpu_check.sh tests it")
+def test_cupy_backend_unavailable_without_cupy():
+    info = {r.name: r for r in pp.backend_info()}
+    assert not info["cupy"].available and "polyproj[cupy]" in info["cupy"].reason
+    with pytest.raises(pp.BackendUnavailable, match=r"polyproj\[cupy\]"):
+        pp.get_backend("cupy")
