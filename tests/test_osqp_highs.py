@@ -215,3 +215,15 @@ def test_agree_with_qpsolvers(seed):
             ref = qpsolvers.solve_qp(qp.P, qp.q, G, h, qp.C[eq], qp.u[eq], qp.lb, qp.ub, solver="clarabel",
                                      tol_feas=1e-10, tol_gap_abs=1e-10, tol_gap_rel=0.0)
             assert np.max(np.abs(ours.x - ref)) < 1e-6, name
+
+
+@pytest.mark.parametrize("name", ["osqp", "highs"])
+def test_matrix_cache_never_mixes_problems(name, rng):
+    """Converted matrices are cached by the identity of P and C; new or collected arrays never hit."""
+    _need(name)
+    solver = pp.get_backend(name, eps_abs=1e-9)
+    for _ in range(4):  # fresh problems (ids of collected arrays may be reused)
+        qp = random_feasible_qp(rng, 10, 8, 1)
+        ref = pp.get_backend("proxsuite", eps_abs=1e-10).solve(qp)
+        for q in (qp, qp.with_vectors(q=qp.q)):  # with_vectors shares P and C: a cache hit
+            assert np.allclose(solver.solve(q).x, ref.x, atol=1e-6)

@@ -19,9 +19,20 @@ import scipy.sparse as sp
 from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
+from .cache import converted
 from .convexity import is_nonconvex
 
 __all__ = ["HiGHSSolver"]
+
+
+def _csc_parts(qp: QP) -> tuple[sp.csc_matrix, sp.csc_matrix]:
+    """C in CSC form and the lower triangle of P in CSC form, indices sorted (cached by the caller)."""
+    A = sp.csc_matrix(qp.C)
+    Q = sp.csc_matrix(np.tril(qp.P)) if not sp.issparse(qp.P) else sp.tril(qp.P, format="csc")
+    Q.eliminate_zeros()
+    A.sort_indices()
+    Q.sort_indices()
+    return A, Q
 
 
 class HiGHSSolver(QPSolver):
@@ -73,18 +84,14 @@ class HiGHSSolver(QPSolver):
         lp.col_cost_ = qp.q
         lp.col_lower_, lp.col_upper_ = qp.lb, qp.ub
         lp.row_lower_, lp.row_upper_ = qp.l, qp.u
-        A = sp.csc_matrix(qp.C)
-        A.sort_indices()
+        A, Q = converted("highs", (qp.P, qp.C), None, lambda: _csc_parts(qp))
         mat = lp.a_matrix_
         mat.format_ = highspy.MatrixFormat.kColwise
         mat.num_col_, mat.num_row_ = qp.n, qp.m
         mat.start_, mat.index_, mat.value_ = A.indptr, A.indices, A.data
         model = highspy.HighsModel()
         model.lp_ = lp
-        Q = sp.tril(sp.csc_matrix(qp.P), format="csc")
-        Q.eliminate_zeros()
         if Q.nnz:
-            Q.sort_indices()
             hess = highspy.HighsHessian()
             hess.dim_ = qp.n
             hess.format_ = highspy.HessianFormat.kTriangular

@@ -17,6 +17,7 @@ import scipy.sparse as sp
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
 from .base import Capabilities, QPSolver
+from .cache import converted
 
 __all__ = ["OSQPSolver"]
 
@@ -56,23 +57,33 @@ class OSQPSolver(QPSolver):
         s = self.settings
         out: dict[str, Any] = {"eps_abs": float(s["eps_abs"]), "eps_rel": float(s["eps_rel"]),
                                "verbose": bool(s["verbose"]), "warm_starting": bool(s["warm_start"]),
-                               "polishing": True}
-        if s["max_iter"] is not None:
-            out["max_iter"] = int(s["max_iter"])
-        if s["time_limit"] is not None:
-            out["time_limit"] = float(s["time_limit"])
+                               "polishing": True, "max_iter": s["max_iter"] and int(s["max_iter"]),
+                               "time_limit": s["time_limit"] and float(s["time_limit"])}
+        out = {k: v for k, v in out.items() if v is not None}
         out.update({k: v for k, v in self.backend_options.items() if v is not None})
         return out
 
     @staticmethod
     def _matrices(qp: QP):
-        """Upper triangle of P (CSC), A = [C; E_box] (CSC), l, u and the indices of bounded variables."""
-        P = sp.triu(sp.csc_matrix(qp.P), format="csc")
+        """Upper triangle of P (CSC), A = [C; E_box] (CSC), l, u and the indices of bounded variables.
+
+        The matrices are cached per (P, C, bounded variables): see :mod:`polyproj.backends.cache`.
+        """
         box = np.flatnonzero(np.isfinite(qp.lb) | np.isfinite(qp.ub))
-        A = sp.csc_matrix(qp.C)
+
+        def build():
+            P = sp.triu(qp.P, format="csc") if sp.issparse(qp.P) else sp.csc_matrix(np.triu(qp.P))
+            if sp.issparse(qp.C):
+                A = sp.vstack([qp.C, sp.identity(qp.n, format="csr")[box]], format="csc") if box.size else qp.C
+            else:
+                E = np.zeros((box.size, qp.n))
+                E[np.arange(box.size), box] = 1.0
+                A = sp.csc_matrix(np.vstack([qp.C, E]))
+            return P, sp.csc_matrix(A)
+
+        P, A = converted("osqp", (qp.P, qp.C), box.tobytes(), build)
         l, u = qp.l, qp.u
         if box.size:
-            A = sp.vstack([A, sp.identity(qp.n, format="csr")[box]], format="csc")
             l = np.concatenate([l, qp.lb[box]])
             u = np.concatenate([u, qp.ub[box]])
         return P, A, l, u, box
@@ -128,13 +139,6 @@ class OSQPSolver(QPSolver):
                         solve_time=float(res.info.solve_time + res.info.polish_time), setup_time=setup_time,
                         backend=self.name, qp=qp, info=info)
 
-    @staticmethod
-    def _setup_error_status(exc: Exception) -> Status:
-        import osqp
-
-        code = exc.args[0] if isinstance(exc, osqp.OSQPException) and exc.args else None
-        return Status.NON_CONVEX if code == int(osqp.SolverError.OSQP_NONCVX_ERROR) else Status.NUMERICAL_ERROR
-
     # ---------------------------------------------------------------- solving
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP with OSQP (setup, optional warm start of x and y, solve)."""
@@ -142,7 +146,11 @@ class OSQPSolver(QPSolver):
         try:
             solver, box = self._setup(qp)
         except Exception as exc:  # OSQPException(code) on data OSQP rejects, e.g. a non-convex P
-            return self._nan_solution(qp, self._setup_error_status(exc), self.name, info={"error": repr(exc)})
+            import osqp
+
+            code = exc.args[0] if isinstance(exc, osqp.OSQPException) and exc.args else None
+            status = Status.NON_CONVEX if code == int(osqp.SolverError.OSQP_NONCVX_ERROR) else Status.NUMERICAL_ERROR
+            return self._nan_solution(qp, status, self.name, info={"error": repr(exc)})
         setup = time.perf_counter() - t0
         if warm_start is not None and self.settings["warm_start"]:
             x, y = self._warm_vectors(qp, box, warm_start)

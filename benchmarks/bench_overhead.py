@@ -1,0 +1,175 @@
+"""Overhead of polyproj's backend glue: the same problems through each solver's own Python API vs polyproj.
+
+For every problem of the Maros–Meszaros subset (dense matrices) and every backend, two timings of
+one solve *including set-up/factorisation* (what ``backend.solve(qp)`` does):
+
+- **direct**: the solver's own API on data already in its native format (prepared outside the
+  timer, as a user of that API would hold it) with the same settings;
+- **polyproj**: ``pp.get_backend(name, ...).solve(qp)`` on a ready ``pp.QP`` (conversions,
+  status/multiplier mapping and the Solution record are inside the timer).
+
+The two are interleaved, repeated, and the median of each is kept. Summaries per backend: the
+ratio of shifted geometric means polyproj/direct with qpbenchmark's shift of 10 s (hides any
+overhead on millisecond solves, printed for completeness), with a 1 ms shift, and the geometric
+mean of per-problem ratios (the strictest), also with the minimum over repeats instead of the
+median (robust to stalls of a shared machine). Target: at most 5 % overhead.
+
+Run::
+
+    .venv/bin/python benchmarks/bench_overhead.py --data ../shared/data/maros_meszaros --subset small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+import scipy.sparse as sp
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+import polyproj as pp
+from polyproj.bench import machine_description, shifted_geometric_mean
+from polyproj.maros_meszaros import iter_problems
+
+
+# --------------------------------------------------------------------------- direct solver calls
+def direct_osqp(qp, tol):
+    import osqp
+
+    box = np.flatnonzero(np.isfinite(qp.lb) | np.isfinite(qp.ub))
+    P = sp.triu(sp.csc_matrix(qp.P), format="csc")
+    A = sp.vstack([sp.csc_matrix(qp.C), sp.identity(qp.n, format="csr")[box]], format="csc")
+    l, u = np.concatenate([qp.l, qp.lb[box]]), np.concatenate([qp.u, qp.ub[box]])
+    settings = dict(eps_abs=tol, eps_rel=0.0, verbose=False, polishing=True, warm_starting=True)
+
+    def run():
+        s = osqp.OSQP()
+        s.setup(P, qp.q, A, l, u, **settings)
+        return s.solve(raise_error=False).x
+
+    return run
+
+
+def direct_highs(qp, tol):
+    import highspy
+
+    model = pp.get_backend("highs")._model(qp)  # HiGHS's own structures, built outside the timer
+
+    def run():
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("primal_feasibility_tolerance", max(tol, 1e-10))
+        h.setOptionValue("dual_feasibility_tolerance", max(tol, 1e-10))
+        h.setOptionValue("qp_regularization_value", min(1e-7, 1e-9 * tol))
+        h.passModel(model)
+        h.run()
+        return np.array(h.getSolution().col_value)
+
+    return run
+
+
+def direct_proxsuite(qp, tol):
+    import proxsuite
+
+    eq = qp.eq_mask
+    A, b = qp.C[eq], qp.u[eq]
+    C, l, u = qp.C[~eq], qp.l[~eq], qp.u[~eq]
+    box = qp.has_bounds
+    neq, nin = A.shape[0], C.shape[0]
+
+    def run():
+        s = proxsuite.proxqp.dense.QP(qp.n, neq, nin, box)
+        st = s.settings
+        st.eps_abs, st.eps_rel, st.verbose = tol, 0.0, False
+        st.check_duality_gap, st.eps_duality_gap_abs, st.eps_duality_gap_rel = True, tol, 0.0
+        st.initial_guess = proxsuite.proxqp.InitialGuess.EQUALITY_CONSTRAINED_INITIAL_GUESS
+        args = [qp.P, qp.q, A if neq else None, b if neq else None, C if nin else None, l if nin else None,
+                u if nin else None]
+        if box:
+            args += [qp.lb, qp.ub]
+        s.init(*args, compute_preconditioner=True)
+        s.solve()
+        return s.results.x
+
+    return run
+
+
+DIRECT = {"osqp": direct_osqp, "highs": direct_highs, "proxsuite": direct_proxsuite}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=os.path.join("..", "shared", "data", "maros_meszaros"))
+    ap.add_argument("--subset", default="small")
+    ap.add_argument("--backends", nargs="+", default=[b for b in DIRECT if b in pp.available_backends()])
+    ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--max-time", type=float, default=0.5, help="skip problems whose direct solve exceeds this (s)")
+    ap.add_argument("--out", default=os.path.join("benchmarks", "results", "overhead.json"))
+    args = ap.parse_args()
+    console = Console()
+    problems = [mm for mm in iter_problems(args.data, args.subset)]
+    rows: list[dict] = []
+    for mm in track(problems, description="timing", console=console):
+        qp = mm.qp.dense()
+        for b in args.backends:
+            direct = DIRECT[b](qp, args.tol)
+            solver = pp.get_backend(b, eps_abs=args.tol, eps_rel=0.0)
+            t0 = time.perf_counter()
+            x_direct = direct()
+            if time.perf_counter() - t0 > args.max_time:
+                continue
+            x_ours = solver.solve(qp).x  # warm-up both paths
+            td, tp = [], []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                direct()
+                td.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                solver.solve(qp)
+                tp.append(time.perf_counter() - t0)
+            same = bool(np.allclose(x_direct, x_ours, atol=1e-9, equal_nan=True))
+            rows.append({"problem": mm.name, "backend": b, "direct": statistics.median(td),
+                         "polyproj": statistics.median(tp), "direct_min": min(td), "polyproj_min": min(tp),
+                         "same_x": same})
+    summary = {}
+    table = Table(title=f"polyproj overhead vs direct solver API (MM {args.subset}, tol {args.tol:g}, "
+                        f"median of {args.repeats})")
+    for col in ("backend", "problems", "direct sgm (ms)", "polyproj sgm (ms)", "ratio shift 10 s",
+                "ratio shift 1 ms", "geo-mean ratio", "geo-mean ratio (min)", "same x"):
+        table.add_column(col, justify="right")
+    for b in args.backends:
+        r = [row for row in rows if row["backend"] == b]
+        d = np.array([row["direct"] for row in r])
+        p = np.array([row["polyproj"] for row in r])
+        s = {"problems": len(r),
+             "sgm_direct_s": shifted_geometric_mean(d), "sgm_polyproj_s": shifted_geometric_mean(p),
+             "ratio_shift10s": shifted_geometric_mean(p) / shifted_geometric_mean(d),
+             "ratio_shift1ms": shifted_geometric_mean(p, 1e-3) / shifted_geometric_mean(d, 1e-3),
+             "geomean_ratio": float(np.exp(np.mean(np.log(p / d)))),
+             "geomean_ratio_min": float(np.exp(np.mean(np.log([row["polyproj_min"] / row["direct_min"] for row in r])))),
+             "sgm_direct_ms_shift1ms": 1e3 * shifted_geometric_mean(d, 1e-3),
+             "sgm_polyproj_ms_shift1ms": 1e3 * shifted_geometric_mean(p, 1e-3),
+             "same_x": int(sum(row["same_x"] for row in r))}
+        summary[b] = s
+        table.add_row(b, str(s["problems"]), f"{s['sgm_direct_ms_shift1ms']:.3f}", f"{s['sgm_polyproj_ms_shift1ms']:.3f}",
+                      f"{s['ratio_shift10s']:.4f}", f"{s['ratio_shift1ms']:.3f}", f"{s['geomean_ratio']:.3f}", f"{s['geomean_ratio_min']:.3f}",
+                      f"{s['same_x']}/{s['problems']}")
+    console.print(table)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump({"benchmark": "overhead", "subset": args.subset, "tol": args.tol, "repeats": args.repeats,
+                   "machine": machine_description(), "summary": summary, "rows": rows}, fh, indent=1)
+    console.print(f"results written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

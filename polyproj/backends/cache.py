@@ -1,0 +1,38 @@
+"""A small cache of solver-format matrices, keyed by the identity of a QP's ``P`` and ``C``.
+
+``QP`` copies its data on construction and never changes it, and ``QP.with_vectors`` shares ``P``
+and ``C``; so the conversions a backend makes of them (upper/lower triangle, CSC, bound rows
+appended) can be reused across solves of the same problem, batches and projections. Entries hold
+weak references to the source arrays and are dropped once those are collected (LRU of 16).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+__all__ = ["converted"]
+
+T = TypeVar("T")
+_SIZE = 16
+_CACHE: OrderedDict[tuple, tuple[tuple[weakref.ref, ...], Any]] = OrderedDict()
+
+
+def converted(tag: str, sources: Sequence[Any], extra: Hashable, build: Callable[[], T]) -> T:
+    """Return ``build()``, reusing the value from an earlier call with the same sources and ``extra``."""
+    key = (tag, *(id(s) for s in sources), extra)
+    hit = _CACHE.get(key)
+    if hit is not None and all(ref() is src for ref, src in zip(hit[0], sources)):
+        _CACHE.move_to_end(key)
+        return hit[1]
+    value = build()
+    try:
+        refs = tuple(weakref.ref(s) for s in sources)
+    except TypeError:  # an object without weak references: no caching
+        return value
+    _CACHE[key] = (refs, value)
+    while len(_CACHE) > _SIZE:
+        _CACHE.popitem(last=False)
+    return value
