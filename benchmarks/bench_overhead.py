@@ -4,7 +4,8 @@ For every problem of the Maros–Meszaros subset (dense matrices) and every back
 one solve *including set-up/factorisation* (what ``backend.solve(qp)`` does):
 
 - **direct**: the solver's own API on data already in its native format (prepared outside the
-  timer, as a user of that API would hold it) with the same settings;
+  timer, as a user of that API would hold it) with the same settings, returning the same outputs
+  (x and the multipliers);
 - **polyproj**: ``pp.get_backend(name, ...).solve(qp)`` on a ready ``pp.QP`` (conversions,
   status/multiplier mapping and the Solution record are inside the timer).
 
@@ -53,7 +54,8 @@ def direct_osqp(qp, tol):
     def run():
         s = osqp.OSQP()
         s.setup(P, qp.q, A, l, u, **settings)
-        return s.solve(raise_error=False).x
+        res = s.solve(raise_error=False)
+        return res.x, res.y  # the same outputs polyproj returns: x and the multipliers
 
     return run
 
@@ -71,7 +73,8 @@ def direct_highs(qp, tol):
         h.setOptionValue("qp_regularization_value", min(1e-7, 1e-9 * tol))
         h.passModel(model)
         h.run()
-        return np.array(h.getSolution().col_value)
+        sol = h.getSolution()
+        return np.array(sol.col_value), np.array(sol.row_dual), np.array(sol.col_dual)
 
     return run
 
@@ -97,7 +100,8 @@ def direct_proxsuite(qp, tol):
             args += [qp.lb, qp.ub]
         s.init(*args, compute_preconditioner=True)
         s.solve()
-        return s.results.x
+        r = s.results
+        return r.x, r.y, r.z
 
     return run
 
@@ -124,7 +128,7 @@ def main() -> None:
             direct = DIRECT[b](qp, args.tol)
             solver = pp.get_backend(b, eps_abs=args.tol, eps_rel=0.0)
             t0 = time.perf_counter()
-            x_direct = direct()
+            x_direct = direct()[0]
             if time.perf_counter() - t0 > args.max_time:
                 continue
             x_ours = solver.solve(qp).x  # warm-up both paths

@@ -25,14 +25,29 @@ from .convexity import is_nonconvex
 __all__ = ["HiGHSSolver"]
 
 
-def _csc_parts(qp: QP) -> tuple[sp.csc_matrix, sp.csc_matrix]:
-    """C in CSC form and the lower triangle of P in CSC form, indices sorted (cached by the caller)."""
+def _matrices(qp: QP) -> tuple[Any, Any]:
+    """HiGHS's constraint matrix (column-wise C) and Hessian (lower triangle of P, None if P = 0).
+
+    Built once per (P, C) and cached by the caller: assigning the C++ objects is a copy in C++.
+    """
+    import highspy
+
     A = sp.csc_matrix(qp.C)
     Q = sp.csc_matrix(np.tril(qp.P)) if not sp.issparse(qp.P) else sp.tril(qp.P, format="csc")
     Q.eliminate_zeros()
     A.sort_indices()
     Q.sort_indices()
-    return A, Q
+    mat = highspy.HighsSparseMatrix()
+    mat.format_ = highspy.MatrixFormat.kColwise
+    mat.num_col_, mat.num_row_ = qp.n, qp.m
+    mat.start_, mat.index_, mat.value_ = A.indptr, A.indices, A.data
+    if not Q.nnz:
+        return mat, None
+    hess = highspy.HighsHessian()
+    hess.dim_ = qp.n
+    hess.format_ = highspy.HessianFormat.kTriangular
+    hess.start_, hess.index_, hess.value_ = Q.indptr, Q.indices, Q.data
+    return mat, hess
 
 
 class HiGHSSolver(QPSolver):
@@ -84,18 +99,11 @@ class HiGHSSolver(QPSolver):
         lp.col_cost_ = qp.q
         lp.col_lower_, lp.col_upper_ = qp.lb, qp.ub
         lp.row_lower_, lp.row_upper_ = qp.l, qp.u
-        A, Q = converted("highs", (qp.P, qp.C), None, lambda: _csc_parts(qp))
-        mat = lp.a_matrix_
-        mat.format_ = highspy.MatrixFormat.kColwise
-        mat.num_col_, mat.num_row_ = qp.n, qp.m
-        mat.start_, mat.index_, mat.value_ = A.indptr, A.indices, A.data
+        mat, hess = converted("highs", (qp.P, qp.C), None, lambda: _matrices(qp))
+        lp.a_matrix_ = mat
         model = highspy.HighsModel()
         model.lp_ = lp
-        if Q.nnz:
-            hess = highspy.HighsHessian()
-            hess.dim_ = qp.n
-            hess.format_ = highspy.HessianFormat.kTriangular
-            hess.start_, hess.index_, hess.value_ = Q.indptr, Q.indices, Q.data
+        if hess is not None:
             model.hessian_ = hess
         return model
 
