@@ -227,3 +227,25 @@ def test_matrix_cache_never_mixes_problems(name, rng):
         ref = pp.get_backend("proxsuite", eps_abs=1e-10).solve(qp)
         for q in (qp, qp.with_vectors(q=qp.q)):  # with_vectors shares P and C: a cache hit
             assert np.allclose(solver.solve(q).x, ref.x, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["osqp", "highs"])
+def test_random_small_qps_match_exact_reference(name):
+    """Hypothesis over sizes and seeds: x equals the exact active-set reference, KKT residuals small."""
+    _need(name)
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from polyproj.testing.conformance import reference_solution
+
+    solver = pp.get_backend(name, eps_abs=1e-9)
+
+    @given(n=st.integers(2, 5), m=st.integers(0, 4), p=st.integers(0, 1), seed=st.integers(0, 2**32 - 1))
+    def prop(n, m, p, seed):
+        qp = random_feasible_qp(np.random.default_rng(seed), n, m, min(p, n - 1))
+        sol = solver.solve(qp)
+        assert sol.status is pp.Status.SOLVED
+        assert max(sol.residuals().values()) < 1e-6
+        assert np.max(np.abs(sol.x - reference_solution(qp))) < 1e-5
+
+    prop()
