@@ -136,9 +136,21 @@ HIGHS_BUG = pytest.mark.xfail(
 )
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=HIGHS_BUG) if b == "highs" else b for b in CPU_BACKENDS])
+@pytest.mark.skipif("highs" not in CPU_BACKENDS, reason="highspy not installed")
+@HIGHS_BUG
+def test_highs_solves_a_strongly_convex_projection_qp():
+    # shrunk by `polyproj check highs` (conservativity, seed 3)
+    P = pp.Polyhedron(A=[[2, 4, 0], [3, -3, 3]], a=[0, 11], B=[[1, 4, 0]], b=[-2], lb=[-np.inf, -3, -np.inf],
+                      ub=[2, 1, np.inf])
+    sol = pp.get_backend("highs").solve(P.projection_qp(np.array([7.550969, 14.92142, 0.664342])))
+    assert sol.status is pp.Status.SOLVED
+    np.testing.assert_allclose(sol.x, [2.0, -1.0, 0.664342], atol=1e-6)
+
+
+# highs is left out until the bug above is fixed: its failing run costs minutes of shrinking
+@pytest.mark.parametrize("backend", [b for b in CPU_BACKENDS if b != "highs"])
 def test_builtin_backend_passes_my_properties(backend):
-    report = check_backend(backend, max_examples=3, seed=3, conformance=False, shrink_budget=10.0)
+    report = check_backend(backend, max_examples=3, seed=3, conformance=False, shrink_budget=0.0)
     assert report.passed, str(report)
     assert {r.name for r in report.results} == set(PROPERTIES)
 

@@ -372,6 +372,8 @@ def cli_main(args: Any) -> int:
     from rich.console import Console
 
     console = Console()
+    if not console.is_terminal:  # logs and pipes: do not fold the table into 80 columns
+        console = Console(width=200)
     try:
         report = check_backend(args.backend, max_examples=args.examples or DEFAULT_EXAMPLES, seed=args.seed,
                                progress=console.is_terminal)
