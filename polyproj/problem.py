@@ -274,6 +274,50 @@ class QP:
         v = max(v, float(np.max(np.maximum(x - self.ub, self.lb - x), initial=0.0)))
         return v
 
+    # -- infeasibility certificates (used to confirm a solver's MAX_ITER as an infeasibility)
+    def is_dual_infeasibility_certificate(self, d: np.ndarray, eps: float = 1e-6) -> bool:
+        """True when ``d`` proves the objective unbounded below (dual infeasibility).
+
+        ``P d ≈ 0``, ``qᵀd < 0`` and ``d`` a recession direction of the constraints
+        (``(Cd)_i <= 0`` where ``u_i`` is finite, ``>= 0`` where ``l_i`` is finite; likewise for the
+        bounds), all relative to ``||d||_inf`` with tolerance ``eps`` (OSQP's criterion).
+        """
+        d = np.asarray(d, dtype=np.float64)
+        nd = float(np.max(np.abs(d))) if d.size else 0.0
+        if not np.isfinite(nd) or nd == 0.0:
+            return False
+        d = d / nd
+        if float(np.max(np.abs(self.P @ d), initial=0.0)) > eps or float(self.q @ d) >= -eps:
+            return False
+        for v, lo, hi in ((self.C @ d if self.m else np.zeros(0), self.l, self.u), (d, self.lb, self.ub)):
+            if np.any(v[np.isfinite(hi)] > eps) or np.any(v[np.isfinite(lo)] < -eps):
+                return False
+        return True
+
+    def is_primal_infeasibility_certificate(self, y: np.ndarray, y_box: np.ndarray, eps: float = 1e-6) -> bool:
+        """True when the multipliers ``(y, y_box)`` prove the constraints empty (Farkas).
+
+        ``Cᵀy + y_box ≈ 0`` and ``uᵀy⁺ − lᵀy⁻ + ubᵀy_box⁺ − lbᵀy_box⁻ < 0`` relative to
+        ``||(y, y_box)||_inf``, with no weight on an infinite bound.
+        """
+        y = np.asarray(y, dtype=np.float64)
+        yb = np.asarray(y_box, dtype=np.float64)
+        ny = float(np.max(np.abs(np.concatenate([y, yb]))))
+        if not np.isfinite(ny) or ny == 0.0:
+            return False
+        y, yb = y / ny, yb / ny
+        r = (self.C.T @ y if self.m else 0.0) + yb
+        if float(np.max(np.abs(r), initial=0.0)) > eps:
+            return False
+        support = 0.0
+        for mult, lo, hi in ((y, self.l, self.u), (yb, self.lb, self.ub)):
+            pos, neg = np.maximum(mult, 0.0), np.maximum(-mult, 0.0)
+            if np.any(pos[np.isposinf(hi)] > eps) or np.any(neg[np.isneginf(lo)] > eps):
+                return False
+            fh, fl = np.isfinite(hi), np.isfinite(lo)
+            support += float(hi[fh] @ pos[fh] - lo[fl] @ neg[fl])
+        return support < -eps
+
     def dense(self) -> QP:
         """The same problem with dense P and C."""
         if not self.is_sparse:

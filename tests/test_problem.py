@@ -157,3 +157,23 @@ def test_with_vectors_validates():
         qp.with_vectors(q=[np.nan, 0.0])
     with pytest.raises(pp.ProblemError, match="takes q, l, u, lb, ub"):
         qp.with_vectors(P=np.eye(2))
+
+
+def test_dual_infeasibility_certificate():
+    # min -x1 s.t. x2 in [0, 1]: d = e1 is a recession direction with qᵀd < 0
+    qp = pp.QP(P=np.zeros((2, 2)), q=[-1.0, 0.0], C=[[0.0, 1.0]], l=[0.0], u=[1.0])
+    assert qp.is_dual_infeasibility_certificate(np.array([1e6, 0.0]))
+    assert not qp.is_dual_infeasibility_certificate(np.array([-1.0, 0.0]))  # ascent direction
+    assert not qp.is_dual_infeasibility_certificate(np.array([1.0, 1.0]))  # leaves the constraint
+    assert not qp.is_dual_infeasibility_certificate(np.zeros(2))
+    strongly_convex = pp.QP(P=np.eye(2), q=[-1.0, 0.0])
+    assert not strongly_convex.is_dual_infeasibility_certificate(np.array([1.0, 0.0]))
+
+
+def test_primal_infeasibility_certificate():
+    # x1 >= 1 and x1 <= 0: y = (-1, 1) gives Cᵀy = 0 and uᵀy⁺ − lᵀy⁻ = 0 − 1 < 0
+    qp = pp.QP(P=np.eye(2), q=np.zeros(2), C=[[1.0, 0.0], [1.0, 0.0]], l=[1.0, -np.inf], u=[np.inf, 0.0])
+    assert qp.is_primal_infeasibility_certificate(np.array([-1.0, 1.0]), np.zeros(2))
+    assert not qp.is_primal_infeasibility_certificate(np.array([1.0, -1.0]), np.zeros(2))  # weight on infinite sides
+    feasible = pp.QP(P=np.eye(2), q=np.zeros(2), C=[[1.0, 0.0], [1.0, 0.0]], l=[0.0, -np.inf], u=[np.inf, 1.0])
+    assert not feasible.is_primal_infeasibility_certificate(np.array([-1.0, 1.0]), np.zeros(2))

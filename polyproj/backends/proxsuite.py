@@ -119,6 +119,11 @@ class ProxSuiteSolver(QPSolver):
         elif box_rows.size:
             z_box[box_rows] = zin[iin.size: iin.size + box_rows.size]
         status = self._status(res, x)
+        if status is Status.MAX_ITER:  # ProxQP misses some infeasibilities: check the certificates
+            if qp.is_dual_infeasibility_certificate(x):
+                status = Status.DUAL_INFEASIBLE
+            elif qp.is_primal_infeasibility_certificate(z, z_box):
+                status = Status.PRIMAL_INFEASIBLE
         tl = self.settings["time_limit"]
         if status.ok and tl is not None and res.info.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
