@@ -131,27 +131,57 @@ class _Linalg:
         self.xp = xp
         self.kind = "torch" if is_torch_namespace(xp) else "numpy" if is_numpy_namespace(xp) else "generic"
 
-    def factor(self, K: Any) -> tuple[Any, Any]:
-        """Return (factor, ok) with ok a (b,) bool array (False where K is not numerically PD)."""
+    def factor(self, K: Any, exhaustive: bool = False) -> tuple[Any, Any]:
+        """Return (factor, ok) with ok a (b,) bool array (False where K is not numerically PD).
+
+        NumPy's batched Cholesky fails for the whole batch at once: ``exhaustive`` then finds the
+        culprits one by one, so that only they are regularised.
+        """
         xp = self.xp
         b = K.shape[0]
         if self.kind == "torch":
             L, info = xp.linalg.cholesky_ex(K)
             return L, info == 0
         if self.kind == "numpy":
-            try:
-                return np.linalg.cholesky(K), np.ones(b, dtype=bool)
-            except np.linalg.LinAlgError:  # rare: find the culprits one by one
-                L = np.zeros_like(K)
-                ok = np.ones(b, dtype=bool)
+            F, ok = self._factor_numpy(K)
+            if exhaustive and not ok.all() and F[0] == "sub":
+                L = np.empty_like(K)
                 for i in range(b):
                     try:
                         L[i] = np.linalg.cholesky(K[i])
+                        ok[i] = True
                     except np.linalg.LinAlgError:
-                        ok[i] = False
                         L[i] = np.eye(K.shape[-1], dtype=K.dtype)
-                return L, ok
+                F = ("sub", L)
+            return F, ok
         return K, xp.ones(b, dtype=xp.bool, device=_device(K))
+
+    @staticmethod
+    def _factor_numpy(K: np.ndarray) -> tuple[Any, np.ndarray]:
+        """NumPy factorisation: LAPACK potrf per matrix for a few matrices, else batched Cholesky.
+
+        Batched factors are solved by substitution vectorised over the batch (SciPy's batched
+        triangular solve loops over the batch in Python; an explicit inverse is not accurate enough
+        for the ill-conditioned systems at the end of an IPM).
+        """
+        from scipy.linalg import lapack
+
+        b, n = K.shape[0], K.shape[-1]
+        if b <= 8:
+            potrf = lapack.dpotrf if K.dtype == np.float64 else lapack.spotrf
+            L = np.empty_like(K)
+            ok = np.ones(b, dtype=bool)
+            for i in range(b):
+                Li, info = potrf(K[i], lower=1, clean=1, overwrite_a=0)
+                ok[i] = info == 0
+                L[i] = Li if info == 0 else np.eye(n, dtype=K.dtype)
+            return ("tri", L), ok
+        try:
+            L = np.linalg.cholesky(K)
+            ok = np.ones(b, dtype=bool)
+        except np.linalg.LinAlgError:  # report all as failed: the caller regularises and retries
+            return ("sub", np.broadcast_to(np.eye(n, dtype=K.dtype), K.shape)), np.zeros(b, dtype=bool)
+        return ("sub", L), ok
 
     def solve(self, F: Any, R: Any) -> Any:
         """Solve ``K X = R`` for R (b, n, k) with the factor of :meth:`factor`."""
@@ -159,13 +189,24 @@ class _Linalg:
         if self.kind == "torch":
             return xp.cholesky_solve(R, F)
         if self.kind == "numpy":
+            kind, M = F
+            if kind == "sub":  # forward then backward substitution, one row at a time for all elements
+                n = M.shape[-1]
+                Y = np.empty(np.broadcast_shapes(M.shape[:-2], R.shape[:-2]) + R.shape[-2:], dtype=R.dtype)
+                d = np.diagonal(M, axis1=-2, axis2=-1)[..., None]
+                for i in range(n):
+                    Y[:, i, :] = (R[:, i, :] - (M[:, i : i + 1, :i] @ Y[:, :i, :])[:, 0, :]) / d[:, i]
+                X = np.empty_like(Y)
+                for i in range(n - 1, -1, -1):
+                    X[:, i, :] = (Y[:, i, :] - (M[:, i + 1 :, i : i + 1].mT @ X[:, i + 1 :, :])[:, 0, :]) / d[:, i]
+                return X
             from scipy.linalg import solve_triangular
 
-            try:
-                Y = solve_triangular(F, R, lower=True, check_finite=False)
-                return solve_triangular(np.swapaxes(F, -1, -2), Y, lower=False, check_finite=False)
-            except (ValueError, TypeError):  # SciPy without batched solve_triangular
-                return np.linalg.solve(F @ np.swapaxes(F, -1, -2), R)
+            out = np.empty(np.broadcast_shapes(M.shape[:-2], R.shape[:-2]) + R.shape[-2:], dtype=R.dtype)
+            for i in range(M.shape[0]):
+                y = solve_triangular(M[i], R[i], lower=True, check_finite=False)
+                out[i] = solve_triangular(M[i], y, lower=True, trans="T", check_finite=False)
+            return out
         return xp.linalg.solve(F, R)
 
 
@@ -343,7 +384,7 @@ def solve_qp_batch(
     kw = dict(eps_abs=float(eps_abs), eps_rel=float(eps_rel), max_iter=int(max_iter), ruiz_iter=int(ruiz_iter),
               deadline=None if time_limit is None else time.perf_counter() + float(time_limit))
     if b <= chunk:
-        return _solve(xp, P3, q, C3, l, u, lb, ub, x0, **kw)
+        return _solve_batched(xp, P3, q, C3, l, u, lb, ub, x0, kw)
     parts = []
     for i in range(0, b, chunk):
         j = min(b, i + chunk)
@@ -351,10 +392,48 @@ def solve_qp_batch(
         def sl(M, i=i, j=j):
             return M if M.shape[0] == 1 else M[i:j, ...]
 
-        parts.append(_solve(xp, sl(P3), q[i:j, ...], sl(C3), l[i:j, ...], u[i:j, ...], lb[i:j, ...],
-                            ub[i:j, ...], None if x0 is None else x0[i:j, ...], **kw))
+        parts.append(_solve_batched(xp, sl(P3), q[i:j, ...], sl(C3), l[i:j, ...], u[i:j, ...], lb[i:j, ...],
+                                    ub[i:j, ...], None if x0 is None else x0[i:j, ...], kw))
     return IPMResult(*[xp.concat([getattr(p, f) for p in parts], axis=0)
                        for f in ("x", "z", "z_box", "status", "iterations", "prim_res", "dual_res", "gap")])
+
+
+_FIELDS = ("x", "z", "z_box", "status", "iterations", "prim_res", "dual_res", "gap")
+_STRAGGLER_ITER = 20  # first pass for large batches; the few elements still running are re-solved
+
+
+def _solve_batched(xp, P3, q, C3, l, u, lb, ub, x0, kw) -> IPMResult:
+    """Run the IPM; for large batches, cap the first pass and re-solve the stragglers on their own.
+
+    The batch iterates until its slowest element is done, and every iteration costs a factorisation
+    per element; most elements converge in 10–15 iterations, a few can take many more. Elements
+    still running after ``_STRAGGLER_ITER`` iterations are therefore solved again as a small batch
+    (warm-started at their last point) and merged back with a gather, not a Python loop.
+    """
+    b = q.shape[0]
+    max_iter = kw["max_iter"]
+    if b < 16 or max_iter <= _STRAGGLER_ITER:
+        return _solve(xp, P3, q, C3, l, u, lb, ub, x0, **kw)
+    first = _solve(xp, P3, q, C3, l, u, lb, ub, x0, **{**kw, "max_iter": _STRAGGLER_ITER})
+    codes = _host_list(first.status)
+    redo = [i for i, c in enumerate(codes) if c in (CODES["MAX_ITER"], CODES["SOLVED_INACCURATE"])]
+    if not redo:
+        return first
+    dev = _device(q)
+    idx = xp.asarray(np.asarray(redo, dtype=np.int64), device=dev)
+
+    def take(M):
+        return M if M.shape[0] == 1 else xp.take(M, idx, axis=0)
+
+    second = _solve(xp, take(P3), take(q), take(C3), take(l), take(u), take(lb), take(ub), take(first.x),
+                    **{**kw, "max_iter": max_iter - _STRAGGLER_ITER})
+    second = IPMResult(*[getattr(second, f) for f in _FIELDS[:4]],
+                       second.iterations + _STRAGGLER_ITER, *[getattr(second, f) for f in _FIELDS[5:]])
+    gather = np.arange(b)
+    gather[redo] = b + np.arange(len(redo))
+    gidx = xp.asarray(gather, device=dev)
+    return IPMResult(*[xp.take(xp.concat([getattr(first, f), getattr(second, f)], axis=0), gidx, axis=0)
+                       for f in _FIELDS])
 
 
 # ============================================================================ scaling
@@ -472,11 +551,11 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
     def factorize(Dg0, running):
         Dg = Dg0 + gamma * (xp.astype(eq, dtype)) if p else Dg0
         K = build_K(Dg, running)
-        F, ok = la.factor(K)
+        F, ok = la.factor(K, exhaustive=True)
         if not bool(xp.all(ok)):  # stronger regularisation where the factorisation failed
             diagmax = xp.max(xp.abs(xp.linalg.diagonal(K)), axis=-1)
             K = _add_diag(xp, K, xp.broadcast_to((1e3 * eps * n * diagmax * xp.astype(~ok, dtype))[:, None], (b, n)))
-            F, ok = la.factor(K)
+            F, ok = la.factor(K, exhaustive=True)
         Sfac = W = None
         if p:
             W = la.solve(F, xp.broadcast_to(Ge.mT, (b, n, p)) * mee[:, None, :])  # K⁻¹ G_eᵀ (masked)
