@@ -18,6 +18,7 @@ __all__ = ["SECTIONS", "main", "projection_section"]
 SECTIONS: list[tuple[str, str]] = [
     ("Exact projection with every backend, and the HS-Jacobian", "polyproj.demo:projection_section"),
     ("DIF: influence under constraints vs leave-one-out", "polyproj.adapters.dif.demo:dif_section"),
+    ("Training a network through the exact projection layer (torch)", "polyproj.adapters.torch_demo:training_section"),
 ]
 
 

@@ -262,24 +262,30 @@ def _solve_admm(X, A, a, B, b, lb, ub, settings):
     lo = torch.cat([torch.full((N, m), -torch.inf, dtype=dt, device=dev), hi[:, m: m + p], lb.expand(N, n)], dim=1)
     eq = torch.zeros(m + p + n, dtype=torch.bool, device=dev)
     eq[m: m + p] = True
-    rho = float(settings.get("rho", 30.0))
-    sigma = 1e-6
+    rho = float(settings.get("admm_rho", 10.0))
+    alpha = float(settings.get("admm_alpha", 1.6))  # over-relaxation (OSQP's default)
     rho_v = torch.where(eq, 1e3 * rho, rho)  # OSQP: stiffer equality rows
-    K = (1.0 + sigma) * eye + (C.T * rho_v) @ C
+    K = eye + (C.T * rho_v) @ C
     Kinv = torch.cholesky_inverse(torch.linalg.cholesky(K))
     CKinv = C @ Kinv  # (r, n)
     Xk = X @ Kinv
-    y = X.clone()
-    z = (y @ C.T).clamp(lo, hi)
+    y = X
+    z = (X @ C.T).clamp(lo, hi)
     w = torch.zeros_like(z)
-    max_iter = int(settings.get("admm_iter", 0) or 200)
-    for _ in range(max_iter):
-        rhs = sigma * y @ Kinv + Xk + (rho_v * z - w) @ CKinv
-        y = rhs
-        Cy = y @ C.T
+    max_iter = int(settings.get("admm_iter", 0) or 300)
+    check = int(settings.get("admm_check", 25))
+    pattern = None
+    for it in range(max_iter):
+        y = Xk + (rho_v * z - w) @ CKinv
+        Cy = alpha * (y @ C.T) + (1.0 - alpha) * z
         z_new = (Cy + w / rho_v).clamp(lo, hi)
         w = w + rho_v * (Cy - z_new)
         z = z_new
+        if (it + 1) % check == 0:  # stop once the identified active set is stable over `check` iterations
+            new = w != 0
+            if pattern is not None and torch.equal(new, pattern):
+                break
+            pattern = new
     wa = w[:, :m] / rows_n
     mult0 = torch.cat([wa, -w[:, m + p:], w[:, m + p:]], dim=1)
     return y, mult0, [Status.SOLVED_INACCURATE] * N, 1e-3
@@ -296,7 +302,12 @@ def _forward(x2, data, backend, settings):
     # from a rough ADMM start, samples not verified after a few corrections go to the fallback solver
     max_polish = int(settings.pop("max_polish_iter", 8 if name == "torch" else 50))
     if name == "torch":
-        Y0, mult0, st, eps = _solve_admm(X, A, a, B, b, lb, ub, settings)
+        admm = {k: settings.pop(k) for k in list(settings) if k.startswith("admm_")}
+        fb = str(settings.pop("fallback", "proxsuite"))
+        from ..registry import get_backend
+
+        get_backend(fb, **settings)  # validates the remaining settings (they go to the fallback)
+        Y0, mult0, st, eps = _solve_admm(X, A, a, B, b, lb, ub, admm)
     elif name == "ipm":
         Y0, mult0, st, eps = _solve_ipm(X, A, a, B, b, lb, ub, settings)
     else:
@@ -313,9 +324,6 @@ def _forward(x2, data, backend, settings):
         bad = ~accepted
         sub = {k: (v[bad] if v.ndim == (3 if k in "AB" else 2) else v)
                for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub).items()}
-        fb = str(settings.pop("fallback", "proxsuite"))
-        for k in ("admm_iter", "rho"):
-            settings.pop(k, None)
         Yb, ab_, mb, mub, accb = _forward(X[bad], sub, fb, dict(settings, tol=polish_tol, max_polish_iter=max_polish))
         Y, active = _scatter_rows(Y, bad, Yb), _scatter_rows(active, bad, ab_)
         mult, mu = _scatter_rows(mult, bad, mb), _scatter_rows(mu, bad, mub)
@@ -432,7 +440,10 @@ def project(x: torch.Tensor, A: Any = None, a: Any = None, B: Any = None, b: Any
         device), ``"ipm"``, or any registered CPU backend (``"proxsuite"``, ``"osqp"``, ``"highs"``).
     **settings
         ``tol`` (polish KKT tolerance, default 1e-9), ``max_polish_iter`` (default 50), backend
-        settings (``eps_abs``, ``max_iter``, ...), ``admm_iter`` / ``rho`` for ``"torch"``.
+        settings (``eps_abs``, ``max_iter``, ...). For ``"torch"``: ``admm_iter`` (300), ``admm_rho``
+        (10), ``admm_alpha`` (1.6), ``admm_check`` (25: stop once the active set is stable that long),
+        ``fallback`` (``"proxsuite"``: solves the few samples the polish could not verify; the other
+        settings go to it).
 
     Returns
     -------

@@ -1,0 +1,320 @@
+"""Benchmark of the torch projection layer against differentiable-optimisation peers.
+
+Same process, same data, medians of repeats: forward+backward time of ``polyproj`` (``project``
+with the HS-Jacobian backward), qpth ``QPFunction`` (OptNet), ProxSuite ``QPLayer``, cvxpylayers
+``CvxpyLayer`` (default and tight tolerances) and LinSATNet ``linsat_layer`` (on a polytope with
+non-negative coefficients, the only kind it accepts; it is an entropic map, not the Euclidean
+projection, so it gets no gradient error). Peak memory of one forward+backward is measured in a
+fresh subprocess per method (peak RSS above the baseline after imports and data, ``clear_refs``);
+max violation of the outputs; gradient error against the float64 reference ``J v`` (the Jacobian of
+the exact projection at the active set of ``pp.project``: at these random, non-degenerate points it
+is the true Jacobian).
+
+Headline: batch 128, n 50, m 100 inequalities, 1 equality, box bounds, float64. Sweeps over the
+batch (1 to 4096) and n (10 to 1000, m = 2n). JSON goes to ``benchmarks/results/layer.json`` with
+the machine description, a plot to ``benchmarks/results/layer.png``.
+
+Run::
+
+    .venv/bin/python benchmarks/bench_layer.py                 # headline + sweeps (long)
+    .venv/bin/python benchmarks/bench_layer.py --only headline  # the headline only
+    .venv/bin/python benchmarks/bench_layer.py --quick          # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+METHODS = ["polyproj", "qpth", "proxsuite_qplayer", "cvxpylayers", "cvxpylayers_default", "linsatnet"]
+
+
+# ----------------------------------------------------------------------------- data
+def make_problem(batch: int, n: int, m: int, seed: int = 0, nonneg: bool = False):
+    """Random bounded polytope with an interior point, and points to project (scale 3)."""
+    rng = np.random.default_rng(seed)
+    if nonneg:  # LinSATNet's class: non-negative A, E, x in [0, 1]
+        x0 = rng.uniform(0.2, 0.4, size=n)
+        A = rng.uniform(0.0, 1.0, size=(m, n))
+        a = A @ x0 + rng.uniform(0.1, 1.0, size=m)
+        B = np.ones((1, n))
+        b = B @ x0
+        lb, ub = np.zeros(n), np.ones(n)
+        X = rng.uniform(-0.5, 1.5, size=(batch, n))
+    else:
+        x0 = rng.normal(size=n)
+        A = rng.normal(size=(m, n))
+        a = A @ x0 + rng.uniform(0.1, 1.0, size=m)
+        B = rng.normal(size=(1, n))
+        b = B @ x0
+        lb, ub = x0 - 2.0, x0 + 2.0
+        X = x0 + 3.0 * rng.normal(size=(batch, n))
+    V = rng.normal(size=(batch, n))
+    return dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub, X=X, V=V)
+
+
+def reference(d):
+    """Float64 reference: exact projection and J v from pp.project / pp.hs_jacobian."""
+    import polyproj as pp
+
+    P = pp.Polyhedron(A=d["A"], a=d["a"], B=d["B"], b=d["b"], lb=d["lb"], ub=d["ub"])
+    res = pp.project(d["X"], P, eps_abs=1e-10)
+    G = pp.hs_vjp(P, res.active, d["V"])
+    return P, res.y, G
+
+
+# ----------------------------------------------------------------------------- methods
+def build(method: str, d):
+    """Return f() -> (y, grad_x) running one forward+backward on fresh leaf tensors."""
+    import torch
+
+    t = {k: torch.tensor(v, dtype=torch.float64) for k, v in d.items()}
+    batch, n = d["X"].shape
+    G = torch.cat([t["A"], -torch.eye(n, dtype=torch.float64), torch.eye(n, dtype=torch.float64)])
+    h = torch.cat([t["a"], -t["lb"], t["ub"]])
+    if method == "polyproj":
+        from polyproj.adapters.torch import project
+
+        def f():
+            x = t["X"].clone().requires_grad_()
+            y = project(x, t["A"], t["a"], t["B"], t["b"], t["lb"], t["ub"])
+            (y * t["V"]).sum().backward()
+            return y.detach(), x.grad
+    elif method == "qpth":
+        from qpth.qp import QPFunction
+
+        Q = torch.eye(n, dtype=torch.float64)
+
+        def f():
+            p = (-t["X"]).clone().requires_grad_()
+            y = QPFunction(verbose=-1, eps=1e-12, maxIter=50)(Q, p, G, h, t["B"], t["b"])
+            (y * t["V"]).sum().backward()
+            return y.detach(), -p.grad
+    elif method == "proxsuite_qplayer":
+        from proxsuite.torch.qplayer import QPFunction
+
+        Q = torch.eye(n, dtype=torch.float64).expand(batch, n, n)
+        Bb, bb = t["B"].expand(batch, -1, -1), t["b"].expand(batch, -1)
+        Gb, lo, hi = G.expand(batch, -1, -1), torch.full_like(h, -1e20).expand(batch, -1), h.expand(batch, -1)
+
+        def f():
+            p = (-t["X"]).clone().requires_grad_()
+            y = QPFunction(eps=1e-9, eps_backward=1e-9)(Q, p, Bb, bb, Gb, lo, hi)[0]
+            (y * t["V"]).sum().backward()
+            return y.detach(), -p.grad
+    elif method in ("cvxpylayers", "cvxpylayers_default"):
+        import cvxpy as cp
+        from cvxpylayers.torch import CvxpyLayer
+
+        xp = cp.Parameter(n)
+        yv = cp.Variable(n)
+        cons = [d["A"] @ yv <= d["a"], d["B"] @ yv == d["b"], yv >= d["lb"], yv <= d["ub"]]
+        layer = CvxpyLayer(cp.Problem(cp.Minimize(0.5 * cp.sum_squares(yv - xp)), cons), parameters=[xp],
+                           variables=[yv])
+        args = {} if method == "cvxpylayers_default" else {"eps_abs": 1e-9, "eps_rel": 1e-9, "max_iters": 200_000}
+
+        def f():
+            x = t["X"].clone().requires_grad_()
+            (y,) = layer(x, solver_args=args)
+            (y * t["V"]).sum().backward()
+            return y.detach(), x.grad
+    elif method == "linsatnet":
+        from LinSATNet import linsat_layer
+
+        A, a, E, e = t["A"].float(), t["a"].float(), t["B"].float(), t["b"].float()
+
+        def f():
+            x = t["X"].float().clone().requires_grad_()
+            y = linsat_layer(x, A=A, b=a, E=E, f=e, tau=0.05, max_iter=100, no_warning=True)
+            (y * t["V"].float()).sum().backward()
+            return y.detach().double(), x.grad.double()
+    else:
+        raise ValueError(method)
+    return f
+
+
+def time_method(method: str, d, repeats: int):
+    f = build(method, d)
+    f()  # warm-up (imports, caches, JIT of peers)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        y, g = f()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), y.numpy(), g.numpy()
+
+
+def peak_memory(method: str, cfg: dict, timeout: float) -> float | None:
+    """Peak RSS (MiB) above the post-setup baseline for one forward+backward, in a fresh process."""
+    code = (
+        "import json, os, sys, torch\n"
+        "torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS') or 1))\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "import bench_layer as bl\n"
+        "cfg = json.loads(sys.argv[1]); d = bl.make_problem(**cfg)\n"
+        f"f = bl.build({method!r}, d)\n"
+        "def rss(key):\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith(key): return int(line.split()[1]) / 1024\n"
+        "open('/proc/self/clear_refs', 'w').write('5')\n"
+        "base = rss('VmRSS:'); f(); print(json.dumps(rss('VmHWM:') - base))\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True,
+                             timeout=timeout)
+        return float(out.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, skip: dict, budget: float, console):
+    nonneg = cfg.get("nonneg", False)
+    d = make_problem(**cfg)
+    P, yref, gref = reference(d)
+    rows = []
+    for meth in methods:
+        if meth == "linsatnet" and not nonneg:
+            continue
+        if skip.get(meth):
+            rows.append(dict(method=meth, skipped=skip[meth]))
+            continue
+        try:
+            med, y, g = time_method(meth, d, repeats)
+        except ImportError as exc:
+            rows.append(dict(method=meth, skipped=f"not importable: {exc}"))
+            continue
+        viol = float(np.max(P.violation(y)))
+        gerr = None if meth == "linsatnet" else float(np.max(np.abs(g - gref)) / max(1.0, np.max(np.abs(gref))))
+        yerr = None if meth == "linsatnet" else float(np.max(np.abs(y - yref)))
+        mem = peak_memory(meth, cfg, timeout=max(60.0, 20 * med)) if memory else None
+        rows.append(dict(method=meth, time_s=med, max_violation=viol, grad_rel_error=gerr, y_error=yerr,
+                         peak_mem_mib=mem))
+        console.print(f"  {meth:20s} {1e3 * med:10.1f} ms  viol {viol:8.1e}  grad err "
+                      f"{'n/a' if gerr is None else f'{gerr:8.1e}'}  mem "
+                      f"{'n/a' if mem is None else f'{mem:8.1f} MiB'}")
+        if med > budget:
+            skip[meth] = f"skipped: a smaller config already took {med:.1f} s (> {budget:g} s budget)"
+    return rows
+
+
+def machine() -> dict:
+    import torch
+
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), python=platform.python_version(),
+                torch=torch.__version__, platform=platform.platform(), load_average=os.getloadavg())
+
+
+def ratios(rows, eq_tol=1e-6):
+    """Speed and memory ratios of polyproj to each peer (peers meeting the accuracy marked)."""
+    ours = next(r for r in rows if r["method"] == "polyproj" and "time_s" in r)
+    out = {}
+    for r in rows:
+        if r["method"] == "polyproj" or "time_s" not in r:
+            continue
+        out[r["method"]] = dict(
+            speedup=r["time_s"] / ours["time_s"],
+            memory_ratio=(r["peak_mem_mib"] / ours["peak_mem_mib"]) if r.get("peak_mem_mib") and ours.get("peak_mem_mib")
+            else None,
+            equal_accuracy=bool(r["max_violation"] <= eq_tol and (r["grad_rel_error"] or 0) <= eq_tol))
+    return out
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, xlabel in ((axes[0], "batch", "batch size (n = 50, m = 100)"), (axes[1], "n", "n (batch 128, m = 2n)")):
+        sweep = results.get(f"sweep_{key}", [])
+        for meth in METHODS:
+            pts = [(c["config"][key], r["time_s"]) for c in sweep for r in c["rows"]
+                   if r["method"] == meth and "time_s" in r]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.loglog(xs, np.array(ys) * 1e3, "o-", label=meth)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("forward + backward [ms] (median)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("polyproj projection layer vs peers (float64, same process, same data)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=["headline", "batch", "n", "linsat"], action="append")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="small sizes, 2 repeats")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--budget", type=float, default=30.0, help="skip a peer on larger configs once one call takes longer")
+    ap.add_argument("--methods", nargs="*", default=METHODS)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for every method (1: no oversubscription on a shared machine)")
+    ap.add_argument("--out", default=str(RESULTS / "layer.json"))
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    console = Console()
+    parts = args.only or ["headline", "linsat", "batch", "n"]
+    reps = 2 if args.quick else args.repeats
+    batches = [1, 16, 128] if args.quick else [1, 16, 128, 1024, 4096]
+    ns = [10, 50] if args.quick else [10, 50, 200, 1000]
+    results: dict = {"machine": machine(), "repeats": reps}
+    if "headline" in parts:
+        cfg = dict(batch=128, n=50, m=100)
+        console.rule(f"headline {cfg}")
+        rows = run_config(cfg, args.methods, reps, not args.no_memory, {}, 1e9, console)
+        results["headline"] = dict(config=cfg, rows=rows, ratios=ratios(rows))
+        for k, v in results["headline"]["ratios"].items():
+            mem = "n/a" if v["memory_ratio"] is None else f"{v['memory_ratio']:.1f}"
+            console.print(f"  polyproj vs {k:20s}: {v['speedup']:6.1f}x faster, peer/polyproj memory {mem}, "
+                          f"peer at equal accuracy: {v['equal_accuracy']}")
+    if "linsat" in parts:
+        cfg = dict(batch=128, n=50, m=100, nonneg=True)
+        console.rule(f"non-negative polytope (LinSATNet's class) {cfg}")
+        rows = run_config(cfg, args.methods, reps, not args.no_memory, {}, 1e9, console)
+        results["linsat"] = dict(config=cfg, rows=rows, ratios=ratios(rows))
+    for key, values in (("batch", batches), ("n", ns)):
+        if key not in parts:
+            continue
+        skip: dict = {}
+        results[f"sweep_{key}"] = []
+        for v in values:
+            cfg = dict(batch=v, n=50, m=100) if key == "batch" else dict(batch=128, n=v, m=2 * v)
+            console.rule(f"sweep {key}: {cfg}")
+            rows = run_config(cfg, [m for m in args.methods if m != "cvxpylayers_default"], max(1, reps // 2 + 1),
+                              False, skip, args.budget, console)
+            results[f"sweep_{key}"].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    console.print(f"wrote {out}")
+    if any(k.startswith("sweep_") for k in results):
+        plot(results, out.with_suffix(".png"))
+        console.print(f"wrote {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
