@@ -525,7 +525,11 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
     gamma = 1.0
     rho = max(1e-10, 1e2 * eps) if dtype == xp.float64 else 1e-6
     delta = rho
-    dmax = 1e-2 / eps
+    # cap of z/s: high in float64 (tight gaps on badly scaled problems need it); elements whose
+    # factorisation fails are refactored with the low cap (better conditioned, still consistent);
+    # the generic path (linalg.solve) cannot report failures per element, so it keeps the low cap
+    dmax_lo = 1e-2 / eps
+    dmax = 1e2 / eps if (dtype == xp.float64 and la.kind != "generic") else dmax_lo
     eye_p = xp.eye(p, dtype=dtype, device=dev) if p else None
 
     def gx_of(x):  # scaled G x  (b, M)
@@ -548,11 +552,11 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             K = xp.where(frozen[:, None, None], xp.eye(n, dtype=dtype, device=dev)[None, ...], K)
         return K
 
-    def factorize(Dg0, running):
+    def factorize(Dg0, running, retry=True):
         Dg = Dg0 + gamma * (xp.astype(eq, dtype)) if p else Dg0
         K = build_K(Dg, running)
         F, ok = la.factor(K, exhaustive=True)
-        if not bool(xp.all(ok)):  # stronger regularisation where the factorisation failed
+        if not bool(xp.all(ok)) and retry:  # stronger regularisation where the factorisation failed
             diagmax = xp.max(xp.abs(xp.linalg.diagonal(K)), axis=-1)
             K = _add_diag(xp, K, xp.broadcast_to((1e3 * eps * n * diagmax * xp.astype(~ok, dtype))[:, None], (b, n)))
             F, ok = la.factor(K, exhaustive=True)
@@ -764,7 +768,12 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         x, sl, zl, su, zu, y = st
         Dl = xp.clip(zl / sl * ml, zero, dmax * one)
         Du = xp.clip(zu / su * mu, zero, dmax * one)
-        fac = factorize(Dl + Du, running)
+        fac = factorize(Dl + Du, running, retry=dmax <= dmax_lo)
+        if dmax > dmax_lo and not bool(xp.all(fac[3] | ~running)):
+            low = (~fac[3])[:, None]
+            Dl = xp.where(low, xp.clip(Dl, zero, dmax_lo * one), Dl)
+            Du = xp.where(low, xp.clip(Du, zero, dmax_lo * one), Du)
+            fac = factorize(Dl + Du, running)
         status = xp.where(running & ~fac[3], code["NUMERICAL_ERROR"], status)
         running = status == _RUNNING
         res = residuals(st)
