@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# GPU check of the batched IPM (issue 4): correctness of the `cupy` backend and of the torch-CUDA
+# path, then the GPU benchmark (batch 8192, n 100, m 200, one equality) against ProxSuite's
+# solve_in_parallel on the CPU. Sized to finish in well under 8 minutes on one H200.
+#
+# Machine: Python 3.12 with CuPy, torch, numpy, scipy, pytest, rich (no array_api_compat, no
+# proxsuite). Carry them as wheels, prepared here once (repo root):
+#
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#       -d .whl array-api-compat proxsuite
+#
+# then run through the device tool with carry [".whl"] and the command
+#   bash benchmarks/gpu_check.sh
+# Figures go to $OUT/batch_gpu.json (device tool) or benchmarks/results/batch_gpu.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+OUTDIR="${OUT:-benchmarks/results}"
+mkdir -p "$OUTDIR"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+timeout 420 python3 - "$OUTDIR/batch_gpu.json" <<'PY'
+import json, platform, sys, time
+import numpy as np
+
+out_path = sys.argv[1]
+report = {"machine": {"python": platform.python_version(), "platform": platform.platform()}, "checks": {}, "bench": {}}
+ok_all = True
+
+def check(name, cond, detail=""):
+    global ok_all
+    report["checks"][name] = {"ok": bool(cond), "detail": detail}
+    ok_all &= bool(cond)
+    print(("PASS " if cond else "FAIL ") + name, detail, flush=True)
+
+import cupy as cp
+import torch
+import polyproj as pp
+from polyproj.ipm import solve_qp_batch
+
+report["machine"]["gpu"] = torch.cuda.get_device_name(0)
+report["machine"]["cupy"] = cp.__version__
+report["machine"]["torch"] = torch.__version__
+check("cupy backend available", "cupy" in pp.available_backends(), str(pp.backend_info()[-1]))
+
+# ---------------------------------------------------------------- correctness: random QPs
+rng = np.random.default_rng(0)
+n, m, b = 30, 50, 64
+A = rng.standard_normal((n, n)); P = A @ A.T / n + 0.1 * np.eye(n)
+C = rng.standard_normal((m, n)); x0 = rng.uniform(-1, 1, n)
+l = C @ x0 - rng.uniform(0.1, 1, m); u = C @ x0 + rng.uniform(0.1, 1, m)
+l[:5] = -np.inf; u[5:10] = np.inf; l[10] = u[10] = (C @ x0)[10]
+lb = -2 * np.ones(n); ub = np.full(n, np.inf)
+q = 3 * rng.standard_normal((b, n))
+ref = solve_qp_batch(P, q, C, l, u, lb, ub, eps_abs=1e-9)
+g = solve_qp_batch(*(cp.asarray(v) for v in (P, q, C, l, u, lb, ub)), eps_abs=1e-9)
+check("cupy result stays cupy", isinstance(g.x, cp.ndarray))
+err = float(np.max(np.abs(cp.asnumpy(g.x) - ref.x)))
+check("cupy == numpy (random QPs)", err < 1e-7 and all(s.name == "SOLVED" for s in g.statuses()), f"max|dx| {err:.2e}")
+dev = torch.device("cuda")
+t = solve_qp_batch(*(torch.from_numpy(v).to(dev) for v in (P, q, C, l, u, lb, ub)), eps_abs=1e-9)
+check("torch CUDA result stays on the GPU", t.x.is_cuda)
+err = float(np.max(np.abs(t.x.cpu().numpy() - ref.x)))
+check("torch CUDA == numpy", err < 1e-7, f"max|dx| {err:.2e}")
+# one infeasible element
+C2 = C.copy(); C2[1] = C2[0]
+L = np.tile(l, (4, 1)); U = np.tile(u, (4, 1))
+L[:, 1], U[:, 1] = L[:, 0], U[:, 0]
+L[2, 1], U[2, 1] = U[2, 0] + 1, U[2, 0] + 2
+r = solve_qp_batch(*(cp.asarray(v) for v in (P, q[:4], C2, L, U, lb, ub)))
+st = [s.name for s in r.statuses()]
+check("infeasible element flagged alone (cupy)", st[2] == "PRIMAL_INFEASIBLE" and st.count("SOLVED") == 3, str(st))
+# backend + polish
+poly = pp.Polyhedron(A=rng.standard_normal((59, 30)), a=np.ones(59) * 2, B=np.ones((1, 30)), b=[1.0])
+X = 3 * rng.standard_normal((128, 30))
+ry = pp.project(X, poly, backend="cupy").y
+rr = pp.project(X, poly, backend="proxsuite").y if "proxsuite" in pp.available_backends() else pp.project(X, poly, backend="ipm").y
+check("pp.project(backend='cupy') after polish", float(np.max(np.abs(ry - rr))) < 1e-7, f"{float(np.max(np.abs(ry - rr))):.1e}")
+
+# ---------------------------------------------------------------- benchmark: batch 8192, n 100
+n, batch = 100, 8192
+rng = np.random.default_rng(0)
+A = rng.standard_normal((2 * n - 1, n)); y0 = rng.standard_normal(n)
+a = A @ y0 + rng.uniform(0.1, 1.0, 2 * n - 1); B = rng.standard_normal((1, n)); bb = B @ y0
+X = 2.0 * rng.standard_normal((batch, n))
+Cm = np.vstack([A, B]); lo = np.concatenate([np.full(2 * n - 1, -np.inf), bb]); hi = np.concatenate([a, bb])
+
+def gpu_run(mod, eps):
+    if mod == "cupy":
+        args = [cp.asarray(v) for v in (np.eye(n), -X, Cm, lo, hi)]
+        sync = cp.cuda.Device().synchronize
+    else:
+        args = [torch.from_numpy(v).to(dev) for v in (np.eye(n), -X, Cm, lo, hi)]
+        sync = torch.cuda.synchronize
+    res = solve_qp_batch(*args, eps_abs=eps); sync()  # warm-up
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter(); res = solve_qp_batch(*args, eps_abs=eps); sync(); times.append(time.perf_counter() - t0)
+    x = cp.asnumpy(res.x) if mod == "cupy" else res.x.cpu().numpy()
+    return float(np.median(times)), times, x, [s.name for s in res.statuses()]
+
+for mod in ("cupy", "torch-cuda"):
+    tm, times, x, st = gpu_run("cupy" if mod == "cupy" else "torch", 1e-8)
+    report["bench"][mod] = {"median_s": tm, "times": times, "solved": st.count("SOLVED"), "batch": batch, "n": n}
+    print(f"{mod}: {tm:.3f} s (solved {st.count('SOLVED')}/{batch})", flush=True)
+    report["bench"][mod + "_x_sample"] = x[:2].tolist()
+
+try:
+    import os, proxsuite
+    t0 = time.perf_counter()
+    bq = proxsuite.proxqp.dense.BatchQP()
+    for i in range(batch):
+        qp = bq.init_qp_in_place(n, 1, 2 * n - 1)
+        qp.settings.eps_abs = 1e-8; qp.settings.eps_rel = 0.0
+        qp.init(np.eye(n), -X[i], B, bb, A, np.full(2 * n - 1, -1e20), a)
+    t1 = time.perf_counter()
+    proxsuite.proxqp.dense.solve_in_parallel(bq, os.cpu_count())
+    t2 = time.perf_counter()
+    xp_ = np.stack([bq.get(i).results.x for i in range(batch)])
+    report["bench"]["proxsuite_parallel_this_cpu"] = {"total_s": t2 - t0, "solve_s": t2 - t1, "threads": os.cpu_count()}
+    for mod in ("cupy", "torch-cuda"):
+        report["bench"][mod]["speedup_vs_proxsuite_this_cpu"] = (t2 - t0) / report["bench"][mod]["median_s"]
+        print(f"{mod}: {(t2 - t0) / report['bench'][mod]['median_s']:.1f}x vs ProxSuite solve_in_parallel ({os.cpu_count()} threads here)")
+except ImportError:
+    print("proxsuite not carried: compare with the CPU figure of benchmarks/results/batch_cpu.json")
+report["all_checks_passed"] = ok_all
+with open(out_path, "w") as fh:
+    json.dump(report, fh, indent=2)
+print("wrote", out_path)
+PY
+rc=$?
+# the GPU-relevant unit tests (NumPy/torch/array_api_strict ones run on CPU CI; here torch CUDA is exercised above)
+timeout 200 python3 -m pytest -q -x tests/test_ipm.py -k "not strict" -p no:cacheprovider 2>&1 | tail -5 || true
+exit $rc
