@@ -326,8 +326,8 @@ def solve_qp_batch(
     >>> C = np.ones((1, 2))
     >>> res = solve_qp_batch(np.eye(2), -np.array([[1.0, 1.0], [2.0, 0.0]]), C, [-np.inf], [1.0])
     >>> np.round(res.x, 6)
-    array([[0.5, 0.5],
-           [1. , 0. ]])
+    array([[ 0.5,  0.5],
+           [ 1.5, -0.5]])
     >>> [s.name for s in res.statuses()]
     ['SOLVED', 'SOLVED']
     """
