@@ -26,7 +26,7 @@ class CuPySolver(IPMSolver):
     """
 
     name = "cupy"
-    capabilities = Capabilities(dense=True, sparse=False, batch=True, gpu=True, warm_start=True, infeasibility=True)
+    capabilities = Capabilities(dense=True, sparse=False, batch=True, gpu=True, warm_start=False, infeasibility=True)
     requires = ("cupy",)
     extra = "cupy"
     options = {"ruiz_iter": 10, "batch_chunk": None, "device": 0}

@@ -32,7 +32,7 @@ class IPMSolver(QPSolver):
     """
 
     name = "ipm"
-    capabilities = Capabilities(dense=True, sparse=False, batch=True, warm_start=True, infeasibility=True)
+    capabilities = Capabilities(dense=True, sparse=False, batch=True, warm_start=False, infeasibility=True)
     requires = ("array_api_compat",)
     extra = "ipm"
     options = {"ruiz_iter": 10, "batch_chunk": None, "namespace": "numpy"}
