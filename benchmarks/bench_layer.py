@@ -281,11 +281,18 @@ def main(argv: list[str] | None = None) -> int:
     batches = [1, 16, 128] if args.quick else [1, 16, 128, 1024, 4096]
     ns = [10, 50] if args.quick else [10, 50, 200, 1000]
     results: dict = {"machine": machine(), "repeats": reps}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every config: a long run interrupted keeps what it measured
+        results["machine"]["load_average_end"] = os.getloadavg()
+        out.write_text(json.dumps(results, indent=1))
     if "headline" in parts:
         cfg = dict(batch=128, n=50, m=100)
         console.rule(f"headline {cfg}")
         rows = run_config(cfg, args.methods, reps, not args.no_memory, {}, 1e9, console)
         results["headline"] = dict(config=cfg, rows=rows, ratios=ratios(rows))
+        save()
         for k, v in results["headline"]["ratios"].items():
             mem = "n/a" if v["memory_ratio"] is None else f"{v['memory_ratio']:.1f}"
             console.print(f"  polyproj vs {k:20s}: {v['speedup']:6.1f}x faster, peer/polyproj memory {mem}, "
@@ -295,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         console.rule(f"non-negative polytope (LinSATNet's class) {cfg}")
         rows = run_config(cfg, args.methods, reps, not args.no_memory, {}, 1e9, console)
         results["linsat"] = dict(config=cfg, rows=rows, ratios=ratios(rows))
+        save()
     for key, values in (("batch", batches), ("n", ns)):
         if key not in parts:
             continue
@@ -306,9 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = run_config(cfg, [m for m in args.methods if m != "cvxpylayers_default"], max(1, reps // 2 + 1),
                               False, skip, args.budget, console)
             results[f"sweep_{key}"].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+            save()
+    save()
     console.print(f"wrote {out}")
     if any(k.startswith("sweep_") for k in results):
         plot(results, out.with_suffix(".png"))

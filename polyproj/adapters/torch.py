@@ -25,6 +25,7 @@ see :func:`choose_backend`.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
@@ -365,13 +366,40 @@ def _violation(Y, A, a, B, b, lb, ub, mask=None):
     return torch.where(torch.isfinite(Y).all(dim=1), v, torch.full_like(v, torch.inf))
 
 
+@contextlib.contextmanager
+def _small_work_threads(x: torch.Tensor, work: float):
+    """One intra-op thread for small CPU problems (restored after).
+
+    The forward and backward are long sequences of small batched operations; with several intra-op
+    threads each one pays a thread wake-up, and on a loaded machine (more runnable threads than
+    cores) that wait dominates: measured 4.7 s vs 22 ms per call for a batch of 128, n = 12 on a
+    shared 2-core machine. Large problems (``work`` above 5e7 multiply-adds per sweep) keep the
+    user's setting.
+    """
+    if x.device.type != "cpu" or work > 5e7 or torch.get_num_threads() == 1:
+        yield
+        return
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+def _work(x: torch.Tensor, A, B) -> float:
+    rows = (0 if A is None else A.shape[-2]) + (0 if B is None else B.shape[-2]) + 2 * x.shape[-1]
+    return float(x.shape[0]) * rows * x.shape[-1]
+
+
 class _Project(torch.autograd.Function):
     """``y = Π_P(x)`` with the HS-Jacobian backward (see the module docstring)."""
 
     @staticmethod
     def forward(x, A, a, B, b, lb, ub, cfg):
-        Y, active, mult, mu, _ = _forward(x, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), cfg["backend"],
-                                          dict(cfg["settings"]))
+        with _small_work_threads(x, _work(x, A, B)):
+            Y, active, mult, mu, _ = _forward(x, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), cfg["backend"],
+                                              dict(cfg["settings"]))
         return Y.to(x.dtype), active, mult.to(x.dtype), mu.to(x.dtype)
 
     @staticmethod
@@ -386,6 +414,11 @@ class _Project(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, *_):
         y, active, mult, mu, A, B = ctx.saved_tensors
+        with _small_work_threads(gy, _work(gy, A, B)):
+            return _Project._backward(ctx, gy, y, active, mult, mu, A, B)
+
+    @staticmethod
+    def _backward(ctx, gy, y, active, mult, mu, A, B):
         need = ctx.needs_input_grad
         g = gy.contiguous()
         n = g.shape[1]
