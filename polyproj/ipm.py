@@ -582,7 +582,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         return dx, (1.0 + gamma * delta) * dy
 
     def newton_refined(fac, r1, r2):
-        """Newton solve plus iterative refinement on the unregularised system (equalities only).
+        """Newton solve plus iterative refinement of the stationarity rows (with equalities only).
 
         ``K_γ`` is ill-conditioned near the end (``D`` spans many magnitudes), so ``K_γ⁻¹ G_eᵀ`` in
         the Schur complement carries errors that grow with the equality multipliers (they diverge
@@ -594,8 +594,9 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         Dg = fac[4]
         for _ in range(2):
             e1 = r1 - (_mv(Ps, dx) + gtw(Dg * gx_of(dx)) + rho * dx + _rmv(Ge, dy * mee))
-            e2 = (r2 - _mv(Ge, dx)) * mee
-            ddx, ddy = newton(fac, e1, e2)
+            # stationarity only: refining the (regularised) equality rows would amplify rounding in
+            # the null space of G_eᵀ by 1/δ per step when equalities are rank-deficient
+            ddx, ddy = newton(fac, e1, xp.zeros_like(r2))
             dx, dy = dx + ddx, dy + ddy
         return dx, dy
 
@@ -695,7 +696,13 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         zall = xp.concat([dzg_u, dzb_u], axis=1) / nz_safe[:, None]
         stat = _inf_norm(xp, _rmv(Cu, zall[:, :m]) + zall[:, m:])
         supp = xp.sum(Uf * xp.maximum(zall, zero) - Lf * xp.maximum(-zall, zero), axis=1)
-        pinf = (nz > 0) & (stat <= eps_inf) & (supp < -xp.maximum(1e3 * eps_inf + 0.0 * stat, 10.0 * x1 * stat))
+        # rounding of the support function itself (huge finite bounds make it meaningless)
+        supp_err = 1e2 * eps * xp.sum(xp.abs(Uf) * xp.maximum(zall, zero) + xp.abs(Lf) * xp.maximum(-zall, zero),
+                                      axis=1)
+        margin_p = xp.maximum(1e3 * eps_inf + 0.0 * stat, 10.0 * x1 * stat) + supp_err
+        # a direction beyond 1/eps² is a numerical blow-up (seen with rank-deficient equalities),
+        # not a certificate: such elements end as MAX_ITER / NUMERICAL_ERROR instead
+        pinf = (nz > 0) & (nz < 1.0 / (eps * eps)) & (stat <= eps_inf) & (supp < -margin_p)
         nx = _inf_norm(xp, dx)
         nx_safe = xp.where(nx > 0, nx, one)
         dxn = dx / nx_safe[:, None]
