@@ -160,7 +160,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[20, 100, 400])
     ap.add_argument("--solvers", nargs="+",
                     default=["ipm-numpy", "ipm-torch", "proxsuite-loop", "proxsuite-parallel", "qpth"])
-    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--eps", type=float, default=1e-8, help="tolerance asked of the peers")
+    ap.add_argument("--ipm-eps", type=float, default=1e-10,
+                    help="tolerance of ipm: its x error at a given residual tolerance is larger (interior point)")
+    ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=float, default=30.0, help="skip runs predicted to take longer (s)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="solve_in_parallel threads")
@@ -176,6 +179,8 @@ def main(argv=None) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     console = Console()
     rows = []
     last: dict[tuple[str, int], tuple[int, float]] = {}
@@ -192,8 +197,8 @@ def main(argv=None) -> int:
                 ref = reference(A, a, B, b, X)
                 solve_only: list[float] = []
                 runs = {
-                    "ipm-numpy": partial(run_ipm_numpy, A, a, B, b, X, args.eps),
-                    "ipm-torch": partial(ipm_torch, Xt, args.eps),
+                    "ipm-numpy": partial(run_ipm_numpy, A, a, B, b, X, args.ipm_eps),
+                    "ipm-torch": partial(ipm_torch, Xt, args.ipm_eps),
                     "proxsuite-loop": partial(run_proxsuite_loop, A, a, B, b, X, args.eps),
                     "qpth": partial(qpth_run, Xt, args.eps) if qpth_run else None,
                     "proxsuite-parallel": partial(run_proxsuite_parallel, A, a, B, b, X, args.eps, args.threads,
@@ -223,7 +228,8 @@ def main(argv=None) -> int:
                 prog.advance(task)
 
     # ratios: ipm (best of numpy / torch) vs the best peer, per configuration
-    table = Table(title=f"batched projections, m = 2n, one equality, eps = {args.eps:g} (median seconds)")
+    table = Table(title=f"batched projections, m = 2n, one equality, eps = {args.eps:g} (ipm {args.ipm_eps:g}),"
+                        " median seconds")
     for col in ["n", "batch", *args.solvers, "best ipm / best peer"]:
         table.add_column(col, justify="right")
     summary = []
@@ -247,7 +253,7 @@ def main(argv=None) -> int:
     console.print(table)
     console.print("cells: median time (largest |y - y_ref|); speed-up > 1 means ipm is faster than the best peer")
     env = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    path = write_json(args.out, dict(eps=args.eps, repeats=args.repeats, budget=args.budget,
+    path = write_json(args.out, dict(eps=args.eps, ipm_eps=args.ipm_eps, repeats=args.repeats, budget=args.budget,
                                      torch_threads=torch.get_num_threads(), proxsuite_threads=args.threads,
                                      env=env, rows=rows, summary=summary))
     console.print(f"wrote {path}")
