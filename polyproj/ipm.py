@@ -582,7 +582,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         return dx, (1.0 + gamma * delta) * dy
 
     def newton_refined(fac, r1, r2):
-        """Newton solve plus iterative refinement of the stationarity rows (with equalities only).
+        """Newton solve plus iterative refinement on the unregularised system (with equalities only).
 
         ``K_γ`` is ill-conditioned near the end (``D`` spans many magnitudes), so ``K_γ⁻¹ G_eᵀ`` in
         the Schur complement carries errors that grow with the equality multipliers (they diverge
@@ -594,9 +594,8 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         Dg = fac[4]
         for _ in range(2):
             e1 = r1 - (_mv(Ps, dx) + gtw(Dg * gx_of(dx)) + rho * dx + _rmv(Ge, dy * mee))
-            # stationarity only: refining the (regularised) equality rows would amplify rounding in
-            # the null space of G_eᵀ by 1/δ per step when equalities are rank-deficient
-            ddx, ddy = newton(fac, e1, xp.zeros_like(r2))
+            e2 = (r2 - _mv(Ge, dx)) * mee
+            ddx, ddy = newton(fac, e1, e2)
             dx, dy = dx + ddx, dy + ddy
         return dx, dy
 
