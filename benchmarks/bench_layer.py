@@ -97,7 +97,7 @@ def build(method: str, d):
 
         def f():
             p = (-t["X"]).clone().requires_grad_()
-            y = QPFunction(verbose=-1, eps=1e-12, maxIter=50)(Q, p, G, h, t["B"], t["b"])
+            y = QPFunction(verbose=-1)(Q, p, G, h, t["B"], t["b"])  # defaults: eps 1e-12, 20 iterations
             (y * t["V"]).sum().backward()
             return y.detach(), -p.grad
     elif method == "proxsuite_qplayer":
@@ -192,6 +192,10 @@ def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, skip: 
             med, y, g = time_method(meth, d, repeats)
         except ImportError as exc:
             rows.append(dict(method=meth, skipped=f"not importable: {exc}"))
+            continue
+        except Exception as exc:  # a peer that crashes is a failed row, not a failed benchmark
+            rows.append(dict(method=meth, failed=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            console.print(f"  {meth:20s} FAILED: {type(exc).__name__}: {str(exc)[:100]}")
             continue
         viol = float(np.max(P.violation(y)))
         gerr = None if meth == "linsatnet" else float(np.max(np.abs(g - gref)) / max(1.0, np.max(np.abs(gref))))
