@@ -161,8 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--solvers", nargs="+",
                     default=["ipm-numpy", "ipm-torch", "proxsuite-loop", "proxsuite-parallel", "qpth"])
     ap.add_argument("--eps", type=float, default=1e-8, help="tolerance asked of the peers")
-    ap.add_argument("--ipm-eps", type=float, default=1e-10,
-                    help="tolerance of ipm: its x error at a given residual tolerance is larger (interior point)")
+    ap.add_argument("--ipm-eps", type=float, default=1e-8,
+                    help="tolerance of ipm (an IPM stops inside: its x error is larger at the same residual tolerance)")
     ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=float, default=30.0, help="skip runs predicted to take longer (s)")
