@@ -118,10 +118,11 @@ def main() -> None:
     ap.add_argument("--tol", type=float, default=1e-6)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--max-time", type=float, default=0.5, help="skip problems whose direct solve exceeds this (s)")
+    ap.add_argument("--problems", nargs="+", default=None, help="only these problems (default: the whole subset)")
     ap.add_argument("--out", default=os.path.join("benchmarks", "results", "overhead.json"))
     args = ap.parse_args()
     console = Console()
-    names = list_problems(args.data, args.subset)
+    names = args.problems or list_problems(args.data, args.subset)
     rows: list[dict] = []
     skipped: list[str] = []
     for name in track(names, description="timing", console=console):
