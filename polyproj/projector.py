@@ -25,6 +25,7 @@ from .polish import polish as polish_batch
 from .problem import Polyhedron
 from .registry import get_backend
 from .solution import BatchSolution, Solution, Status
+from .threads import small_blas
 
 __all__ = ["ProjectionResult", "project"]
 
@@ -97,9 +98,10 @@ def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
     cols = np.concatenate([np.arange(m), m + P.lb_idx, m + n + P.ub_idx])
     full0 = np.zeros((X.shape[0], m + 2 * n))
     full0[:, cols] = mult0
-    Y, active, mult, mu, accepted = polish_batch(
-        X, P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0, full0,
-        cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
+    with small_blas():
+        Y, active, mult, mu, accepted = polish_batch(
+            X, P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0, full0,
+            cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
     return Y, active[:, cols], np.concatenate([mult[:, cols], mu], axis=1), accepted
 
 

@@ -10,6 +10,7 @@ whole batch is one batched IPM run, with P and C shared.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import scipy.sparse as sp
 from ..errors import SettingsError
 from ..problem import QP
 from ..solution import BatchSolution, Solution
+from ..threads import small_blas
 from .base import Capabilities, QPSolver
 
 __all__ = ["IPMSolver"]
@@ -64,14 +66,15 @@ class IPMSolver(QPSolver):
         s = self.settings
         warm = {"x": self._to(x0)} if (x0 is not None and s["warm_start"]) else None
         t0 = time.perf_counter()
-        res = solve_qp_batch(
-            self._to(P), self._to(q), self._to(C), self._to(l), self._to(u), self._to(lb), self._to(ub),
-            eps_abs=float(s["eps_abs"]), eps_rel=float(s["eps_rel"]),
-            max_iter=int(s["max_iter"]) if s["max_iter"] is not None else 100,
-            warm_start=warm, time_limit=s["time_limit"],
-            ruiz_iter=int(self.backend_options.get("ruiz_iter", 10)),
-            batch_chunk=self.backend_options.get("batch_chunk"),
-        )
+        with small_blas() if self.backend_options.get("namespace", "numpy") == "numpy" else nullcontext():
+            res = solve_qp_batch(
+                self._to(P), self._to(q), self._to(C), self._to(l), self._to(u), self._to(lb), self._to(ub),
+                eps_abs=float(s["eps_abs"]), eps_rel=float(s["eps_rel"]),
+                max_iter=int(s["max_iter"]) if s["max_iter"] is not None else 100,
+                warm_start=warm, time_limit=s["time_limit"],
+                ruiz_iter=int(self.backend_options.get("ruiz_iter", 10)),
+                batch_chunk=self.backend_options.get("batch_chunk"),
+            )
         wall = time.perf_counter() - t0
         return res, wall
 
