@@ -147,6 +147,17 @@ def test_highs_solves_a_strongly_convex_projection_qp():
     np.testing.assert_allclose(sol.x, [2.0, -1.0, 0.664342], atol=1e-6)
 
 
+@pytest.mark.skipif("highs" not in CPU_BACKENDS, reason="highspy not installed")
+def test_highs_never_reports_a_strictly_convex_qp_unbounded():
+    """Where HiGHS answers 'Unbounded' on P = I, the glue reports a failure, never DUAL_INFEASIBLE."""
+    P = pp.Polyhedron(A=[[2, 4, 0], [3, -3, 3]], a=[0, 11], B=[[1, 4, 0]], b=[-2], lb=[-np.inf, -3, -np.inf],
+                      ub=[2, 1, np.inf])
+    sol = pp.get_backend("highs").solve(P.projection_qp(np.array([7.550969, 14.92142, 0.664342])))
+    assert sol.status is not pp.Status.DUAL_INFEASIBLE
+    if not sol.ok:
+        assert sol.status is pp.Status.NUMERICAL_ERROR
+
+
 # highs is left out until the bug above is fixed: its failing run costs minutes of shrinking
 @pytest.mark.parametrize("backend", [b for b in CPU_BACKENDS if b != "highs"])
 def test_builtin_backend_passes_my_properties(backend):

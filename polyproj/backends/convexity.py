@@ -41,3 +41,20 @@ def _min_eigenvalue_negative(P, n: int) -> bool:
     else:
         lam = eigsh(sp.csc_matrix(P), k=1, which="SA", return_eigenvectors=False)[0]
     return bool(lam < -1e-8 * scale)
+
+
+def is_strictly_convex(qp: QP) -> bool:
+    """True when P is positive definite (then the QP cannot be unbounded); False if unknown."""
+    if qp.n == 0:
+        return False
+    P = qp.P
+    diag = P.diagonal() if sp.issparse(P) else np.diag(P)
+    offdiag = (P - sp.diags(diag)).count_nonzero() if sp.issparse(P) else np.count_nonzero(P - np.diag(diag))
+    if offdiag == 0:
+        return bool(np.all(diag > 0))
+    if qp.n > 3000:
+        return False
+    from scipy.linalg import eigvalsh
+
+    lam = eigvalsh(P.toarray() if sp.issparse(P) else P, subset_by_index=[0, 0])[0]
+    return bool(lam > 1e-12 * max(1.0, float(abs(P).max())))

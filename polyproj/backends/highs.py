@@ -20,7 +20,7 @@ from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .cache import converted
-from .convexity import is_nonconvex
+from .convexity import is_nonconvex, is_strictly_convex
 
 __all__ = ["HiGHSSolver"]
 
@@ -135,6 +135,9 @@ class HiGHSSolver(QPSolver):
         }.get(ms, Status.NUMERICAL_ERROR)
         if status is Status.NUMERICAL_ERROR and is_nonconvex(qp, always=True):
             status = Status.NON_CONVEX
+        if status is Status.DUAL_INFEASIBLE and is_strictly_convex(qp):
+            # HiGHS 1.16 answers "Unbounded" on some projections (P = I): impossible, so not a status
+            status = Status.NUMERICAL_ERROR
         info_h = h.getInfo()
         iters = int(info_h.qp_iteration_count) + max(int(info_h.simplex_iteration_count), 0)
         info = {"raw_status": h.modelStatusToString(ms), "run_status": str(run_status)}
