@@ -241,3 +241,14 @@ def test_entry_point_backend_is_checkable_by_name(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out
     assert "polyproj check fakeqp" in out
     assert code in (0, 1)  # the table is printed either way; the verdict follows the ProxSuite backend
+
+
+def test_conformance_checks_for_missing_capabilities_are_skips_not_errors():
+    """A backend without warm start passes `polyproj check` with that check marked skipped."""
+    if "ipm" not in CPU_BACKENDS:
+        pytest.skip("ipm backend not available")
+    from polyproj.testing.check import _conformance
+
+    results = {r.name: r for r in _conformance(pp.get_backend("ipm"), seed=0) if r.name.endswith("warm_start")}
+    assert results["conformance:warm_start"].status == "skipped"
+    assert "warm_start" in results["conformance:warm_start"].message
