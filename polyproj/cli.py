@@ -15,6 +15,7 @@ __all__ = ["main"]
 
 def _cmd_backends(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from .registry import backend_info
@@ -23,7 +24,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     for col in ("name", "available", "version", "capabilities", "source"):
         table.add_column(col)
     for row in backend_info():
-        avail = "[green]yes[/green]" if row.available else f"[red]no[/red]: {row.reason}"
+        avail = "[green]yes[/green]" if row.available else f"[red]no[/red]: {escape(row.reason)}"
         table.add_row(row.name, avail, row.version, ", ".join(row.capabilities), row.source)
     Console().print(table)
     return 0

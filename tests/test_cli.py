@@ -12,6 +12,9 @@ def test_backends_table(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
     assert "proxsuite" in out and "yes" in out and "capabilities" in out
+    if "cupy" not in __import__("polyproj").available_backends():
+        # the install hint survives rich's markup ("[cupy]" is not a style tag)
+        assert 'polyproj[cupy]' in out.replace("\n", "").replace("│", "").replace(" ", "")
 
 
 def test_python_dash_m_runs_the_cli():

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Capabilities
+from .base import Capabilities, QPSolver
 from .ipm import IPMSolver
 
 __all__ = ["CuPySolver"]
@@ -30,6 +30,11 @@ class CuPySolver(IPMSolver):
     requires = ("cupy",)
     extra = "cupy"
     options = {"ruiz_iter": 10, "batch_chunk": None, "device": 0}
+
+    @classmethod
+    def version(cls) -> str:
+        """CuPy's version (the algorithm is polyproj's IPM)."""
+        return QPSolver.version.__func__(cls)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -37,6 +37,13 @@ class IPMSolver(QPSolver):
     capabilities = Capabilities(dense=True, sparse=False, batch=True, warm_start=False, infeasibility=True)
     requires = ("array_api_compat",)
     extra = "ipm"
+
+    @classmethod
+    def version(cls) -> str:
+        """The IPM is polyproj's own: its version is polyproj's."""
+        from .. import __version__
+
+        return f"polyproj {__version__}"
     options = {"ruiz_iter": 10, "batch_chunk": None, "namespace": "numpy"}
 
     def __init__(self, **settings: Any) -> None:
