@@ -30,10 +30,13 @@ from array_api_compat import device as _device
 
 __all__ = [
     "ActiveFactor",
+    "ActiveRows",
     "box_masks",
     "factor_active",
+    "gather_active_rows",
     "hs_jacobian",
     "hs_vjp",
+    "svd_factor",
 ]
 
 
@@ -82,8 +85,22 @@ def box_masks(active_box_lb, active_box_ub, lb_idx, ub_idx, n: int, batch: int, 
     return at_lb, at_ub
 
 
-def factor_active(A, B, active, free) -> ActiveFactor:
-    """Factor the active rows of a batch.
+@dataclass(frozen=True)
+class ActiveRows:
+    """The compacted active rows of a batch: active A rows first (padded with zero rows), then B."""
+
+    xp: Any
+    rows: Any  # (b, k+p, n) unnormalised, unmasked
+    Mn: Any  # (b, k+p, n) rows restricted to the free columns and normalised (zero rows stay zero)
+    scale: Any  # (b, k+p) 1/||row|| on the free columns (0 for zero rows)
+    order: Any  # (b, m) argsort putting active rows first
+    k: int
+    m: int
+    p: int
+
+
+def gather_active_rows(A, B, active, free) -> ActiveRows:
+    """Gather the active rows of A (and all of B), mask the fixed columns, normalise the rows.
 
     Parameters
     ----------
@@ -121,19 +138,33 @@ def factor_active(A, B, active, free) -> ActiveFactor:
     Mf = rows * free[:, None, :]
     norms = xp.linalg.vector_norm(Mf, axis=-1)
     scale = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)), xp.zeros_like(norms))
-    Mn = Mf * scale[:, :, None]
-    if Mn.shape[1] == 0:
+    return ActiveRows(xp, rows, Mf * scale[:, :, None], scale, order, k, m, p)
+
+
+def svd_factor(Mn, n: int):
+    """Rank-revealing SVD of normalised rows: ``(U, s_inv, Vh)`` with the dropped directions zeroed."""
+    xp = _ns(Mn)
+    dtype = Mn.dtype
+    U, s, Vh = xp.linalg.svd(Mn, full_matrices=False)
+    eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
+    tol = max(Mn.shape[1], n) * eps * xp.max(s, axis=-1, keepdims=True)
+    keep = s > tol
+    s_inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))
+    return U, s_inv, Vh * xp.astype(keep, dtype)[:, :, None]
+
+
+def factor_active(A, B, active, free) -> ActiveFactor:
+    """Factor the active rows of a batch by a rank-revealing SVD (arguments of :func:`gather_active_rows`)."""
+    R = gather_active_rows(A, B, active, free)
+    xp, batch, n = R.xp, free.shape[0], free.shape[1]
+    dtype, dev = A.dtype, _device(A)
+    if R.Mn.shape[1] == 0:
         U = xp.zeros((batch, 0, 0), dtype=dtype, device=dev)
         Vh = xp.zeros((batch, 0, n), dtype=dtype, device=dev)
         s_inv = xp.zeros((batch, 0), dtype=dtype, device=dev)
     else:
-        U, s, Vh = xp.linalg.svd(Mn, full_matrices=False)
-        eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
-        tol = max(Mn.shape[1], n) * eps * xp.max(s, axis=-1, keepdims=True)
-        keep = s > tol
-        s_inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))
-        Vh = Vh * xp.astype(keep, dtype)[:, :, None]
-    return ActiveFactor(xp, free, Vh, U, s_inv, scale, rows, order, k, m, p)
+        U, s_inv, Vh = svd_factor(R.Mn, n)
+    return ActiveFactor(xp, free, Vh, U, s_inv, R.scale, R.rows, R.order, R.k, R.m, R.p)
 
 
 # ----------------------------------------------------------------------------- operators

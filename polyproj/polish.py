@@ -38,7 +38,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from .hs_jacobian import ActiveFactor, expand_rows, project_on_face
+from .hs_jacobian import ActiveFactor, expand_rows, gather_active_rows, project_on_face, svd_factor
 
 __all__ = ["factor_face", "ineq_slack", "polish"]
 
@@ -113,32 +113,11 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
         masked) and ``U, s_inv`` such that ``M_n⁺ = Vhᵀ diag(s_inv) Uᵀ``; on the Cholesky path
         ``Vh = L⁻¹M_n``, ``U = L⁻ᵀ``, ``s_inv = 1``.
     """
-    xp = array_namespace(*[v for v in (A, B, free) if v is not None])
-    dtype, dev = A.dtype, _device(A)
+    R = gather_active_rows(A, B, active, free)
+    xp, dtype, dev = R.xp, A.dtype, _device(A)
     batch, n = free.shape
-    m = A.shape[-2]
-    if B is None:
-        B = xp.zeros((0, n), dtype=dtype, device=dev)
-    p = B.shape[-2]
-    act_i = xp.astype(active, xp.int8)
-    k = int(xp.max(xp.sum(xp.astype(active, xp.int32), axis=-1))) if m and batch else 0
-    if m:
-        order = xp.argsort(act_i, axis=-1, descending=True, stable=True)
-    else:
-        order = xp.zeros((batch, 0), dtype=xp.int64, device=dev)
-    idx = order[:, :k]
-    if A.ndim == 2:
-        rowsA = xp.reshape(xp.take(A, xp.reshape(idx, (-1,)), axis=0), (batch, k, n))
-    else:
-        rowsA = xp.take_along_axis(A, xp.broadcast_to(idx[:, :, None], (batch, k, n)), axis=1)
-    rowsA = rowsA * xp.astype(xp.take_along_axis(act_i, idx, axis=1), dtype)[:, :, None]
-    Bb = xp.broadcast_to(B[None, ...], (batch, p, n)) if B.ndim == 2 else B
-    rows = xp.concat([rowsA, Bb], axis=1)
-    Mf = rows * free[:, None, :]
-    norms = xp.linalg.vector_norm(Mf, axis=-1)
-    pos = norms > 0
-    scale = xp.where(pos, 1.0 / xp.where(pos, norms, xp.ones_like(norms)), xp.zeros_like(norms))
-    Mn = Mf * scale[:, :, None]
+    rows, order, k, m, p, scale, Mn = R.rows, R.order, R.k, R.m, R.p, R.scale, R.Mn
+    pos = scale > 0
     kk = k + p
     if kk == 0:
         z = xp.zeros((batch, 0), dtype=dtype, device=dev)
@@ -160,7 +139,7 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
         s_inv = xp.astype(xp.broadcast_to(ok[:, None], (batch, kk)), dtype)
         bad = ~ok
         if bool(xp.any(bad)):
-            Ub, sb, Vhb = _svd_part(xp, Mn[bad, ...], n, eps)
+            Ub, sb, Vhb = svd_factor(Mn[bad, ...], n)
             r = sb.shape[1]
             if r < kk:
                 Ub = xp.concat([Ub, xp.zeros((Ub.shape[0], kk, kk - r), dtype=dtype, device=dev)], axis=2)
@@ -170,17 +149,8 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
             U = _scatter(xp, U, bad, Ub)
             s_inv = _scatter(xp, s_inv, bad, sb)
         return ActiveFactor(xp, free, Vh, U, s_inv, scale, rows, order, k, m, p)
-    U, s_inv, Vh = _svd_part(xp, Mn, n, eps)
+    U, s_inv, Vh = svd_factor(Mn, n)
     return ActiveFactor(xp, free, Vh, U, s_inv, scale, rows, order, k, m, p)
-
-
-def _svd_part(xp, Mn, n: int, eps: float):
-    """Rank-revealing SVD of the normalised rows: (U, s_inv, Vh) with dropped directions zeroed."""
-    U, s, Vh = xp.linalg.svd(Mn, full_matrices=False)
-    tol = max(Mn.shape[1], n) * eps * xp.max(s, axis=-1, keepdims=True)
-    keep = s > tol
-    s_inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))
-    return U, s_inv, Vh * xp.astype(keep, Mn.dtype)[:, :, None]
 
 
 # ----------------------------------------------------------------------------- helpers on the full layout
