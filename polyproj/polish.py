@@ -70,10 +70,8 @@ def _rows(xp, M, mask, ndim_batched: int):
 def _tri_inv(xp, L):
     """``L⁻¹`` for a batch of lower-triangular matrices."""
     eye = xp.eye(L.shape[-1], dtype=L.dtype, device=_device(L))
-    if _is_torch(xp):
-        import torch
-
-        return torch.linalg.solve_triangular(L, torch.broadcast_to(eye, L.shape), upper=False)
+    if _is_torch(xp):  # torch's own kernels, reached through the namespace (no torch import here)
+        return xp.linalg.solve_triangular(L, xp.broadcast_to(eye, L.shape), upper=False)
     return xp.linalg.solve(L, xp.broadcast_to(eye, L.shape))
 
 
@@ -81,9 +79,7 @@ def _cholesky(xp, G):
     """Batched Cholesky; returns (L, ok) with ``ok`` False where it failed."""
     b = G.shape[0]
     if _is_torch(xp):
-        import torch
-
-        L, info = torch.linalg.cholesky_ex(G)
+        L, info = xp.linalg.cholesky_ex(G)
         return L, info == 0
     try:
         L = xp.linalg.cholesky(G)
