@@ -73,13 +73,19 @@ def _projection_qp(polyhedron: Polyhedron):
     return polyhedron.projection_qp()
 
 
-def _ineq_rows(P: Polyhedron):
-    """Rhs, row 1-norms and row 2-norms of the inequality form (for tolerances)."""
+def _unpolished(P: Polyhedron, Y: np.ndarray, mult0: np.ndarray, z: np.ndarray, eps: float):
+    """Active set and multipliers of points that were not polished (both signals, DESIGN §5).
+
+    A row is active when its slack is below a tolerance scaled to its right-hand side *or* its
+    multiplier is clearly positive.
+    """
     rhs = np.concatenate([P.a, -P.lb[P.lb_idx], P.ub[P.ub_idx]])
-    ones = np.ones(P.lb_idx.size + P.ub_idx.size)
-    rn1 = np.concatenate([np.abs(P.A_dense).sum(axis=1), ones])
-    rn2 = np.concatenate([np.linalg.norm(P.A_dense, axis=1), ones])
-    return rhs, rn1, np.where(rn2 > 0, rn2, 1.0)
+    tol = max(1e-7, 100.0 * eps)
+    mscale = 1.0 + np.max(np.abs(mult0), axis=1, keepdims=True, initial=0.0)
+    active = np.isfinite(rhs)[None, :] & (
+        (P.ineq_slack(Y) <= tol * (1 + np.abs(np.nan_to_num(rhs)))) | (mult0 > tol * mscale))
+    eqm = np.nan_to_num(np.atleast_2d(z))[:, P.m_ineq:]
+    return active, np.concatenate([np.maximum(mult0, 0), eqm], axis=1)
 
 
 def _backend_multipliers(P: Polyhedron, sol: BatchSolution) -> np.ndarray:
@@ -196,22 +202,14 @@ def project(
                 PolyprojWarning,
                 stacklevel=2,
             )
-        if not accepted.all():  # fall back to a slack-and-multiplier rule on refused points
+        if not accepted.all():  # refused points keep the backend's point, active set by both signals
             bad = ~accepted
-            rhs = _ineq_rows(polyhedron)[0]
-            slack = polyhedron.ineq_slack(Y0[bad])
-            active[bad] = np.isfinite(rhs)[None, :] & (slack <= 1e-7 * (1 + np.abs(np.nan_to_num(rhs))))
-            eqm = np.nan_to_num(np.atleast_2d(sol.z))[:, polyhedron.m_ineq:]
-            mult[bad] = np.concatenate([np.maximum(mult0[bad], 0), eqm[bad]], axis=1)
+            active[bad], mult[bad] = _unpolished(polyhedron, Y0[bad], mult0[bad], np.atleast_2d(sol.z)[bad], eps)
     else:
         Y = Y0
         accepted = np.zeros(X2.shape[0], dtype=bool)
-        rhs = _ineq_rows(polyhedron)[0]
         eps = float(solver.settings.get("eps_abs", 1e-8))
-        active = np.isfinite(rhs)[None, :] & (
-            polyhedron.ineq_slack(Y) <= max(1e-7, 100 * eps) * (1 + np.abs(np.nan_to_num(rhs))))
-        eqm = np.nan_to_num(np.atleast_2d(sol.z))[:, polyhedron.m_ineq:]
-        mult = np.concatenate([np.maximum(mult0, 0), eqm], axis=1)
+        active, mult = _unpolished(polyhedron, Y, mult0, sol.z, eps)
     viol = polyhedron.violation(Y)
     if single:
         return ProjectionResult(Y[0], active[0], mult[0], statuses[0], float(viol[0]), viol,

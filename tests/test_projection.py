@@ -117,3 +117,16 @@ def test_project_infeasible_polyhedron_raises():
         pp.project(np.zeros(2), P)
     assert info.value.solution is not None
     assert pp.Status.PRIMAL_INFEASIBLE in info.value.solution.status
+
+
+def test_refused_polish_warns_and_keeps_the_backend_point(rng):
+    """With no polish iteration allowed on a wrong start the result says so; nothing is silently exact."""
+    P = random_polytope(rng, 10, 20, 1)
+    X = 3.0 * rng.normal(size=(3, 10))
+    with pytest.warns(pp.PolyprojWarning, match="polish refused"):
+        res = pp.project(X, P, eps_abs=1e-3, max_polish_iter=1, tol=1e-15)
+    assert not res.polished.all()
+    bad = ~res.polished
+    np.testing.assert_allclose(res.y[bad], res.solution.x[bad])
+    assert res.active.shape == (3, P.n_ineq) and res.multipliers.shape == (3, P.n_ineq + P.m_eq)
+    assert np.all(res.multipliers[:, : P.n_ineq] >= 0)
