@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
 from .base import Capabilities, QPSolver
+from .cache import converted
 from .convexity import is_nonconvex
 
 __all__ = ["ProxSuiteSolver"]
@@ -40,21 +41,33 @@ class ProxSuiteSolver(QPSolver):
 
     # ---------------------------------------------------------------- problem mapping
     @staticmethod
-    def _split(qp: QP, fold_box: bool):
-        """Split C into equality and inequality rows; optionally fold bounds into C."""
+    def _matrices(qp: QP, fold_box: bool):
+        """Solver-ready equality and inequality matrices, cached per C, row pattern and bound pattern."""
         eq = qp.eq_mask
-        ieq = np.flatnonzero(eq)
-        iin = np.flatnonzero(~eq)
-        C = qp.C
-        if sp.issparse(C):
-            C = sp.csr_matrix(C)
-        A, b = C[ieq], qp.u[ieq]
-        Cin, l, u = C[iin], qp.l[iin], qp.u[iin]
-        box_rows = np.zeros(0, dtype=np.int64)
-        if fold_box and qp.has_bounds:
-            box_rows = np.flatnonzero(np.isfinite(qp.lb) | np.isfinite(qp.ub))
-            E = sp.identity(qp.n, format="csr")[box_rows]
-            Cin = sp.vstack([sp.csr_matrix(Cin), E]) if sp.issparse(Cin) else np.vstack([Cin, E.toarray()])
+        box_rows = (np.flatnonzero(np.isfinite(qp.lb) | np.isfinite(qp.ub)) if (fold_box and qp.has_bounds)
+                    else np.zeros(0, dtype=np.int64))
+        sparse = qp.is_sparse
+
+        def build():
+            ieq, iin = np.flatnonzero(eq), np.flatnonzero(~eq)
+            C = sp.csr_matrix(qp.C) if sp.issparse(qp.C) else qp.C
+            A, Cin = C[ieq], C[iin]
+            if box_rows.size:
+                E = sp.identity(qp.n, format="csr")[box_rows]
+                Cin = sp.vstack([sp.csr_matrix(Cin), E]) if sp.issparse(Cin) else np.vstack([Cin, E.toarray()])
+            if sparse:
+                return ieq, iin, sp.csc_matrix(A), sp.csc_matrix(Cin)
+            return ieq, iin, np.ascontiguousarray(A), np.ascontiguousarray(Cin)
+
+        ieq, iin, A, Cin = converted("proxsuite", (qp.C,), (eq.tobytes(), box_rows.tobytes(), sparse), build)
+        return ieq, iin, box_rows, A, Cin
+
+    @classmethod
+    def _split(cls, qp: QP, fold_box: bool):
+        """Split C into equality and inequality rows (optionally folding the bounds into C)."""
+        ieq, iin, box_rows, A, Cin = cls._matrices(qp, fold_box)
+        b, l, u = qp.u[ieq], qp.l[iin], qp.u[iin]
+        if box_rows.size:
             l = np.concatenate([l, qp.lb[box_rows]])
             u = np.concatenate([u, qp.ub[box_rows]])
         return ieq, iin, box_rows, A, b, Cin, l, u
@@ -92,12 +105,10 @@ class ProxSuiteSolver(QPSolver):
         n = qp.n
         if sparse:
             solver = proxsuite.proxqp.sparse.QP(n, A.shape[0], Cin.shape[0])
-            H = sp.csc_matrix(qp.P)
-            A, Cin = sp.csc_matrix(A), sp.csc_matrix(Cin)
+            H = converted("proxsuite-H", (qp.P,), None, lambda: sp.csc_matrix(qp.P))
         else:
             solver = proxsuite.proxqp.dense.QP(n, A.shape[0], Cin.shape[0], native_box)
             H = qp.P
-            A, Cin = np.ascontiguousarray(A), np.ascontiguousarray(Cin)
         self._configure(solver, warm)
         args = [H, qp.q, A if A.shape[0] else None, b if A.shape[0] else None,
                 Cin if Cin.shape[0] else None, l if Cin.shape[0] else None, u if Cin.shape[0] else None]
