@@ -241,17 +241,17 @@ class QP:
         """Number of rows of C."""
         return int(self.C.shape[0])
 
-    @property
+    @functools.cached_property
     def is_sparse(self) -> bool:
         """True when P or C is a scipy.sparse matrix."""
         return sp.issparse(self.P) or sp.issparse(self.C)
 
-    @property
+    @functools.cached_property
     def eq_mask(self) -> np.ndarray:
         """Rows of C that are equalities (l == u)."""
         return self.l == self.u
 
-    @property
+    @functools.cached_property
     def has_bounds(self) -> bool:
         """True when some variable bound is finite."""
         return bool(np.any(np.isfinite(self.lb)) or np.any(np.isfinite(self.ub)))

@@ -9,6 +9,7 @@ exceeded) and enforced hard only by the benchmark's subprocess timeout.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -147,18 +148,22 @@ class ProxSuiteSolver(QPSolver):
         )
 
     @staticmethod
-    def _status(res: Any, x: np.ndarray) -> Status:
+    @functools.cache
+    def _status_map() -> dict[Any, Status]:
         import proxsuite
 
         out = proxsuite.proxqp.QPSolverOutput
-        raw = res.info.status
-        status = {
+        return {
             out.PROXQP_SOLVED: Status.SOLVED,
             out.PROXQP_MAX_ITER_REACHED: Status.MAX_ITER,
             out.PROXQP_PRIMAL_INFEASIBLE: Status.PRIMAL_INFEASIBLE,
             out.PROXQP_DUAL_INFEASIBLE: Status.DUAL_INFEASIBLE,
             out.PROXQP_SOLVED_CLOSEST_PRIMAL_FEASIBLE: Status.PRIMAL_INFEASIBLE,
-        }.get(raw, Status.NUMERICAL_ERROR)
+        }
+
+    @classmethod
+    def _status(cls, res: Any, x: np.ndarray) -> Status:
+        status = cls._status_map().get(res.info.status, Status.NUMERICAL_ERROR)
         if status.ok and not np.all(np.isfinite(x)):
             status = Status.NUMERICAL_ERROR
         return status
