@@ -72,7 +72,21 @@ def _tri_inv(xp, L):
     eye = xp.eye(L.shape[-1], dtype=L.dtype, device=_device(L))
     if _is_torch(xp):  # torch's own kernels, reached through the namespace (no torch import here)
         return xp.linalg.solve_triangular(L, xp.broadcast_to(eye, L.shape), upper=False)
+    if xp.__name__.endswith("numpy"):
+        return _tri_inv_numpy(L)
     return xp.linalg.solve(L, xp.broadcast_to(eye, L.shape))
+
+
+def _tri_inv_numpy(L):
+    """Forward substitution vectorised over the batch (NumPy's batched LU solve is ~3x slower here)."""
+    b, k, _ = L.shape
+    X = np.zeros_like(L)
+    d = np.diagonal(L, axis1=1, axis2=2)
+    for i in range(k):
+        r = -np.matmul(L[:, i:i + 1, :i], X[:, :i, :])[:, 0, :] if i else np.zeros((b, k), dtype=L.dtype)
+        r[:, i] += 1.0
+        X[:, i, :] = r / d[:, i:i + 1]
+    return X
 
 
 def _cholesky(xp, G):

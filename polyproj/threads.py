@@ -10,18 +10,29 @@ threads) to one thread for the duration of the call.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["small_blas"]
+
+
+@functools.cache
+def _controller() -> Any:
+    """One ThreadpoolController per process (building one scans the loaded libraries)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return None
+    return ThreadpoolController()
 
 
 @contextlib.contextmanager
 def small_blas() -> Iterator[None]:
     """Limit BLAS to one thread inside the block (no-op without threadpoolctl)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+    ctl = _controller()
+    if ctl is None:  # pragma: no cover
         yield
         return
-    with threadpool_limits(limits=1, user_api="blas"):
+    with ctl.limit(limits=1, user_api="blas"):
         yield
