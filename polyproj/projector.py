@@ -172,6 +172,11 @@ def project(
         i = np.argwhere(~np.isfinite(X2))[0]
         raise ProblemError(f"X contains NaN or inf (first at {tuple(int(v) for v in i) if not single else int(i[1])})")
     solver = get_backend(backend, **settings)
+    if X2.shape[0] == 0:  # an empty batch projects to an empty batch
+        empty = np.zeros((0, polyhedron.n))
+        return ProjectionResult(empty, np.zeros((0, polyhedron.n_ineq), dtype=bool),
+                                np.zeros((0, polyhedron.n_ineq + polyhedron.m_eq)), (), 0.0, np.zeros(0),
+                                np.zeros(0, dtype=bool), solver.name, None)
     qp = _projection_qp(polyhedron)
     if X2.shape[0] == 1:
         sol1 = solver.solve(qp.with_vectors(validate=False, q=-X2[0]))

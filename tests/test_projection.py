@@ -130,3 +130,9 @@ def test_refused_polish_warns_and_keeps_the_backend_point(rng):
     np.testing.assert_allclose(res.y[bad], res.solution.x[bad])
     assert res.active.shape == (3, P.n_ineq) and res.multipliers.shape == (3, P.n_ineq + P.m_eq)
     assert np.all(res.multipliers[:, : P.n_ineq] >= 0)
+
+
+def test_empty_batch_projects_to_empty_batch(rng):
+    P = random_polytope(rng, 4, 6, 1)
+    res = pp.project(np.zeros((0, 4)), P)
+    assert res.y.shape == (0, 4) and res.active.shape == (0, P.n_ineq) and res.max_violation == 0.0
