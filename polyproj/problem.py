@@ -108,28 +108,60 @@ def _check_order(lo: np.ndarray, hi: np.ndarray, lname: str, uname: str) -> None
         )
 
 
-def _check_psd(P, name: str = "P") -> None:
+def matrix_scale(P) -> float:
+    """``max(1, max|P_ij|)``: the scale of the eigenvalue tolerances."""
+    if P.shape[0] == 0:
+        return 1.0
+    return max(1.0, float(abs(P).max()))
+
+
+def smallest_eigenvalue(P, *, iterative: bool = False) -> float | None:
+    """Smallest eigenvalue of a symmetric matrix, or None where it is not computed.
+
+    Exact and cheap for diagonal P (projections: P = I); dense ``eigvalsh`` up to n = 3000; beyond,
+    Lanczos (``eigsh``) when ``iterative``, else None. The one place polyproj decides convexity:
+    QP validation, and the backends' checks of QPs built with ``check_psd=False``.
+    """
     n = P.shape[0]
-    dense = P.toarray() if sp.issparse(P) else P
-    scale = max(1.0, float(np.max(np.abs(dense)))) if dense.size else 1.0
-    asym = float(np.max(np.abs(dense - dense.T))) if dense.size else 0.0
+    if n == 0:
+        return 0.0
+    diag = P.diagonal() if sp.issparse(P) else np.diag(P)
+    offdiag = (P - sp.diags(diag)).count_nonzero() if sp.issparse(P) else np.count_nonzero(P - np.diag(diag))
+    if offdiag == 0:
+        return float(np.min(diag))
+    if n <= _DENSE_PSD_LIMIT:
+        return float(scipy.linalg.eigvalsh(P.toarray() if sp.issparse(P) else P, subset_by_index=[0, 0])[0])
+    if not iterative:
+        return None
+    from scipy.sparse.linalg import eigsh
+
+    try:
+        return float(eigsh(sp.csc_matrix(P), k=1, which="SA", return_eigenvectors=False)[0])
+    except Exception:  # no convergence: unknown
+        return None
+
+
+def _check_psd(P, name: str = "P") -> None:
+    scale = matrix_scale(P)
+    diff = abs(P - P.T)
+    asym = float(diff.max()) if P.shape[0] else 0.0
     if asym > 1e-9 * scale:
-        i, j = np.unravel_index(np.argmax(np.abs(dense - dense.T)), dense.shape)
+        dense_diff = diff.toarray() if sp.issparse(diff) else diff
+        i, j = np.unravel_index(np.argmax(dense_diff), dense_diff.shape)
         raise ProblemError(
             f"{name} is not symmetric: |{name}[{i},{j}] - {name}[{j},{i}]| = {asym:.3g}; "
             f"pass (P + P.T) / 2 if you meant the symmetric part"
         )
-    diag = np.diag(dense)
+    diag = P.diagonal() if sp.issparse(P) else np.diag(P)
     if np.any(diag < -1e-9 * scale):
         i = int(np.argmin(diag))
         raise ProblemError(f"{name} is not positive semidefinite ({name}[{i},{i}] = {diag[i]:.3g} < 0)")
-    if n <= _DENSE_PSD_LIMIT:
-        lam = float(scipy.linalg.eigvalsh(dense, subset_by_index=[0, 0])[0]) if n else 0.0
-        if lam < -1e-8 * scale:
-            raise ProblemError(
-                f"{name} is not positive semidefinite (smallest eigenvalue {lam:.3g}); "
-                "polyproj solves convex QPs only"
-            )
+    lam = smallest_eigenvalue(P)
+    if lam is not None and lam < -1e-8 * scale:
+        raise ProblemError(
+            f"{name} is not positive semidefinite (smallest eigenvalue {lam:.3g}); "
+            "polyproj solves convex QPs only"
+        )
 
 
 def _dependent_rows(B) -> list[int]:
