@@ -57,11 +57,12 @@ from array_api_compat import array_namespace, is_numpy_namespace, is_torch_names
 from array_api_compat import device as _device
 
 from .errors import ProblemError
+from .problem import _INF_THRESHOLD
 from .solution import Status
 
 __all__ = ["CODES", "IPMResult", "code_to_status", "solve_qp_batch"]
 
-_INF = 1e20  # |bound| >= 1e20 means no bound (as in problem.py)
+_INF = _INF_THRESHOLD  # |bound| >= 1e20 means no bound, as everywhere in polyproj
 
 #: integer status codes of :class:`IPMResult.status`
 CODES: dict[str, int] = {

@@ -69,11 +69,53 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
     return M
 
 
-def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow_inf: int = 0) -> np.ndarray:
-    """Validate a vector of length ``size``.
+def _where(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
 
-    ``allow_inf``: 0 no infinities, +1 only +inf, -1 only -inf. Values beyond ±1e20 count as inf.
+
+def _loc(idx: tuple[int, ...]) -> str:
+    return ", ".join(str(i) for i in idx)
+
+
+def check_values(arr: np.ndarray, name: str, allow_inf: int = 0) -> np.ndarray:
+    """Check the entries of a float64 array of right-hand sides or bounds (any shape).
+
+    NaN is an error; ``|v| >= 1e20`` is mapped to ``±inf``; ``allow_inf``: 0 no infinities, +1 only
+    ``+inf`` (upper bounds), -1 only ``-inf`` (lower bounds). Used for single vectors and for the
+    batches of ``QPSolver.solve_batch`` alike. Returns the mapped array.
     """
+    nan = np.isnan(arr)
+    if nan.any():
+        idx = _where(nan)
+        where = f"index {idx[0]}" if arr.ndim == 1 else str(idx)
+        raise ProblemError(f"{name} contains NaN (first at {where})")
+    arr = np.where(arr >= _INF_THRESHOLD, np.inf, np.where(arr <= -_INF_THRESHOLD, -np.inf, arr))
+    if allow_inf == 0:
+        wrong = np.isinf(arr)
+    else:
+        wrong = np.isinf(arr) & ((arr < 0) if allow_inf > 0 else (arr > 0))
+    if wrong.any():
+        idx = _where(wrong)
+        allowed = "" if allow_inf == 0 else " or " + ("+inf" if allow_inf > 0 else "-inf")
+        raise ProblemError(f"{name}[{_loc(idx)}] = {arr[idx]} is not allowed: a forbidden infinity "
+                           f"(must be finite{allowed})")
+    return arr
+
+
+def check_order(lo: np.ndarray, hi: np.ndarray, lname: str, uname: str, what: str = "bounds") -> None:
+    """Raise when a lower bound exceeds its upper bound (arrays of any broadcastable shapes)."""
+    lo, hi = np.broadcast_arrays(lo, hi)
+    bad = lo > hi
+    if np.any(bad):
+        idx = _where(bad)
+        raise ProblemError(
+            f"{lname}[{_loc(idx)}] = {lo[idx]:g} > {uname}[{_loc(idx)}] = {hi[idx]:g}: the {what} cross "
+            f"({int(bad.sum())} such entries)"
+        )
+
+
+def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow_inf: int = 0) -> np.ndarray:
+    """Validate a vector of length ``size`` (see :func:`check_values` for ``allow_inf``)."""
     if v is None:
         if default is None:
             raise ProblemError(f"{name} is required")
@@ -85,27 +127,7 @@ def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow
     arr = np.array(arr, dtype=np.float64).reshape(-1) if arr.ndim <= 1 else arr
     if arr.ndim != 1 or arr.shape[0] != size:
         raise ProblemError(f"{name} must have shape ({size},), got {np.shape(v)}")
-    if np.any(np.isnan(arr)):
-        raise ProblemError(f"{name} contains NaN (first at index {int(np.flatnonzero(np.isnan(arr))[0])})")
-    arr = np.where(arr >= _INF_THRESHOLD, np.inf, np.where(arr <= -_INF_THRESHOLD, -np.inf, arr))
-    wrong = np.isinf(arr) & ((arr > 0) if allow_inf != 1 else (arr < 0))
-    if allow_inf == 0:
-        wrong = np.isinf(arr)
-    if np.any(wrong):
-        i = int(np.flatnonzero(wrong)[0])
-        raise ProblemError(f"{name}[{i}] = {arr[i]} is not allowed (must be finite" +
-                           ("" if allow_inf == 0 else " or " + ("+inf" if allow_inf > 0 else "-inf")) + ")")
-    return arr
-
-
-def _check_order(lo: np.ndarray, hi: np.ndarray, lname: str, uname: str) -> None:
-    bad = lo > hi
-    if np.any(bad):
-        i = int(np.flatnonzero(bad)[0])
-        raise ProblemError(
-            f"{lname}[{i}] = {lo[i]:g} > {uname}[{i}] = {hi[i]:g}: the bounds cross "
-            f"({int(bad.sum())} such entries)"
-        )
+    return check_values(arr, name, allow_inf)
 
 
 def matrix_scale(P) -> float:
@@ -229,10 +251,10 @@ class QP:
         m = C.shape[0]
         l = _vector(self.l, "l", m, default=-np.inf, allow_inf=-1)
         u = _vector(self.u, "u", m, default=np.inf, allow_inf=1)
-        _check_order(l, u, "l", "u")
+        check_order(l, u, "l", "u")
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1)
-        _check_order(lb, ub, "lb", "ub")
+        check_order(lb, ub, "lb", "ub")
         if self.check_psd:
             _check_psd(P)
         for k, v in dict(P=P, q=q, C=C, l=l, u=u, lb=lb, ub=ub).items():
@@ -254,8 +276,8 @@ class QP:
             spec = {"q": (self.n, 0), "l": (self.m, -1), "u": (self.m, 1), "lb": (self.n, -1), "ub": (self.n, 1)}
             for k, v in vectors.items():
                 vals[k] = _vector(v, k, spec[k][0], allow_inf=spec[k][1])
-            _check_order(vals["l"], vals["u"], "l", "u")
-            _check_order(vals["lb"], vals["ub"], "lb", "ub")
+            check_order(vals["l"], vals["u"], "l", "u")
+            check_order(vals["lb"], vals["ub"], "lb", "ub")
         else:
             vals.update(vectors)
         for k, v in dict(P=self.P, C=self.C, check_psd=self.check_psd, **vals).items():
@@ -423,7 +445,7 @@ class Polyhedron:
         b = _vector(self.b, "b", B.shape[0], default=0.0 if B.shape[0] == 0 else None)
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1)
-        _check_order(lb, ub, "lb", "ub")
+        check_order(lb, ub, "lb", "ub")
         if B.shape[0] and B.shape[0] * n <= _RANK_CHECK_LIMIT:
             dep = _dependent_rows(B)
             if dep:

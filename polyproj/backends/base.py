@@ -174,40 +174,29 @@ class QPSolver(abc.ABC):
 
     # ------------------------------------------------------------------ helpers for subclasses
     @staticmethod
-    def _first(mask: np.ndarray) -> tuple[int, ...]:
-        return tuple(int(i) for i in np.argwhere(mask)[0])
-
-    @staticmethod
     def _batch_vectors(qp: QP, **vecs: np.ndarray | None) -> dict[str, np.ndarray]:
         """Validate batched vectors at once (shapes, NaN, infinities, crossing bounds).
 
-        Returns float64 arrays with ``|v| >= 1e20`` mapped to ``±inf``, ready for
-        ``qp.with_vectors(validate=False, ...)``.
+        The checks are :func:`polyproj.problem.check_values` and ``check_order``, as for single
+        vectors; returns float64 arrays ready for ``qp.with_vectors(validate=False, ...)``.
         """
         from ..errors import ProblemError
+        from ..problem import check_order, check_values
 
         out = {}
-        sizes = {"q": qp.n, "l": qp.m, "u": qp.m, "lb": qp.n, "ub": qp.n}
+        spec = {"q": (qp.n, 0), "l": (qp.m, -1), "u": (qp.m, 1), "lb": (qp.n, -1), "ub": (qp.n, 1)}
         for k, v in vecs.items():
             if v is None:
                 continue
             arr = np.array(v, dtype=np.float64)
-            if arr.ndim != 2 or arr.shape[1] != sizes[k]:
-                raise ProblemError(f"batched {k} must have shape (batch, {sizes[k]}), got {arr.shape}")
-            if np.isnan(arr).any():
-                raise ProblemError(f"batched {k} contains NaN (first at {QPSolver._first(np.isnan(arr))})")
-            arr[arr >= 1e20] = np.inf
-            arr[arr <= -1e20] = -np.inf
-            wrong = np.isinf(arr) if k == "q" else (arr == (np.inf if k in ("l", "lb") else -np.inf))
-            if wrong.any():
-                raise ProblemError(f"batched {k} has a forbidden infinity at {QPSolver._first(wrong)}")
-            out[k] = arr
+            size, allow_inf = spec[k]
+            if arr.ndim != 2 or arr.shape[1] != size:
+                raise ProblemError(f"batched {k} must have shape (batch, {size}), got {arr.shape}")
+            out[k] = check_values(arr, f"batched {k}", allow_inf)
         for lo, hi in (("l", "u"), ("lb", "ub")):
             if lo in out or hi in out:
-                L = out.get(lo, getattr(qp, lo)[None, :])
-                U = out.get(hi, getattr(qp, hi)[None, :])
-                if np.any(L > U):
-                    raise ProblemError(f"batched bounds cross: {lo} > {hi} at {QPSolver._first(L > U)}")
+                check_order(out.get(lo, getattr(qp, lo)[None, :]), out.get(hi, getattr(qp, hi)[None, :]),
+                            f"batched {lo}", f"batched {hi}", what="batched bounds")
         return out
 
     @staticmethod
