@@ -329,26 +329,27 @@ def check_sign_convention(solver: QPSolver, rng: np.random.Generator) -> None:
         f"= {tuple(f'{v:.3g}' for v in got)}; expected signs (+, -, +, -) with Px + q + Cᵀz + z_box = 0")
 
 
-def check_primal_infeasible(solver: QPSolver, rng: np.random.Generator) -> None:
-    """Certified-infeasible constraints give PRIMAL_INFEASIBLE (never SOLVED)."""
+def _expect_status(solver: QPSolver, rng: np.random.Generator, make: Callable[..., QP], expected: Status,
+                   what: str) -> None:
+    """Random problems of two sizes from ``make`` must end in ``expected``."""
     _need(solver, "infeasibility")
     for n, m in ((5, 3), (10, 6)):
-        qp = random_infeasible_qp(rng, n, m)
+        qp = make(rng, n, m)
         sol = solver.solve(qp)
-        assert sol.status is Status.PRIMAL_INFEASIBLE, (
-            f"[{solver.name}] infeasible QP {_describe(qp)} (Farkas certificate by construction): got "
-            f"{sol.status.name}, expected PRIMAL_INFEASIBLE")
+        assert sol.status is expected, (
+            f"[{solver.name}] {what} {_describe(qp)}: got {sol.status.name}, expected {expected.name}")
+
+
+def check_primal_infeasible(solver: QPSolver, rng: np.random.Generator) -> None:
+    """Certified-infeasible constraints give PRIMAL_INFEASIBLE (never SOLVED)."""
+    _expect_status(solver, rng, random_infeasible_qp, Status.PRIMAL_INFEASIBLE,
+                   "infeasible QP (Farkas certificate by construction)")
 
 
 def check_dual_infeasible(solver: QPSolver, rng: np.random.Generator) -> None:
     """An objective unbounded below on the feasible set gives DUAL_INFEASIBLE."""
-    _need(solver, "infeasibility")
-    for n, m in ((5, 3), (10, 6)):
-        qp = random_unbounded_qp(rng, n, m)
-        sol = solver.solve(qp)
-        assert sol.status is Status.DUAL_INFEASIBLE, (
-            f"[{solver.name}] unbounded QP {_describe(qp)} (P d = 0, qᵀd < 0, C d <= 0): got {sol.status.name}, "
-            "expected DUAL_INFEASIBLE")
+    _expect_status(solver, rng, random_unbounded_qp, Status.DUAL_INFEASIBLE,
+                   "unbounded QP (P d = 0, qᵀd < 0, C d <= 0)")
 
 
 def check_nonconvex(solver: QPSolver, rng: np.random.Generator) -> None:
