@@ -393,3 +393,67 @@ def test_cupy_backend_unavailable_without_cupy():
     assert not info["cupy"].available and "polyproj[cupy]" in info["cupy"].reason
     with pytest.raises(pp.BackendUnavailable, match=r"polyproj\[cupy\]"):
         pp.get_backend("cupy")
+
+
+# --------------------------------------------------------------------------- compaction and batch threads
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_compacted_batch_keeps_per_element_results(ns, rng):
+    """A batch large enough to be compacted as elements finish: infeasible and slow elements are
+    carried over to the smaller batches with their state and come back in their own places."""
+    n, m, b = 8, 12, 48
+    C = rng.standard_normal((m, n))
+    C[1] = C[0]
+    x0 = rng.standard_normal(n)
+    l = np.tile(C @ x0 - 1.0, (b, 1))
+    u = np.tile(C @ x0 + 1.0, (b, 1))
+    bad = [5, 17, 40]
+    for i in bad:  # c·x <= u0 and c·x >= u0 + 1
+        l[i, 1], u[i, 1] = u[i, 0] + 1.0, u[i, 0] + 2.0
+    q = rng.standard_normal((b, n)) * np.exp(rng.uniform(-3, 3, (b, 1)))  # spread of iteration counts
+    res = solve_qp_batch(*(to_ns(ns, v) for v in (np.eye(n), q, C, l, u)), eps_abs=1e-10)
+    st = res.statuses()
+    assert [i for i, s in enumerate(st) if s == pp.Status.PRIMAL_INFEASIBLE] == bad
+    assert all(s == pp.Status.SOLVED for i, s in enumerate(st) if i not in bad)
+    it = to_np(res.iterations)
+    assert it.min() < it.max()  # the batch was not uniform, so compaction happened
+    x, z, zb = to_np(res.x), to_np(res.z), to_np(res.z_box)
+    inf = np.full(n, np.inf)
+    for i in range(b):
+        if i in bad:
+            assert np.all(np.isnan(x[i]))
+            continue
+        pres, dres, gap, _ = kkt_residuals(np.eye(n), q[i], C, l[i], u[i], -inf, inf, x[i], z[i], zb[i])
+        assert max(pres, dres, gap) <= 1e-9 * (1 + np.abs(q[i]).max())
+
+
+def test_compaction_with_per_sample_P_and_C(rng):
+    n, m, b = 6, 9, 32
+    Ps = np.stack([(lambda A: A @ A.T / n + 0.05 * np.eye(n))(rng.standard_normal((n, n))) for _ in range(b)])
+    Cs = rng.standard_normal((b, m, n))
+    x0 = rng.standard_normal((b, n))
+    cx = np.einsum("bmn,bn->bm", Cs, x0)
+    q = rng.standard_normal((b, n)) * np.exp(rng.uniform(-2, 2, (b, 1)))
+    res = solve_qp_batch(Ps, q, Cs, cx - 0.3, cx + 0.3, eps_abs=1e-10)
+    assert all(s == pp.Status.SOLVED for s in res.statuses())
+    for i in range(0, b, 5):
+        one = solve_qp_batch(Ps[i], q[i], Cs[i], cx[i] - 0.3, cx[i] + 0.3, eps_abs=1e-10)
+        np.testing.assert_allclose(res.x[i], one.x[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("ns", ["numpy", "torch"])
+def test_batch_threads_give_the_same_answers(ns, rng):
+    n, m, b = 10, 20, 160
+    A = rng.standard_normal((m, n))
+    y0 = rng.standard_normal(n)
+    a = A @ y0 + rng.uniform(0.0, 1.0, m)
+    X = 3.0 * rng.standard_normal((b, n))
+    args = [to_ns(ns, v) for v in (np.eye(n), -X, A, np.full(m, -np.inf), a)]
+    one = solve_qp_batch(*args, eps_abs=1e-11, threads=1)
+    two = solve_qp_batch(*args, eps_abs=1e-11, threads=2)
+    assert type(two.x) is type(one.x)
+    assert one.statuses() == two.statuses() == (pp.Status.SOLVED,) * b
+    np.testing.assert_allclose(to_np(two.x), to_np(one.x), atol=1e-6)
+    if ns == "torch":
+        assert torch.get_num_threads() >= 1  # the intra-op setting is restored
+    with pytest.raises(pp.ProblemError, match="threads"):
+        solve_qp_batch(*args, threads=0)
