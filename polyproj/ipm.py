@@ -62,7 +62,10 @@ from .solution import Status
 
 __all__ = ["CODES", "IPMResult", "code_to_status", "solve_qp_batch"]
 
-_INF = _INF_THRESHOLD  # |bound| >= 1e20 means no bound, as everywhere in polyproj
+# |bound| >= 1e20 means no bound, as everywhere in polyproj; the IPM also reads bounds within a
+# relative 1e-9 of it (data files write -1e20 as -9.999999999999998e19) as absent: such a "finite"
+# side gives a slack of 1e20 that wrecks the starting point and mu, and it can never be active
+_INF = _INF_THRESHOLD * (1.0 - 1e-9)
 
 #: integer status codes of :class:`IPMResult.status`
 CODES: dict[str, int] = {
