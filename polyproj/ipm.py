@@ -78,6 +78,8 @@ CODES: dict[str, int] = {
     "TIME_LIMIT": 6,
 }
 _RUNNING = -1
+#: debugging hook: ``_TRACE(it, namespace)`` is called once per iteration when set (None: no cost)
+_TRACE = None
 _STATUS_OF_CODE = {v: Status[k] for k, v in CODES.items()}
 
 
@@ -816,6 +818,8 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         running = status == _RUNNING
         alpha = xp.where(running, alpha, zero)
         a2 = alpha[:, None]
+        if _TRACE is not None:
+            _TRACE(it, locals())
         new = (x + a2 * dc[0], sl + a2 * dc[1], zl + a2 * dc[2], su + a2 * dc[3], zu + a2 * dc[4],
                (y + a2 * dc[5]) if p else y)
         # keep masked-off entries inert and every element finite
