@@ -562,10 +562,23 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         Dg = Dg0 + gamma * (xp.astype(eq, dtype)) if p else Dg0
         K = build_K(Dg, running)
         F, ok = la.factor(K, exhaustive=True)
-        if not bool(xp.all(ok)) and retry:  # stronger regularisation where the factorisation failed
-            diagmax = xp.max(xp.abs(xp.linalg.diagonal(K)), axis=-1)
-            K = _add_diag(xp, K, xp.broadcast_to((1e3 * eps * n * diagmax * xp.astype(~ok, dtype))[:, None], (b, n)))
-            F, ok = la.factor(K, exhaustive=True)
+        regd = False
+        if not bool(xp.all(ok)) and retry:
+            # where the factorisation failed, regularise in proportion to the diagonal of K: near the
+            # end D spans ~30 orders of magnitude and K, as formed, is indefinite by about eps·|K|;
+            # a relative shift is tiny on the small diagonal entries (an absolute one of eps·max|K|
+            # swamps them and the direction loses all accuracy), and iterative refinement on the
+            # unshifted system (newton_refined) removes what it changes. Escalate, then fall back to
+            # the absolute shift.
+            dK = xp.abs(xp.linalg.diagonal(K))
+            diagmax = xp.max(dK, axis=-1)
+            for shift in (1e2 * eps * n * dK, 1e5 * eps * n * dK,
+                          xp.broadcast_to((1e3 * eps * n * diagmax)[:, None], (b, n))):
+                bad = xp.astype(~ok, dtype)[:, None]
+                F, ok = la.factor(_add_diag(xp, K, shift * bad), exhaustive=True)  # same K where ok
+                regd = True
+                if bool(xp.all(ok)):
+                    break
         Sfac = W = None
         if p:
             W = la.solve(F, xp.broadcast_to(Ge.mT, (b, n, p)) * mee[:, None, :])  # K⁻¹ G_eᵀ (masked)
@@ -573,10 +586,10 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             S = S + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
             Sfac, ok2 = la.factor(S)
             ok = ok & ok2
-        return F, W, Sfac, ok, Dg0
+        return F, W, Sfac, ok, Dg0, regd
 
     def newton(fac, r1, r2):
-        F, W, Sfac, _, _ = fac
+        F, W, Sfac = fac[:3]
         if not p:
             return la.solve(F, r1[:, :, None])[..., 0], None
         r1p = r1 + gamma * _rmv(Ge, r2 * mee)
@@ -595,11 +608,15 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         on infeasible problems); one refinement step with the same factors removes them.
         """
         dx, dy = newton(fac, r1, r2)
-        if not p:
+        if not p and not fac[5]:
             return dx, dy
         Dg = fac[4]
         for _ in range(2):
-            e1 = r1 - (_mv(Ps, dx) + gtw(Dg * gx_of(dx)) + rho * dx + _rmv(Ge, dy * mee))
+            e1 = r1 - (_mv(Ps, dx) + gtw(Dg * gx_of(dx)) + rho * dx)
+            if not p:
+                dx = dx + newton(fac, e1, None)[0]
+                continue
+            e1 = e1 - _rmv(Ge, dy * mee)
             e2 = (r2 - _mv(Ge, dx)) * mee
             ddx, ddy = newton(fac, e1, e2)
             dx, dy = dx + ddx, dy + ddy
