@@ -65,7 +65,10 @@ from .solution import Status
 
 __all__ = ["CODES", "IPMResult", "code_to_status", "solve_qp_batch"]
 
-_INF = _INF_THRESHOLD  # |bound| >= 1e20 means no bound, as everywhere in polyproj
+# |bound| >= 1e20 means no bound, as everywhere in polyproj; the IPM also reads bounds within a
+# relative 1e-9 of it (data files write -1e20 as -9.999999999999998e19) as absent: such a "finite"
+# side gives a slack of 1e20 that wrecks the starting point and mu, and it can never be active
+_INF = _INF_THRESHOLD * (1.0 - 1e-9)
 
 #: integer status codes of :class:`IPMResult.status`
 CODES: dict[str, int] = {
@@ -78,6 +81,8 @@ CODES: dict[str, int] = {
     "TIME_LIMIT": 6,
 }
 _RUNNING = -1
+#: debugging hook: ``_TRACE(it, namespace)`` is called once per iteration when set (None: no cost)
+_TRACE = None
 _STATUS_OF_CODE = {v: Status[k] for k, v in CODES.items()}
 
 
@@ -606,11 +611,13 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
     gamma = 1.0
     rho = max(1e-10, 1e2 * eps) if dtype == xp.float64 else 1e-6
     delta = rho
-    # cap of z/s: high in float64 (tight gaps on badly scaled problems need it); elements whose
-    # factorisation fails are refactored with the low cap (better conditioned, still consistent);
+    # cap of z/s: in float64 effectively none (1/eps²): capping D makes the direction inconsistent
+    # with the complementarity of the blocking slacks, and the step length then collapses (QBRANDY,
+    # QBEACONF stalled at 1e-4 steps); a failed factorisation is shifted in factorize instead, and
+    # only elements whose shifted direction is inaccurate fall back to the low cap (see the loop);
     # the generic path (linalg.solve) cannot report failures per element, so it keeps the low cap
     dmax_lo = 1e-2 / eps
-    dmax = 1e2 / eps if (dtype == xp.float64 and la.kind != "generic") else dmax_lo
+    dmax = 1.0 / eps**2 if (dtype == xp.float64 and la.kind != "generic") else dmax_lo
     eye_p = xp.eye(p, dtype=dtype, device=dev) if p else None
 
     def gx_of(x):  # scaled G x  (b, M)
@@ -677,10 +684,24 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         Dg = Dg0 + gamma * (xp.astype(eq, dtype)) if p else Dg0
         K = build_K(Dg, running)
         F, ok = la.factor(K, exhaustive=True)
-        if not bool(xp.all(ok)) and retry:  # stronger regularisation where the factorisation failed
-            diagmax = xp.max(xp.abs(xp.linalg.diagonal(K)), axis=-1)
-            K = _add_diag(xp, K, xp.broadcast_to((1e3 * eps * n * diagmax * xp.astype(~ok, dtype))[:, None], (b, n)))
-            F, ok = la.factor(K, exhaustive=True)
+        regd = False
+        shifted = ~ok
+        if not bool(xp.all(ok)) and retry:
+            # where the factorisation failed, regularise in proportion to the diagonal of K: near the
+            # end D spans ~30 orders of magnitude and K, as formed, is indefinite by about eps·|K|;
+            # a relative shift is tiny on the small diagonal entries (an absolute one of eps·max|K|
+            # swamps them and the direction loses all accuracy), and iterative refinement on the
+            # unshifted system (newton_refined) removes what it changes. Escalate, then fall back to
+            # the absolute shift.
+            dK = xp.abs(xp.linalg.diagonal(K))
+            diagmax = xp.max(dK, axis=-1)
+            for shift in (1e2 * eps * n * dK, 1e5 * eps * n * dK,
+                          xp.broadcast_to((1e3 * eps * n * diagmax)[:, None], (b, n))):
+                bad = xp.astype(~ok, dtype)[:, None]
+                F, ok = la.factor(_add_diag(xp, K, shift * bad), exhaustive=True)  # same K where ok
+                regd = True
+                if bool(xp.all(ok)):
+                    break
         Sfac = W = None
         if p:
             W = la.solve(F, xp.broadcast_to(Ge.mT, (b, n, p)) * mee[:, None, :])  # K⁻¹ G_eᵀ (masked)
@@ -688,10 +709,10 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             S = S + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
             Sfac, ok2 = la.factor(S)
             ok = ok & ok2
-        return F, W, Sfac, ok, Dg0
+        return F, W, Sfac, ok, Dg0, regd, shifted
 
     def newton(fac, r1, r2):
-        F, W, Sfac, _, _ = fac
+        F, W, Sfac = fac[:3]
         if not p:
             return la.solve(F, r1[:, :, None])[..., 0], None
         r1p = r1 + gamma * _rmv(Ge, r2 * mee)
@@ -710,11 +731,15 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         on infeasible problems); one refinement step with the same factors removes them.
         """
         dx, dy = newton(fac, r1, r2)
-        if not p:
+        if not p and not fac[5]:
             return dx, dy
         Dg = fac[4]
         for _ in range(2):
-            e1 = r1 - (_mv(Ps, dx) + gtw(Dg * gx_of(dx)) + rho * dx + _rmv(Ge, dy * mee))
+            e1 = r1 - (_mv(Ps, dx) + gtw(Dg * gx_of(dx)) + rho * dx)
+            if not p:
+                dx = dx + newton(fac, e1, None)[0]
+                continue
+            e1 = e1 - _rmv(Ge, dy * mee)
             e2 = (r2 - _mv(Ge, dx)) * mee
             ddx, ddy = newton(fac, e1, e2)
             dx, dy = dx + ddx, dy + ddy
@@ -733,6 +758,27 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         dzl = (-rcl / sl - Dl * dsl) * ml
         dzu = (-rcu / su - Du * dsu) * mu
         return dx, dsl, dzl, dsu, dzu, dy
+
+    def pred_corr(fac, st, res, mu_c, Dl, Du):
+        """Mehrotra predictor and corrector directions (da, dc) and the centring sigma."""
+        _, sl, zl, su, zu, _ = st
+        da = direction(fac, st, res, sl * zl * ml, su * zu * mu, Dl, Du)
+        a_aff = xp.minimum(step_len(st, da), one)
+        mu_aff = mu_of(sl + a_aff[:, None] * da[1], zl + a_aff[:, None] * da[2],
+                       su + a_aff[:, None] * da[3], zu + a_aff[:, None] * da[4])
+        sigma = xp.clip((mu_aff / xp.where(mu_c > 0, mu_c, one)) ** 3, zero, one)
+        smu = (sigma * mu_c)[:, None]
+        rcl = (sl * zl + da[1] * da[2] - smu) * ml
+        rcu = (su * zu + da[3] * da[4] - smu) * mu
+        return da, direction(fac, st, res, rcl, rcu, Dl, Du), sigma
+
+    def stat_error(d, res):
+        """Unscaled error of the linearised stationarity ``P dx + Gᵀdz = −r_d`` of a direction."""
+        dzg = d[4] * mu - d[2] * ml
+        lin = _mv(Ps, d[0]) + gtw(dzg) + res[0]
+        if p:
+            lin = lin + _rmv(Ge, d[5] * mee)
+        return _inf_norm(xp, lin / (D * c[:, None]))
 
     def residuals(st):
         x, sl, zl, su, zu, y = st
@@ -906,7 +952,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         x, sl, zl, su, zu, y = st
         Dl = xp.clip(zl / sl * ml, zero, dmax * one)
         Du = xp.clip(zu / su * mu, zero, dmax * one)
-        fac = factorize(Dl + Du, running, retry=dmax <= dmax_lo)
+        fac = factorize(Dl + Du, running)
         if dmax > dmax_lo and not bool(xp.all(fac[3] | ~running)):
             low = (~fac[3])[:, None]
             Dl = xp.where(low, xp.clip(Dl, zero, dmax_lo * one), Dl)
@@ -916,17 +962,19 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         running = status == _RUNNING
         res = residuals(st)
         mu_c = mu_of(sl, zl, su, zu)
-        # predictor
-        da = direction(fac, st, res, sl * zl * ml, su * zu * mu, Dl, Du)
-        a_aff = xp.minimum(step_len(st, da), one)
-        mu_aff = mu_of(sl + a_aff[:, None] * da[1], zl + a_aff[:, None] * da[2],
-                       su + a_aff[:, None] * da[3], zu + a_aff[:, None] * da[4])
-        sigma = xp.clip((mu_aff / xp.where(mu_c > 0, mu_c, one)) ** 3, zero, one)
-        smu = (sigma * mu_c)[:, None]
-        # corrector
-        rcl = (sl * zl + da[1] * da[2] - smu) * ml
-        rcu = (su * zu + da[3] * da[4] - smu) * mu
-        dc = direction(fac, st, res, rcl, rcu, Dl, Du)
+        da, dc, sigma = pred_corr(fac, st, res, mu_c, Dl, Du)
+        if fac[5]:
+            # the shifted factorisation (see factorize) can leave a direction whose stationarity is
+            # off by more than the tolerance (many equality rows, near-null directions): there, cap
+            # D instead (dmax_lo) and recompute
+            redo = running & fac[6] & (stat_error(dc, res) > 0.1 * xp.maximum(xp.maximum(td, floor), dres))
+            if bool(xp.any(redo)):
+                Dl = xp.where(redo[:, None], xp.clip(Dl, zero, dmax_lo * one), Dl)
+                Du = xp.where(redo[:, None], xp.clip(Du, zero, dmax_lo * one), Du)
+                fac = factorize(Dl + Du, running)
+                status = xp.where(running & ~fac[3], code["NUMERICAL_ERROR"], status)
+                running = status == _RUNNING
+                da, dc, sigma = pred_corr(fac, st, res, mu_c, Dl, Du)
         alpha = xp.minimum(0.99 * step_len(st, dc), one)
         alpha = xp.where(running, alpha, zero)
         # infeasibility certificates from the corrector direction (unscaled)
@@ -944,6 +992,8 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         running = status == _RUNNING
         alpha = xp.where(running, alpha, zero)
         a2 = alpha[:, None]
+        if _TRACE is not None:
+            _TRACE(it, locals())
         new = (x + a2 * dc[0], sl + a2 * dc[1], zl + a2 * dc[2], su + a2 * dc[3], zu + a2 * dc[4],
                (y + a2 * dc[5]) if p else y)
         # keep masked-off entries inert and every element finite
