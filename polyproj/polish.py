@@ -38,7 +38,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from .hs_jacobian import ActiveFactor, compact_rhs, expand_rows, gather_active_rows, svd_factor
+from .hs_jacobian import ActiveFactor, expand_rows, gather_active_rows, svd_factor
 
 __all__ = ["factor_face", "ineq_slack", "polish"]
 
@@ -253,6 +253,27 @@ def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
     return _scatter(xp, lam, bad, lam_b), _scatter(xp, step, bad, step_b)
 
 
+def _face_rhs(xp, A, a, b, sA, R):
+    """Right-hand sides (b, k+p) of the gathered rows: :func:`~polyproj.hs_jacobian.compact_rhs`.
+
+    A gathered row is real (keeps its right-hand side) when it is an active row of A with a
+    non-zero entry; padding rows get 0. Decided on the (m,) rows of A, not the (b, k, n) gather.
+    """
+    batch, k = R.scale.shape[0], R.k
+    parts = []
+    if R.m:
+        idx = R.order[:, :k]
+        a0 = xp.where(xp.isfinite(a), a, xp.zeros_like(a))
+        a_k = xp.take_along_axis(xp.broadcast_to(a0, (batch, R.m)), idx, axis=1)
+        real = sA & xp.broadcast_to(xp.any(A != 0, axis=-1), (batch, R.m))
+        parts.append(xp.where(xp.take_along_axis(real, idx, axis=1), a_k, xp.zeros_like(a_k)))
+    if R.p:
+        parts.append(xp.broadcast_to(b, (batch, R.p)))
+    if not parts:
+        return xp.zeros((batch, 0), dtype=R.scale.dtype, device=_device(R.scale))
+    return xp.concat(parts, axis=1)
+
+
 def face_solve(X, A, a, B, b, lb, ub, S, *, method: str = "auto"):
     """Exact projection of X onto the face given by the candidate set S (b, m + 2n).
 
@@ -278,8 +299,7 @@ def face_solve(X, A, a, B, b, lb, ub, S, *, method: str = "auto"):
     fixed_val = xp.where(at_ub > 0, ubf, lbf)
     R = gather_active_rows(A, B, sA, free)
     F = ActiveFactor(xp, free, None, None, None, R.scale, R.rows, R.order, R.k, R.m, R.p)
-    a0 = xp.where(xp.isfinite(a), a, xp.zeros_like(a))
-    c = compact_rhs(F, a0, b)
+    c = _face_rhs(xp, A, a, b, sA, R)
     Z = free * X + fixed * fixed_val  # x with the fixed coordinates at their bounds
     lam_c, step = _face_step(xp, R, free, _matvec(xp, R.rows, Z) - c, n, method)
     Y = Z - step
