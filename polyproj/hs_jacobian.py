@@ -135,7 +135,7 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
     maskA = xp.astype(xp.take_along_axis(act_i, idx, axis=1), dtype)
     rowsA = rowsA * maskA[:, :, None]
     rows = xp.concat([rowsA, _as_batch(xp, B, batch, n)], axis=1)
-    Mf = rows * free[:, None, :]
+    Mf = rows if bool(xp.all(free == 1)) else rows * free[:, None, :]  # nothing fixed: no mask
     norms = xp.linalg.vector_norm(Mf, axis=-1)
     scale = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)), xp.zeros_like(norms))
     return ActiveRows(xp, rows, Mf * scale[:, :, None], scale, order, k, m, p)

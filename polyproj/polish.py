@@ -38,7 +38,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from .hs_jacobian import ActiveFactor, expand_rows, gather_active_rows, project_on_face, svd_factor
+from .hs_jacobian import ActiveFactor, expand_rows, gather_active_rows, svd_factor
 
 __all__ = ["factor_face", "ineq_slack", "polish"]
 
@@ -64,7 +64,7 @@ def _scatter(xp, full, mask, part):
 
 def _rows(xp, M, mask, ndim_batched: int):
     """Rows of per-sample data selected by a batch mask; shared data unchanged."""
-    return M[mask, ...] if M.ndim == ndim_batched else M
+    return M[mask] if M.ndim == ndim_batched else M
 
 
 def _tri_inv(xp, L):
@@ -149,7 +149,7 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
         s_inv = xp.astype(xp.broadcast_to(ok[:, None], (batch, kk)), dtype)
         bad = ~ok
         if bool(xp.any(bad)):
-            Ub, sb, Vhb = svd_factor(Mn[bad, ...], n)
+            Ub, sb, Vhb = svd_factor(Mn[bad], n)
             r = sb.shape[1]
             if r < kk:
                 Ub = xp.concat([Ub, xp.zeros((Ub.shape[0], kk, kk - r), dtype=dtype, device=dev)], axis=2)
@@ -184,11 +184,105 @@ def _rmax(xp, v):
     return xp.max(xp.abs(v), axis=1, keepdims=True)
 
 
-def face_solve(X, A, a, B, b, lb, ub, S):
+def _chol_solve(xp, L, r):
+    """``t`` with ``L Lᵀ t = r`` for a batch: ``L`` (b, k, k) lower triangular, ``r`` (b, k).
+
+    Two triangular solves with vectors (``O(k²)`` per sample); ``L⁻¹`` is never formed.
+    """
+    if _is_torch(xp):  # torch's own kernels, reached through the namespace (no torch import here)
+        y = xp.linalg.solve_triangular(L, r[:, :, None], upper=False)
+        return xp.linalg.solve_triangular(xp.matrix_transpose(L), y, upper=True)[:, :, 0]
+    if xp.__name__.endswith("numpy"):
+        return _chol_solve_numpy(L, r)
+    y = xp.linalg.solve(L, r[:, :, None])
+    return xp.linalg.solve(xp.matrix_transpose(L), y)[:, :, 0]
+
+
+def _chol_solve_numpy(L, r):
+    """Forward then backward substitution vectorised over the batch (NumPy has no batched triangular solve)."""
+    k = L.shape[1]
+    d = np.diagonal(L, axis1=1, axis2=2)
+    y = np.empty_like(r)
+    for i in range(k):
+        y[:, i] = (r[:, i] - np.einsum("bj,bj->b", L[:, i, :i], y[:, :i])) / d[:, i]
+    t = np.empty_like(r)
+    for i in range(k - 1, -1, -1):
+        t[:, i] = (y[:, i] - np.einsum("bj,bj->b", L[:, i + 1:, i], t[:, i + 1:])) / d[:, i]
+    return t
+
+
+def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
+    """Multipliers and step of the projection onto the face of the gathered rows ``R``.
+
+    With ``M_n`` the row-normalised, column-masked rows and ``r_n = scale · resid``, returns the
+    compact multipliers ``λ = scale · (M_n M_nᵀ)⁺ r_n`` (b, k+p) and the step ``M_n⁺ r_n`` (b, n), so
+    that ``y = z − step`` for ``resid = M z − c``. Well-conditioned faces (the criterion of
+    :func:`factor_face`) use the Cholesky factor of the Gram matrix and two triangular solves;
+    the others fall back to the rank-revealing SVD of :func:`~polyproj.hs_jacobian.svd_factor`.
+    """
+    Mn, scale, rows = R.Mn, R.scale, R.rows
+    batch, kk = scale.shape
+    dtype, dev = Mn.dtype, _device(Mn)
+    if kk == 0:
+        return (xp.zeros((batch, 0), dtype=dtype, device=dev), xp.zeros((batch, n), dtype=dtype, device=dev))
+    rn = resid * scale
+    if method == "auto" and kk <= n:
+        pos = scale > 0
+        pad = 1.0 - xp.astype(pos, dtype)  # zero rows (padding, or fully fixed support) get a unit pivot
+        eye = xp.eye(kk, dtype=dtype, device=dev)
+        G = xp.matmul(Mn, xp.matrix_transpose(Mn)) + eye[None, :, :] * pad[:, :, None]
+        L, ok = _cholesky(xp, G)
+        diag = xp.linalg.diagonal(L)
+        # accept well-conditioned faces only (min pivot >= eps^(1/4), as factor_face)
+        ok = ok & xp.all(xp.where(pos, diag, xp.ones_like(diag)) >= _eps(xp, dtype) ** 0.25, axis=1)
+        L = xp.where(ok[:, None, None], L, xp.broadcast_to(eye, L.shape))
+        lam = _chol_solve(xp, L, rn) * scale
+        step = xp.matmul(lam[:, None, :], rows)[:, 0, :] * free  # M_nᵀ (M_n M_nᵀ)⁻¹ r_n
+        bad = ~ok
+        if not bool(xp.any(bad)):
+            return lam, step
+    else:
+        bad = xp.ones((batch,), dtype=xp.bool, device=dev)
+    Ub, sb, Vhb = svd_factor(Mn[bad], n)
+    rb = rn[bad]
+    u = xp.sum(Ub * rb[:, :, None], axis=1) * sb  # Σ⁻¹ Uᵀ r_n
+    step_b = xp.sum(Vhb * u[:, :, None], axis=1)
+    lam_b = xp.sum(Ub * (u * sb)[:, None, :], axis=-1) * scale[bad]
+    if bool(xp.all(bad)):
+        return lam_b, step_b
+    return _scatter(xp, lam, bad, lam_b), _scatter(xp, step, bad, step_b)
+
+
+def _face_rhs(xp, A, a, b, sA, R):
+    """Right-hand sides (b, k+p) of the gathered rows: :func:`~polyproj.hs_jacobian.compact_rhs`.
+
+    A gathered row is real (keeps its right-hand side) when it is an active row of A with a
+    non-zero entry; padding rows get 0. Decided on the (m,) rows of A, not the (b, k, n) gather.
+    """
+    batch, k = R.scale.shape[0], R.k
+    parts = []
+    if R.m:
+        idx = R.order[:, :k]
+        a0 = xp.where(xp.isfinite(a), a, xp.zeros_like(a))
+        a_k = xp.take_along_axis(xp.broadcast_to(a0, (batch, R.m)), idx, axis=1)
+        real = sA & xp.broadcast_to(xp.any(A != 0, axis=-1), (batch, R.m))
+        parts.append(xp.where(xp.take_along_axis(real, idx, axis=1), a_k, xp.zeros_like(a_k)))
+    if R.p:
+        parts.append(xp.broadcast_to(b, (batch, R.p)))
+    if not parts:
+        return xp.zeros((batch, 0), dtype=R.scale.dtype, device=_device(R.scale))
+    return xp.concat(parts, axis=1)
+
+
+def face_solve(X, A, a, B, b, lb, ub, S, *, method: str = "auto"):
     """Exact projection of X onto the face given by the candidate set S (b, m + 2n).
 
     Returns ``Y``, full-layout inequality multipliers (b, m + 2n), equality multipliers (b, p) and
     the consistency residual ``max|M y − c|`` (b,), with ``Y − X + Aᵀλ_A − λ_lb + λ_ub + Bᵀμ = 0``.
+    The arithmetic is that of :func:`factor_face` followed by
+    :func:`~polyproj.hs_jacobian.project_on_face`, without forming the factor's matrices: only
+    matrix–vector products and one Cholesky factorisation per sample (``method="svd"`` forces the
+    SVD).
     """
     xp = array_namespace(X, A)
     dtype = X.dtype
@@ -199,17 +293,22 @@ def face_solve(X, A, a, B, b, lb, ub, S):
     # a coordinate listed at both bounds (lb == ub) is fixed once, at the upper bound value
     at_lb = xp.astype(s_lb, dtype) * (1.0 - at_ub)
     fixed = at_lb + at_ub
+    free = 1.0 - fixed
     lbf = xp.where(xp.isfinite(lb), lb, xp.zeros_like(lb))
     ubf = xp.where(xp.isfinite(ub), ub, xp.zeros_like(ub))
     fixed_val = xp.where(at_ub > 0, ubf, lbf)
-    F = factor_face(A, B, sA, 1.0 - fixed)
-    a0 = xp.where(xp.isfinite(a), a, xp.zeros_like(a))
-    Y, lam_c, cons = project_on_face(F, X, a0, b, fixed_val, fixed)
+    R = gather_active_rows(A, B, sA, free)
+    F = ActiveFactor(xp, free, None, None, None, R.scale, R.rows, R.order, R.k, R.m, R.p)
+    c = _face_rhs(xp, A, a, b, sA, R)
+    Z = free * X + fixed * fixed_val  # x with the fixed coordinates at their bounds
+    lam_c, step = _face_step(xp, R, free, _matvec(xp, R.rows, Z) - c, n, method)
+    Y = Z - step
+    cons = _matvec(xp, R.rows, Y) - c
     lamA, mu = expand_rows(F, lam_c)
-    Mt_lam = xp.sum(F.rows * lam_c[:, :, None], axis=1)
+    Mt_lam = xp.matmul(lam_c[:, None, :], R.rows)[:, 0, :]
     z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
     mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
-    return Y, mult, mu, _rmax(xp, cons)[:, 0], F
+    return Y, mult, mu, _rmax(xp, cons)[:, 0]
 
 
 def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float,
@@ -286,7 +385,7 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
 
         Xt, At, at, Bt, bt = sel(X, 2), sel(A, 3), sel(a, 2), sel(B, 3), sel(b, 2)
         lbt, ubt, St, fint = sel(lb, 2), sel(ub, 2), sel(S, 2), sel(fin, 2)
-        Yt, mt, mut, cons, _ = face_solve(Xt, At, at, Bt, bt, lbt, ubt, St)
+        Yt, mt, mut, cons = face_solve(Xt, At, at, Bt, bt, lbt, ubt, St)
         slack = ineq_slack(Yt, At, at, lbt, ubt)
         feas_tol = tol * sel(rscale, 2)
         mtol = tol * (1.0 + _rmax(xp, mt))

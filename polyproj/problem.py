@@ -308,7 +308,25 @@ class QP:
     @functools.cached_property
     def has_bounds(self) -> bool:
         """True when some variable bound is finite."""
-        return bool(np.any(np.isfinite(self.lb)) or np.any(np.isfinite(self.ub)))
+        return bool(self.bounded.size)
+
+    @functools.cached_property
+    def bounded(self) -> np.ndarray:
+        """Indices of the variables with a finite lower or upper bound."""
+        return np.flatnonzero(np.isfinite(self.lb) | np.isfinite(self.ub))
+
+    @functools.cached_property
+    def memo(self) -> dict[Any, Any]:
+        """Solver-ready forms of this problem, kept by the backends that made them.
+
+        A QP never changes after construction, so a backend converts it once (keyed by the
+        backend and whatever of its settings the conversion depends on) and repeated solves of the
+        same problem reuse the conversion. Not pickled.
+        """
+        return {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "memo"}
 
     # -- evaluation
     def objective(self, x: np.ndarray) -> float:

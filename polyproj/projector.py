@@ -104,10 +104,9 @@ def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
     cols = np.concatenate([np.arange(m), m + P.lb_idx, m + n + P.ub_idx])
     full0 = np.zeros((X.shape[0], m + 2 * n))
     full0[:, cols] = mult0
-    with small_blas():
-        Y, active, mult, mu, accepted = polish_batch(
-            X, P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0, full0,
-            cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
+    Y, active, mult, mu, accepted = polish_batch(
+        X, P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0, full0,
+        cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
     return Y, active[:, cols], np.concatenate([mult[:, cols], mu], axis=1), accepted
 
 
@@ -190,32 +189,35 @@ def project(
             f"{Status.PRIMAL_INFEASIBLE.message}",
             solution=sol,
         )
-    Y0 = np.array(sol.x, dtype=np.float64)
-    mult0 = _backend_multipliers(polyhedron, sol)
-    if polish:
-        eps = float(solver.settings.get("eps_abs", 1e-8))
-        Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps),
-                                            dist_tol=max(1e-9, eps), tol=tol,
-                                            max_iter=max_polish_iter)
-        Y = np.where(accepted[:, None], Y, Y0)
-        statuses = [Status.SOLVED if acc else st for acc, st in zip(accepted, statuses, strict=True)]
-        if not accepted.all():
-            warnings.warn(
-                f"polish refused for {int((~accepted).sum())} of {len(accepted)} points: the KKT "
-                "conditions could not be verified on the identified active set; those points keep "
-                f"the backend's accuracy (statuses {sorted({s.name for s in np.array(sol.status)[~accepted]})})",
-                PolyprojWarning,
-                stacklevel=2,
-            )
-        if not accepted.all():  # refused points keep the backend's point, active set by both signals
-            bad = ~accepted
-            active[bad], mult[bad] = _unpolished(polyhedron, Y0[bad], mult0[bad], np.atleast_2d(sol.z)[bad], eps)
-    else:
-        Y = Y0
-        accepted = np.zeros(X2.shape[0], dtype=bool)
-        eps = float(solver.settings.get("eps_abs", 1e-8))
-        active, mult = _unpolished(polyhedron, Y, mult0, sol.z, eps)
-    viol = polyhedron.violation(Y)
+    # the rest is batched NumPy work on small arrays: one BLAS thread (multithreaded OpenBLAS on
+    # these sizes mostly synchronises, and stalls badly when the cores are busy)
+    with small_blas():
+        Y0 = np.asarray(sol.x, dtype=np.float64)
+        mult0 = _backend_multipliers(polyhedron, sol)
+        if polish:
+            eps = float(solver.settings.get("eps_abs", 1e-8))
+            Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps),
+                                                dist_tol=max(1e-9, eps), tol=tol,
+                                                max_iter=max_polish_iter)
+            Y = np.where(accepted[:, None], Y, Y0)
+            statuses = [Status.SOLVED if acc else st for acc, st in zip(accepted, statuses, strict=True)]
+            if not accepted.all():
+                warnings.warn(
+                    f"polish refused for {int((~accepted).sum())} of {len(accepted)} points: the KKT "
+                    "conditions could not be verified on the identified active set; those points keep "
+                    f"the backend's accuracy (statuses {sorted({s.name for s in np.array(sol.status)[~accepted]})})",
+                    PolyprojWarning,
+                    stacklevel=2,
+                )
+            if not accepted.all():  # refused points keep the backend's point, active set by both signals
+                bad = ~accepted
+                active[bad], mult[bad] = _unpolished(polyhedron, Y0[bad], mult0[bad], np.atleast_2d(sol.z)[bad], eps)
+        else:
+            Y = Y0
+            accepted = np.zeros(X2.shape[0], dtype=bool)
+            eps = float(solver.settings.get("eps_abs", 1e-8))
+            active, mult = _unpolished(polyhedron, Y, mult0, sol.z, eps)
+        viol = polyhedron.violation(Y)
     if single:
         return ProjectionResult(Y[0], active[0], mult[0], statuses[0], float(viol[0]), viol,
                                 bool(accepted[0]), solver.name, sol.solution(0))

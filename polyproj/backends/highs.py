@@ -10,6 +10,7 @@ silent answer); ``time_limit`` and ``max_iter`` map to HiGHS's ``time_limit`` an
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, ClassVar
 
@@ -17,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..problem import QP
-from ..solution import Solution, Status
+from ..solution import Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex, is_strictly_convex
@@ -25,29 +26,61 @@ from .convexity import is_nonconvex, is_strictly_convex
 __all__ = ["HiGHSSolver"]
 
 
-def _matrices(qp: QP) -> tuple[Any, Any]:
-    """HiGHS's constraint matrix (column-wise C) and Hessian (lower triangle of P, None if P = 0).
+def _arrays(qp: QP) -> tuple[np.ndarray, ...]:
+    """HiGHS's constraint matrix (column-wise C) and Hessian (lower triangle of P) as CSC arrays.
 
-    Built once per (P, C) and cached by the caller: assigning the C++ objects is a copy in C++.
+    ``(a_start, a_index, a_value, q_start, q_index, q_value)`` in HiGHS's integer type; built once
+    per (P, C) and cached by the caller. ``q_value`` is empty when P = 0 (an LP).
     """
-    import highspy
-
     A = sp.csc_matrix(qp.C)
     Q = sp.csc_matrix(np.tril(qp.P)) if not sp.issparse(qp.P) else sp.tril(qp.P, format="csc")
     Q.eliminate_zeros()
     A.sort_indices()
     Q.sort_indices()
+
+    def ints(v):
+        return np.ascontiguousarray(v, dtype=np.int32)
+
+    def reals(v):
+        return np.ascontiguousarray(v, dtype=np.float64)
+
+    return (ints(A.indptr), ints(A.indices), reals(A.data), ints(Q.indptr), ints(Q.indices), reals(Q.data))
+
+
+def _matrices(qp: QP) -> tuple[Any, Any]:
+    """HiGHS's constraint matrix and Hessian objects (None if P = 0), from the cached arrays."""
+    import highspy
+
+    a_start, a_index, a_value, q_start, q_index, q_value = converted("highs", (qp.P, qp.C), None, lambda: _arrays(qp))
     mat = highspy.HighsSparseMatrix()
     mat.format_ = highspy.MatrixFormat.kColwise
     mat.num_col_, mat.num_row_ = qp.n, qp.m
-    mat.start_, mat.index_, mat.value_ = A.indptr, A.indices, A.data
-    if not Q.nnz:
+    mat.start_, mat.index_, mat.value_ = a_start, a_index, a_value
+    if not q_value.size:
         return mat, None
     hess = highspy.HighsHessian()
     hess.dim_ = qp.n
     hess.format_ = highspy.HessianFormat.kTriangular
-    hess.start_, hess.index_, hess.value_ = Q.indptr, Q.indices, Q.data
+    hess.start_, hess.index_, hess.value_ = q_start, q_index, q_value
     return mat, hess
+
+
+@functools.cache
+def _codes() -> tuple[int, int, int, dict[Any, Status]]:
+    """HiGHS's enum codes used on every solve, and the map of model statuses (looked up once)."""
+    import highspy
+
+    M = highspy.HighsModelStatus
+    status = {
+        M.kOptimal: Status.SOLVED,
+        M.kInfeasible: Status.PRIMAL_INFEASIBLE,
+        M.kUnbounded: Status.DUAL_INFEASIBLE,
+        M.kUnboundedOrInfeasible: Status.DUAL_INFEASIBLE,
+        M.kTimeLimit: Status.TIME_LIMIT,
+        M.kIterationLimit: Status.MAX_ITER,
+    }
+    return (int(highspy.MatrixFormat.kColwise), int(highspy.HessianFormat.kTriangular),
+            int(highspy.ObjSense.kMinimize), status)
 
 
 class HiGHSSolver(QPSolver):
@@ -92,6 +125,7 @@ class HiGHSSolver(QPSolver):
 
     @staticmethod
     def _model(qp: QP) -> Any:
+        """The problem as a ``highspy.HighsModel`` (for callers of HiGHS's own API)."""
         import highspy
 
         lp = highspy.HighsLp()
@@ -99,13 +133,29 @@ class HiGHSSolver(QPSolver):
         lp.col_cost_ = qp.q
         lp.col_lower_, lp.col_upper_ = qp.lb, qp.ub
         lp.row_lower_, lp.row_upper_ = qp.l, qp.u
-        mat, hess = converted("highs", (qp.P, qp.C), None, lambda: _matrices(qp))
+        mat, hess = _matrices(qp)
         lp.a_matrix_ = mat
         model = highspy.HighsModel()
         model.lp_ = lp
         if hess is not None:
             model.hessian_ = hess
         return model
+
+    @staticmethod
+    def _pass(h: Any, qp: QP) -> Any:
+        """Hand the problem to HiGHS as arrays (``passModel``'s array form: no HighsLp/HighsModel copies)."""
+        arrays = qp.memo.get("highs")
+        if arrays is None:  # matrices shared by every QP with the same P and C, then kept per problem
+            mats = converted("highs", (qp.P, qp.C), None, lambda: _arrays(qp))
+            arrays = qp.memo["highs"] = (*mats, np.zeros(qp.n, dtype=np.int32))  # all columns continuous
+        a_start, a_index, a_value, q_start, q_index, q_value, integrality = arrays
+        colwise, triangular, minimize, _ = _codes()
+        if q_value.size:
+            return h.passModel(qp.n, qp.m, a_value.size, q_value.size, colwise, triangular, minimize, 0.0,
+                               qp.q, qp.lb, qp.ub, qp.l, qp.u, a_start, a_index, a_value,
+                               q_start, q_index, q_value, integrality)
+        return h.passModel(qp.n, qp.m, a_value.size, colwise, minimize, 0.0, qp.q, qp.lb, qp.ub, qp.l, qp.u,
+                           a_start, a_index, a_value, integrality)
 
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP with HiGHS (warm starts are not used: HiGHS's QP solver has none here)."""
@@ -115,7 +165,7 @@ class HiGHSSolver(QPSolver):
             return self._nan_solution(qp, Status.NON_CONVEX, self.name, info={"error": "P is not PSD"})
         t0 = time.perf_counter()
         h = self._highs()
-        pass_status = h.passModel(self._model(qp))
+        pass_status = self._pass(h, qp)
         setup = time.perf_counter() - t0
         if pass_status == highspy.HighsStatus.kError:
             return self._nan_solution(qp, Status.NUMERICAL_ERROR, self.name, setup_time=setup,
@@ -124,15 +174,7 @@ class HiGHSSolver(QPSolver):
         run_status = h.run()
         solve_time = time.perf_counter() - t1
         ms = h.getModelStatus()
-        M = highspy.HighsModelStatus
-        status = {
-            M.kOptimal: Status.SOLVED,
-            M.kInfeasible: Status.PRIMAL_INFEASIBLE,
-            M.kUnbounded: Status.DUAL_INFEASIBLE,
-            M.kUnboundedOrInfeasible: Status.DUAL_INFEASIBLE,
-            M.kTimeLimit: Status.TIME_LIMIT,
-            M.kIterationLimit: Status.MAX_ITER,
-        }.get(ms, Status.NUMERICAL_ERROR)
+        status = _codes()[3].get(ms, Status.NUMERICAL_ERROR)
         if status is Status.NUMERICAL_ERROR and is_nonconvex(qp, always=True):
             status = Status.NON_CONVEX
         if status is Status.DUAL_INFEASIBLE and is_strictly_convex(qp):
@@ -141,7 +183,7 @@ class HiGHSSolver(QPSolver):
         info_h = h.getInfo()
         iters = int(info_h.qp_iteration_count) + max(int(info_h.simplex_iteration_count), 0)
         info = {"raw_status": h.modelStatusToString(ms), "run_status": str(run_status)}
-        if ms == M.kUnboundedOrInfeasible:
+        if ms == highspy.HighsModelStatus.kUnboundedOrInfeasible:
             info["note"] = "HiGHS reports unbounded-or-infeasible"
         sol = h.getSolution()
         if not status.ok and status not in (Status.TIME_LIMIT, Status.MAX_ITER):
@@ -152,7 +194,7 @@ class HiGHSSolver(QPSolver):
             z, z_box = -np.array(sol.row_dual, dtype=np.float64), -np.array(sol.col_dual, dtype=np.float64)
         else:
             z, z_box = np.full(qp.m, np.nan), np.full(qp.n, np.nan)
-        if x.shape != (qp.n,) or (status.ok and not np.all(np.isfinite(x))):
+        if x.shape != (qp.n,) or (status.ok and not all_finite(x)):
             x, status = np.full(qp.n, np.nan), Status.NUMERICAL_ERROR
         if x.shape == (qp.n,) and run_status == highspy.HighsStatus.kWarning and status is Status.SOLVED:
             info["warning"] = "HiGHS returned a warning"

@@ -8,6 +8,7 @@ to ``A`` as identity rows (finite bounds only), so ``A = [C; E]`` and ``z = y[:m
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, ClassVar
 
@@ -15,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..problem import QP
-from ..solution import BatchSolution, Solution, Status
+from ..solution import BatchSolution, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
 
@@ -32,6 +33,15 @@ _STATUS = {
     "OSQP_TIME_LIMIT_REACHED": Status.TIME_LIMIT,
     "OSQP_NON_CVX": Status.NON_CONVEX,
 }
+
+
+@functools.cache
+def _status_of(value: int) -> tuple[str, Status]:
+    """OSQP's status name and polyproj's Status for OSQP's ``status_val`` (one lookup per value)."""
+    import osqp
+
+    raw = osqp.SolverStatus(value).name
+    return raw, _STATUS.get(raw, Status.NUMERICAL_ERROR)
 
 
 class OSQPSolver(QPSolver):
@@ -54,22 +64,32 @@ class OSQPSolver(QPSolver):
 
     # ---------------------------------------------------------------- problem mapping
     def _osqp_settings(self) -> dict[str, Any]:
+        """OSQP's keyword settings, built once per value of the unified and backend settings."""
         s = self.settings
+        key = (tuple(s.values()), tuple(self.backend_options.values()))
+        cached = getattr(self, "_osqp_settings_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         out: dict[str, Any] = {"eps_abs": float(s["eps_abs"]), "eps_rel": float(s["eps_rel"]),
                                "verbose": bool(s["verbose"]), "warm_starting": bool(s["warm_start"]),
                                "polishing": True, "max_iter": s["max_iter"] and int(s["max_iter"]),
                                "time_limit": s["time_limit"] and float(s["time_limit"])}
         out = {k: v for k, v in out.items() if v is not None}
         out.update({k: v for k, v in self.backend_options.items() if v is not None})
+        self._osqp_settings_cache = (key, out)
         return out
 
     @staticmethod
     def _matrices(qp: QP):
         """Upper triangle of P (CSC), A = [C; E_box] (CSC), l, u and the indices of bounded variables.
 
-        The matrices are cached per (P, C, bounded variables): see :mod:`polyproj.backends.cache`.
+        The matrices are cached per (P, C, bounded variables) (see :mod:`polyproj.backends.cache`),
+        the whole set per problem (``qp.memo``).
         """
-        box = np.flatnonzero(np.isfinite(qp.lb) | np.isfinite(qp.ub))
+        hit = qp.memo.get("osqp")
+        if hit is not None:
+            return hit
+        box = qp.bounded
 
         def build():
             P = sp.triu(qp.P, format="csc") if sp.issparse(qp.P) else sp.csc_matrix(np.triu(qp.P))
@@ -86,7 +106,8 @@ class OSQPSolver(QPSolver):
         if box.size:
             l = np.concatenate([l, qp.lb[box]])
             u = np.concatenate([u, qp.ub[box]])
-        return P, A, l, u, box
+        out = qp.memo["osqp"] = (P, A, l, u, box)
+        return out
 
     def _setup(self, qp: QP):
         import osqp
@@ -108,15 +129,13 @@ class OSQPSolver(QPSolver):
         return x, y
 
     def _collect(self, qp: QP, res: Any, box: np.ndarray, setup_time: float) -> Solution:
-        import osqp
-
-        raw = osqp.SolverStatus(res.info.status_val).name
-        status = _STATUS.get(raw, Status.NUMERICAL_ERROR)
+        info_o = res.info
+        raw, status = _status_of(info_o.status_val)
         m = qp.m
-        info: dict[str, Any] = {"raw_status": raw, "status_polish": int(res.info.status_polish),
-                                "pri_res": float(res.info.prim_res), "dua_res": float(res.info.dual_res),
-                                "duality_gap": float(res.info.duality_gap)}
-        if status in (Status.PRIMAL_INFEASIBLE, Status.DUAL_INFEASIBLE):
+        info: dict[str, Any] = {"raw_status": raw, "status_polish": int(info_o.status_polish),
+                                "pri_res": float(info_o.prim_res), "dua_res": float(info_o.dual_res),
+                                "duality_gap": float(info_o.duality_gap)}
+        if status is Status.PRIMAL_INFEASIBLE or status is Status.DUAL_INFEASIBLE:
             # certificates: y with Aᵀy = 0, uᵀy⁺ - lᵀy⁻ < 0 (primal) / d with Pd = 0, qᵀd < 0 (dual)
             cert = np.array(res.prim_inf_cert if status is Status.PRIMAL_INFEASIBLE else res.dual_inf_cert)
             info["certificate"] = cert
@@ -125,18 +144,19 @@ class OSQPSolver(QPSolver):
                 info["certificate_z"], zb = cert[:m], np.zeros(qp.n)
                 zb[box] = cert[m:]
                 info["certificate_z_box"] = zb
-            return self._nan_solution(qp, status, self.name, iterations=int(res.info.iter),
-                                      solve_time=float(res.info.solve_time), setup_time=setup_time, info=info)
+            return self._nan_solution(qp, status, self.name, iterations=int(info_o.iter),
+                                      solve_time=float(info_o.solve_time), setup_time=setup_time, info=info)
         x = np.array(res.x, dtype=np.float64)
         y = np.array(res.y, dtype=np.float64)
-        if x.shape != (qp.n,) or y.shape != (m + box.size,):
+        n = qp.n
+        if x.shape != (n,) or y.shape != (m + box.size,):
             return self._nan_solution(qp, Status.NUMERICAL_ERROR, self.name, info=info)
-        z_box = np.zeros(qp.n)
+        z_box = np.zeros(n)
         z_box[box] = y[m:]
-        if status.ok and not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        if status.ok and not (all_finite(x) and all_finite(y)):
             status = Status.NUMERICAL_ERROR
-        return Solution(x=x, z=y[:m], z_box=z_box, status=status, iterations=int(res.info.iter),
-                        solve_time=float(res.info.solve_time + res.info.polish_time), setup_time=setup_time,
+        return Solution(x=x, z=y[:m], z_box=z_box, status=status, iterations=int(info_o.iter),
+                        solve_time=float(info_o.solve_time + info_o.polish_time), setup_time=setup_time,
                         backend=self.name, qp=qp, info=info)
 
     # ---------------------------------------------------------------- solving

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..problem import QP
-from ..solution import BatchSolution, Solution, Status
+from ..solution import BatchSolution, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex
@@ -45,8 +45,7 @@ class ProxSuiteSolver(QPSolver):
     def _matrices(qp: QP, fold_box: bool):
         """Solver-ready equality and inequality matrices, cached per C, row pattern and bound pattern."""
         eq = qp.eq_mask
-        box_rows = (np.flatnonzero(np.isfinite(qp.lb) | np.isfinite(qp.ub)) if (fold_box and qp.has_bounds)
-                    else np.zeros(0, dtype=np.int64))
+        box_rows = qp.bounded if fold_box else np.zeros(0, dtype=np.int64)
         sparse = qp.is_sparse
 
         def build():
@@ -65,13 +64,21 @@ class ProxSuiteSolver(QPSolver):
 
     @classmethod
     def _split(cls, qp: QP, fold_box: bool):
-        """Split C into equality and inequality rows (optionally folding the bounds into C)."""
+        """Split C into equality and inequality rows (optionally folding the bounds into C).
+
+        Kept per problem (``qp.memo``): repeated solves of one QP split it once.
+        """
+        key = ("proxsuite", fold_box)
+        hit = qp.memo.get(key)
+        if hit is not None:
+            return hit
         ieq, iin, box_rows, A, Cin = cls._matrices(qp, fold_box)
         b, l, u = qp.u[ieq], qp.l[iin], qp.u[iin]
         if box_rows.size:
             l = np.concatenate([l, qp.lb[box_rows]])
             u = np.concatenate([u, qp.ub[box_rows]])
-        return ieq, iin, box_rows, A, b, Cin, l, u
+        out = qp.memo[key] = (ieq, iin, box_rows, A, b, Cin, l, u)
+        return out
 
     def _configure(self, solver: Any, warm: bool) -> None:
         import proxsuite
@@ -91,8 +98,13 @@ class ProxSuiteSolver(QPSolver):
                             else proxsuite.proxqp.InitialGuess.EQUALITY_CONSTRAINED_INITIAL_GUESS)
 
     def _init_kwargs(self) -> dict[str, Any]:
+        key = tuple(self.backend_options.items())
+        cached = getattr(self, "_init_kwargs_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         kw = {k: self.backend_options[k] for k in ("rho", "mu_eq", "mu_in") if self.backend_options.get(k) is not None}
         kw["compute_preconditioner"] = bool(self.backend_options.get("compute_preconditioner", True))
+        self._init_kwargs_cache = (key, kw)
         return kw
 
     def _build(self, qp: QP, warm: bool):
@@ -120,31 +132,34 @@ class ProxSuiteSolver(QPSolver):
 
     def _collect(self, qp: QP, res: Any, layout, setup_time: float) -> Solution:
         ieq, iin, box_rows, native_box = layout
+        info_p = res.info
         x = np.array(res.x, dtype=np.float64)
         z = np.zeros(qp.m)
-        z[ieq] = res.y
-        zin = np.asarray(res.z)
-        z[iin] = zin[: iin.size]
+        if ieq.size:
+            z[ieq] = res.y
+        zin = res.z
+        ni = iin.size
+        z[iin] = zin[:ni]
         z_box = np.zeros(qp.n)
         if native_box:
-            z_box[:] = zin[iin.size: iin.size + qp.n]
+            z_box[:] = zin[ni: ni + qp.n]
         elif box_rows.size:
-            z_box[box_rows] = zin[iin.size: iin.size + box_rows.size]
-        status = self._status(res, x)
+            z_box[box_rows] = zin[ni: ni + box_rows.size]
+        status = self._status(info_p.status, x)
         if status is Status.MAX_ITER:  # ProxQP misses some infeasibilities: check the certificates
             if qp.is_dual_infeasibility_certificate(x):
                 status = Status.DUAL_INFEASIBLE
             elif qp.is_primal_infeasibility_certificate(z, z_box):
                 status = Status.PRIMAL_INFEASIBLE
         tl = self.settings["time_limit"]
-        if status.ok and tl is not None and res.info.run_time * 1e-6 > tl:
+        if status.ok and tl is not None and info_p.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
         return Solution(
-            x=x, z=z, z_box=z_box, status=status, iterations=int(res.info.iter),
-            solve_time=float(res.info.solve_time) * 1e-6, setup_time=setup_time,
+            x=x, z=z, z_box=z_box, status=status, iterations=int(info_p.iter),
+            solve_time=float(info_p.solve_time) * 1e-6, setup_time=setup_time,
             backend=self.name, qp=qp,
-            info={"raw_status": str(res.info.status), "pri_res": res.info.pri_res,
-                  "dua_res": res.info.dua_res, "duality_gap": res.info.duality_gap},
+            info={"raw_status": str(info_p.status), "pri_res": info_p.pri_res,
+                  "dua_res": info_p.dua_res, "duality_gap": info_p.duality_gap},
         )
 
     @staticmethod
@@ -162,9 +177,9 @@ class ProxSuiteSolver(QPSolver):
         }
 
     @classmethod
-    def _status(cls, res: Any, x: np.ndarray) -> Status:
-        status = cls._status_map().get(res.info.status, Status.NUMERICAL_ERROR)
-        if status.ok and not np.all(np.isfinite(x)):
+    def _status(cls, raw: Any, x: np.ndarray) -> Status:
+        status = cls._status_map().get(raw, Status.NUMERICAL_ERROR)
+        if status.ok and not all_finite(x):
             status = Status.NUMERICAL_ERROR
         return status
 

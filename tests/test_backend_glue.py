@@ -1,0 +1,66 @@
+"""Backend glue: per-problem conversions (QP.memo) are reused, stay private to one problem and are not pickled."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import polyproj as pp
+
+GLUE_BACKENDS = [b for b in ("osqp", "highs", "proxsuite") if b in pp.available_backends()]
+
+
+def _qp(rng, bounds=True):
+    n, m = 6, 4
+    M = rng.normal(size=(n, n))
+    C = rng.normal(size=(m, n))
+    l, u = -np.ones(m), np.ones(m)
+    l[0] = u[0] = 0.2  # one equality
+    kw = dict(lb=-2 * np.ones(n), ub=np.full(n, np.inf)) if bounds else {}
+    return pp.QP(P=M @ M.T + np.eye(n), q=rng.normal(size=n), C=C, l=l, u=u, **kw)
+
+
+@pytest.mark.parametrize("name", GLUE_BACKENDS)
+@pytest.mark.parametrize("bounds", [True, False])
+def test_repeated_solves_reuse_the_conversion_and_agree(rng, name, bounds):
+    qp = _qp(rng, bounds)
+    solver = pp.get_backend(name, eps_abs=1e-9)
+    first = solver.solve(qp)
+    assert first.ok and qp.memo  # the backend kept its solver-ready form
+    again = solver.solve(qp)
+    np.testing.assert_array_equal(again.x, first.x)
+    # a problem with other vectors never sees the first problem's conversion
+    other = qp.with_vectors(q=-qp.q, l=qp.l - 0.5)
+    assert not other.memo
+    sol = solver.solve(other)
+    fresh = pp.get_backend(name, eps_abs=1e-9).solve(pp.QP(P=qp.P, q=-qp.q, C=qp.C, l=qp.l - 0.5, u=qp.u,
+                                                            lb=qp.lb, ub=qp.ub))
+    np.testing.assert_allclose(sol.x, fresh.x, atol=1e-9)
+
+
+def test_memo_is_not_pickled(rng):
+    qp = _qp(rng)
+    pp.get_backend(GLUE_BACKENDS[0]).solve(qp)
+    assert qp.memo
+    back = pickle.loads(pickle.dumps(qp))
+    assert not back.memo
+    np.testing.assert_array_equal(back.C, qp.C)
+    assert back.has_bounds and np.array_equal(back.bounded, qp.bounded)
+
+
+@pytest.mark.skipif("highs" not in pp.available_backends(), reason="highspy not installed")
+def test_highs_array_model_equals_its_model_object(rng):
+    import highspy
+
+    solver = pp.get_backend("highs", eps_abs=1e-9)
+    for qp in (_qp(rng), pp.QP(P=np.zeros((3, 3)), q=[1.0, 2.0, -1.0], C=np.ones((1, 3)), l=[-1.0], u=[1.0],
+                                lb=np.zeros(3), ub=np.ones(3))):  # a QP and an LP (no Hessian)
+        xs = []
+        for pass_model in (lambda h, q: h.passModel(solver._model(q)), solver._pass):
+            h = solver._highs()
+            assert pass_model(h, qp) != highspy.HighsStatus.kError
+            h.run()
+            xs.append(np.array(h.getSolution().col_value))
+        np.testing.assert_array_equal(xs[0], xs[1])
