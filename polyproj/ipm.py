@@ -513,7 +513,12 @@ def _solve_batched(xp, P3, q, C3, l, u, lb, ub, x0, kw, resume=None) -> IPMResul
 
 # ============================================================================ scaling
 def _ruiz(xp: Any, P3: Any, C3: Any, q: Any, iters: int):
-    """Ruiz equilibration of [P Cᵀ; C 0] and cost scaling: returns Ps, Cs, D, E, c."""
+    """Ruiz equilibration of [P Cᵀ; C 0] and cost scaling: returns Ps, Cs, D, E, c.
+
+    ``c`` is per element, (b,): the cost of element i is scaled by ``c_i`` (the scaled Hessian is
+    ``c_i Ps``, applied by the caller), so that an element's iterates do not depend on the other
+    elements of the batch while ``Ps`` stays shared when P is.
+    """
     bs = max(P3.shape[0], C3.shape[0])
     n, m = P3.shape[-1], C3.shape[-2]
     dtype, dev = P3.dtype, _device(P3)
@@ -544,11 +549,9 @@ def _ruiz(xp: Any, P3: Any, C3: Any, q: Any, iters: int):
     if iters:
         pcol = xp.mean(xp.max(xp.abs(Ps), axis=-2), axis=-1)  # (bs,)
         qn = xp.max(xp.abs(q * D), axis=-1)
-        qn = xp.max(qn) if bs == 1 else qn
         c = 1.0 / xp.clip(xp.where(xp.maximum(pcol, qn) < 1e-8, one, xp.maximum(pcol, qn)), 1e-4, 1e4)
-        Ps = Ps * c[:, None, None]
     else:
-        c = xp.ones((bs,), dtype=dtype, device=dev)
+        c = xp.ones((q.shape[0],), dtype=dtype, device=dev)
     return Ps, Cs, D, E, c
 
 
@@ -588,6 +591,9 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
     Ps, Cs, D, E, c = _ruiz(xp, P3, C3, q, ruiz_iter) if resume is None else resume["scaling"]
     DE = xp.concat([E, 1.0 / D], axis=1)  # row scaling of G = [C; I] in the scaled problem
     qs = q * D * c[:, None]
+
+    def pmv(v):  # scaled Hessian (c_i Ps) times v
+        return c[:, None] * _mv(Ps, v)
     Ls = Lf * DE
     Us = Uf * DE
 
@@ -658,9 +664,9 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             Kp = Dc @ CC
             dvec = Dg[:, m:] + rho
             if Pp is not None:
-                Kp = Kp + Pp
+                Kp = Kp + c[:, None] * Pp
             else:
-                dvec = dvec + P_diag
+                dvec = dvec + c[:, None] * P_diag
             if inplace:
                 Kp[:, diag_pos] += dvec
             else:
@@ -673,7 +679,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             K = xp.reshape(xp.reshape(Ct[None, ...] * Dc[:, None, :], (b * n, m)) @ Cs[0, ...], (b, n, n))
         else:
             K = (Cs.mT * Dc[:, None, :]) @ Cs
-        K = K + Ps
+        K = K + c[:, None, None] * Ps
         K = _add_diag(xp, K, Dg[:, m:] + rho)
         frozen = ~running
         if bool(xp.any(frozen)):
@@ -735,7 +741,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             return dx, dy
         Dg = fac[4]
         for _ in range(2):
-            e1 = r1 - (_mv(Ps, dx) + gtw(Dg * gx_of(dx)) + rho * dx)
+            e1 = r1 - (pmv(dx) + gtw(Dg * gx_of(dx)) + rho * dx)
             if not p:
                 dx = dx + newton(fac, e1, None)[0]
                 continue
@@ -775,7 +781,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
     def stat_error(d, res):
         """Unscaled error of the linearised stationarity ``P dx + Gᵀdz = −r_d`` of a direction."""
         dzg = d[4] * mu - d[2] * ml
-        lin = _mv(Ps, d[0]) + gtw(dzg) + res[0]
+        lin = pmv(d[0]) + gtw(dzg) + res[0]
         if p:
             lin = lin + _rmv(Ge, d[5] * mee)
         return _inf_norm(xp, lin / (D * c[:, None]))
@@ -784,7 +790,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         x, sl, zl, su, zu, y = st
         gx = gx_of(x)
         zg = zu * mu - zl * ml
-        rd = _mv(Ps, x) + qs + gtw(zg)
+        rd = pmv(x) + qs + gtw(zg)
         rpe = None
         if p:
             rd = rd + _rmv(Ge, y * mee)

@@ -30,7 +30,8 @@ class IPMSolver(QPSolver):
 
     Backend-specific options: ``ruiz_iter`` (equilibration passes, default 10), ``batch_chunk``
     (largest batch solved at once), ``namespace`` (``"numpy"`` default, or ``"torch"`` to run the
-    same code on PyTorch CPU tensors).
+    same code on PyTorch CPU tensors), ``threads`` (CPU threads sharing a large batch; default one
+    per core, 1 to disable).
     """
 
     name = "ipm"
@@ -44,7 +45,7 @@ class IPMSolver(QPSolver):
         from .. import __version__
 
         return f"polyproj {__version__}"
-    options = {"ruiz_iter": 10, "batch_chunk": None, "namespace": "numpy"}
+    options = {"ruiz_iter": 10, "batch_chunk": None, "namespace": "numpy", "threads": None}
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
@@ -81,6 +82,7 @@ class IPMSolver(QPSolver):
                 warm_start=warm, time_limit=s["time_limit"],
                 ruiz_iter=int(self.backend_options.get("ruiz_iter", 10)),
                 batch_chunk=self.backend_options.get("batch_chunk"),
+                threads=self.backend_options.get("threads"),
             )
         wall = time.perf_counter() - t0
         return res, wall
