@@ -6,8 +6,11 @@ Grid: batch 1, 32, 256, 1024, 4096 × n 20, 100, 400.
 
 Solvers, all in this process on the same data, all asked for ``eps = 1e-8``:
 
-- ``ipm-numpy``   ``polyproj.ipm.solve_qp_batch`` on NumPy arrays;
+- ``ipm-numpy``   ``polyproj.ipm.solve_qp_batch`` on NumPy arrays (``threads=None``: the batch is
+  shared by one thread per core, as ProxSuite's ``solve_in_parallel`` shares it);
 - ``ipm-torch``   the same function on torch CPU tensors (the path of the torch projection layer);
+- ``project-ipm`` ``pp.project(X, polyhedron, backend="ipm", eps_abs=--project-eps)``: the IPM stopped
+  early, then polyproj's exact polish (the answer is exact to rounding, see the error column);
 - ``proxsuite-loop``      one dense ProxQP object, ``update(g=−x)`` + ``solve()`` per point;
 - ``proxsuite-parallel``  ``proxsuite.proxqp.dense.BatchQP`` + ``solve_in_parallel`` (setup included:
   a new batch of points needs new QPs; the solve-only time is recorded too);
@@ -67,8 +70,16 @@ def run_ipm_numpy(A, a, B, b, X, eps):
     C = np.vstack([A, B])
     l = np.concatenate([np.full(A.shape[0], -np.inf), b])
     u = np.concatenate([a, b])
-    res = solve_qp_batch(np.eye(n), -X, C, l, u, eps_abs=eps)
+    res = solve_qp_batch(np.eye(n), -X, C, l, u, eps_abs=eps, threads=None)
     return res.x
+
+
+def run_project_ipm(A, a, B, b, X, eps):
+    poly = pp.Polyhedron(A=A, a=a, B=B, b=b)
+    res = pp.project(X, poly, backend="ipm", eps_abs=eps)
+    if not np.all(res.polished):
+        raise RuntimeError(f"polish refused for {int(np.sum(~np.asarray(res.polished)))} points")
+    return res.y
 
 
 def make_ipm_torch(A, a, B, b):
@@ -82,7 +93,7 @@ def make_ipm_torch(A, a, B, b):
 
     def run(X, eps):
         with torch.no_grad():
-            return solve_qp_batch(eye, -X, C, l, u, eps_abs=eps).x
+            return solve_qp_batch(eye, -X, C, l, u, eps_abs=eps, threads=None).x
 
     return run
 
@@ -159,10 +170,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256, 1024, 4096])
     ap.add_argument("--sizes", type=int, nargs="+", default=[20, 100, 400])
     ap.add_argument("--solvers", nargs="+",
-                    default=["ipm-numpy", "ipm-torch", "proxsuite-loop", "proxsuite-parallel", "qpth"])
+                    default=["ipm-numpy", "ipm-torch", "project-ipm", "proxsuite-loop", "proxsuite-parallel",
+                             "qpth"])
     ap.add_argument("--eps", type=float, default=1e-8, help="tolerance asked of the peers")
     ap.add_argument("--ipm-eps", type=float, default=1e-8,
                     help="tolerance of ipm (an IPM stops inside: its x error is larger at the same residual tolerance)")
+    ap.add_argument("--project-eps", type=float, default=1e-6,
+                    help="backend tolerance of project-ipm (the polish makes the answer exact)")
     ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=float, default=30.0, help="skip runs predicted to take longer (s)")
@@ -199,6 +213,7 @@ def main(argv=None) -> int:
                 runs = {
                     "ipm-numpy": partial(run_ipm_numpy, A, a, B, b, X, args.ipm_eps),
                     "ipm-torch": partial(ipm_torch, Xt, args.ipm_eps),
+                    "project-ipm": partial(run_project_ipm, A, a, B, b, X, args.project_eps),
                     "proxsuite-loop": partial(run_proxsuite_loop, A, a, B, b, X, args.eps),
                     "qpth": partial(qpth_run, Xt, args.eps) if qpth_run else None,
                     "proxsuite-parallel": partial(run_proxsuite_parallel, A, a, B, b, X, args.eps, args.threads,
@@ -227,10 +242,10 @@ def main(argv=None) -> int:
                     last[(name, n)] = (batch, t)
                 prog.advance(task)
 
-    # ratios: ipm (best of numpy / torch) vs the best peer, per configuration
-    table = Table(title=f"batched projections, m = 2n, one equality, eps = {args.eps:g} (ipm {args.ipm_eps:g}),"
-                        " median seconds")
-    for col in ["n", "batch", *args.solvers, "best ipm / best peer"]:
+    # ratios vs the best peer, per configuration: the raw IPM (best of numpy / torch) and project-ipm
+    table = Table(title=f"batched projections, m = 2n, one equality, eps = {args.eps:g} (ipm {args.ipm_eps:g},"
+                        f" project-ipm {args.project_eps:g} + polish), median seconds")
+    for col in ["n", "batch", *args.solvers, "peer / ipm", "peer / project-ipm"]:
         table.add_column(col, justify="right")
     summary = []
     for n in args.sizes:
@@ -241,19 +256,24 @@ def main(argv=None) -> int:
                 r = cfg.get(s)
                 cells.append("skip" if r is None or r["time"] is None else f"{r['time']:.4f} ({r['max_err']:.0e})")
             ipm_t = [cfg[s]["time"] for s in ("ipm-numpy", "ipm-torch") if s in cfg and cfg[s]["time"]]
-            peer_t = {s: cfg[s]["time"] for s in cfg if not s.startswith("ipm") and cfg[s]["time"]}
-            ratio = None
-            if ipm_t and peer_t:
+            proj_t = cfg["project-ipm"]["time"] if "project-ipm" in cfg and cfg["project-ipm"]["time"] else None
+            peer_t = {s: cfg[s]["time"] for s in cfg
+                      if not s.startswith(("ipm", "project")) and cfg[s]["time"]}
+            ratio = ratio_p = None
+            if peer_t:
                 best_peer = min(peer_t, key=peer_t.get)
-                ratio = peer_t[best_peer] / min(ipm_t)
-                summary.append(dict(n=n, batch=batch, best_ipm=min(ipm_t), best_peer=best_peer,
-                                    best_peer_time=peer_t[best_peer], speedup=ratio))
+                ratio = peer_t[best_peer] / min(ipm_t) if ipm_t else None
+                ratio_p = peer_t[best_peer] / proj_t if proj_t else None
+                summary.append(dict(n=n, batch=batch, best_ipm=min(ipm_t) if ipm_t else None, project_ipm=proj_t,
+                                    best_peer=best_peer, best_peer_time=peer_t[best_peer], speedup=ratio,
+                                    speedup_project=ratio_p))
             cells.append("-" if ratio is None else f"{ratio:.2f}x")
+            cells.append("-" if ratio_p is None else f"{ratio_p:.2f}x")
             table.add_row(str(n), str(batch), *cells)
     console.print(table)
-    console.print("cells: median time (largest |y - y_ref|); speed-up > 1 means ipm is faster than the best peer")
+    console.print("cells: median time (largest |y - y_ref|); ratio > 1 means polyproj is faster than the best peer")
     env = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    path = write_json(args.out, dict(eps=args.eps, ipm_eps=args.ipm_eps, repeats=args.repeats, budget=args.budget,
+    path = write_json(args.out, dict(eps=args.eps, ipm_eps=args.ipm_eps, project_eps=args.project_eps, repeats=args.repeats, budget=args.budget,
                                      torch_threads=torch.get_num_threads(), proxsuite_threads=args.threads,
                                      env=env, rows=rows, summary=summary))
     console.print(f"wrote {path}")

@@ -322,8 +322,9 @@ def solve_qp_batch(
     threads : int or None
         CPU threads that solve parts of the batch concurrently (NumPy and torch CPU arrays; the
         heavy kernels release the GIL). ``None``: one per core. Each part gets at least
-        ``_MIN_PER_THREAD`` elements; inside the call BLAS and torch run single-threaded (batched
-        small matrices gain nothing from intra-op threads). Other namespaces and devices ignore it.
+        ``_MIN_PER_THREAD`` elements. With batch threads, or when n <= 256, BLAS and torch run
+        single-threaded inside the call (batched small matrices gain nothing from intra-op threads).
+        Other namespaces and devices ignore it.
 
     Returns
     -------
@@ -402,8 +403,18 @@ def solve_qp_batch(
     workers = _workers(xp, q, b, threads)
     if workers > 1:
         chunk = min(chunk, -(-b // workers))
-    if b <= chunk:
-        return _solve_batched(xp, P3, q, C3, l, u, lb, ub, x0, kw)
+    # batched small matrices gain nothing from intra-op threads, and on a loaded machine OpenMP /
+    # OpenBLAS thread wake-ups cost more than the kernels (seen: 4 s instead of 0.04 s)
+    single = workers > 1 or n <= _SMALL_N
+    with _single_threaded_kernels(xp, q) if single else contextlib.nullcontext():
+        if b <= chunk:
+            return _solve_batched(xp, P3, q, C3, l, u, lb, ub, x0, kw)
+        return _solve_parts(xp, P3, q, C3, l, u, lb, ub, x0, kw, chunk, workers)
+
+
+def _solve_parts(xp, P3, q, C3, l, u, lb, ub, x0, kw, chunk, workers) -> IPMResult:
+    """The batch in parts of ``chunk`` elements, solved by ``workers`` threads."""
+    b = q.shape[0]
 
     def part(i):
         j = min(b, i + chunk)
@@ -416,7 +427,7 @@ def solve_qp_batch(
 
     starts = range(0, b, chunk)
     if workers > 1:
-        with _single_threaded_kernels(xp), ThreadPoolExecutor(workers) as pool:
+        with ThreadPoolExecutor(workers) as pool:
             parts = list(pool.map(part, starts))
     else:
         parts = [part(i) for i in starts]
@@ -436,14 +447,20 @@ def _workers(xp: Any, q: Any, b: int, threads: int | None) -> int:
     return max(1, min(want, b // _MIN_PER_THREAD))
 
 
+_SMALL_N = 256  # up to this n the per-element kernels run single-threaded
+
+
 @contextlib.contextmanager
-def _single_threaded_kernels(xp: Any):
-    """One BLAS thread (and one torch intra-op thread) while the batch threads run."""
+def _single_threaded_kernels(xp: Any, q: Any):
+    """One BLAS thread (and one torch intra-op thread) on the CPU; nothing elsewhere."""
     from .threads import small_blas
 
-    if not is_torch_namespace(xp):
+    if is_numpy_namespace(xp):
         with small_blas():
             yield
+        return
+    if not (is_torch_namespace(xp) and q.device.type == "cpu"):
+        yield
         return
     import torch
 

@@ -448,6 +448,7 @@ def test_batch_threads_give_the_same_answers(ns, rng):
     a = A @ y0 + rng.uniform(0.0, 1.0, m)
     X = 3.0 * rng.standard_normal((b, n))
     args = [to_ns(ns, v) for v in (np.eye(n), -X, A, np.full(m, -np.inf), a)]
+    before = torch.get_num_threads()
     # 1e-9: near 1e-11 the normal equations' rounding floor makes single elements flip between
     # SOLVED and MAX_ITER with any change of the linear-algebra path (a known IPM limitation)
     one = solve_qp_batch(*args, eps_abs=1e-9, threads=1)
@@ -455,7 +456,6 @@ def test_batch_threads_give_the_same_answers(ns, rng):
     assert type(two.x) is type(one.x)
     assert one.statuses() == two.statuses() == (pp.Status.SOLVED,) * b
     np.testing.assert_allclose(to_np(two.x), to_np(one.x), atol=1e-4)  # both within ‖x − x*‖² <= 2·gap
-    if ns == "torch":
-        assert torch.get_num_threads() >= 1  # the intra-op setting is restored
+    assert torch.get_num_threads() == before  # the intra-op setting is restored
     with pytest.raises(pp.ProblemError, match="threads"):
         solve_qp_batch(*args, threads=0)
