@@ -74,8 +74,9 @@ def direct_highs(qp, tol):
         h.setOptionValue("qp_regularization_value", min(1e-7, 1e-9 * tol))
         h.passModel(model)
         h.run()
-        sol = h.getSolution()
-        return np.array(sol.col_value), np.array(sol.row_dual), np.array(sol.col_dual)
+        status = h.getModelStatus()  # a caller must know whether the answer is one (OSQP and
+        sol = h.getSolution()  # ProxSuite hand the status over with their results)
+        return np.array(sol.col_value), np.array(sol.row_dual), np.array(sol.col_dual), status
 
     return run
 
