@@ -180,8 +180,8 @@ class HiGHSSolver(QPSolver):
         if status is Status.DUAL_INFEASIBLE and is_strictly_convex(qp):
             # HiGHS 1.16 answers "Unbounded" on some projections (P = I): impossible, so not a status
             status = Status.NUMERICAL_ERROR
-        info_h = h.getInfo()
-        iters = int(info_h.qp_iteration_count) + max(int(info_h.simplex_iteration_count), 0)
+        # two info values, not getInfo() (which copies HiGHS's whole info record: 5 µs against 1 µs)
+        iters = int(h.getInfoValue("qp_iteration_count")[1]) + max(int(h.getInfoValue("simplex_iteration_count")[1]), 0)
         info = {"raw_status": h.modelStatusToString(ms), "run_status": str(run_status)}
         if ms == highspy.HighsModelStatus.kUnboundedOrInfeasible:
             info["note"] = "HiGHS reports unbounded-or-infeasible"
