@@ -8,6 +8,7 @@ variable bound, stationarity reads ``P x + q + Cᵀ z + z_box = 0``; ``z_i > 0``
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +166,28 @@ class Solution:
         }
 
 
+class ElementQPs(Sequence):
+    """The QPs of a batch, built on access: element ``i`` is ``qp.with_vectors(**{k: v[i]})``.
+
+    A batch of projections solves thousands of QPs that differ only in ``q``; building a QP record
+    per element up front costs ~20 µs each, and most callers never look at them.
+    """
+
+    def __init__(self, qp: Any, vectors: dict[str, np.ndarray], size: int) -> None:
+        self._qp, self._vectors, self._size = qp, vectors, size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(self._size)))
+        if not -self._size <= i < self._size:
+            raise IndexError(f"element {i} of a batch of {self._size}")
+        i = i % self._size
+        return self._qp.with_vectors(validate=False, **{k: v[i] for k, v in self._vectors.items()})
+
+
 @dataclass(frozen=True)
 class BatchSolution:
     """Results of many QPs sharing P and C (one row per element).
@@ -181,7 +204,7 @@ class BatchSolution:
     solve_time: float = 0.0
     setup_time: float = 0.0
     backend: str = ""
-    qps: tuple[QP, ...] | None = field(default=None, repr=False, compare=False)
+    qps: Sequence[QP] | None = field(default=None, repr=False, compare=False)
     info: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:

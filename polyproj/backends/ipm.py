@@ -18,7 +18,7 @@ import scipy.sparse as sp
 
 from ..errors import SettingsError
 from ..problem import QP
-from ..solution import BatchSolution, Solution
+from ..solution import BatchSolution, ElementQPs, Solution
 from ..threads import small_blas
 from .base import Capabilities, QPSolver
 
@@ -115,8 +115,6 @@ class IPMSolver(QPSolver):
         res, wall = self._run(qp, np.ascontiguousarray(Q), vecs.get("l", qp.l), vecs.get("u", qp.u),
                               vecs.get("lb", qp.lb), vecs.get("ub", qp.ub), x0)
         x, z, zb, st, it, info = self._collect(res)
-        qps = None
-        if len(vecs) == 1 and "q" in vecs and size <= 4096:  # cheap per-element views for residual methods
-            qps = tuple(qp.with_vectors(q=Q[i]) for i in range(size))
+        qps = ElementQPs(qp, vecs, size)  # per-element QPs for the residual methods, built on access
         return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
                              backend=self.name, qps=qps, info={"elements": info})

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..problem import QP
-from ..solution import BatchSolution, Solution, Status, all_finite
+from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex
@@ -230,25 +230,80 @@ class ProxSuiteSolver(QPSolver):
         t0 = time.perf_counter()
         batch = dense.BatchQP()
         kw = self._init_kwargs()
+        only_q = set(vecs) <= {"q"}
         qps, layouts = [], []
         shared = None
         for i in range(size):
-            qpi = qp.with_vectors(validate=False, **{k: v[i] for k, v in vecs.items()})
-            if shared is None or "l" in vecs or "u" in vecs or "lb" in vecs or "ub" in vecs:
+            if only_q:  # projections: one split of C for the whole batch, no QP record per element
+                if shared is None:
+                    ieq, iin, box_rows, A, b, Cin, lo, hi = self._split(qp, fold_box=True)
+                    shared = self._shared(A, b, Cin, lo, hi)
+                q_i = vecs["q"][i] if vecs else qp.q
+            else:
+                qpi = qp.with_vectors(validate=False, **{k: v[i] for k, v in vecs.items()})
                 ieq, iin, box_rows, A, b, Cin, lo, hi = self._split(qpi, fold_box=True)
-                A, Cin = np.ascontiguousarray(A), np.ascontiguousarray(Cin)
-                shared = (A if A.shape[0] else None, b if A.shape[0] else None, Cin if Cin.shape[0] else None,
-                          lo if Cin.shape[0] else None, hi if Cin.shape[0] else None)
-                layout = (ieq, iin, box_rows, False)
+                shared = self._shared(A, b, Cin, lo, hi)
+                q_i = qpi.q
+                qps.append(qpi)
+                layouts.append((ieq, iin, box_rows, False))
             solver = batch.init_qp_in_place(qp.n, A.shape[0], Cin.shape[0])
             self._configure(solver, warm=False)
-            solver.init(qpi.P, qpi.q, *shared, **kw)
-            qps.append(qpi)
-            layouts.append(layout)
+            solver.init(qp.P, q_i, *shared, **kw)
         setup = time.perf_counter() - t0
         threads = self.backend_options.get("num_threads") or os.cpu_count() or 1
         t1 = time.perf_counter()
         dense.solve_in_parallel(batch, int(threads))
         wall = time.perf_counter() - t1
+        if only_q:
+            return self._collect_batch(qp, vecs, size, [batch.get(i).results for i in range(size)],
+                                       (ieq, iin, box_rows), wall, setup)
         sols = [self._collect(qps[i], batch.get(i).results, layouts[i], 0.0) for i in range(size)]
         return BatchSolution.stack(sols, backend=self.name, solve_time=wall, setup_time=setup)
+
+    @staticmethod
+    def _shared(A, b, Cin, lo, hi) -> tuple:
+        A, Cin = np.ascontiguousarray(A), np.ascontiguousarray(Cin)
+        return (A if A.shape[0] else None, b if A.shape[0] else None, Cin if Cin.shape[0] else None,
+                lo if Cin.shape[0] else None, hi if Cin.shape[0] else None)
+
+    def _collect_batch(self, qp: QP, vecs: dict, size: int, results: list, layout, wall: float,
+                       setup: float) -> BatchSolution:
+        """Results of a batch that differs only in q, gathered as arrays (no record per element).
+
+        Same mapping as :meth:`_collect`: multipliers to polyproj's layout, statuses (non-finite x
+        is NUMERICAL_ERROR, MAX_ITER checked for infeasibility certificates on that element only).
+        """
+        ieq, iin, box_rows = layout
+        infos = [r.info for r in results]
+        x = np.array([r.x for r in results], dtype=np.float64).reshape(size, qp.n)
+        z = np.zeros((size, qp.m))
+        if ieq.size:
+            z[:, ieq] = np.array([r.y for r in results]).reshape(size, ieq.size)
+        ni = iin.size
+        zin = np.array([r.z for r in results]).reshape(size, -1)
+        z[:, iin] = zin[:, :ni]
+        z_box = np.zeros((size, qp.n))
+        if box_rows.size:
+            z_box[:, box_rows] = zin[:, ni: ni + box_rows.size]
+        smap = self._status_map()
+        status = [smap.get(inf.status, Status.NUMERICAL_ERROR) for inf in infos]
+        finite = np.isfinite(x).all(axis=1)
+        qps = ElementQPs(qp, vecs, size)
+        tl = self.settings["time_limit"]
+        for i, st in enumerate(status):
+            if st.ok and not finite[i]:
+                status[i] = Status.NUMERICAL_ERROR
+            elif st is Status.MAX_ITER:  # ProxQP misses some infeasibilities: check the certificates
+                qpi = qps[i]
+                if qpi.is_dual_infeasibility_certificate(x[i]):
+                    status[i] = Status.DUAL_INFEASIBLE
+                elif qpi.is_primal_infeasibility_certificate(z[i], z_box[i]):
+                    status[i] = Status.PRIMAL_INFEASIBLE
+            if status[i].ok and tl is not None and infos[i].run_time * 1e-6 > tl:
+                status[i] = Status.TIME_LIMIT
+        elements = [{"raw_status": str(inf.status), "pri_res": inf.pri_res, "dua_res": inf.dua_res,
+                     "duality_gap": inf.duality_gap} for inf in infos]
+        return BatchSolution(x=x, z=z, z_box=z_box, status=tuple(status),
+                             iterations=np.array([inf.iter for inf in infos], dtype=np.int64),
+                             solve_time=wall, setup_time=setup, backend=self.name, qps=qps,
+                             info={"elements": elements})
