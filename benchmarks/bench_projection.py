@@ -63,6 +63,7 @@ def direct_loop(P, X, eps):
         _settings(qp, eps)
         qp.init(np.eye(n), -x, P.B, P.b, P.A, lo, P.a)
         qp.solve()
+        _check_solved([qp.results])
         out[i] = qp.results.x
     return out
 
@@ -80,7 +81,19 @@ def direct_batch(P, X, eps):
         _settings(qp, eps)
         qp.init(eye, -x, P.B, P.b, P.A, lo, P.a)
     dense.solve_in_parallel(batch, os.cpu_count() or 1)
-    return np.stack([batch.get(i).results.x for i in range(len(X))])
+    results = [batch.get(i).results for i in range(len(X))]
+    _check_solved(results)
+    return np.stack([r.x for r in results])
+
+
+def _check_solved(results) -> None:
+    """A direct user has to check the statuses too (pp.project does)."""
+    import proxsuite
+
+    solved = proxsuite.proxqp.QPSolverOutput.PROXQP_SOLVED
+    bad = sum(r.info.status != solved for r in results)
+    if bad:
+        raise RuntimeError(f"{bad} direct solves did not finish")
 
 
 def main() -> None:
