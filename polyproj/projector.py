@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -183,17 +183,15 @@ def project(
     else:
         sol = solver.solve_batch(qp, q=-X2)
     statuses = list(sol.status)
-    if Status.PRIMAL_INFEASIBLE in statuses:
-        raise InfeasibleError(
-            f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
-            f"{Status.PRIMAL_INFEASIBLE.message}",
-            solution=sol,
-        )
+    flagged = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
+    if flagged.any():
+        sol, statuses, flagged = _recheck_infeasible(solver, qp, polyhedron, X2, sol, flagged)
     # the rest is batched NumPy work on small arrays: one BLAS thread (multithreaded OpenBLAS on
     # these sizes mostly synchronises, and stalls badly when the cores are busy)
     with small_blas():
-        Y0 = np.asarray(sol.x, dtype=np.float64)
+        Y0 = np.array(sol.x, dtype=np.float64)
         mult0 = _backend_multipliers(polyhedron, sol)
+        Y0[flagged] = np.nan  # false reports that a re-solve could not fix (see _recheck_infeasible)
         if polish:
             eps = float(solver.settings.get("eps_abs", 1e-8))
             Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps),
@@ -201,17 +199,18 @@ def project(
                                                 max_iter=max_polish_iter)
             Y = np.where(accepted[:, None], Y, Y0)
             statuses = [Status.SOLVED if acc else st for acc, st in zip(accepted, statuses, strict=True)]
-            if not accepted.all():
+            refused = ~accepted & ~flagged  # flagged points (NaN, already reported) are not polished
+            if refused.any():
                 warnings.warn(
-                    f"polish refused for {int((~accepted).sum())} of {len(accepted)} points: the KKT "
+                    f"polish refused for {int(refused.sum())} of {len(accepted)} points: the KKT "
                     "conditions could not be verified on the identified active set; those points keep "
-                    f"the backend's accuracy (statuses {sorted({s.name for s in np.array(sol.status)[~accepted]})})",
+                    f"the backend's accuracy (statuses {sorted({s.name for s in np.array(sol.status)[refused]})})",
                     PolyprojWarning,
                     stacklevel=2,
                 )
             if not accepted.all():  # refused points keep the backend's point, active set by both signals
                 bad = ~accepted
-                active[bad], mult[bad] = _unpolished(polyhedron, Y0[bad], mult0[bad], np.atleast_2d(sol.z)[bad], eps)
+                active[bad], mult[bad] = _unpolished(polyhedron, Y[bad], mult0[bad], np.atleast_2d(sol.z)[bad], eps)
         else:
             Y = Y0
             accepted = np.zeros(X2.shape[0], dtype=bool)
@@ -223,3 +222,42 @@ def project(
                                 bool(accepted[0]), solver.name, sol.solution(0))
     return ProjectionResult(Y, active, mult, tuple(statuses), float(np.max(viol)), viol, accepted,
                             solver.name, sol)
+
+
+def _recheck_infeasible(solver, qp, polyhedron: Polyhedron, X2, sol: BatchSolution, flagged):
+    """Re-solve elements of a batch reported PRIMAL_INFEASIBLE while others were solved.
+
+    The polyhedron is shared, so an element solved
+    to a feasible point proves it is not empty and the other reports are false (ProxSuite's dense
+    solver gives a few at tight tolerances). Those elements are solved again one by one, warm-started
+    at that feasible point; the polyhedron is called empty only when no element found a point of it.
+    Returns the (patched) batch solution, its statuses and the elements still flagged.
+    """
+    statuses = list(sol.status)
+    x_all = np.asarray(sol.x, dtype=np.float64)
+    okm = np.array([st.ok for st in statuses]) & np.isfinite(x_all).all(axis=1)
+    donors = np.flatnonzero(okm)
+    if donors.size:
+        donors = donors[polyhedron.violation(x_all[donors]) <= 1e-5]
+    if not donors.size:
+        raise InfeasibleError(
+            f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
+            f"{Status.PRIMAL_INFEASIBLE.message}",
+            solution=sol,
+        )
+    x, z, zb = x_all.copy(), np.array(sol.z, dtype=np.float64), np.array(sol.z_box, dtype=np.float64)
+    warm = {"x": x_all[donors[0]]} if solver.capabilities.warm_start else None
+    for i in np.flatnonzero(flagged):
+        one = solver.solve(qp.with_vectors(validate=False, q=-X2[i]), warm_start=warm)
+        if one.status.ok:
+            x[i], z[i], zb[i], statuses[i] = one.x, one.z, one.z_box, one.status
+    still = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
+    warnings.warn(
+        f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(statuses)} points "
+        "although others were solved to feasible points of the same polyhedron; solved again one by one: "
+        f"{int(flagged.sum() - still.sum())} recovered"
+        + (f", {int(still.sum())} returned as NaN" if still.any() else ""),
+        PolyprojWarning,
+        stacklevel=3,
+    )
+    return replace(sol, x=x, z=z, z_box=zb, status=tuple(statuses)), statuses, still

@@ -119,6 +119,58 @@ def test_project_infeasible_polyhedron_raises():
     assert pp.Status.PRIMAL_INFEASIBLE in info.value.solution.status
 
 
+def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeypatch):
+    """A backend that calls a few elements of a batch PRIMAL_INFEASIBLE while it solves the others
+    (ProxSuite does at tight tolerances) must not make project() call the polyhedron empty: those
+    elements are solved again one by one; what stays flagged comes back as NaN, never as a point."""
+    from dataclasses import replace
+
+    P = random_polytope(rng, 10, 20, 1)
+    X = 3.0 * rng.normal(size=(6, 10))
+    ref = pp.project(X, P)
+    solver = pp.get_backend("proxsuite")
+    cls = type(solver)
+    real_batch, real_solve = cls.solve_batch, cls.solve
+
+    def lying_batch(self, qp, **kw):
+        sol = real_batch(self, qp, **kw)
+        st = list(sol.status)
+        st[1] = st[4] = pp.Status.PRIMAL_INFEASIBLE
+        x = sol.x.copy()
+        x[[1, 4]] = 1e3  # garbage
+        return replace(sol, status=tuple(st), x=x)
+
+    monkeypatch.setattr(cls, "solve_batch", lying_batch)
+    with pytest.warns(pp.PolyprojWarning, match="PRIMAL_INFEASIBLE for 2 of 6.*2 recovered"):
+        r = pp.project(X, P, backend=solver)
+    assert np.all(r.polished) and r.status == (pp.Status.SOLVED,) * 6
+    np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
+    np.testing.assert_array_equal(r.active, ref.active)
+
+    def lying_solve(self, qp, warm_start=None):  # element 4 stays "infeasible" on its own too
+        one = real_solve(self, qp, warm_start=warm_start)
+        if np.allclose(qp.q, -X[4]):
+            return replace(one, status=pp.Status.PRIMAL_INFEASIBLE)
+        return one
+
+    monkeypatch.setattr(cls, "solve", lying_solve)
+    for polish in (True, False):
+        with pytest.warns(pp.PolyprojWarning, match="1 recovered, 1 returned as NaN"):
+            r = pp.project(X, P, backend=solver, polish=polish)
+        assert np.all(np.isnan(r.y[4])) and not r.polished[4]
+        assert r.status[4] == pp.Status.PRIMAL_INFEASIBLE
+        keep = [0, 1, 2, 3, 5]
+        np.testing.assert_allclose(r.y[keep], ref.y[keep], atol=1e-9 if polish else 1e-6)
+
+    def all_lying(self, qp, **kw):
+        sol = real_batch(self, qp, **kw)
+        return replace(sol, status=(pp.Status.PRIMAL_INFEASIBLE,) * len(sol.status))
+
+    monkeypatch.setattr(cls, "solve_batch", all_lying)
+    with pytest.raises(pp.InfeasibleError, match="empty"):
+        pp.project(X, P, backend=solver)
+
+
 def test_refused_polish_warns_and_keeps_the_backend_point(rng):
     """With no polish iteration allowed on a wrong start the result says so; nothing is silently exact."""
     P = random_polytope(rng, 10, 20, 1)
