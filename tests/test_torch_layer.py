@@ -54,6 +54,22 @@ def test_forward_matches_pp_project_and_is_feasible(backend, rng):
     assert P.violation(y.numpy()).max() < 1e-10
 
 
+@pytest.mark.parametrize("admm_dtype", ["float32", torch.float64])
+def test_admm_dtype_only_changes_the_start(admm_dtype, rng):
+    # the ADMM (float32 by default) only identifies the face; the polished result is float64-exact,
+    # also with a zero row of A (its row scaling must not underflow in float32)
+    P = _polytope(rng, n=12, m=20, p=2)
+    A = np.vstack([P.A, np.zeros((1, P.n))])
+    P = pp.Polyhedron(A=A, a=np.append(P.a, 1.0), B=P.B, b=P.b, lb=P.lb, ub=P.ub)
+    X = 2.5 * rng.normal(size=(16, P.n))
+    ref = pp.project(X, P)
+    y = project(torch.tensor(X), backend="torch", admm_dtype=admm_dtype, **_tensors(P))
+    assert y.dtype == torch.float64
+    assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
+    with pytest.raises(pp.ProblemError, match="admm_dtype"):
+        project(torch.tensor(X), backend="torch", admm_dtype="float16", **_tensors(P))
+
+
 def test_leading_batch_dims_and_single_point(rng):
     P = _polytope(rng)
     X = rng.normal(size=(2, 3, P.n)) * 2
