@@ -190,6 +190,23 @@ def test_licq_failure_duplicated_rows(rng):
     assert np.max(np.abs(x.grad.numpy()[0] - J @ np.arange(n))) < 1e-9
 
 
+def test_licq_failure_in_part_of_a_batch(rng):
+    """Samples with dependent active rows take the SVD path, the others the Cholesky solve: both exact."""
+    n = 5
+    A1 = rng.normal(size=(3, n))
+    A = np.vstack([A1, A1[:1], 2 * A1[1:2]])
+    X = np.vstack([A1.sum(0) * 2.0, rng.normal(size=(3, n)) * 0.3, A1[2] * 3.0])
+    x = torch.tensor(X, requires_grad=True)
+    y = project(x, A=torch.tensor(A), a=torch.zeros(5, dtype=torch.float64), backend="proxsuite")
+    V = rng.normal(size=X.shape)
+    (y * torch.tensor(V)).sum().backward()
+    P1 = pp.Polyhedron(A=A1, a=np.zeros(3))
+    for i in range(X.shape[0]):
+        r1 = pp.project(X[i], P1)
+        assert np.max(np.abs(y.detach().numpy()[i] - r1.y)) < 1e-9
+        assert np.max(np.abs(x.grad.numpy()[i] - pp.hs_jacobian(P1, r1.active) @ V[i])) < 1e-9
+
+
 def test_batched_constraints_match_per_sample_and_shared_sum(rng):
     P = _polytope(rng, n=6, m=8, p=1)
     batch = 5

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import InfeasibleError, PolyprojWarning, ProblemError
-from ..hs_jacobian import expand_rows, null_apply, pinv_t_apply
+from ..hs_jacobian import expand_rows, gather_active_rows, null_apply, pinv_t_apply
 from ..polish import factor_face, polish
 from ..solution import Status
 
@@ -423,6 +423,47 @@ def _work(x: torch.Tensor, A, B) -> float:
     return float(x.shape[0]) * rows * x.shape[-1]
 
 
+def _face_vjp(A, B, active, free, g):
+    """``J g`` and ``r = (M_F⁺)ᵀ g`` (compact row order) for the backward, by Cholesky solves.
+
+    With the normalised free-column active rows ``M_n`` (scaling ``s``), ``G = M_n M_nᵀ`` and
+    ``t = G⁻¹ M_n (f⊙g)``: ``J g = f⊙g − M_nᵀ t`` and ``r = s ⊙ t``. One Cholesky factorisation and
+    one solve per sample — the backward needs two vectors, not the face basis
+    ``V = L⁻¹M_n`` that :func:`polyproj.polish.factor_face` forms (a triangular inverse and a
+    ``k x k x n`` product fewer). Samples whose Gram matrix is singular or ill-conditioned (the
+    same test as ``factor_face``: a pivot below ``eps^(1/4)``; dependent active rows, LICQ fails)
+    take ``factor_face``'s rank-revealing path. Returns ``(R, Jg, r)`` with ``R`` the gathered rows
+    (``rows``, ``order``, ``k``, ``m`` for :func:`polyproj.hs_jacobian.expand_rows`).
+    """
+    R = gather_active_rows(A, B, active, free)
+    Mn, scale = R.Mn, R.scale
+    kk = scale.shape[1]
+    fg = free * g
+    if kk == 0:
+        return R, fg, torch.zeros_like(scale)
+    pad = (scale <= 0).to(Mn.dtype)  # padding rows (and rows with a fully fixed support): unit pivot
+    G = Mn @ Mn.transpose(1, 2) + torch.diag_embed(pad)
+    L, info = torch.linalg.cholesky_ex(G)
+    ok = (info == 0) & (torch.where(pad > 0, 1.0, torch.diagonal(L, dim1=1, dim2=2)).amin(dim=1)
+                        >= torch.finfo(Mn.dtype).eps ** 0.25)
+    c = (Mn @ fg[:, :, None])
+    t = torch.cholesky_solve(c, torch.where(ok[:, None, None], L, torch.eye(kk, dtype=L.dtype, device=L.device)))
+    Jg = fg - (Mn.transpose(1, 2) @ t)[:, :, 0]
+    r = t[:, :, 0] * scale
+    if not bool(ok.all()):
+        bad = ~ok
+        Ab = A[bad] if A.ndim == 3 else A
+        Bb = None if B is None else (B[bad] if B.ndim == 3 else B)
+        Fb = factor_face(Ab, Bb, active[bad], free[bad])
+        # factor_face gathers with the subset's own padding k: realign r to the full batch's k
+        rb = pinv_t_apply(Fb, g[bad])
+        rbA, rbB = rb[:, : Fb.k], rb[:, Fb.k:]
+        rbA = torch.cat([rbA, rbA.new_zeros(rbA.shape[0], R.k - Fb.k)], dim=1)
+        Jg = _scatter_rows(Jg, bad, null_apply(Fb, g[bad]))
+        r = _scatter_rows(r, bad, torch.cat([rbA, rbB], dim=1))
+    return R, Jg, r
+
+
 class _Project(torch.autograd.Function):
     """``y = Π_P(x)`` with the HS-Jacobian backward (see the module docstring)."""
 
@@ -459,9 +500,7 @@ class _Project(torch.autograd.Function):
         at_ub = active[:, m + n:].to(dt)
         at_lb = active[:, m: m + n].to(dt) * (1.0 - at_ub)
         fixed = at_lb + at_ub
-        F = factor_face(A_, B, active[:, :m], 1.0 - fixed)
-        Jg = null_apply(F, g)
-        r = pinv_t_apply(F, g)
+        F, Jg, r = _face_vjp(A_, B, active[:, :m], 1.0 - fixed, g)
         rA, rB = expand_rows(F, r)
         shp = ctx.shapes
 
