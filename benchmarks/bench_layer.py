@@ -327,14 +327,19 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, xlabel in ((axes[0], "batch", "batch size (n = 50, m = 100)"), (axes[1], "n", "n (batch 128, m = 2n)")):
-        sweep = results.get(f"sweep_{key}", [])
-        for meth in METHODS:
-            pts = [(c["config"][key], r["time_s"]) for c in sweep for r in c["rows"]
-                   if r["method"] == meth and "time_s" in r]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.loglog(xs, np.array(ys) * 1e3, "o-", label=meth)
+    for ax, key, xlabel in ((axes[0], "batch", "batch size (n = 50, m = 100)"), (axes[1], "n", "n (m = 2n)")):
+        for name in sorted(k for k in results if k.startswith(f"sweep_{key}")):
+            sweep = results[name]
+            for i, meth in enumerate(METHODS):
+                pts = [(c["config"][key], r["time_s"]) for c in sweep for r in c["rows"]
+                       if r["method"] == meth and "time_s" in r]
+                if pts:
+                    xs, ys = zip(*pts, strict=True)
+                    label = meth if key == "batch" else f"{meth} (batch {sweep[0]['config']['batch']})"
+                    ax.loglog(xs, np.array(ys) * 1e3, "o-" if name == f"sweep_{key}" else "s--", label=label,
+                              color=f"C{i}")
+        if key == "n":
+            ax.legend(fontsize=7)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("forward + backward [ms] (median)")
         ax.grid(True, which="both", alpha=0.3)
@@ -358,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--linsat-batch", type=int, default=128, help="batch of the non-negative polytope config")
     ap.add_argument("--batches", type=int, nargs="*", help="batch sweep (default 1 16 128 1024 4096)")
     ap.add_argument("--ns", type=int, nargs="*", help="n sweep (default 10 50 200 500 1000)")
+    ap.add_argument("--n-batch", type=int, default=128, help="batch of the n sweep")
+    ap.add_argument("--tag", default="", help="suffix of the sweep keys in the JSON (e.g. a second n sweep)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for every method (1: no oversubscription on a shared machine)")
     ap.add_argument("--out", default=str(RESULTS / "layer.json"))
@@ -411,16 +418,17 @@ def main(argv: list[str] | None = None) -> int:
         if key not in parts:
             continue
         history: dict = {}
-        results[f"sweep_{key}"] = []
+        name = f"sweep_{key}{args.tag}"
+        results[name] = []
         for v in values:
-            cfg = dict(batch=v, n=50, m=100) if key == "batch" else dict(batch=128, n=v, m=2 * v)
+            cfg = dict(batch=v, n=50, m=100) if key == "batch" else dict(batch=args.n_batch, n=v, m=2 * v)
             console.rule(f"sweep {key}: {cfg}")
             meths = [m for m in args.methods if m != "cvxpylayers_default" and m not in LINSAT]
             rows = run_config(cfg, meths, max(1, reps // 2 + 1), False, console, sweep=history, key=key,
                               budget=args.budget)
-            results[f"sweep_{key}"].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
-            record(f"sweep_{key}")
-            results["runs"][f"sweep_{key}"]["budget_s"] = args.budget
+            results[name].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
+            record(name)
+            results["runs"][name]["budget_s"] = args.budget
             save()
     save()
     console.print(f"wrote {out}")
