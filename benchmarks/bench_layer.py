@@ -338,12 +338,11 @@ def plot(results: dict, path: Path) -> None:
                     label = meth if key == "batch" else f"{meth} (batch {sweep[0]['config']['batch']})"
                     ax.loglog(xs, np.array(ys) * 1e3, "o-" if name == f"sweep_{key}" else "s--", label=label,
                               color=f"C{i}")
-        if key == "n":
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("forward + backward [ms] (median)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
     fig.suptitle("polyproj projection layer vs peers (float64, same process, same data)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
