@@ -3,12 +3,24 @@
 Same process, same data, medians of repeats: forward+backward time of ``polyproj`` (``project``
 with the HS-Jacobian backward), qpth ``QPFunction`` (OptNet), ProxSuite ``QPLayer``, cvxpylayers
 ``CvxpyLayer`` (default and tight tolerances) and LinSATNet ``linsat_layer`` (on a polytope with
-non-negative coefficients, the only kind it accepts; it is an entropic map, not the Euclidean
-projection, so it gets no gradient error). Peak memory of one forward+backward is measured in a
-fresh subprocess per method (peak RSS above the baseline after imports and data, ``clear_refs``);
-max violation of the outputs; gradient error against the float64 reference ``J v`` (the Jacobian of
-the exact projection at the active set of ``pp.project``: at these random, non-degenerate points it
-is the true Jacobian).
+non-negative coefficients, the only kind it accepts, at several ``tau`` / ``max_iter``; it is an
+entropic (Sinkhorn) map, not the Euclidean projection: its distance to the projection and the
+difference of its gradient to the projection's are reported, as measured, with that caveat). Peak
+memory of one forward+backward is measured in a fresh subprocess per method (peak RSS above the
+baseline after imports and data, ``clear_refs``); max violation of the outputs; gradient error
+against the float64 reference ``J v`` (the Jacobian of the exact projection at the active set of
+``pp.project``: at these random, non-degenerate points it is the true Jacobian).
+
+qpth runs with its defaults (``eps=1e-12``, ``maxIter=20``). In a long benchmark process its
+initial KKT LU sometimes fails (``torch.linalg.lu_factor: U[200,200] is zero``, preceded by MKL's
+``Parameter 6 was incorrect on entry to DLASWP``) although the matrix it factors, ``R + I`` with ``R``
+positive semidefinite, is positive definite; the same call in a fresh process succeeds. When that
+happens the row records the in-process error and qpth is timed in a fresh subprocess instead
+(``timed_in_subprocess``); its timing is not favoured by that (no other work in the process).
+
+Sweeps skip a peer once its time *extrapolated* to the next config (log-log slope of its last two
+points, else linear in the batch and cubic in n) exceeds ``--budget`` seconds per call: the row
+says ``skipped: budget`` with the prediction.
 
 Headline: batch 128, n 50, m 100 inequalities, 1 equality, box bounds, float64. Sweeps over the
 batch (1 to 4096) and n (10 to 1000, m = 2n). JSON goes to ``benchmarks/results/layer.json`` with
@@ -19,6 +31,8 @@ Run::
     .venv/bin/python benchmarks/bench_layer.py                 # headline + sweeps (long)
     .venv/bin/python benchmarks/bench_layer.py --only headline  # the headline only
     .venv/bin/python benchmarks/bench_layer.py --quick          # smoke run
+
+Each ``--only`` part updates its key of an existing JSON (so parts can run separately).
 """
 
 from __future__ import annotations
@@ -36,8 +50,11 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-NOTES: dict[str, str] = {}
-METHODS = ["polyproj", "qpth", "proxsuite_qplayer", "cvxpylayers", "cvxpylayers_default", "linsatnet"]
+NOTES: dict[str, dict] = {}
+# LinSATNet (tau, max_iter) settings: its defaults are (0.05, 100); its autograd graph grows with
+# max_iter x constraints x batch (100 iterations at batch 128 here: > 5.8 GB), so fewer iterations
+LINSAT = {"linsatnet_t0.05_i10": (0.05, 10), "linsatnet_t0.05_i50": (0.05, 50), "linsatnet_t0.01_i50": (0.01, 50)}
+METHODS = ["polyproj", "qpth", "proxsuite_qplayer", "cvxpylayers", "cvxpylayers_default", *LINSAT]
 
 
 # ----------------------------------------------------------------------------- data
@@ -96,20 +113,11 @@ def build(method: str, d):
 
         Q = torch.eye(n, dtype=torch.float64)
 
-        def f():
-            # defaults (eps 1e-12, 20 iterations); qpth's LU of the KKT system can fail near convergence
-            # (U[i, i] = 0 on these data): then fewer iterations, and the JSON row says which
-            for it in (20, 15, 12, 10, 8):
-                try:
-                    p = (-t["X"]).clone().requires_grad_()
-                    y = QPFunction(verbose=-1, maxIter=it)(Q, p, G, h, t["B"], t["b"])
-                    (y * t["V"]).sum().backward()
-                    NOTES["qpth"] = f"maxIter={it}"
-                    return y.detach(), -p.grad
-                except RuntimeError:
-                    if it == 8:
-                        raise
-            raise AssertionError("unreachable")
+        def f():  # its defaults: eps 1e-12, maxIter 20 (it converges in ~10-20 iterations here)
+            p = (-t["X"]).clone().requires_grad_()
+            y = QPFunction(verbose=-1)(Q, p, G, h, t["B"], t["b"])
+            (y * t["V"]).sum().backward()
+            return y.detach(), -p.grad
     elif method == "proxsuite_qplayer":
         from proxsuite.torch.qplayer import QPFunction
 
@@ -138,30 +146,60 @@ def build(method: str, d):
             (y,) = layer(x, solver_args=args)
             (y * t["V"]).sum().backward()
             return y.detach(), x.grad
-    elif method == "linsatnet":
+    elif method in LINSAT:
         from LinSATNet import linsat_layer
 
-        A, a, E, e = t["A"].float(), t["a"].float(), t["B"].float(), t["b"].float()
+        tau, max_iter = LINSAT[method]
+        # float64 (empty C, d given explicitly: LinSATNet creates missing ones in the default dtype)
+        C0, d0 = torch.zeros(0, n, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
 
         def f():
-            x = t["X"].float().clone().requires_grad_()
-            y = linsat_layer(x, A=A, b=a, E=E, f=e, tau=0.05, max_iter=100, no_warning=True)
-            (y * t["V"].float()).sum().backward()
-            return y.detach().double(), x.grad.double()
+            x = t["X"].clone().requires_grad_()
+            y = linsat_layer(x, A=t["A"], b=t["a"], C=C0, d=d0, E=t["B"], f=t["b"], tau=tau, max_iter=max_iter,
+                             no_warning=True)
+            (y * t["V"]).sum().backward()
+            return y.detach(), x.grad
     else:
         raise ValueError(method)
     return f
 
 
-def time_method(method: str, d, repeats: int):
+def time_method(method: str, d, repeats: int, max_total: float = 60.0):
+    """Median of ``repeats`` forward+backward calls after a warm-up (fewer, at least 2, for slow ones)."""
     f = build(method, d)
+    t0 = time.perf_counter()
     f()  # warm-up (imports, caches, JIT of peers)
+    first = time.perf_counter() - t0
+    reps = max(2, min(repeats, int(max_total / max(first, 1e-9))))
     times = []
-    for _ in range(repeats):
+    for _ in range(reps):
         t0 = time.perf_counter()
         y, g = f()
         times.append(time.perf_counter() - t0)
+    NOTES.setdefault(method, {})["repeats"] = reps
     return float(np.median(times)), y.numpy(), g.numpy()
+
+
+def time_in_subprocess(method: str, cfg: dict, repeats: int, timeout: float):
+    """``time_method`` in a fresh process (same data from the same seed); returns (median, y, g)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        code = (
+            "import json, os, sys, numpy as np, torch\n"
+            "torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS') or 1))\n"
+            f"sys.path.insert(0, {str(HERE)!r})\n"
+            "import bench_layer as bl\n"
+            "cfg = json.loads(sys.argv[1]); d = bl.make_problem(**cfg)\n"
+            f"med, y, g = bl.time_method({method!r}, d, {repeats})\n"
+            f"np.savez({tmp + '/out.npz'!r}, med=med, y=y, g=g)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True,
+                             timeout=timeout)
+        if out.returncode:
+            raise RuntimeError(f"also failed in a fresh process: {out.stderr.strip().splitlines()[-1][:200]}")
+        r = np.load(tmp + "/out.npz")
+        return float(r["med"]), r["y"], r["g"]
 
 
 def peak_memory(method: str, cfg: dict, timeout: float) -> float | None:
@@ -187,37 +225,70 @@ def peak_memory(method: str, cfg: dict, timeout: float) -> float | None:
         return None
 
 
-def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, skip: dict, budget: float, console):
+def _predict(history: list[tuple[float, float]], x_next: float, key: str) -> float:
+    """Time at ``x_next`` extrapolated from (x, time) points: log-log slope of the last two, else a model."""
+    if len(history) >= 2:
+        (x0, t0), (x1, t1) = history[-2:]
+        slope = max(1.0, np.log(t1 / t0) / np.log(x1 / x0)) if x1 != x0 and t0 > 0 and t1 > 0 else 1.0
+    else:
+        slope = 1.0 if key == "batch" else 3.0
+    x1, t1 = history[-1]
+    return t1 * (x_next / x1) ** slope
+
+
+def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, console, *, sweep: dict | None = None,
+               key: str = "", budget: float = float("inf")):
+    """Time every method on one config; ``sweep`` (method -> [(x, time)]) drives the budget skips."""
     nonneg = cfg.get("nonneg", False)
     d = make_problem(**cfg)
     P, yref, gref = reference(d)
+    gscale = max(1.0, float(np.max(np.abs(gref))))
     rows = []
     for meth in methods:
-        if meth == "linsatnet" and not nonneg:
+        if meth in LINSAT and not nonneg:
             continue
-        if skip.get(meth):
-            rows.append(dict(method=meth, skipped=skip[meth]))
-            continue
+        if sweep is not None and sweep.get(meth):
+            pred = _predict(sweep[meth], cfg[key], key)
+            if pred > budget:
+                rows.append(dict(method=meth, skipped=f"skipped: budget (extrapolated {pred:.1f} s > {budget:g} s)"))
+                console.print(f"  {meth:20s} skipped: budget (extrapolated {pred:.1f} s)")
+                continue
+        NOTES.pop(meth, None)
+        extra: dict = {}
         try:
-            med, y, g = time_method(meth, d, repeats)
+            try:
+                med, y, g = time_method(meth, d, repeats)
+            except ImportError:
+                raise
+            except Exception as exc:
+                if meth != "qpth":
+                    raise
+                extra["in_process_failure"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                console.print(f"  {meth:20s} failed in-process ({str(exc)[:60]}...), timing in a fresh process")
+                med, y, g = time_in_subprocess(meth, cfg, repeats, timeout=1800)
+                extra["timed_in_subprocess"] = True
         except ImportError as exc:
             rows.append(dict(method=meth, skipped=f"not importable: {exc}"))
             continue
         except Exception as exc:  # a peer that crashes is a failed row, not a failed benchmark
-            rows.append(dict(method=meth, failed=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            rows.append(dict(method=meth, failed=f"{type(exc).__name__}: {str(exc)[:200]}", **extra))
             console.print(f"  {meth:20s} FAILED: {type(exc).__name__}: {str(exc)[:100]}")
             continue
         viol = float(np.max(P.violation(y)))
-        gerr = None if meth == "linsatnet" else float(np.max(np.abs(g - gref)) / max(1.0, np.max(np.abs(gref))))
-        yerr = None if meth == "linsatnet" else float(np.max(np.abs(y - yref)))
-        mem = peak_memory(meth, cfg, timeout=max(60.0, 20 * med)) if memory else None
+        finite = bool(np.all(np.isfinite(y)) and np.all(np.isfinite(g)))
+        gerr = float(np.max(np.abs(g - gref)) / gscale) if finite else float("nan")
+        yerr = float(np.max(np.abs(y - yref))) if finite else float("nan")
+        mem = peak_memory(meth, cfg, timeout=max(120.0, 20 * med)) if memory else None
+        note = dict(NOTES.get(meth, {}), **extra)
+        if meth in LINSAT:
+            note["caveat"] = ("entropic (Sinkhorn) map, not the Euclidean projection: y_error and grad_rel_error "
+                              "are its distance to the projection and to the projection's J v")
         rows.append(dict(method=meth, time_s=med, max_violation=viol, grad_rel_error=gerr, y_error=yerr,
-                         peak_mem_mib=mem, note=NOTES.get(meth, "")))
-        console.print(f"  {meth:20s} {1e3 * med:10.1f} ms  viol {viol:8.1e}  grad err "
-                      f"{'n/a' if gerr is None else f'{gerr:8.1e}'}  mem "
-                      f"{'n/a' if mem is None else f'{mem:8.1f} MiB'}")
-        if med > budget:
-            skip[meth] = f"skipped: a smaller config already took {med:.1f} s (> {budget:g} s budget)"
+                         peak_mem_mib=mem, note=note))
+        console.print(f"  {meth:20s} {1e3 * med:10.1f} ms  viol {viol:8.1e}  y err {yerr:8.1e}  grad err "
+                      f"{gerr:8.1e}  mem {'n/a' if mem is None else f'{mem:8.1f} MiB'}")
+        if sweep is not None:
+            sweep.setdefault(meth, []).append((float(cfg[key]), med))
     return rows
 
 
@@ -234,8 +305,10 @@ def machine() -> dict:
 
 def ratios(rows, eq_tol=1e-6):
     """Speed and memory ratios of polyproj to each peer (peers meeting the accuracy marked)."""
-    ours = next(r for r in rows if r["method"] == "polyproj" and "time_s" in r)
-    out = {}
+    ours = next((r for r in rows if r["method"] == "polyproj" and "time_s" in r), None)
+    out: dict = {}
+    if ours is None:
+        return out
     for r in rows:
         if r["method"] == "polyproj" or "time_s" not in r:
             continue
@@ -243,7 +316,7 @@ def ratios(rows, eq_tol=1e-6):
             speedup=r["time_s"] / ours["time_s"],
             memory_ratio=(r["peak_mem_mib"] / ours["peak_mem_mib"]) if r.get("peak_mem_mib") and ours.get("peak_mem_mib")
             else None,
-            equal_accuracy=bool(r["max_violation"] <= eq_tol and (r["grad_rel_error"] or 0) <= eq_tol))
+            equal_accuracy=bool(r["max_violation"] <= eq_tol and r["grad_rel_error"] <= eq_tol))
     return out
 
 
@@ -254,18 +327,22 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, xlabel in ((axes[0], "batch", "batch size (n = 50, m = 100)"), (axes[1], "n", "n (batch 128, m = 2n)")):
-        sweep = results.get(f"sweep_{key}", [])
-        for meth in METHODS:
-            pts = [(c["config"][key], r["time_s"]) for c in sweep for r in c["rows"]
-                   if r["method"] == meth and "time_s" in r]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.loglog(xs, np.array(ys) * 1e3, "o-", label=meth)
+    for ax, key, xlabel in ((axes[0], "batch", "batch size (n = 50, m = 100)"), (axes[1], "n", "n (m = 2n)")):
+        for name in sorted(k for k in results if k.startswith(f"sweep_{key}")):
+            sweep = results[name]
+            for i, meth in enumerate(METHODS):
+                pts = [(c["config"][key], r["time_s"]) for c in sweep for r in c["rows"]
+                       if r["method"] == meth and "time_s" in r]
+                if pts:
+                    xs, ys = zip(*pts, strict=True)
+                    label = meth if key == "batch" else f"{meth} (batch {sweep[0]['config']['batch']})"
+                    ax.loglog(xs, np.array(ys) * 1e3, "o-" if name == f"sweep_{key}" else "s--", label=label,
+                              color=f"C{i}")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("forward + backward [ms] (median)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
     fig.suptitle("polyproj projection layer vs peers (float64, same process, same data)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -279,15 +356,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small sizes, 2 repeats")
     ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--budget", type=float, default=30.0, help="skip a peer on larger configs once one call takes longer")
+    ap.add_argument("--budget", type=float, default=30.0,
+                    help="sweeps: skip a peer whose extrapolated time per call exceeds this (s)")
     ap.add_argument("--methods", nargs="*", default=METHODS)
     ap.add_argument("--linsat-batch", type=int, default=128, help="batch of the non-negative polytope config")
     ap.add_argument("--batches", type=int, nargs="*", help="batch sweep (default 1 16 128 1024 4096)")
-    ap.add_argument("--ns", type=int, nargs="*", help="n sweep (default 10 50 200 1000)")
+    ap.add_argument("--ns", type=int, nargs="*", help="n sweep (default 10 50 200 500 1000)")
+    ap.add_argument("--n-batch", type=int, default=128, help="batch of the n sweep")
+    ap.add_argument("--tag", default="", help="suffix of the sweep keys in the JSON (e.g. a second n sweep)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for every method (1: no oversubscription on a shared machine)")
     ap.add_argument("--out", default=str(RESULTS / "layer.json"))
+    ap.add_argument("--fresh", action="store_true", help="start a new JSON instead of updating --out")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.plot_only:
+        plot(json.loads(out.read_text()), out.with_suffix(".png"))
+        return 0
     import torch
 
     torch.set_num_threads(args.threads)
@@ -296,19 +382,25 @@ def main(argv: list[str] | None = None) -> int:
     parts = args.only or ["headline", "linsat", "batch", "n"]
     reps = 2 if args.quick else args.repeats
     batches = args.batches or ([1, 16, 128] if args.quick else [1, 16, 128, 1024, 4096])
-    ns = args.ns or ([10, 50] if args.quick else [10, 50, 200, 1000])
-    results: dict = {"machine": machine(), "repeats": reps}
-    out = Path(args.out)
+    ns = args.ns or ([10, 50] if args.quick else [10, 50, 200, 500, 1000])
+    results: dict = {} if args.fresh or not out.exists() else json.loads(out.read_text())
+    results.setdefault("runs", {})
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every config: a long run interrupted keeps what it measured
-        results["machine"]["load_average_end"] = os.getloadavg()
         out.write_text(json.dumps(results, indent=1))
+
+    def record(part: str) -> None:
+        m = machine()
+        m["load_average_end"] = os.getloadavg()
+        results["runs"][part] = dict(machine=m, repeats=reps, date=time.strftime("%Y-%m-%d %H:%M:%S"))
+
     if "headline" in parts:
         cfg = dict(batch=128, n=50, m=100)
         console.rule(f"headline {cfg}")
-        rows = run_config(cfg, args.methods, reps, not args.no_memory, {}, 1e9, console)
+        rows = run_config(cfg, args.methods, reps, not args.no_memory, console)
         results["headline"] = dict(config=cfg, rows=rows, ratios=ratios(rows))
+        record("headline")
         save()
         for k, v in results["headline"]["ratios"].items():
             mem = "n/a" if v["memory_ratio"] is None else f"{v['memory_ratio']:.1f}"
@@ -317,20 +409,25 @@ def main(argv: list[str] | None = None) -> int:
     if "linsat" in parts:
         cfg = dict(batch=args.linsat_batch, n=50, m=100, nonneg=True)
         console.rule(f"non-negative polytope (LinSATNet's class) {cfg}")
-        rows = run_config(cfg, args.methods, reps, not args.no_memory, {}, 1e9, console)
+        rows = run_config(cfg, args.methods, reps, not args.no_memory, console)
         results["linsat"] = dict(config=cfg, rows=rows, ratios=ratios(rows))
+        record("linsat")
         save()
     for key, values in (("batch", batches), ("n", ns)):
         if key not in parts:
             continue
-        skip: dict = {}
-        results[f"sweep_{key}"] = []
+        history: dict = {}
+        name = f"sweep_{key}{args.tag}"
+        results[name] = []
         for v in values:
-            cfg = dict(batch=v, n=50, m=100) if key == "batch" else dict(batch=128, n=v, m=2 * v)
+            cfg = dict(batch=v, n=50, m=100) if key == "batch" else dict(batch=args.n_batch, n=v, m=2 * v)
             console.rule(f"sweep {key}: {cfg}")
-            rows = run_config(cfg, [m for m in args.methods if m != "cvxpylayers_default"], max(1, reps // 2 + 1),
-                              False, skip, args.budget, console)
-            results[f"sweep_{key}"].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
+            meths = [m for m in args.methods if m != "cvxpylayers_default" and m not in LINSAT]
+            rows = run_config(cfg, meths, max(1, reps // 2 + 1), False, console, sweep=history, key=key,
+                              budget=args.budget)
+            results[name].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
+            record(name)
+            results["runs"][name]["budget_s"] = args.budget
             save()
     save()
     console.print(f"wrote {out}")

@@ -54,6 +54,22 @@ def test_forward_matches_pp_project_and_is_feasible(backend, rng):
     assert P.violation(y.numpy()).max() < 1e-10
 
 
+@pytest.mark.parametrize("admm_dtype", ["float32", torch.float64])
+def test_admm_dtype_only_changes_the_start(admm_dtype, rng):
+    # the ADMM (float32 by default) only identifies the face; the polished result is float64-exact,
+    # also with a zero row of A (its row scaling must not underflow in float32)
+    P = _polytope(rng, n=12, m=20, p=2)
+    A = np.vstack([P.A, np.zeros((1, P.n))])
+    P = pp.Polyhedron(A=A, a=np.append(P.a, 1.0), B=P.B, b=P.b, lb=P.lb, ub=P.ub)
+    X = 2.5 * rng.normal(size=(16, P.n))
+    ref = pp.project(X, P)
+    y = project(torch.tensor(X), backend="torch", admm_dtype=admm_dtype, **_tensors(P))
+    assert y.dtype == torch.float64
+    assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
+    with pytest.raises(pp.ProblemError, match="admm_dtype"):
+        project(torch.tensor(X), backend="torch", admm_dtype="float16", **_tensors(P))
+
+
 def test_leading_batch_dims_and_single_point(rng):
     P = _polytope(rng)
     X = rng.normal(size=(2, 3, P.n)) * 2
@@ -172,6 +188,23 @@ def test_licq_failure_duplicated_rows(rng):
     assert np.max(np.abs(y.detach().numpy()[0] - y1.y)) < 1e-9
     J = pp.hs_jacobian(P1, y1.active)
     assert np.max(np.abs(x.grad.numpy()[0] - J @ np.arange(n))) < 1e-9
+
+
+def test_licq_failure_in_part_of_a_batch(rng):
+    """Samples with dependent active rows take the SVD path, the others the Cholesky solve: both exact."""
+    n = 5
+    A1 = rng.normal(size=(3, n))
+    A = np.vstack([A1, A1[:1], 2 * A1[1:2]])
+    X = np.vstack([A1.sum(0) * 2.0, rng.normal(size=(3, n)) * 0.3, A1[2] * 3.0])
+    x = torch.tensor(X, requires_grad=True)
+    y = project(x, A=torch.tensor(A), a=torch.zeros(5, dtype=torch.float64), backend="proxsuite")
+    V = rng.normal(size=X.shape)
+    (y * torch.tensor(V)).sum().backward()
+    P1 = pp.Polyhedron(A=A1, a=np.zeros(3))
+    for i in range(X.shape[0]):
+        r1 = pp.project(X[i], P1)
+        assert np.max(np.abs(y.detach().numpy()[i] - r1.y)) < 1e-9
+        assert np.max(np.abs(x.grad.numpy()[i] - pp.hs_jacobian(P1, r1.active) @ V[i])) < 1e-9
 
 
 def test_batched_constraints_match_per_sample_and_shared_sum(rng):
