@@ -134,7 +134,10 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
         return ActiveFactor(xp, free, xp.zeros((batch, 0, n), dtype=dtype, device=dev),
                             xp.zeros((batch, 0, 0), dtype=dtype, device=dev), z, scale, rows, order, k, m, p)
     eps = _eps(xp, dtype)
-    if method == "auto" and kk <= n:
+    # Cholesky of the Gram matrix first, also when the padded face has more rows than n (up to 2n):
+    # padding rows get unit pivots, so only the samples whose own face is singular (more than n or
+    # dependent active rows) fail the pivot test and take the SVD — not the whole batch
+    if method == "auto" and kk <= 2 * n:
         pad = 1.0 - xp.astype(pos, dtype)  # zero rows (padding, or fully fixed support) get a unit pivot
         eye = xp.eye(kk, dtype=dtype, device=dev)
         G = xp.matmul(Mn, xp.matrix_transpose(Mn)) + eye[None, :, :] * pad[:, :, None]
@@ -226,7 +229,10 @@ def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
     if kk == 0:
         return (xp.zeros((batch, 0), dtype=dtype, device=dev), xp.zeros((batch, n), dtype=dtype, device=dev))
     rn = resid * scale
-    if method == "auto" and kk <= n:
+    # Cholesky of the Gram matrix first, also when the padded face has more rows than n (up to 2n):
+    # padding rows get unit pivots, so only the samples whose own face is singular (more than n or
+    # dependent active rows) fail the pivot test and take the SVD — not the whole batch
+    if method == "auto" and kk <= 2 * n:
         pos = scale > 0
         pad = 1.0 - xp.astype(pos, dtype)  # zero rows (padding, or fully fixed support) get a unit pivot
         eye = xp.eye(kk, dtype=dtype, device=dev)

@@ -334,7 +334,7 @@ def _forward(x2, data, backend, settings):
     block_iter = int(settings.pop("polish_block_iter", 0))
     if name == "torch":
         admm = {k: settings.pop(k) for k in list(settings) if k.startswith("admm_")}
-        fb = str(settings.pop("fallback", "proxsuite"))
+        fb = str(settings.pop("fallback", "ipm"))
         from ..registry import get_backend
 
         get_backend(fb, **settings)  # validates the remaining settings (they go to the fallback)
@@ -548,8 +548,8 @@ def project(x: torch.Tensor, A: Any = None, a: Any = None, B: Any = None, b: Any
         ``admm_stable`` (0: fraction of samples whose active set may still change at the stop),
         ``admm_dtype`` (``torch.float32``: the ADMM only identifies the face; the polish is float64),
         ``polish_block_iter`` (0: polish corrections that change every wrong row at once),
-        ``fallback`` (``"proxsuite"``: solves the few samples the polish could not verify; the other
-        settings go to it).
+        ``fallback`` (``"ipm"``: polyproj's batched IPM, in torch on the tensor's device, solves the few
+        samples the polish could not verify; any registered backend name; the other settings go to it).
 
     Returns
     -------

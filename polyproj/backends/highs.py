@@ -141,21 +141,17 @@ class HiGHSSolver(QPSolver):
             model.hessian_ = hess
         return model
 
-    @staticmethod
-    def _pass(h: Any, qp: QP) -> Any:
-        """Hand the problem to HiGHS as arrays (``passModel``'s array form: no HighsLp/HighsModel copies)."""
-        arrays = qp.memo.get("highs")
-        if arrays is None:  # matrices shared by every QP with the same P and C, then kept per problem
-            mats = converted("highs", (qp.P, qp.C), None, lambda: _arrays(qp))
-            arrays = qp.memo["highs"] = (*mats, np.zeros(qp.n, dtype=np.int32))  # all columns continuous
-        a_start, a_index, a_value, q_start, q_index, q_value, integrality = arrays
-        colwise, triangular, minimize, _ = _codes()
-        if q_value.size:
-            return h.passModel(qp.n, qp.m, a_value.size, q_value.size, colwise, triangular, minimize, 0.0,
-                               qp.q, qp.lb, qp.ub, qp.l, qp.u, a_start, a_index, a_value,
-                               q_start, q_index, q_value, integrality)
-        return h.passModel(qp.n, qp.m, a_value.size, colwise, minimize, 0.0, qp.q, qp.lb, qp.ub, qp.l, qp.u,
-                           a_start, a_index, a_value, integrality)
+    @classmethod
+    def _pass(cls, h: Any, qp: QP) -> Any:
+        """Hand the problem to HiGHS: its ``HighsModel``, built once per problem and kept in ``qp.memo``.
+
+        Passing a prepared model costs ~4 µs against ~11 µs for ``passModel``'s array form; the
+        matrices inside are shared by every QP with the same P and C (see :func:`_matrices`).
+        """
+        model = qp.memo.get("highs")
+        if model is None:
+            model = qp.memo["highs"] = cls._model(qp)
+        return h.passModel(model)
 
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP with HiGHS (warm starts are not used: HiGHS's QP solver has none here)."""
