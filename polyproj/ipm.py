@@ -60,6 +60,7 @@ from array_api_compat import array_namespace, is_numpy_namespace, is_torch_names
 from array_api_compat import device as _device
 
 from .errors import ProblemError
+from .linalg import cho_solve, cholesky
 from .problem import _INF_THRESHOLD
 from .solution import Status
 
@@ -134,90 +135,27 @@ class IPMResult:
 
 # ============================================================================ linear algebra
 class _Linalg:
-    """Batched SPD factor/solve: torch and NumPy fast paths, the standard ``linalg.solve`` otherwise."""
+    """Batched SPD factor/solve for the IPM.
+
+    :mod:`polyproj.linalg` (Cholesky) on torch and NumPy; other namespaces keep ``K`` and use the
+    standard ``linalg.solve`` (it cannot report failures per element, so ``ok`` is all True there).
+    """
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
         self.kind = "torch" if is_torch_namespace(xp) else "numpy" if is_numpy_namespace(xp) else "generic"
 
-    def factor(self, K: Any, exhaustive: bool = False) -> tuple[Any, Any]:
-        """Return (factor, ok) with ok a (b,) bool array (False where K is not numerically PD).
-
-        NumPy's batched Cholesky fails for the whole batch at once: ``exhaustive`` then finds the
-        culprits one by one, so that only they are regularised.
-        """
-        xp = self.xp
-        b = K.shape[0]
-        if self.kind == "torch":
-            L, info = xp.linalg.cholesky_ex(K)
-            return L, info == 0
-        if self.kind == "numpy":
-            F, ok = self._factor_numpy(K)
-            if exhaustive and not ok.all() and F[0] == "sub":
-                L = np.empty_like(K)
-                for i in range(b):
-                    try:
-                        L[i] = np.linalg.cholesky(K[i])
-                        ok[i] = True
-                    except np.linalg.LinAlgError:
-                        L[i] = np.eye(K.shape[-1], dtype=K.dtype)
-                F = ("sub", L)
-            return F, ok
-        return K, xp.ones(b, dtype=xp.bool, device=_device(K))
-
-    @staticmethod
-    def _factor_numpy(K: np.ndarray) -> tuple[Any, np.ndarray]:
-        """NumPy factorisation: LAPACK potrf per matrix for a few matrices, else batched Cholesky.
-
-        Batched factors are solved by substitution vectorised over the batch (SciPy's batched
-        triangular solve loops over the batch in Python; an explicit inverse is not accurate enough
-        for the ill-conditioned systems at the end of an IPM).
-        """
-        from scipy.linalg import lapack
-
-        b, n = K.shape[0], K.shape[-1]
-        if b <= 8:
-            potrf = lapack.dpotrf if K.dtype == np.float64 else lapack.spotrf
-            L = np.empty_like(K)
-            ok = np.ones(b, dtype=bool)
-            for i in range(b):
-                Li, info = potrf(K[i], lower=1, clean=1, overwrite_a=0)
-                ok[i] = info == 0
-                L[i] = Li if info == 0 else np.eye(n, dtype=K.dtype)
-            return ("tri", L), ok
-        try:
-            L = np.linalg.cholesky(K)
-            ok = np.ones(b, dtype=bool)
-        except np.linalg.LinAlgError:  # report all as failed: the caller regularises and retries
-            return ("sub", np.broadcast_to(np.eye(n, dtype=K.dtype), K.shape)), np.zeros(b, dtype=bool)
-        return ("sub", L), ok
+    def factor(self, K: Any) -> tuple[Any, Any]:
+        """Return (factor, ok) with ok a (b,) bool array (False where K is not numerically PD)."""
+        if self.kind == "generic":
+            return K, self.xp.ones(K.shape[0], dtype=self.xp.bool, device=_device(K))
+        return cholesky(self.xp, K)
 
     def solve(self, F: Any, R: Any) -> Any:
         """Solve ``K X = R`` for R (b, n, k) with the factor of :meth:`factor`."""
-        xp = self.xp
-        if self.kind == "torch":  # two batched triangular solves: ~4x faster than cholesky_solve on CPU
-            Y = xp.linalg.solve_triangular(F, R, upper=False)
-            return xp.linalg.solve_triangular(F.mT, Y, upper=True)
-        if self.kind == "numpy":
-            kind, M = F
-            if kind == "sub":  # forward then backward substitution, one row at a time for all elements
-                n = M.shape[-1]
-                Y = np.empty(np.broadcast_shapes(M.shape[:-2], R.shape[:-2]) + R.shape[-2:], dtype=R.dtype)
-                d = np.diagonal(M, axis1=-2, axis2=-1)[..., None]
-                for i in range(n):
-                    Y[:, i, :] = (R[:, i, :] - (M[:, i : i + 1, :i] @ Y[:, :i, :])[:, 0, :]) / d[:, i]
-                X = np.empty_like(Y)
-                for i in range(n - 1, -1, -1):
-                    X[:, i, :] = (Y[:, i, :] - (M[:, i + 1 :, i : i + 1].mT @ X[:, i + 1 :, :])[:, 0, :]) / d[:, i]
-                return X
-            from scipy.linalg import solve_triangular
-
-            out = np.empty(np.broadcast_shapes(M.shape[:-2], R.shape[:-2]) + R.shape[-2:], dtype=R.dtype)
-            for i in range(M.shape[0]):
-                y = solve_triangular(M[i], R[i], lower=True, check_finite=False)
-                out[i] = solve_triangular(M[i], y, lower=True, trans="T", check_finite=False)
-            return out
-        return xp.linalg.solve(F, R)
+        if self.kind == "generic":
+            return self.xp.linalg.solve(F, R)
+        return cho_solve(self.xp, F, R)
 
 
 # ============================================================================ helpers
@@ -453,24 +391,14 @@ _SMALL_N = 256  # up to this n the per-element kernels run single-threaded
 @contextlib.contextmanager
 def _single_threaded_kernels(xp: Any, q: Any):
     """One BLAS thread (and one torch intra-op thread) on the CPU; nothing elsewhere."""
-    from .threads import small_blas
+    from .threads import small_blas, torch_single_thread
 
-    if is_numpy_namespace(xp):
-        with small_blas():
-            yield
-        return
-    if not (is_torch_namespace(xp) and q.device.type == "cpu"):
+    torch_cpu = is_torch_namespace(xp) and q.device.type == "cpu"
+    if not (is_numpy_namespace(xp) or torch_cpu):
         yield
         return
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with small_blas():
-            yield
-    finally:
-        torch.set_num_threads(prev)
+    with small_blas(), (torch_single_thread() if torch_cpu else contextlib.nullcontext()):
+        yield
 
 
 _FIELDS = ("x", "z", "z_box", "status", "iterations", "prim_res", "dual_res", "gap")
@@ -479,20 +407,21 @@ _COMPACT_MIN = 16  # ... and only batches at least this large
 _PACKED_MAX = 2**23  # largest packed (m, n(n+1)/2) table of products c_i c_iᵀ (64 MB in float64)
 
 
+def _take_rows(xp: Any, M: Any, idx: Any) -> Any:
+    """Elements ``idx`` of a per-element array; shared data (leading dimension 1) unchanged."""
+    return M if M.shape[0] == 1 else xp.take(M, idx, axis=0)
+
+
 def _take_state(xp: Any, cont: dict, idx: Any) -> dict:
     """The continuation state of :func:`_solve` restricted to the elements ``idx``."""
-
-    def take(M):
-        return M if M.shape[0] == 1 else xp.take(M, idx, axis=0)
-
     out = {}
     for k, v in cont.items():
         if k in ("it0", "e_idx"):
             out[k] = v
         elif isinstance(v, tuple):
-            out[k] = tuple(take(a) for a in v)
+            out[k] = tuple(_take_rows(xp, a, idx) for a in v)
         else:
-            out[k] = take(v)
+            out[k] = _take_rows(xp, v, idx)
     return out
 
 
@@ -515,11 +444,7 @@ def _solve_batched(xp, P3, q, C3, l, u, lb, ub, x0, kw, resume=None) -> IPMResul
     redo = [i for i, c in enumerate(_host_list(part.status)) if c == _RUNNING]
     dev = _device(q)
     idx = xp.asarray(np.asarray(redo, dtype=np.int64), device=dev)
-
-    def take(M):
-        return M if M.shape[0] == 1 else xp.take(M, idx, axis=0)
-
-    sub = _solve_batched(xp, take(P3), take(q), take(C3), take(l), take(u), take(lb), take(ub), None, kw,
+    sub = _solve_batched(xp, *(_take_rows(xp, M, idx) for M in (P3, q, C3, l, u, lb, ub)), None, kw,
                          resume=_take_state(xp, cont, idx))
     gather = np.arange(b)
     gather[redo] = b + np.arange(len(redo))
@@ -706,7 +631,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
     def factorize(Dg0, running, retry=True):
         Dg = Dg0 + gamma * (xp.astype(eq, dtype)) if p else Dg0
         K = build_K(Dg, running)
-        F, ok = la.factor(K, exhaustive=True)
+        F, ok = la.factor(K)
         regd = False
         shifted = ~ok
         if not bool(xp.all(ok)) and retry:
@@ -720,8 +645,11 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             diagmax = xp.max(dK, axis=-1)
             for shift in (1e2 * eps * n * dK, 1e5 * eps * n * dK,
                           xp.broadcast_to((1e3 * eps * n * diagmax)[:, None], (b, n))):
-                bad = xp.astype(~ok, dtype)[:, None]
-                F, ok = la.factor(_add_diag(xp, K, shift * bad), exhaustive=True)  # same K where ok
+                # only the failed elements are factored again (retry is False on the generic path,
+                # whose factor never fails, so F and ok support index assignment here)
+                idx = xp.nonzero(~ok)[0]
+                Fb, okb = la.factor(_add_diag(xp, xp.take(K, idx, axis=0), xp.take(shift, idx, axis=0)))
+                F[idx], ok[idx] = Fb, okb
                 regd = True
                 if bool(xp.all(ok)):
                     break

@@ -39,6 +39,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from .hs_jacobian import ActiveFactor, expand_rows, gather_active_rows, svd_factor
+from .linalg import cho_solve, cholesky, tri_inv
 
 __all__ = ["factor_face", "ineq_slack", "polish"]
 
@@ -47,8 +48,22 @@ def _eps(xp, dtype) -> float:
     return float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
 
 
-def _is_torch(xp) -> bool:
-    return "torch" in getattr(xp, "__name__", "")
+
+def _gram_cholesky(xp, Mn, pos, eps: float):
+    """Cholesky of the face Gram matrices ``M_n M_nᵀ`` (padding rows get a unit pivot).
+
+    Returns ``(L, ok)``; ``ok`` accepts well-conditioned faces only (min pivot >= eps^(1/4), which
+    keeps ``L⁻¹M_n`` orthonormal to ~eps^(3/4)), and ``L`` is the identity where it is False.
+    Used for padded faces up to 2n rows: padding rows get unit pivots, so only the samples whose
+    own face is singular (more than n or dependent active rows) fail and take the SVD.
+    """
+    kk = pos.shape[1]
+    eye = xp.eye(kk, dtype=Mn.dtype, device=_device(Mn))
+    pad = 1.0 - xp.astype(pos, Mn.dtype)  # zero rows (padding, or fully fixed support)
+    L, ok = cholesky(xp, xp.matmul(Mn, xp.matrix_transpose(Mn)) + eye[None, :, :] * pad[:, :, None])
+    diag = xp.linalg.diagonal(L)
+    ok = ok & xp.all(xp.where(pos, diag, xp.ones_like(diag)) >= eps ** 0.25, axis=1)
+    return xp.where(ok[:, None, None], L, xp.broadcast_to(eye, L.shape)), ok
 
 
 def _scatter(xp, full, mask, part):
@@ -67,39 +82,7 @@ def _rows(xp, M, mask, ndim_batched: int):
     return M[mask] if M.ndim == ndim_batched else M
 
 
-def _tri_inv(xp, L):
-    """``L⁻¹`` for a batch of lower-triangular matrices."""
-    eye = xp.eye(L.shape[-1], dtype=L.dtype, device=_device(L))
-    if _is_torch(xp):  # torch's own kernels, reached through the namespace (no torch import here)
-        return xp.linalg.solve_triangular(L, xp.broadcast_to(eye, L.shape), upper=False)
-    if xp.__name__.endswith("numpy"):
-        return _tri_inv_numpy(L)
-    return xp.linalg.solve(L, xp.broadcast_to(eye, L.shape))
 
-
-def _tri_inv_numpy(L):
-    """Forward substitution vectorised over the batch (NumPy's batched LU solve is ~3x slower here)."""
-    b, k, _ = L.shape
-    X = np.zeros_like(L)
-    d = np.diagonal(L, axis1=1, axis2=2)
-    for i in range(k):
-        r = -np.matmul(L[:, i:i + 1, :i], X[:, :i, :])[:, 0, :] if i else np.zeros((b, k), dtype=L.dtype)
-        r[:, i] += 1.0
-        X[:, i, :] = r / d[:, i:i + 1]
-    return X
-
-
-def _cholesky(xp, G):
-    """Batched Cholesky; returns (L, ok) with ``ok`` False where it failed."""
-    b = G.shape[0]
-    if _is_torch(xp):
-        L, info = xp.linalg.cholesky_ex(G)
-        return L, info == 0
-    try:
-        L = xp.linalg.cholesky(G)
-    except Exception:  # NumPy fails the whole batch when one sample is not positive definite
-        return xp.zeros_like(G), xp.zeros((b,), dtype=xp.bool, device=_device(G))
-    return L, xp.all(xp.isfinite(xp.reshape(L, (b, -1))), axis=1)
 
 
 def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
@@ -134,19 +117,9 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
         return ActiveFactor(xp, free, xp.zeros((batch, 0, n), dtype=dtype, device=dev),
                             xp.zeros((batch, 0, 0), dtype=dtype, device=dev), z, scale, rows, order, k, m, p)
     eps = _eps(xp, dtype)
-    # Cholesky of the Gram matrix first, also when the padded face has more rows than n (up to 2n):
-    # padding rows get unit pivots, so only the samples whose own face is singular (more than n or
-    # dependent active rows) fail the pivot test and take the SVD — not the whole batch
-    if method == "auto" and kk <= 2 * n:
-        pad = 1.0 - xp.astype(pos, dtype)  # zero rows (padding, or fully fixed support) get a unit pivot
-        eye = xp.eye(kk, dtype=dtype, device=dev)
-        G = xp.matmul(Mn, xp.matrix_transpose(Mn)) + eye[None, :, :] * pad[:, :, None]
-        L, ok = _cholesky(xp, G)
-        diag = xp.linalg.diagonal(L)
-        # accept well-conditioned faces only: min pivot >= eps^(1/4) keeps V = L⁻¹M_n orthonormal to ~eps^(3/4)
-        ok = ok & xp.all(xp.where(pos, diag, xp.ones_like(diag)) >= eps ** 0.25, axis=1)
-        L = xp.where(ok[:, None, None], L, xp.broadcast_to(eye, L.shape))
-        Linv = _tri_inv(xp, L)
+    if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (_gram_cholesky)
+        L, ok = _gram_cholesky(xp, Mn, pos, eps)
+        Linv = tri_inv(xp, L)
         Vh = xp.matmul(Linv, Mn)
         U = xp.matrix_transpose(Linv)
         s_inv = xp.astype(xp.broadcast_to(ok[:, None], (batch, kk)), dtype)
@@ -187,31 +160,6 @@ def _rmax(xp, v):
     return xp.max(xp.abs(v), axis=1, keepdims=True)
 
 
-def _chol_solve(xp, L, r):
-    """``t`` with ``L Lᵀ t = r`` for a batch: ``L`` (b, k, k) lower triangular, ``r`` (b, k).
-
-    Two triangular solves with vectors (``O(k²)`` per sample); ``L⁻¹`` is never formed.
-    """
-    if _is_torch(xp):  # torch's own kernels, reached through the namespace (no torch import here)
-        y = xp.linalg.solve_triangular(L, r[:, :, None], upper=False)
-        return xp.linalg.solve_triangular(xp.matrix_transpose(L), y, upper=True)[:, :, 0]
-    if xp.__name__.endswith("numpy"):
-        return _chol_solve_numpy(L, r)
-    y = xp.linalg.solve(L, r[:, :, None])
-    return xp.linalg.solve(xp.matrix_transpose(L), y)[:, :, 0]
-
-
-def _chol_solve_numpy(L, r):
-    """Forward then backward substitution vectorised over the batch (NumPy has no batched triangular solve)."""
-    k = L.shape[1]
-    d = np.diagonal(L, axis1=1, axis2=2)
-    y = np.empty_like(r)
-    for i in range(k):
-        y[:, i] = (r[:, i] - np.einsum("bj,bj->b", L[:, i, :i], y[:, :i])) / d[:, i]
-    t = np.empty_like(r)
-    for i in range(k - 1, -1, -1):
-        t[:, i] = (y[:, i] - np.einsum("bj,bj->b", L[:, i + 1:, i], t[:, i + 1:])) / d[:, i]
-    return t
 
 
 def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
@@ -229,20 +177,9 @@ def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
     if kk == 0:
         return (xp.zeros((batch, 0), dtype=dtype, device=dev), xp.zeros((batch, n), dtype=dtype, device=dev))
     rn = resid * scale
-    # Cholesky of the Gram matrix first, also when the padded face has more rows than n (up to 2n):
-    # padding rows get unit pivots, so only the samples whose own face is singular (more than n or
-    # dependent active rows) fail the pivot test and take the SVD — not the whole batch
-    if method == "auto" and kk <= 2 * n:
-        pos = scale > 0
-        pad = 1.0 - xp.astype(pos, dtype)  # zero rows (padding, or fully fixed support) get a unit pivot
-        eye = xp.eye(kk, dtype=dtype, device=dev)
-        G = xp.matmul(Mn, xp.matrix_transpose(Mn)) + eye[None, :, :] * pad[:, :, None]
-        L, ok = _cholesky(xp, G)
-        diag = xp.linalg.diagonal(L)
-        # accept well-conditioned faces only (min pivot >= eps^(1/4), as factor_face)
-        ok = ok & xp.all(xp.where(pos, diag, xp.ones_like(diag)) >= _eps(xp, dtype) ** 0.25, axis=1)
-        L = xp.where(ok[:, None, None], L, xp.broadcast_to(eye, L.shape))
-        lam = _chol_solve(xp, L, rn) * scale
+    if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (_gram_cholesky)
+        L, ok = _gram_cholesky(xp, Mn, scale > 0, _eps(xp, dtype))
+        lam = cho_solve(xp, L, rn) * scale  # two triangular solves with vectors; L⁻¹ is never formed
         step = xp.matmul(lam[:, None, :], rows)[:, 0, :] * free  # M_nᵀ (M_n M_nᵀ)⁻¹ r_n
         bad = ~ok
         if not bool(xp.any(bad)):

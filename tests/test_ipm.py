@@ -170,14 +170,22 @@ def test_project_with_ipm_backend_matches_proxsuite_after_polish(rng):
 
 
 # --------------------------------------------------------------------------- infeasible / unbounded elements
-def test_primal_infeasible_elements_are_flagged_per_element(rng):
-    n, m, b = 8, 12, 5
+def infeasible_elements(rng, n, m, b, bad):
+    """Shared C with a duplicated row; per-element bounds, empty for the elements ``bad``
+    (c·x <= u0 and c·x >= u0 + 1)."""
     C = rng.standard_normal((m, n))
     C[1] = C[0]
     x0 = rng.standard_normal(n)
     l = np.tile(C @ x0 - 1.0, (b, 1))
     u = np.tile(C @ x0 + 1.0, (b, 1))
-    l[2, 1], u[2, 1] = u[2, 0] + 1.0, u[2, 0] + 2.0  # element 2: c·x <= u0 and c·x >= u0 + 1
+    for i in bad:
+        l[i, 1], u[i, 1] = u[i, 0] + 1.0, u[i, 0] + 2.0
+    return C, l, u
+
+
+def test_primal_infeasible_elements_are_flagged_per_element(rng):
+    n, m, b = 8, 12, 5
+    C, l, u = infeasible_elements(rng, n, m, b, [2])
     q = rng.standard_normal((b, n))
     for ns in NAMESPACES:
         res = solve_qp_batch(*(to_ns(ns, v) for v in (np.eye(n), q, C, l, u)))
@@ -401,14 +409,8 @@ def test_compacted_batch_keeps_per_element_results(ns, rng):
     """A batch large enough to be compacted as elements finish: infeasible and slow elements are
     carried over to the smaller batches with their state and come back in their own places."""
     n, m, b = 8, 12, 48
-    C = rng.standard_normal((m, n))
-    C[1] = C[0]
-    x0 = rng.standard_normal(n)
-    l = np.tile(C @ x0 - 1.0, (b, 1))
-    u = np.tile(C @ x0 + 1.0, (b, 1))
     bad = [5, 17, 40]
-    for i in bad:  # c·x <= u0 and c·x >= u0 + 1
-        l[i, 1], u[i, 1] = u[i, 0] + 1.0, u[i, 0] + 2.0
+    C, l, u = infeasible_elements(rng, n, m, b, bad)
     q = rng.standard_normal((b, n)) * np.exp(rng.uniform(-3, 3, (b, 1)))  # spread of iteration counts
     res = solve_qp_batch(*(to_ns(ns, v) for v in (np.eye(n), q, C, l, u)), eps_abs=1e-10)
     st = res.statuses()

@@ -37,6 +37,7 @@ from ..errors import InfeasibleError, PolyprojWarning, ProblemError
 from ..hs_jacobian import expand_rows, gather_active_rows, null_apply, pinv_t_apply
 from ..polish import factor_face, polish
 from ..solution import Status
+from ..threads import torch_single_thread
 
 __all__ = ["ProjectionLayer", "choose_backend", "project"]
 
@@ -407,15 +408,11 @@ def _small_work_threads(x: torch.Tensor, work: float):
     shared 2-core machine. Large problems (``work`` above 5e7 multiply-adds per sweep) keep the
     user's setting.
     """
-    if x.device.type != "cpu" or work > 5e7 or torch.get_num_threads() == 1:
+    if x.device.type != "cpu" or work > 5e7:
         yield
         return
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_single_thread():
         yield
-    finally:
-        torch.set_num_threads(prev)
 
 
 def _work(x: torch.Tensor, A, B) -> float:

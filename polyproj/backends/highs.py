@@ -66,12 +66,12 @@ def _matrices(qp: QP) -> tuple[Any, Any]:
 
 
 @functools.cache
-def _codes() -> tuple[int, int, int, dict[Any, Status]]:
-    """HiGHS's enum codes used on every solve, and the map of model statuses (looked up once)."""
+def _status_map() -> dict[Any, Status]:
+    """HiGHS model statuses to polyproj's (looked up once)."""
     import highspy
 
     M = highspy.HighsModelStatus
-    status = {
+    return {
         M.kOptimal: Status.SOLVED,
         M.kInfeasible: Status.PRIMAL_INFEASIBLE,
         M.kUnbounded: Status.DUAL_INFEASIBLE,
@@ -79,8 +79,6 @@ def _codes() -> tuple[int, int, int, dict[Any, Status]]:
         M.kTimeLimit: Status.TIME_LIMIT,
         M.kIterationLimit: Status.MAX_ITER,
     }
-    return (int(highspy.MatrixFormat.kColwise), int(highspy.HessianFormat.kTriangular),
-            int(highspy.ObjSense.kMinimize), status)
 
 
 class HiGHSSolver(QPSolver):
@@ -170,7 +168,7 @@ class HiGHSSolver(QPSolver):
         run_status = h.run()
         solve_time = time.perf_counter() - t1
         ms = h.getModelStatus()
-        status = _codes()[3].get(ms, Status.NUMERICAL_ERROR)
+        status = _status_map().get(ms, Status.NUMERICAL_ERROR)
         if status is Status.NUMERICAL_ERROR and is_nonconvex(qp, always=True):
             status = Status.NON_CONVEX
         if status is Status.DUAL_INFEASIBLE and is_strictly_convex(qp):

@@ -130,23 +130,31 @@ class ProxSuiteSolver(QPSolver):
         solver.init(*args, **self._init_kwargs())
         return solver, (ieq, iin, box_rows, native_box)
 
-    def _collect(self, qp: QP, res: Any, layout, setup_time: float) -> Solution:
+    @staticmethod
+    def _multipliers(qp: QP, layout, y: np.ndarray | None, zin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """ProxQP's (y, z) in polyproj's layout (z over the rows of C, z_box); one element or a batch."""
         ieq, iin, box_rows, native_box = layout
-        info_p = res.info
-        x = np.array(res.x, dtype=np.float64)
-        z = np.zeros(qp.m)
+        lead = zin.shape[:-1]
+        z = np.zeros((*lead, qp.m))
         if ieq.size:
-            z[ieq] = res.y
-        zin = res.z
+            z[..., ieq] = y
         ni = iin.size
-        z[iin] = zin[:ni]
-        z_box = np.zeros(qp.n)
+        z[..., iin] = zin[..., :ni]
+        z_box = np.zeros((*lead, qp.n))
         if native_box:
-            z_box[:] = zin[ni: ni + qp.n]
+            z_box[...] = zin[..., ni: ni + qp.n]
         elif box_rows.size:
-            z_box[box_rows] = zin[ni: ni + box_rows.size]
+            z_box[..., box_rows] = zin[..., ni: ni + box_rows.size]
+        return z, z_box
+
+    def _final_status(self, qp_of, info_p: Any, x: np.ndarray, z: np.ndarray, z_box: np.ndarray) -> Status:
+        """Status of one element: the map, non-finite x, certificates behind MAX_ITER, the time limit.
+
+        ``qp_of()`` gives the element's QP (built only when a certificate has to be checked).
+        """
         status = self._status(info_p.status, x)
         if status is Status.MAX_ITER:  # ProxQP misses some infeasibilities: check the certificates
+            qp = qp_of()
             if qp.is_dual_infeasibility_certificate(x):
                 status = Status.DUAL_INFEASIBLE
             elif qp.is_primal_infeasibility_certificate(z, z_box):
@@ -154,12 +162,22 @@ class ProxSuiteSolver(QPSolver):
         tl = self.settings["time_limit"]
         if status.ok and tl is not None and info_p.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
+        return status
+
+    @staticmethod
+    def _info(info_p: Any) -> dict[str, Any]:
+        return {"raw_status": str(info_p.status), "pri_res": info_p.pri_res, "dua_res": info_p.dua_res,
+                "duality_gap": info_p.duality_gap}
+
+    def _collect(self, qp: QP, res: Any, layout, setup_time: float) -> Solution:
+        info_p = res.info
+        x = np.array(res.x, dtype=np.float64)
+        z, z_box = self._multipliers(qp, layout, res.y if layout[0].size else None, np.asarray(res.z))
+        status = self._final_status(lambda: qp, info_p, x, z, z_box)
         return Solution(
             x=x, z=z, z_box=z_box, status=status, iterations=int(info_p.iter),
             solve_time=float(info_p.solve_time) * 1e-6, setup_time=setup_time,
-            backend=self.name, qp=qp,
-            info={"raw_status": str(info_p.status), "pri_res": info_p.pri_res,
-                  "dua_res": info_p.dua_res, "duality_gap": info_p.duality_gap},
+            backend=self.name, qp=qp, info=self._info(info_p),
         )
 
     @staticmethod
@@ -256,7 +274,7 @@ class ProxSuiteSolver(QPSolver):
         wall = time.perf_counter() - t1
         if only_q:
             return self._collect_batch(qp, vecs, size, [batch.get(i).results for i in range(size)],
-                                       (ieq, iin, box_rows), wall, setup)
+                                       (ieq, iin, box_rows, False), wall, setup)
         sols = [self._collect(qps[i], batch.get(i).results, layouts[i], 0.0) for i in range(size)]
         return BatchSolution.stack(sols, backend=self.name, solve_time=wall, setup_time=setup)
 
@@ -268,42 +286,15 @@ class ProxSuiteSolver(QPSolver):
 
     def _collect_batch(self, qp: QP, vecs: dict, size: int, results: list, layout, wall: float,
                        setup: float) -> BatchSolution:
-        """Results of a batch that differs only in q, gathered as arrays (no record per element).
-
-        Same mapping as :meth:`_collect`: multipliers to polyproj's layout, statuses (non-finite x
-        is NUMERICAL_ERROR, MAX_ITER checked for infeasibility certificates on that element only).
-        """
-        ieq, iin, box_rows = layout
+        """Results of a batch that differs only in q, gathered as arrays (no record per element)."""
+        ieq = layout[0]
         infos = [r.info for r in results]
         x = np.array([r.x for r in results], dtype=np.float64).reshape(size, qp.n)
-        z = np.zeros((size, qp.m))
-        if ieq.size:
-            z[:, ieq] = np.array([r.y for r in results]).reshape(size, ieq.size)
-        ni = iin.size
-        zin = np.array([r.z for r in results]).reshape(size, -1)
-        z[:, iin] = zin[:, :ni]
-        z_box = np.zeros((size, qp.n))
-        if box_rows.size:
-            z_box[:, box_rows] = zin[:, ni: ni + box_rows.size]
-        smap = self._status_map()
-        status = [smap.get(inf.status, Status.NUMERICAL_ERROR) for inf in infos]
-        finite = np.isfinite(x).all(axis=1)
+        y = np.array([r.y for r in results]).reshape(size, ieq.size) if ieq.size else None
+        z, z_box = self._multipliers(qp, layout, y, np.array([r.z for r in results]).reshape(size, -1))
         qps = ElementQPs(qp, vecs, size)
-        tl = self.settings["time_limit"]
-        for i, st in enumerate(status):
-            if st.ok and not finite[i]:
-                status[i] = Status.NUMERICAL_ERROR
-            elif st is Status.MAX_ITER:  # ProxQP misses some infeasibilities: check the certificates
-                qpi = qps[i]
-                if qpi.is_dual_infeasibility_certificate(x[i]):
-                    status[i] = Status.DUAL_INFEASIBLE
-                elif qpi.is_primal_infeasibility_certificate(z[i], z_box[i]):
-                    status[i] = Status.PRIMAL_INFEASIBLE
-            if status[i].ok and tl is not None and infos[i].run_time * 1e-6 > tl:
-                status[i] = Status.TIME_LIMIT
-        elements = [{"raw_status": str(inf.status), "pri_res": inf.pri_res, "dua_res": inf.dua_res,
-                     "duality_gap": inf.duality_gap} for inf in infos]
-        return BatchSolution(x=x, z=z, z_box=z_box, status=tuple(status),
+        status = tuple(self._final_status(lambda i=i: qps[i], infos[i], x[i], z[i], z_box[i]) for i in range(size))
+        return BatchSolution(x=x, z=z, z_box=z_box, status=status,
                              iterations=np.array([inf.iter for inf in infos], dtype=np.int64),
                              solve_time=wall, setup_time=setup, backend=self.name, qps=qps,
-                             info={"elements": elements})
+                             info={"elements": [self._info(inf) for inf in infos]})

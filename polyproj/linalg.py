@@ -1,0 +1,114 @@
+"""Batched Cholesky factorisation and solves, once for the array-API code (IPM, polish, HS-Jacobian).
+
+Fast paths: torch (``cholesky_ex``, batched ``solve_triangular``) and NumPy (SciPy's LAPACK per
+matrix for a few matrices, batched Cholesky for many, substitution vectorised over the batch for many: NumPy has
+no batched triangular solve, and an explicit inverse is not accurate enough for the ill-conditioned
+systems at the end of an interior-point method). Other namespaces use the standard's
+``linalg.cholesky`` / ``linalg.solve``.
+
+A failed factorisation is reported per element (``ok`` False) with an identity factor in its place,
+so that solves stay finite; NumPy's batched Cholesky fails the whole batch at once, and the
+culprits are then found one by one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from array_api_compat import device as _device
+from array_api_compat import is_numpy_namespace, is_torch_namespace
+
+__all__ = ["cho_solve", "cholesky", "tri_inv"]
+
+_FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
+
+
+def cholesky(xp: Any, K: Any) -> tuple[Any, Any]:
+    """Lower Cholesky factors ``L`` (b, n, n) of a batch and ``ok`` (b,): False where K is not PD."""
+    b, n = K.shape[0], K.shape[-1]
+    eye = xp.eye(n, dtype=K.dtype, device=_device(K))
+    if is_torch_namespace(xp):
+        L, info = xp.linalg.cholesky_ex(K)
+        ok = info == 0
+        return (L if bool(xp.all(ok)) else xp.where(ok[:, None, None], L, eye)), ok
+    if is_numpy_namespace(xp) and b <= _FEW:  # a few matrices: LAPACK per matrix (the solves use the
+        from scipy.linalg import lapack  # same LAPACK: an IPM near its end is sensitive to the pairing)
+
+        potrf = lapack.dpotrf if K.dtype == np.float64 else lapack.spotrf
+        L = np.empty_like(K)
+        ok = np.ones(b, dtype=bool)
+        for i in range(b):
+            Li, info = potrf(K[i], lower=1, clean=1, overwrite_a=0)
+            ok[i] = info == 0
+            L[i] = Li if info == 0 else np.eye(n, dtype=K.dtype)
+        return L, ok
+    try:
+        L = xp.linalg.cholesky(K)
+        ok = xp.all(xp.isfinite(xp.reshape(L, (b, -1))), axis=1)
+        return L, ok
+    except Exception:  # NumPy (and array_api_strict) fail the whole batch: find the culprits
+        if is_numpy_namespace(xp):
+            L = np.empty_like(K)
+            ok = np.ones(b, dtype=bool)
+            for i in range(b):
+                try:
+                    L[i] = np.linalg.cholesky(K[i])
+                except np.linalg.LinAlgError:
+                    L[i], ok[i] = np.eye(n, dtype=K.dtype), False
+            return L, ok
+        return xp.broadcast_to(eye, K.shape), xp.zeros((b,), dtype=xp.bool, device=_device(K))
+
+
+def cho_solve(xp: Any, L: Any, R: Any) -> Any:
+    """``X`` with ``L Lᵀ X = R``: ``L`` (b, n, n) lower triangular, ``R`` (b, n) or (b, n, k)."""
+    vec = R.ndim == 2
+    R3 = R[:, :, None] if vec else R
+    if is_torch_namespace(xp):
+        Y = xp.linalg.solve_triangular(L, R3, upper=False)  # ~4x faster than cholesky_solve on CPU
+        X = xp.linalg.solve_triangular(L.mT, Y, upper=True)
+    elif is_numpy_namespace(xp):
+        X = _cho_solve_numpy(L, R3)
+    else:
+        X = xp.linalg.solve(xp.matrix_transpose(L), xp.linalg.solve(L, R3))
+    return X[:, :, 0] if vec else X
+
+
+def _cho_solve_numpy(L: np.ndarray, R: np.ndarray) -> np.ndarray:
+    n = L.shape[-1]
+    b = max(L.shape[0], R.shape[0])
+    if b <= _FEW:  # a few matrices: LAPACK's triangular solves, one matrix at a time
+        from scipy.linalg import solve_triangular
+
+        L = np.broadcast_to(L, (b, n, n))
+        X = np.empty((b, *R.shape[1:]), dtype=R.dtype)
+        for i in range(b):
+            y = solve_triangular(L[i], R[i if R.shape[0] > 1 else 0], lower=True, check_finite=False)
+            X[i] = solve_triangular(L[i], y, lower=True, trans="T", check_finite=False)
+        return X
+    # forward then backward substitution, one row at a time for all elements
+    Y = np.empty(np.broadcast_shapes(L.shape[:-2], R.shape[:-2]) + R.shape[-2:], dtype=R.dtype)
+    d = np.diagonal(L, axis1=-2, axis2=-1)[..., None]
+    for i in range(n):
+        Y[:, i, :] = (R[:, i, :] - (L[:, i : i + 1, :i] @ Y[:, :i, :])[:, 0, :]) / d[:, i]
+    X = np.empty_like(Y)
+    for i in range(n - 1, -1, -1):
+        X[:, i, :] = (Y[:, i, :] - (L[:, i + 1 :, i : i + 1].mT @ X[:, i + 1 :, :])[:, 0, :]) / d[:, i]
+    return X
+
+
+def tri_inv(xp: Any, L: Any) -> Any:
+    """``L⁻¹`` for a batch of lower-triangular matrices."""
+    eye = xp.eye(L.shape[-1], dtype=L.dtype, device=_device(L))
+    if is_torch_namespace(xp):
+        return xp.linalg.solve_triangular(L, xp.broadcast_to(eye, L.shape), upper=False)
+    if is_numpy_namespace(xp):  # forward substitution vectorised over the batch (batched LU is ~3x slower)
+        b, k, _ = L.shape
+        X = np.zeros_like(L)
+        d = np.diagonal(L, axis1=1, axis2=2)
+        for i in range(k):
+            r = -np.matmul(L[:, i:i + 1, :i], X[:, :i, :])[:, 0, :] if i else np.zeros((b, k), dtype=L.dtype)
+            r[:, i] += 1.0
+            X[:, i, :] = r / d[:, i:i + 1]
+        return X
+    return xp.linalg.solve(L, xp.broadcast_to(eye, L.shape))
