@@ -309,12 +309,14 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
     # candidates: geometric distance to the row's hyperplane small, or multiplier clearly positive
     # (a weakly active row left out is harmless: it is re-added if the face point violates it,
     # and it enters the final active set by its zero slack)
-    S = fin & ((slack0 / rn2 <= dist_tol * (1.0 + ynorm)) | (mult0 > cand_tol * mscale))
+    dist0 = slack0 / rn2
+    S = fin & ((dist0 <= dist_tol * (1.0 + ynorm)) | (mult0 > cand_tol * mscale))
     Y = Ystart
     mult = xp.zeros(bshape, dtype=dtype, device=dev)
     mu = xp.zeros((batch, p), dtype=dtype, device=dev)
     accepted = xp.zeros((batch,), dtype=xp.bool, device=dev)
     todo = xp.ones((batch,), dtype=xp.bool, device=dev)
+    forced = xp.zeros(bshape, dtype=xp.bool, device=dev)  # rows added because the face point violated them
     cols = xp.arange(m + 2 * n, device=dev)[None, :]
     bnorm = 1.0 + (float(xp.max(xp.abs(b))) if b.shape[-1] and batch else 0.0)
     for it in range(max_iter):
@@ -340,24 +342,38 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
             eq_ok = eq_ok & (_rmax(xp, _matvec(xp, Bt, Yt) - bt)[:, 0] <= tol * bnorm)
         done = ~xp.any(neg, axis=1) & ~xp.any(viol, axis=1) & eq_ok
         # next candidate set, one change per sample (a primal active-set step): add the most
-        # violated row if there is one, else drop the row with the most negative multiplier
-        has_v = xp.any(viol, axis=1)
+        # violated row if there is one, else drop the row with the most negative multiplier.
+        # An inconsistent face (the rows cannot all hold: a near-active row taken as a candidate
+        # on top of a vertex) first drops the candidate farthest from active at the backend's
+        # point: its least-squares multipliers and slacks do not say which row is wrong (taking
+        # them cycles: drop a truly active row, re-add it as violated, drop it again)
+        incons = cons > tol * (1.0 + _rmax(xp, Yt)[:, 0])
+        has_v = xp.any(viol, axis=1) & ~incons
         dist = slack / sel(rn2, 2)
         inf = xp.full(dist.shape, xp.inf, dtype=dtype, device=dev)
         worst_v = xp.argmin(xp.where(viol, dist, inf), axis=1)
         worst_n = xp.argmin(xp.where(neg, xp.minimum(mt, -dist), inf), axis=1)
+        # the candidate least supported by the backend: multiplier not clearly positive first,
+        # then farthest from its hyperplane; never a row added because the face point violated it
+        ft = sel(forced, 2)
+        support = xp.where(sel(mult0, 2) > cand_tol * sel(mscale, 2), -1e30, sel(dist0, 2))
+        droppable = St & fint & ~ft
+        droppable = xp.where(xp.any(droppable, axis=1)[:, None], droppable, St & fint)
+        worst_i = xp.argmax(xp.where(droppable, support, -inf), axis=1)
         if it < block_iter:
-            add, drop = viol, neg & ~has_v[:, None]
+            add, drop = viol & ~incons[:, None], neg & ~has_v[:, None] & ~incons[:, None]
         else:
             add = (cols == worst_v[:, None]) & has_v[:, None]
-            drop = (cols == worst_n[:, None]) & ((~has_v) & xp.any(neg, axis=1))[:, None]
+            drop = (cols == worst_n[:, None]) & ((~has_v) & ~incons & xp.any(neg, axis=1))[:, None]
+        drop = drop | ((cols == worst_i[:, None]) & (incons & xp.any(droppable, axis=1))[:, None])
         Snew = xp.where(done[:, None], St, (St | add) & ~drop)
         if full:
-            Y, mult, mu, S, accepted = Yt, mt, mut, Snew, done
+            Y, mult, mu, S, accepted, forced = Yt, mt, mut, Snew, done, ft | add
             todo = ~done
         else:
             Y, mult = _scatter(xp, Y, todo, Yt), _scatter(xp, mult, todo, mt)
             mu, S = _scatter(xp, mu, todo, mut), _scatter(xp, S, todo, Snew)
+            forced = _scatter(xp, forced, todo, ft | add)
             accepted = _scatter(xp, accepted, todo, done)
             todo = _scatter(xp, todo, todo, ~done)
     mult = xp.where(mult > 0, mult, xp.zeros_like(mult))
