@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
 __all__ = [
@@ -128,17 +128,30 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
     else:
         order = xp.zeros((batch, 0), dtype=xp.int64, device=dev)
     idx = order[:, :k]
-    if A.ndim == 2:
-        rowsA = xp.reshape(xp.take(A, xp.reshape(idx, (-1,)), axis=0), (batch, k, n))
+    maskA = xp.take_along_axis(act_i, idx, axis=1) > 0
+    if A.ndim == 2 and B.ndim == 2:
+        # shared rows: one gather from [A; 0; B] gives the padded active rows and B (padding
+        # indices point at the zero row): no masking and no concatenation pass over (b, k+p, n)
+        table = xp.concat([A, xp.zeros((1, n), dtype=dtype, device=dev), B], axis=0)
+        ridx = xp.where(maskA, idx, xp.full_like(idx, m))
+        bidx = xp.broadcast_to(xp.arange(m + 1, m + 1 + p, dtype=ridx.dtype, device=dev)[None, :], (batch, p))
+        ridx = xp.concat([ridx, bidx], axis=1)
+        rows = xp.reshape(xp.take(table, xp.reshape(ridx, (-1,)), axis=0), (batch, k + p, n))
     else:
-        rowsA = xp.take_along_axis(A, xp.broadcast_to(idx[:, :, None], (batch, k, n)), axis=1)
-    maskA = xp.astype(xp.take_along_axis(act_i, idx, axis=1), dtype)
-    rowsA = rowsA * maskA[:, :, None]
-    rows = xp.concat([rowsA, _as_batch(xp, B, batch, n)], axis=1)
+        if A.ndim == 2:
+            rowsA = xp.reshape(xp.take(A, xp.reshape(idx, (-1,)), axis=0), (batch, k, n))
+        else:
+            rowsA = xp.take_along_axis(A, xp.broadcast_to(idx[:, :, None], (batch, k, n)), axis=1)
+        rowsA = rowsA * xp.astype(maskA, dtype)[:, :, None]
+        rows = xp.concat([rowsA, _as_batch(xp, B, batch, n)], axis=1)
     Mf = rows if bool(xp.all(free == 1)) else rows * free[:, None, :]  # nothing fixed: no mask
     norms = xp.linalg.vector_norm(Mf, axis=-1)
     scale = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)), xp.zeros_like(norms))
-    return ActiveRows(xp, rows, Mf * scale[:, :, None], scale, order, k, m, p)
+    if Mf is rows or not is_torch_namespace(xp):
+        Mn = Mf * scale[:, :, None]
+    else:  # torch: Mf is our own temporary, scale it in place (one (b, k+p, n) allocation fewer)
+        Mn = Mf.mul_(scale[:, :, None])
+    return ActiveRows(xp, rows, Mn, scale, order, k, m, p)
 
 
 def svd_factor(Mn, n: int):

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
 from .hs_jacobian import ActiveFactor, expand_rows, gather_active_rows, svd_factor
@@ -60,9 +60,16 @@ def _gram_cholesky(xp, Mn, pos, eps: float):
     kk = pos.shape[1]
     eye = xp.eye(kk, dtype=Mn.dtype, device=_device(Mn))
     pad = 1.0 - xp.astype(pos, Mn.dtype)  # zero rows (padding, or fully fixed support)
-    L, ok = cholesky(xp, xp.matmul(Mn, xp.matrix_transpose(Mn)) + eye[None, :, :] * pad[:, :, None])
+    G = xp.matmul(Mn, xp.matrix_transpose(Mn))
+    if is_torch_namespace(xp):  # in place on our own product: no (b, k, k) temporaries
+        G.diagonal(dim1=1, dim2=2).add_(pad)
+    else:
+        G = G + eye[None, :, :] * pad[:, :, None]
+    L, ok = cholesky(xp, G)
     diag = xp.linalg.diagonal(L)
     ok = ok & xp.all(xp.where(pos, diag, xp.ones_like(diag)) >= eps ** 0.25, axis=1)
+    if bool(xp.all(ok)):
+        return L, ok
     return xp.where(ok[:, None, None], L, xp.broadcast_to(eye, L.shape)), ok
 
 

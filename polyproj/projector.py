@@ -197,6 +197,7 @@ def project(
             Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps),
                                                 dist_tol=max(1e-9, eps), tol=tol,
                                                 max_iter=max_polish_iter)
+            accepted &= ~flagged  # flagged points stay NaN (reported above), whatever the polish made of X
             Y = np.where(accepted[:, None], Y, Y0)
             statuses = [Status.SOLVED if acc else st for acc, st in zip(accepted, statuses, strict=True)]
             refused = ~accepted & ~flagged  # flagged points (NaN, already reported) are not polished

@@ -98,3 +98,33 @@ def test_polish_agrees_across_namespaces(rng, namespace):
             np.testing.assert_array_equal(o, r)
         else:
             np.testing.assert_allclose(o, r, atol=1e-9)
+
+
+def test_inconsistent_candidate_face_does_not_cycle():
+    """Near-active rows taken as candidates on top of a vertex make the face inconsistent: the polish
+    drops the candidate least supported by the backend instead of cycling (drop a truly active
+    row on its least-squares slack, re-add it as violated, ...)."""
+    rng = np.random.default_rng(3)
+    n, m = 10, 40
+    A = rng.normal(size=(m, n))
+    a = A @ rng.normal(size=n) + rng.uniform(0.05, 1.0, size=m)
+    B, b = rng.normal(size=(1, n)), np.zeros(1)
+    b[:] = B @ np.linalg.lstsq(A, a - 1.0, rcond=None)[0]
+    P = pp.Polyhedron(A=A, a=a, B=B, b=b)
+    X = 20.0 * rng.normal(size=(64, n))
+    ref = pp.project(X, P, eps_abs=1e-10)
+    act = np.asarray(ref.active)
+    slack = a - ref.y @ A.T
+    vertex = act.sum(1) + 1 >= n
+    assert vertex.sum() >= 5  # far points land on vertices of the polytope
+    # start at the exact answer, multipliers unknown, with a distance threshold that also takes the
+    # nearest inactive rows: an over-determined (inconsistent) candidate face for those samples
+    near = np.where(act, np.inf, slack / np.linalg.norm(A, axis=1)).min(1)
+    ynorm = np.abs(ref.y).max(1)
+    dist_tol = float(np.quantile((near / (1.0 + ynorm))[vertex], 0.5)) * 1.01
+    lb, ub = np.full(n, -np.inf), np.full(n, np.inf)
+    Y, active, _mult, _mu, accepted = polish(X, A, a, B, b, lb, ub, ref.y.copy(), np.zeros((64, m + 2 * n)),
+                                           cand_tol=1e-2, dist_tol=dist_tol, tol=1e-9, max_iter=8)
+    assert accepted.all()
+    np.testing.assert_allclose(Y, ref.y, atol=1e-9)
+    np.testing.assert_array_equal(active[:, :m], act)

@@ -274,6 +274,40 @@ def test_auto_rule():
     assert choose_backend(x, shared=False) in ("ipm", "proxsuite")
 
 
+@pytest.mark.parametrize("fallback", ["auto", "ipm", "proxsuite"])
+def test_fallback_solves_what_the_admm_start_leaves(fallback, rng, monkeypatch):
+    # two ADMM iterations and one polish correction: most samples go to the fallback, which must
+    # return the same exact projection whichever solver it is
+    import polyproj.adapters.torch as T
+
+    P = _polytope(rng, n=12, m=20, p=2)
+    X = 2.5 * rng.normal(size=(16, P.n))
+    ref = pp.project(X, P)
+    sent = []
+    real_forward = T._forward
+
+    def spy(x2, data, backend, settings):
+        sent.append((x2.shape[0], backend))
+        return real_forward(x2, data, backend, settings)
+
+    monkeypatch.setattr(T, "_forward", spy)
+    y = project(torch.tensor(X), backend="torch", admm_iter=2, admm_check=1000, fallback=fallback, **_tensors(P))
+    assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
+    assert len(sent) == 2 and sent[0] == (16, "torch")  # the fallback was used, once
+    count, used = sent[1]
+    assert used == (T._choose_fallback(torch.tensor(X), count, {}) if fallback == "auto" else fallback)
+
+
+def test_auto_fallback_rule():
+    from polyproj.adapters.torch import _choose_fallback
+
+    small, large = torch.zeros(4, 50, dtype=torch.float64), torch.zeros(4, 400, dtype=torch.float64)
+    assert _choose_fallback(small, 2, {}) == ("proxsuite" if "proxsuite" in pp.available_backends() else "ipm")
+    assert _choose_fallback(small, 9, {}) == "ipm"
+    assert _choose_fallback(large, 1, {}) == "ipm"
+    assert _choose_fallback(small, 1, {"not_a_proxsuite_setting": 1}) == "ipm"
+
+
 # ----------------------------------------------------------------------------- module
 def test_projection_layer_state_dict_and_repr(rng):
     P = _polytope(rng)
