@@ -32,6 +32,7 @@ rank-revealing SVD of :func:`polyproj.hs_jacobian.factor_active`. Both produce a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -182,25 +183,31 @@ def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
     batch, kk = scale.shape
     dtype, dev = Mn.dtype, _device(Mn)
     if kk == 0:
-        return (xp.zeros((batch, 0), dtype=dtype, device=dev), xp.zeros((batch, n), dtype=dtype, device=dev))
+        z = xp.zeros((batch, n), dtype=dtype, device=dev)
+        return xp.zeros((batch, 0), dtype=dtype, device=dev), z, z, None, xp.ones((batch,), dtype=xp.bool, device=dev)
     rn = resid * scale
+    L = None
     if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (_gram_cholesky)
         L, ok = _gram_cholesky(xp, Mn, scale > 0, _eps(xp, dtype))
         lam = cho_solve(xp, L, rn) * scale  # two triangular solves with vectors; L⁻¹ is never formed
-        step = xp.matmul(lam[:, None, :], rows)[:, 0, :] * free  # M_nᵀ (M_n M_nᵀ)⁻¹ r_n
+        Mt = xp.matmul(lam[:, None, :], rows)[:, 0, :]  # Mᵀλ on all columns
+        step = Mt * free  # M_nᵀ (M_n M_nᵀ)⁻¹ r_n
         bad = ~ok
         if not bool(xp.any(bad)):
-            return lam, step
+            return lam, step, Mt, L, ok
     else:
         bad = xp.ones((batch,), dtype=xp.bool, device=dev)
+        ok = ~bad
     Ub, sb, Vhb = svd_factor(Mn[bad], n)
     rb = rn[bad]
     u = xp.sum(Ub * rb[:, :, None], axis=1) * sb  # Σ⁻¹ Uᵀ r_n
     step_b = xp.sum(Vhb * u[:, :, None], axis=1)
     lam_b = xp.sum(Ub * (u * sb)[:, None, :], axis=-1) * scale[bad]
     if bool(xp.all(bad)):
-        return lam_b, step_b
-    return _scatter(xp, lam, bad, lam_b), _scatter(xp, step, bad, step_b)
+        lam, step = lam_b, step_b
+    else:
+        lam, step = _scatter(xp, lam, bad, lam_b), _scatter(xp, step, bad, step_b)
+    return lam, step, xp.matmul(lam[:, None, :], rows)[:, 0, :], L, ok
 
 
 def _face_rhs(xp, A, a, b, sA, R):
@@ -224,7 +231,7 @@ def _face_rhs(xp, A, a, b, sA, R):
     return xp.concat(parts, axis=1)
 
 
-def face_solve(X, A, a, B, b, lb, ub, S, *, method: str = "auto"):
+def face_solve(X, A, a, B, b, lb, ub, S, *, method: str = "auto", return_factor: bool = False):
     """Exact projection of X onto the face given by the candidate set S (b, m + 2n).
 
     Returns ``Y``, full-layout inequality multipliers (b, m + 2n), equality multipliers (b, p) and
@@ -232,7 +239,8 @@ def face_solve(X, A, a, B, b, lb, ub, S, *, method: str = "auto"):
     The arithmetic is that of :func:`factor_face` followed by
     :func:`~polyproj.hs_jacobian.project_on_face`, without forming the factor's matrices: only
     matrix–vector products and one Cholesky factorisation per sample (``method="svd"`` forces the
-    SVD).
+    SVD). ``return_factor=True`` also returns the :class:`FaceFactor` (for a backward pass on the
+    same face).
     """
     xp = array_namespace(X, A)
     dtype = X.dtype
@@ -251,18 +259,45 @@ def face_solve(X, A, a, B, b, lb, ub, S, *, method: str = "auto"):
     F = ActiveFactor(xp, free, None, None, None, R.scale, R.rows, R.order, R.k, R.m, R.p)
     c = _face_rhs(xp, A, a, b, sA, R)
     Z = free * X + fixed * fixed_val  # x with the fixed coordinates at their bounds
-    lam_c, step = _face_step(xp, R, free, _matvec(xp, R.rows, Z) - c, n, method)
+    lam_c, step, Mt_lam, L, ok = _face_step(xp, R, free, _matvec(xp, R.rows, Z) - c, n, method)
     Y = Z - step
     cons = _matvec(xp, R.rows, Y) - c
     lamA, mu = expand_rows(F, lam_c)
-    Mt_lam = xp.matmul(lam_c[:, None, :], R.rows)[:, 0, :]
     z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
     mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
+    if return_factor:
+        return Y, mult, mu, _rmax(xp, cons)[:, 0], FaceFactor(R, L, ok, free)
     return Y, mult, mu, _rmax(xp, cons)[:, 0]
 
 
+@dataclass(frozen=True)
+class FaceFactor:
+    """A face solved by :func:`face_solve`: gathered rows and Cholesky factor of their Gram matrix.
+
+    ``L`` is None (or ``ok`` False for a sample) where the face took the SVD.
+    """
+
+    R: Any  # ActiveRows
+    L: Any  # (b, k+p, k+p) or None
+    ok: Any  # (b,) bool: L holds the sample's factor
+    free: Any  # (b, n) 0/1
+
+
+@dataclass
+class FaceRecord:
+    """The faces of one polish round.
+
+    ``idx``: batch indices of the round's rows (None: all of them); ``use``: the round's rows whose
+    final active set is that face and whose factor is a Cholesky factor.
+    """
+
+    idx: Any
+    use: Any
+    factor: FaceFactor
+
+
 def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float,
-           max_iter: int, block_iter: int = 0) -> tuple[Any, Any, Any, Any, Any]:
+           max_iter: int, block_iter: int = 0, faces: list | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """Primal–dual active-set polish of a batch of projections.
 
     Parameters
@@ -289,6 +324,10 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
         The first ``block_iter`` corrections change every wrong row at once (add all violated rows,
         drop all rows with a negative multiplier: a primal–dual active-set step, fast from a rough
         start such as a few ADMM iterations); later ones change one row (guaranteed progress).
+    faces : list, optional
+        When given, receives a :class:`FaceRecord` per round: the faces (with their Cholesky
+        factors) on which samples were accepted, for the samples whose final active set is exactly
+        that face (a backward pass can reuse them instead of factoring again).
 
     Returns
     -------
@@ -337,7 +376,10 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
 
         Xt, At, at, Bt, bt = sel(X, 2), sel(A, 3), sel(a, 2), sel(B, 3), sel(b, 2)
         lbt, ubt, St, fint = sel(lb, 2), sel(ub, 2), sel(S, 2), sel(fin, 2)
-        Yt, mt, mut, cons = face_solve(Xt, At, at, Bt, bt, lbt, ubt, St)
+        if faces is None:
+            Yt, mt, mut, cons = face_solve(Xt, At, at, Bt, bt, lbt, ubt, St)
+        else:
+            Yt, mt, mut, cons, fac = face_solve(Xt, At, at, Bt, bt, lbt, ubt, St, return_factor=True)
         slack = ineq_slack(Yt, At, at, lbt, ubt)
         feas_tol = tol * sel(rscale, 2)
         mtol = tol * (1.0 + _rmax(xp, mt))
@@ -374,6 +416,8 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
             drop = (cols == worst_n[:, None]) & ((~has_v) & ~incons & xp.any(neg, axis=1))[:, None]
         drop = drop | ((cols == worst_i[:, None]) & (incons & xp.any(droppable, axis=1))[:, None])
         Snew = xp.where(done[:, None], St, (St | add) & ~drop)
+        if faces is not None and fac.L is not None and bool(xp.any(done & fac.ok)):
+            faces.append(FaceRecord(None if full else xp.nonzero(todo)[0], done & fac.ok, fac))
         if full:
             Y, mult, mu, S, accepted, forced = Yt, mt, mut, Snew, done, ft | add
             todo = ~done
@@ -386,4 +430,8 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
     mult = xp.where(mult > 0, mult, xp.zeros_like(mult))
     slack = ineq_slack(Y, A, a, lb, ub)
     active = accepted[:, None] & (S | (fin & (xp.abs(slack) <= tol * rscale)))
+    if faces:  # a recorded face serves the samples whose final active set it is (no weakly active extra)
+        exact = accepted & ~xp.any(active != S, axis=1)
+        for rec in faces:
+            rec.use = rec.use & (exact if rec.idx is None else xp.take(exact, rec.idx, axis=0))
     return Y, active, mult, mu, accepted

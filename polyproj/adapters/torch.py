@@ -344,7 +344,11 @@ def _solve_admm(X, A, a, B, b, lb, ub, settings):
 
 # ----------------------------------------------------------------------------- the Function
 def _forward(x2, data, backend, settings):
-    """Exact projection of the flattened batch; returns y (dtype of x), active, multipliers, accepted."""
+    """Exact projection of the flattened batch.
+
+    Returns y (float64), active, multipliers (inequality, equality), accepted, and the faces of the
+    polish (:class:`polyproj.polish.FaceRecord`: the Cholesky factors the backward reuses).
+    """
     polish_tol = float(settings.pop("tol", 1e-9))
     X = x2.detach().to(torch.float64)
     A, a, B, b, lb, ub = _full(data, X)
@@ -369,10 +373,11 @@ def _forward(x2, data, backend, settings):
     if any(s is Status.PRIMAL_INFEASIBLE for s in st):
         raise InfeasibleError(f"the polyhedron is empty (backend {name!r} reports PRIMAL_INFEASIBLE for "
                               f"{sum(s is Status.PRIMAL_INFEASIBLE for s in st)} of {len(st)} samples)")
+    faces: list = []
     Y, active, mult, mu, accepted = polish(X, A, a, B, b, lb, ub, Y0, torch.nan_to_num(mult0),
                                            cand_tol=max(1e-7, 10.0 * eps), dist_tol=max(1e-9, eps),
                                            tol=polish_tol, max_iter=max_polish,
-                                           block_iter=block_iter)
+                                           block_iter=block_iter, faces=faces)
     if name == "torch" and not bool(accepted.all()):
         # the ADMM start was too rough for these samples: solve them accurately and polish again
         bad = ~accepted
@@ -385,11 +390,15 @@ def _forward(x2, data, backend, settings):
         fb_settings = dict(settings, tol=polish_tol)
         if user_polish is not None:
             fb_settings["max_polish_iter"] = user_polish
-        Yb, ab_, mb, mub, accb = _forward(X[bad], sub, fb, fb_settings)
+        Yb, ab_, mb, mub, accb, faces_b = _forward(X[bad], sub, fb, fb_settings)
+        where = torch.nonzero(bad)[:, 0]  # the fallback's batch rows in this batch
+        for rec in faces_b:
+            rec.idx = where if rec.idx is None else where[rec.idx]
+        faces += faces_b
         Y, active = _scatter_rows(Y, bad, Yb), _scatter_rows(active, bad, ab_)
         mult, mu = _scatter_rows(mult, bad, mb), _scatter_rows(mu, bad, mub)
         accepted = _scatter_rows(accepted, bad, accb)
-        return Y, active, mult, mu, accepted
+        return Y, active, mult, mu, accepted, faces
     if not bool(accepted.all()):
         bad = ~accepted
         viol = _violation(Y0[bad], A, a, B, b, lb, ub, bad)
@@ -401,7 +410,7 @@ def _forward(x2, data, backend, settings):
         warnings.warn(f"polish refused for {int(bad.sum())} of {bad.numel()} points; they keep the backend's "
                       "accuracy and a slack-based active set", PolyprojWarning, stacklevel=4)
         Y = torch.where(accepted[:, None], Y, Y0)
-    return Y, active, mult, mu, accepted
+    return Y, active, mult, mu, accepted, faces
 
 
 def _scatter_rows(full: torch.Tensor, mask: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
@@ -492,21 +501,69 @@ def _face_vjp(A, B, active, free, g):
     return R, Jg, r
 
 
+def _vjp_all(A, B, active, fixed, g, faces):
+    """``J g``, ``r`` expanded to the rows of A and B, and ``Mᵀ r`` for the whole batch.
+
+    Samples whose final face the forward's polish factored (``faces``: its Cholesky factors, same
+    dtype) reuse that factor: two triangular solves with a vector, no gather and no factorisation.
+    The others go through :func:`_face_vjp`.
+    """
+    batch = g.shape[0]
+    m = A.shape[-2]
+    free = 1.0 - fixed
+    faces = [f for f in faces if f.factor.L.dtype == g.dtype and f.factor.L.device == g.device]
+    if not faces:
+        F, Jg, r = _face_vjp(A, B, active[:, :m], free, g)
+        rA, rB = expand_rows(F, r)
+        return Jg, rA, rB, torch.einsum("bkn,bk->bn", F.rows, r)
+    p = 0 if B is None else B.shape[-2]
+    Jg, Mr = torch.empty_like(g), torch.empty_like(g)
+    rA, rB = g.new_zeros(batch, m), g.new_zeros(batch, p)
+    covered = torch.zeros(batch, dtype=torch.bool, device=g.device)
+    for rec in faces:
+        use = rec.use & ~(covered if rec.idx is None else covered[rec.idx])
+        if not bool(use.any()):
+            continue
+        R, L = rec.factor.R, rec.factor.L
+        idx = torch.arange(batch, device=g.device) if rec.idx is None else rec.idx
+        fg = rec.factor.free * (g if rec.idx is None else g[idx])
+        t = torch.linalg.solve_triangular(L, R.Mn @ fg[:, :, None], upper=False)
+        t = torch.linalg.solve_triangular(L.mT, t, upper=True)
+        Jg_r = fg - (R.Mn.mT @ t)[:, :, 0]
+        r = t[:, :, 0] * R.scale
+        rA_r, rB_r = expand_rows(R, r)
+        sel = idx[use]
+        Jg[sel], rA[sel], rB[sel] = Jg_r[use], rA_r[use], rB_r[use]
+        Mr[sel] = torch.einsum("bkn,bk->bn", R.rows[use], r[use])
+        covered[sel] = True
+    rest = ~covered
+    if bool(rest.any()):
+        Ar = A[rest] if A.ndim == 3 else A
+        Br = None if B is None else (B[rest] if B.ndim == 3 else B)
+        F, Jg_r, r = _face_vjp(Ar, Br, active[rest][:, :m], free[rest], g[rest])
+        rA_r, rB_r = expand_rows(F, r)
+        Jg[rest], rA[rest], rB[rest] = Jg_r, rA_r, rB_r
+        Mr[rest] = torch.einsum("bkn,bk->bn", F.rows, r)
+    return Jg, rA, rB, Mr
+
+
 class _Project(torch.autograd.Function):
     """``y = Π_P(x)`` with the HS-Jacobian backward (see the module docstring)."""
 
     @staticmethod
     def forward(x, A, a, B, b, lb, ub, cfg):
         with _small_work_threads(x, _work(x, A, B)):
-            Y, active, mult, mu, _ = _forward(x, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), cfg["backend"],
-                                              dict(cfg["settings"]))
-        return Y.to(x.dtype), active, mult.to(x.dtype), mu.to(x.dtype)
+            Y, active, mult, mu, _, faces = _forward(x, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), cfg["backend"],
+                                                     dict(cfg["settings"]))
+        return Y.to(x.dtype), active, mult.to(x.dtype), mu.to(x.dtype), faces
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _x, A, a, B, b, lb, ub, _ = inputs
-        y, active, mult, mu = output
+        y, active, mult, mu, faces = output
         ctx.mark_non_differentiable(active, mult, mu)
+        ctx.faces = faces  # the polish's face factors (the backward reuses them; not saved tensors:
+        # they are the forward's own temporaries, never visible to the user, never modified)
         ctx.save_for_backward(y, active, mult, mu, A, B)
         ctx.shapes = {k: (None if t is None else t.ndim) for k, t in zip(_NAMES, (A, a, B, b, lb, ub), strict=True)}
         ctx.has_lb, ctx.has_ub = lb is not None, ub is not None
@@ -514,11 +571,12 @@ class _Project(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, *_):
         y, active, mult, mu, A, B = ctx.saved_tensors
+        faces = ctx.faces
         with _small_work_threads(gy, _work(gy, A, B)):
-            return _Project._backward(ctx, gy, y, active, mult, mu, A, B)
+            return _Project._backward(ctx, gy, y, active, mult, mu, A, B, faces)
 
     @staticmethod
-    def _backward(ctx, gy, y, active, mult, mu, A, B):
+    def _backward(ctx, gy, y, active, mult, mu, A, B, faces):
         need = ctx.needs_input_grad
         g = gy.contiguous()
         n = g.shape[1]
@@ -528,8 +586,7 @@ class _Project(torch.autograd.Function):
         at_ub = active[:, m + n:].to(dt)
         at_lb = active[:, m: m + n].to(dt) * (1.0 - at_ub)
         fixed = at_lb + at_ub
-        F, Jg, r = _face_vjp(A_, B, active[:, :m], 1.0 - fixed, g)
-        rA, rB = expand_rows(F, r)
+        Jg, rA, rB, Mr = _vjp_all(A_, B, active, fixed, g, faces)
         shp = ctx.shapes
 
         def red(t, nd):  # shared data: summed over the batch
@@ -541,7 +598,7 @@ class _Project(torch.autograd.Function):
         if need[4]:
             grads[4] = red(rB, shp["b"])
         if need[5] or need[6]:
-            gv = fixed * (g - torch.einsum("bkn,bk->bn", F.rows, r))
+            gv = fixed * (g - Mr)
             if need[5]:
                 grads[5] = red(gv * at_lb, shp["lb"])
             if need[6]:
@@ -606,7 +663,7 @@ def project(x: torch.Tensor, A: Any = None, a: Any = None, B: Any = None, b: Any
     """
     x2, d, bshape = _prepare(x, A, a, B, b, lb, ub)
     cfg = {"backend": backend, "settings": settings}
-    y, _, _, _ = _Project.apply(x2, d["A"], d["a"], d["B"], d["b"], d["lb"], d["ub"], cfg)
+    y, _, _, _, _ = _Project.apply(x2, d["A"], d["a"], d["B"], d["b"], d["lb"], d["ub"], cfg)
     return y.reshape(*bshape, x.shape[-1])
 
 
