@@ -300,7 +300,8 @@ def machine() -> dict:
     except (OSError, StopIteration):
         cpu = platform.processor()
     return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), python=platform.python_version(),
-                torch=torch.__version__, platform=platform.platform(), load_average=os.getloadavg())
+                torch=torch.__version__, platform=platform.platform(), load_average=os.getloadavg(),
+                allocator_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "LD_PRELOAD"})
 
 
 def ratios(rows, eq_tol=1e-6):
@@ -363,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, nargs="*", help="batch sweep (default 1 16 128 1024 4096)")
     ap.add_argument("--ns", type=int, nargs="*", help="n sweep (default 10 50 200 500 1000)")
     ap.add_argument("--n-batch", type=int, default=128, help="batch of the n sweep")
-    ap.add_argument("--tag", default="", help="suffix of the sweep keys in the JSON (e.g. a second n sweep)")
+    ap.add_argument("--tag", default="", help="suffix of the headline and sweep keys in the JSON (e.g. a second "
+                    "n sweep, or a run under other allocator settings)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for every method (1: no oversubscription on a shared machine)")
     ap.add_argument("--out", default=str(RESULTS / "layer.json"))
@@ -399,10 +401,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dict(batch=128, n=50, m=100)
         console.rule(f"headline {cfg}")
         rows = run_config(cfg, args.methods, reps, not args.no_memory, console)
-        results["headline"] = dict(config=cfg, rows=rows, ratios=ratios(rows))
-        record("headline")
+        results["headline" + args.tag] = dict(config=cfg, rows=rows, ratios=ratios(rows))
+        record("headline" + args.tag)
         save()
-        for k, v in results["headline"]["ratios"].items():
+        for k, v in results["headline" + args.tag]["ratios"].items():
             mem = "n/a" if v["memory_ratio"] is None else f"{v['memory_ratio']:.1f}"
             console.print(f"  polyproj vs {k:20s}: {v['speedup']:6.1f}x faster, peer/polyproj memory {mem}, "
                           f"peer at equal accuracy: {v['equal_accuracy']}")
