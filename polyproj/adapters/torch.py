@@ -356,9 +356,12 @@ def _forward(x2, data, backend, settings):
     name = choose_backend(x2, shared) if backend == "auto" else backend
     # from a rough ADMM start, samples not verified after a few corrections go to the fallback solver
     user_polish = settings.pop("max_polish_iter", None)
-    # (12 from the ADMM start: a round on the few samples left costs ~1.5 ms, the fallback ~10 ms
-    # a sample; 8 seeds at batch 128, n 50: mean 48.2 ms with 8, 46.9 ms with 12)
-    max_polish = int(user_polish if user_polish is not None else (12 if name == "torch" else 50))
+    # from the ADMM start: 12 + n/20 corrections (a round on the few samples left costs ~1.5 ms at
+    # n 50, the fallback ~10 ms a sample: 8 seeds at batch 128, n 50, mean 48.2 ms with 8 rounds,
+    # 46.9 ms with 12; the wrong rows grow with n: n 1000, batch 4 took 78 s with 12 rounds, three
+    # samples going to the fallback IPM, and 4.4 s with 40 rounds, none)
+    n = x2.shape[-1]
+    max_polish = int(user_polish if user_polish is not None else (12 + n // 20 if name == "torch" else 50))
     block_iter = int(settings.pop("polish_block_iter", 0))
     if name == "torch":
         admm = {k: settings.pop(k) for k in list(settings) if k.startswith("admm_")}
@@ -629,8 +632,8 @@ def project(x: torch.Tensor, A: Any = None, a: Any = None, B: Any = None, b: Any
         ``"auto"`` (see :func:`choose_backend`), ``"torch"`` (batched ADMM + polish on the tensor's
         device), ``"ipm"``, or any registered CPU backend (``"proxsuite"``, ``"osqp"``, ``"highs"``).
     **settings
-        ``tol`` (polish KKT tolerance, default 1e-9), ``max_polish_iter`` (default 12 after the ADMM of
-        ``"torch"``, 50 after the other backends), backend
+        ``tol`` (polish KKT tolerance, default 1e-9), ``max_polish_iter`` (default 12 + n/20 after the ADMM
+        of ``"torch"``, 50 after the other backends), backend
         settings (``eps_abs``, ``max_iter``, ...). For ``"torch"``: ``admm_iter`` (300), ``admm_rho``
         (10), ``admm_alpha`` (1.6), ``admm_check`` (25: stop once the active set is stable that long),
         ``admm_stable`` (0: fraction of samples whose active set may still change at the stop),
