@@ -39,7 +39,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
-from .hs_jacobian import ActiveFactor, expand_rows, gather_active_rows, svd_factor
+from .hs_jacobian import ActiveFactor, ActiveRows, expand_rows, gather_active_rows, svd_factor
 from .linalg import cho_solve, cholesky, tri_inv
 
 __all__ = ["factor_face", "ineq_slack", "polish"]
@@ -296,6 +296,28 @@ class FaceRecord:
     factor: FaceFactor
 
 
+def _face_record(xp, idx, use, fac: FaceFactor) -> FaceRecord:
+    """A round's faces for the samples that end there.
+
+    Kept whole when at least half of the round's rows end there (no copy: the headline layer call
+    took 3-5 ms longer copying round 1's 82 of 128); otherwise only those rows are kept, so that all
+    records together hold at most two faces a sample (n 500, batch 128 and 20 rounds: the whole
+    rounds took 5 GB).
+    """
+    if 2 * int(xp.sum(xp.astype(use, xp.int64))) >= use.shape[0]:
+        return FaceRecord(idx, use, fac)
+    keep = xp.nonzero(use)[0]
+    R = fac.R
+
+    def t(v):
+        return xp.take(v, keep, axis=0)
+
+    Rk = ActiveRows(xp, t(R.rows), t(R.Mn), t(R.scale), t(R.order), R.k, R.m, R.p)
+    sub = FaceFactor(Rk, t(fac.L), t(fac.ok), t(fac.free))
+    rows = keep if idx is None else xp.take(idx, keep, axis=0)
+    return FaceRecord(rows, xp.ones(keep.shape, dtype=xp.bool, device=_device(keep)), sub)
+
+
 def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float,
            max_iter: int, block_iter: int = 0, faces: list | None = None) -> tuple[Any, Any, Any, Any, Any]:
     """Primal–dual active-set polish of a batch of projections.
@@ -423,7 +445,7 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
         drop = drop | ((cols == worst_i[:, None]) & (incons & xp.any(droppable, axis=1))[:, None])
         Snew = xp.where(done[:, None], St, (St | add) & ~drop)
         if faces is not None and fac.L is not None and bool(xp.any(done & fac.ok)):
-            faces.append(FaceRecord(None if full else xp.nonzero(todo)[0], done & fac.ok, fac))
+            faces.append(_face_record(xp, None if full else xp.nonzero(todo)[0], done & fac.ok, fac))
         if full:
             Y, mult, mu, S, accepted, forced = Yt, mt, mut, Snew, done, ft | add
             todo = ~done
