@@ -316,7 +316,11 @@ def _solve_admm(X, A, a, B, b, lb, ub, settings):
     d = torch.empty_like(z)
     max_iter = int(settings.get("admm_iter", 0) or 300)
     check = int(settings.get("admm_check", 25))
-    stable = float(settings.get("admm_stable", 0.0))
+    # stragglers allowed at the stop: the polish corrects their few wrong rows, while every check
+    # more costs 25 iterations of the whole batch (fwd+bwd, n 50, 3 seeds: batch 1024 470 -> 400 ms
+    # with 3 % allowed, batch 4096 1.84 -> 1.39 s; at batch 128 any allowance cost more than it saved)
+    stable = settings.get("admm_stable")
+    stable = 0.03 * max(0, N - 256) / N if stable is None else float(stable)
     pattern = None
     for it in range(max_iter):
         # fused, allocation-free form of: y = Xk + (ρz − w) K⁻¹Cᵀ... ; Cy = α C y + (1 − α) z;
@@ -636,7 +640,8 @@ def project(x: torch.Tensor, A: Any = None, a: Any = None, B: Any = None, b: Any
         of ``"torch"``, 50 after the other backends), backend
         settings (``eps_abs``, ``max_iter``, ...). For ``"torch"``: ``admm_iter`` (300), ``admm_rho``
         (10), ``admm_alpha`` (1.6), ``admm_check`` (25: stop once the active set is stable that long),
-        ``admm_stable`` (0: fraction of samples whose active set may still change at the stop),
+        ``admm_stable`` (fraction of samples whose active set may still change at the stop; default
+        0.03 (N − 256)/N for a batch of N > 256, else 0),
         ``admm_dtype`` (``torch.float32``: the ADMM only identifies the face; the polish is float64),
         ``polish_block_iter`` (0: polish corrections that change every wrong row at once),
         ``fallback`` (``"auto"``: ProxSuite for up to 8 samples with n <= 100 on CPU when installed,
