@@ -84,6 +84,8 @@ CODES: dict[str, int] = {
 _RUNNING = -1
 #: debugging hook: ``_TRACE(it, namespace)`` is called once per iteration when set (None: no cost)
 _TRACE = None
+#: refinement steps stop once every running element's Newton residual is below this, relative
+_REFINE_TOL = 1e-10
 _STATUS_OF_CODE = {v: Status[k] for k, v in CODES.items()}
 
 
@@ -589,6 +591,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         eye_packed = xp.asarray(diag_np.astype(np.float64), dtype=dtype, device=dev)  # packed identity (T,)
         diag_pos = xp.asarray(np.flatnonzero(diag_np), device=dev)  # packed positions of the diagonal
         inplace = is_numpy_namespace(xp) or is_torch_namespace(xp)
+        row_off = [i * (i + 1) // 2 for i in range(n + 1)]  # packed row i: row_off[i]:row_off[i + 1]
         if not inplace:  # standard-only: the diagonal spread over the packed positions by a gather
             owner = np.zeros(ti.size, dtype=np.int64)
             owner[diag_np] = np.arange(n)
@@ -616,6 +619,13 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             frozen = ~running
             if bool(xp.any(frozen)):
                 Kp = xp.where(frozen[:, None], eye_packed[None, :], Kp)
+            if inplace:
+                # the Cholesky factorisations read the lower triangle only: copy the packed rows
+                # into it (half the traffic of the symmetric gather; the upper triangle stays zero)
+                K = xp.zeros((b, n, n), dtype=dtype, device=dev)
+                for i in range(n):
+                    K[:, i, : i + 1] = Kp[:, row_off[i]: row_off[i + 1]]
+                return K
             return xp.reshape(xp.take(Kp, sym_gather, axis=1), (b, n, n))
         if Ct is not None:
             K = xp.reshape(xp.reshape(Ct[None, ...] * Dc[:, None, :], (b * n, m)) @ Cs[0, ...], (b, n, n))
@@ -660,7 +670,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             S = S + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
             Sfac, ok2 = la.factor(S)
             ok = ok & ok2
-        return F, W, Sfac, ok, Dg0, regd, shifted
+        return F, W, Sfac, ok, Dg0, regd, shifted, running
 
     def newton(fac, r1, r2):
         F, W, Sfac = fac[:3]
@@ -679,19 +689,30 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
 
         ``K_γ`` is ill-conditioned near the end (``D`` spans many magnitudes), so ``K_γ⁻¹ G_eᵀ`` in
         the Schur complement carries errors that grow with the equality multipliers (they diverge
-        on infeasible problems); one refinement step with the same factors removes them.
+        on infeasible problems); refinement steps with the same factors remove them. A step is taken
+        only while some running element's residual exceeds ``_REFINE_TOL`` relative to its right-hand
+        side (each step is a solve with every factor of the batch: early on, none is needed).
         """
         dx, dy = newton(fac, r1, r2)
         if not p and not fac[5]:
             return dx, dy
         Dg = fac[4]
+        run = fac[7]
+        rscale = None
         for _ in range(2):
             e1 = r1 - (pmv(dx) + gtw(Dg * gx_of(dx)) + rho * dx)
+            if p:
+                e1 = e1 - _rmv(Ge, dy * mee)
+                e2 = (r2 - _mv(Ge, dx)) * mee
+            if _REFINE_TOL > 0:
+                if rscale is None:
+                    rscale = _inf_norm(xp, r1) + (_inf_norm(xp, r2) if p else 0.0)
+                err = _inf_norm(xp, e1) + (_inf_norm(xp, e2) if p else 0.0)
+                if not bool(xp.any(run & (err > _REFINE_TOL * rscale))):
+                    break
             if not p:
                 dx = dx + newton(fac, e1, None)[0]
                 continue
-            e1 = e1 - _rmv(Ge, dy * mee)
-            e2 = (r2 - _mv(Ge, dx)) * mee
             ddx, ddy = newton(fac, e1, e2)
             dx, dy = dx + ddx, dy + ddy
         return dx, dy
