@@ -638,7 +638,14 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             K = xp.where(frozen[:, None, None], xp.eye(n, dtype=dtype, device=dev)[None, ...], K)
         return K
 
-    def factorize(Dg0, running, retry=True):
+    def factorize(Dg0, running, retry=True, pre=None):
+        """Factor ``K_γ`` (and the Schur complement on the equality rows).
+
+        ``pre``: the predictor's right-hand side ``(r1, r2)`` (with equalities only), solved with
+        ``K_γ`` in the same pass as ``K_γ⁻¹ G_eᵀ`` (a batched triangular solve costs a pass over
+        all factors, nearly whatever the number of right-hand sides); kept in the result for
+        :func:`newton`.
+        """
         Dg = Dg0 + gamma * (xp.astype(eq, dtype)) if p else Dg0
         K = build_K(Dg, running)
         F, ok = la.factor(K)
@@ -663,21 +670,30 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
                 regd = True
                 if bool(xp.all(ok)):
                     break
-        Sfac = W = None
+        Sfac = W = t_pre = None
         if p:
-            W = la.solve(F, xp.broadcast_to(Ge.mT, (b, n, p)) * mee[:, None, :])  # K⁻¹ G_eᵀ (masked)
+            GeT = xp.broadcast_to(Ge.mT, (b, n, p)) * mee[:, None, :]
+            if pre is None:
+                W = la.solve(F, GeT)  # K⁻¹ G_eᵀ (masked)
+            else:
+                r1p = pre[0] + gamma * _rmv(Ge, pre[1] * mee)
+                sol = la.solve(F, xp.concat([GeT, r1p[:, :, None]], axis=2))
+                W, t_pre = sol[..., :p], (pre[0], sol[..., p])
             S = (Ge * mee[:, :, None]) @ W
             S = S + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
             Sfac, ok2 = la.factor(S)
             ok = ok & ok2
-        return F, W, Sfac, ok, Dg0, regd, shifted, running
+        return F, W, Sfac, ok, Dg0, regd, shifted, running, t_pre
 
     def newton(fac, r1, r2):
         F, W, Sfac = fac[:3]
         if not p:
             return la.solve(F, r1[:, :, None])[..., 0], None
-        r1p = r1 + gamma * _rmv(Ge, r2 * mee)
-        t = la.solve(F, r1p[:, :, None])[..., 0]
+        if fac[8] is not None and fac[8][0] is r1:  # solved with the factorisation
+            t = fac[8][1]
+        else:
+            r1p = r1 + gamma * _rmv(Ge, r2 * mee)
+            t = la.solve(F, r1p[:, :, None])[..., 0]
         rhs = (_mv(Ge, t) - r2) * mee
         dy = la.solve(Sfac, rhs[:, :, None])[..., 0]
         dx = t - (W @ dy[:, :, None])[..., 0]
@@ -717,12 +733,19 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             dx, dy = dx + ddx, dy + ddy
         return dx, dy
 
-    def direction(fac, st, res, rcl, rcu, Dl, Du):
+    def rhs(st, res, rcl, rcu, Dl, Du):
+        """Right-hand side r1 of the reduced system for complementarity residuals rcl, rcu."""
+        _, sl, _, su, _, _ = st
+        rd, rpl, rpu, _ = res
+        v = (-rcu / su - Du * rpu) * mu + (rcl / sl + Dl * rpl) * ml
+        return -rd - gtw(v)
+
+    def direction(fac, st, res, rcl, rcu, Dl, Du, r1=None):
         # Dl, Du: z/s (capped) — used both in K and here, so the linearised stationarity is exact
         _, sl, _, su, _, _ = st
-        rd, rpl, rpu, rpe = res
-        v = (-rcu / su - Du * rpu) * mu + (rcl / sl + Dl * rpl) * ml
-        r1 = -rd - gtw(v)
+        _, rpl, rpu, rpe = res
+        if r1 is None:
+            r1 = rhs(st, res, rcl, rcu, Dl, Du)
         dx, dy = newton_refined(fac, r1, -rpe if p else None)
         gdx = gx_of(dx)
         dsl = (gdx + rpl) * ml
@@ -734,7 +757,8 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
     def pred_corr(fac, st, res, mu_c, Dl, Du):
         """Mehrotra predictor and corrector directions (da, dc) and the centring sigma."""
         _, sl, zl, su, zu, _ = st
-        da = direction(fac, st, res, sl * zl * ml, su * zu * mu, Dl, Du)
+        r1a = fac[8][0] if fac[8] is not None else None  # solved with the factorisation
+        da = direction(fac, st, res, sl * zl * ml, su * zu * mu, Dl, Du, r1a)
         a_aff = xp.minimum(step_len(st, da), one)
         mu_aff = mu_of(sl + a_aff[:, None] * da[1], zl + a_aff[:, None] * da[2],
                        su + a_aff[:, None] * da[3], zu + a_aff[:, None] * da[4])
@@ -924,7 +948,10 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         x, sl, zl, su, zu, y = st
         Dl = xp.clip(zl / sl * ml, zero, dmax * one)
         Du = xp.clip(zu / su * mu, zero, dmax * one)
-        fac = factorize(Dl + Du, running)
+        res = residuals(st)
+        # the predictor's system is solved in the factorisation's pass (see factorize)
+        pre = (rhs(st, res, sl * zl * ml, su * zu * mu, Dl, Du), -res[3]) if p else None
+        fac = factorize(Dl + Du, running, pre=pre)
         if dmax > dmax_lo and not bool(xp.all(fac[3] | ~running)):
             low = (~fac[3])[:, None]
             Dl = xp.where(low, xp.clip(Dl, zero, dmax_lo * one), Dl)
@@ -932,7 +959,6 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             fac = factorize(Dl + Du, running)
         status = xp.where(running & ~fac[3], code["NUMERICAL_ERROR"], status)
         running = status == _RUNNING
-        res = residuals(st)
         mu_c = mu_of(sl, zl, su, zu)
         da, dc, sigma = pred_corr(fac, st, res, mu_c, Dl, Du)
         if fac[5]:
