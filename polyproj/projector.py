@@ -14,7 +14,10 @@ result says so (``polished[i]`` False) and keeps the backend's point.
 from __future__ import annotations
 
 import functools
+import itertools
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -104,10 +107,25 @@ def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
     cols = np.concatenate([np.arange(m), m + P.lb_idx, m + n + P.ub_idx])
     full0 = np.zeros((X.shape[0], m + 2 * n))
     full0[:, cols] = mult0
-    Y, active, mult, mu, accepted = polish_batch(
-        X, P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0, full0,
-        cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
+
+    def part(sl):
+        return polish_batch(X[sl], P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0[sl], full0[sl],
+                            cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
+
+    # the samples are independent: a large batch is polished in one part per core (the NumPy
+    # kernels release the GIL; bench_batch n 100, batch 1024: 0.52 -> 0.25 s, medians of 5, load 2)
+    parts = min(os.cpu_count() or 1, X.shape[0] // _POLISH_PART)
+    if parts > 1:
+        bounds = np.linspace(0, X.shape[0], parts + 1).astype(int)
+        with ThreadPoolExecutor(parts) as pool:
+            outs = list(pool.map(part, [slice(i, j) for i, j in itertools.pairwise(bounds)]))
+        Y, active, mult, mu, accepted = (np.concatenate([o[k] for o in outs], axis=0) for k in range(5))
+    else:
+        Y, active, mult, mu, accepted = part(slice(None))
     return Y, active[:, cols], np.concatenate([mult[:, cols], mu], axis=1), accepted
+
+
+_POLISH_PART = 256  # smallest part of a batch polished in a thread of its own
 
 
 def project(

@@ -229,3 +229,21 @@ def test_ipm_early_stop_then_polish_is_exact(rng, monkeypatch, stop_rel):
         warnings.simplefilter("ignore", pp.PolyprojWarning)
         pp.project(X, P, backend="ipm", eps_abs=1e-6, eps_rel=stop_rel)
     assert calls == [(stop_rel, 64)]
+
+
+def test_polish_in_parts_matches_one_part(rng, monkeypatch):
+    """A large batch is polished in one part per core: the samples are independent, so the result
+    is that of one part (to rounding)."""
+    from polyproj import projector
+
+    P = random_polytope(rng, 12, 30, 1)
+    X = 3.0 * rng.normal(size=(96, 12))
+    monkeypatch.setattr(projector, "_POLISH_PART", 10**9)
+    one = pp.project(X, P, backend="ipm", eps_abs=1e-6)
+    monkeypatch.setattr(projector, "_POLISH_PART", 32)
+    monkeypatch.setattr(projector.os, "cpu_count", lambda: 3)
+    parts = pp.project(X, P, backend="ipm", eps_abs=1e-6)
+    assert one.polished.all() and parts.polished.all()
+    np.testing.assert_allclose(parts.y, one.y, atol=1e-12)
+    np.testing.assert_array_equal(parts.active, one.active)
+    np.testing.assert_allclose(parts.multipliers, one.multipliers, atol=1e-10)
