@@ -154,10 +154,24 @@ class _Linalg:
         return cholesky(self.xp, K)
 
     def solve(self, F: Any, R: Any) -> Any:
-        """Solve ``K X = R`` for R (b, n, k) with the factor of :meth:`factor`."""
+        """Solve ``K X = R`` for R (b, n, k) with the factor of :meth:`factor` (or an :class:`_EigFactor`)."""
+        if isinstance(F, _EigFactor):
+            return F.V @ ((F.V.mT @ R) / (F.lam[None, :, None] + F.shift[:, None, None]))
         if self.kind == "generic":
             return self.xp.linalg.solve(F, R)
         return cho_solve(self.xp, F, R)
+
+
+@dataclass(frozen=True)
+class _EigFactor:
+    """``K_i⁻¹ = V diag(1 / (lam + shift_i)) Vᵀ`` for every element i: one eigendecomposition for a batch."""
+
+    V: Any
+    lam: Any
+    shift: Any
+
+
+_EIG_MIN_BATCH = 32  # one n x n eigendecomposition costs about as much as ~30 Cholesky factorisations
 
 
 # ============================================================================ helpers
@@ -685,6 +699,41 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             ok = ok & ok2
         return F, W, Sfac, ok, Dg0, regd, shifted, running, t_pre
 
+    def factorize_start(Dg0, running):
+        """The factorisation of the starting step (``D = 1`` on every finite side).
+
+        With C shared, P shared, diagonal and definite (projections: ``P = I``) and the same
+        constraint pattern for every element, the ``K_γ`` of the batch differ only by the cost
+        scaling: ``S + c_i P``. One eigendecomposition of ``P^-½ S P^-½`` then serves the whole batch
+        (instead of b Cholesky factorisations); otherwise, or when the shifted spectrum is not safely
+        positive, the batched Cholesky of :func:`factorize`.
+        """
+        shared = (b >= _EIG_MIN_BATCH and CC is not None and Pp is None and P_diag.shape[0] == 1
+                  and bool(xp.all(P_diag > 0)) and bool(xp.all(Dg0 == Dg0[0:1, :]))
+                  and (not p or bool(xp.all(eq == eq[0:1, :]))))
+        if not shared:
+            return factorize(Dg0, running)
+        Dg = Dg0 + gamma * (xp.astype(eq, dtype)) if p else Dg0
+        d0 = Dg[0, :]
+        C0 = Cs[0, ...]
+        S = (C0.mT * d0[None, :m]) @ C0 + xp.eye(n, dtype=dtype, device=dev) * (d0[m:] + rho)[None, :]
+        # K_i = S + c_i Pd = Pd^½ (Pd^-½ S Pd^-½ + c_i I) Pd^½ with Pd^-½ S Pd^-½ = U diag(lam) Uᵀ
+        ph = 1.0 / xp.sqrt(P_diag[0, :])
+        lam, U = xp.linalg.eigh(ph[:, None] * S * ph[None, :])
+        V = ph[:, None] * U  # K_i⁻¹ = V diag(1 / (lam + c_i)) Vᵀ
+        shift = c
+        if not bool(xp.min(lam) + xp.min(shift) > 1e-8 * (xp.max(xp.abs(lam)) + xp.max(shift))):
+            return factorize(Dg0, running)
+        F = _EigFactor(V, lam, shift)
+        ok = xp.ones((b,), dtype=xp.bool, device=dev)
+        Sfac = W = None
+        if p:
+            W = la.solve(F, xp.broadcast_to(Ge.mT, (b, n, p)) * mee[:, None, :])
+            Sm = (Ge * mee[:, :, None]) @ W
+            Sm = Sm + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
+            Sfac, ok = la.factor(Sm)
+        return F, W, Sfac, ok, Dg0, False, ~ok, running, None
+
     def newton(fac, r1, r2):
         F, W, Sfac = fac[:3]
         if not p:
@@ -890,7 +939,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         y = xp.zeros((b, p), dtype=dtype, device=dev)
         st = (x, sl, zl, su, zu, y)
         running = xp.ones((b,), dtype=xp.bool, device=dev)
-        fac = factorize(xp.ones((b, M), dtype=dtype, device=dev) * (ml + mu), running)
+        fac = factorize_start(ml + mu, running)
         res = residuals(st)
         d = direction(fac, st, res, sl * zl * ml, su * zu * mu, ml, mu)
         x = x + d[0]
