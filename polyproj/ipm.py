@@ -419,7 +419,7 @@ def _single_threaded_kernels(xp: Any, q: Any):
 
 _FIELDS = ("x", "z", "z_box", "status", "iterations", "prim_res", "dual_res", "gap")
 _COMPACT_FRAC = 0.75  # compact the batch once at most this fraction of its elements is still running
-_COMPACT_MIN = 16  # ... and only batches at least this large
+_COMPACT_MIN = 2  # ... down to batches of 2 (13 elements ran ~50 iterations for the slowest of them)
 _PACKED_MAX = 2**23  # largest packed (m, n(n+1)/2) table of products c_i c_iᵀ (64 MB in float64)
 
 
@@ -457,14 +457,14 @@ def _solve_batched(xp, P3, q, C3, l, u, lb, ub, x0, kw, resume=None) -> IPMResul
     if isinstance(out, IPMResult):
         return out
     part, cont = out
-    redo = [i for i, c in enumerate(_host_list(part.status)) if c == _RUNNING]
-    dev = _device(q)
-    idx = xp.asarray(np.asarray(redo, dtype=np.int64), device=dev)
+    # indices on the device (no host round trip of the status array)
+    running = part.status == _RUNNING
+    idx = xp.nonzero(running)[0]
     sub = _solve_batched(xp, *(_take_rows(xp, M, idx) for M in (P3, q, C3, l, u, lb, ub)), None, kw,
                          resume=_take_state(xp, cont, idx))
-    gather = np.arange(b)
-    gather[redo] = b + np.arange(len(redo))
-    gidx = xp.asarray(gather, device=dev)
+    # element i of the merged result: its place in the continued batch if it was running, else its own
+    rank = xp.cumulative_sum(xp.astype(running, idx.dtype)) - 1
+    gidx = xp.where(running, b + rank, xp.arange(b, dtype=idx.dtype, device=_device(q)))
     return IPMResult(*[xp.take(xp.concat([getattr(part, f), getattr(sub, f)], axis=0), gidx, axis=0)
                        for f in _FIELDS])
 

@@ -538,3 +538,28 @@ def test_shared_start_by_one_eigendecomposition(ns, rng, monkeypatch):
     P0[0, 0] = 0.0
     solve_qp_batch(*[to_ns(ns, v) for v in (P0, q, C, l, u, lb, ub)], eps_abs=1e-9)
     assert not used
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_small_batches_are_compacted(ns, rng, monkeypatch):
+    """Compaction goes down to batches of 2 (a few slow elements no longer drag the finished ones
+    through their iterations), with the merge done on the device; answers as without compaction."""
+    import polyproj.ipm as ipm_mod
+
+    P, q, C, l, u, lb, ub = random_qp(rng, b=8)
+    args = [to_ns(ns, v) for v in (P, q, C, l, u, lb, ub)]
+    sizes = []
+    real = ipm_mod._solve
+
+    def spy(xp, P3, q_, *a, **k):
+        sizes.append(q_.shape[0])
+        return real(xp, P3, q_, *a, **k)
+
+    monkeypatch.setattr(ipm_mod, "_solve", spy)
+    res = solve_qp_batch(*args, eps_abs=1e-9)
+    assert sizes[0] == 8 and len(sizes) > 1 and sizes[-1] < 8
+    monkeypatch.setattr(ipm_mod, "_COMPACT_MIN", 10**9)
+    whole = solve_qp_batch(*args, eps_abs=1e-9)
+    assert res.statuses() == whole.statuses() == (pp.Status.SOLVED,) * 8
+    np.testing.assert_array_equal(to_np(res.iterations), to_np(whole.iterations))
+    np.testing.assert_allclose(to_np(res.x), to_np(whole.x), atol=1e-9)
