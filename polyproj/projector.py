@@ -14,7 +14,10 @@ result says so (``polished[i]`` False) and keeps the backend's point.
 from __future__ import annotations
 
 import functools
+import itertools
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -104,10 +107,26 @@ def _polish(P: Polyhedron, X, Y0, mult0, *, cand_tol, dist_tol, tol, max_iter):
     cols = np.concatenate([np.arange(m), m + P.lb_idx, m + n + P.ub_idx])
     full0 = np.zeros((X.shape[0], m + 2 * n))
     full0[:, cols] = mult0
-    Y, active, mult, mu, accepted = polish_batch(
-        X, P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0, full0,
-        cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
+
+    def part(sl):
+        return polish_batch(X[sl], P.A_dense, P.a, P.B_dense, P.b, P.lb, P.ub, Y0[sl], full0[sl],
+                            cand_tol=cand_tol, dist_tol=dist_tol, tol=tol, max_iter=max_iter)
+
+    # the samples are independent: a large batch is polished in parts of about _POLISH_PART (its cost
+    # grows faster than the batch: n 100, batch 4096 in one part 3.5 s, in 16 parts 1.0 s), one
+    # thread per core (the NumPy kernels release the GIL; batch 1024: 0.52 -> 0.25 s)
+    parts = X.shape[0] // _POLISH_PART
+    if parts > 1:
+        bounds = np.linspace(0, X.shape[0], parts + 1).astype(int)
+        with ThreadPoolExecutor(min(parts, os.cpu_count() or 1)) as pool:
+            outs = list(pool.map(part, [slice(i, j) for i, j in itertools.pairwise(bounds)]))
+        Y, active, mult, mu, accepted = (np.concatenate([o[k] for o in outs], axis=0) for k in range(5))
+    else:
+        Y, active, mult, mu, accepted = part(slice(None))
     return Y, active[:, cols], np.concatenate([mult[:, cols], mu], axis=1), accepted
+
+
+_POLISH_PART = 256  # size of the parts a large batch is polished in
 
 
 def project(
@@ -177,11 +196,13 @@ def project(
                                 np.zeros((0, polyhedron.n_ineq + polyhedron.m_eq)), (), 0.0, np.zeros(0),
                                 np.zeros(0, dtype=bool), solver.name, None)
     qp = _projection_qp(polyhedron)
-    if X2.shape[0] == 1:
-        sol1 = solver.solve(qp.with_vectors(validate=False, q=-X2[0]))
-        sol = BatchSolution.stack([sol1], backend=solver.name)
-    else:
-        sol = solver.solve_batch(qp, q=-X2)
+    # backends that can stop early and leave the rest to the polish (the batched IPM) first solve to
+    # a loose relative tolerance; the points whose polish is refused are solved again as asked
+    stop_rel = getattr(solver, "projection_stop_rel", None) if polish else None
+    first = solver
+    if stop_rel is not None and float(solver.settings.get("eps_rel") or 0.0) < stop_rel:
+        first = type(solver)(**{**solver.settings, "eps_rel": float(stop_rel)})
+    sol = _solve_points(first, qp, X2)
     statuses = list(sol.status)
     flagged = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
     if flagged.any():
@@ -194,10 +215,22 @@ def project(
         Y0[flagged] = np.nan  # false reports that a re-solve could not fix (see _recheck_infeasible)
         if polish:
             eps = float(solver.settings.get("eps_abs", 1e-8))
-            Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps),
-                                                dist_tol=max(1e-9, eps), tol=tol,
+            eps1 = eps if first is solver else max(eps, float(stop_rel))
+            Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps1),
+                                                dist_tol=max(1e-9, eps1), tol=tol,
                                                 max_iter=max_polish_iter)
             accepted &= ~flagged  # flagged points stay NaN (reported above), whatever the polish made of X
+            again = ~accepted & ~flagged
+            if first is not solver and again.any():  # the early stop was too early for these points
+                idx = np.flatnonzero(again)
+                sol2 = _solve_points(solver, qp, X2[idx])
+                Y0[idx] = np.asarray(sol2.x, dtype=np.float64)
+                mult0[idx] = _backend_multipliers(polyhedron, sol2)
+                Y[idx], active[idx], mult[idx], accepted[idx] = _polish(
+                    polyhedron, X2[idx], Y0[idx], mult0[idx], cand_tol=max(1e-7, 10.0 * eps),
+                    dist_tol=max(1e-9, eps), tol=tol, max_iter=max_polish_iter)
+                sol = _patch(sol, idx, sol2)
+                statuses = list(sol.status)
             Y = np.where(accepted[:, None], Y, Y0)
             statuses = [Status.SOLVED if acc else st for acc, st in zip(accepted, statuses, strict=True)]
             refused = ~accepted & ~flagged  # flagged points (NaN, already reported) are not polished
@@ -223,6 +256,25 @@ def project(
                                 bool(accepted[0]), solver.name, sol.solution(0))
     return ProjectionResult(Y, active, mult, tuple(statuses), float(np.max(viol)), viol, accepted,
                             solver.name, sol)
+
+
+def _solve_points(solver, qp, X2: np.ndarray) -> BatchSolution:
+    """The projections of the rows of ``X2`` (``q = -x``) by ``solver``, as a batch."""
+    if X2.shape[0] == 1:
+        return BatchSolution.stack([solver.solve(qp.with_vectors(validate=False, q=-X2[0]))], backend=solver.name)
+    return solver.solve_batch(qp, q=-X2)
+
+
+def _patch(sol: BatchSolution, idx: np.ndarray, part: BatchSolution) -> BatchSolution:
+    """``sol`` with the elements ``idx`` replaced by those of ``part``."""
+    x, z, zb = (np.array(a, dtype=np.float64) for a in (sol.x, sol.z, sol.z_box))
+    it = np.array(sol.iterations)
+    st = list(sol.status)
+    x[idx], z[idx], zb[idx] = part.x, part.z, part.z_box
+    it[idx] = np.asarray(part.iterations) + it[idx]
+    for k, i in enumerate(idx):
+        st[i] = part.status[k]
+    return replace(sol, x=x, z=z, z_box=zb, iterations=it, status=tuple(st))
 
 
 def _recheck_infeasible(solver, qp, polyhedron: Polyhedron, X2, sol: BatchSolution, flagged):

@@ -461,3 +461,105 @@ def test_batch_threads_give_the_same_answers(ns, rng):
     assert torch.get_num_threads() == before  # the intra-op setting is restored
     with pytest.raises(pp.ProblemError, match="threads"):
         solve_qp_batch(*args, threads=0)
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_adaptive_refinement_and_presolved_predictor(ns, rng, monkeypatch):
+    """Refinement steps are taken only while a running element's Newton residual is above
+    _REFINE_TOL (relative), and with equality rows the predictor is solved in the factorisation's
+    pass. Both change rounding only: the same statuses and KKT points as refining always, in every
+    namespace; and they save triangular solves (counted on NumPy)."""
+    import polyproj.ipm as ipm_mod
+
+    P, q, C, l, u, lb, ub = random_qp(rng, n=14, m=20, b=24)
+    args = [to_ns(ns, v) for v in (P, q, C, l, u, lb, ub)]
+    calls = []
+    real = ipm_mod.cho_solve
+
+    def counting(xp, L, R):
+        calls.append(L.shape[-1])
+        return real(xp, L, R)
+
+    monkeypatch.setattr(ipm_mod, "cho_solve", counting)
+    out = {}
+    for tol in (0.0, ipm_mod._REFINE_TOL):
+        monkeypatch.setattr(ipm_mod, "_REFINE_TOL", tol)
+        calls.clear()
+        res = solve_qp_batch(*args, eps_abs=1e-9)
+        out[tol] = (res, sum(1 for k in calls if k == 14))
+    (always, n_always), (adaptive, n_adaptive) = out.values()
+    assert adaptive.statuses() == always.statuses() == (pp.Status.SOLVED,) * 24
+    np.testing.assert_allclose(to_np(adaptive.x), to_np(always.x), atol=1e-6)
+    for i in range(24):
+        pres, dres, gap, sign = kkt_residuals(P, q[i], C, l, u, lb, ub, *(to_np(a)[i] for a in
+                                                                        (adaptive.x, adaptive.z, adaptive.z_box)))
+        assert max(pres, dres, gap, sign) <= 1e-8
+    if ns != "strict":  # the generic path solves with linalg.solve, not cho_solve
+        assert 0 < n_adaptive < n_always
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_shared_start_by_one_eigendecomposition(ns, rng, monkeypatch):
+    """With C shared, P shared, diagonal and definite, and one constraint pattern, the starting step's
+    K of every element is S + c_i P: one eigendecomposition replaces the batch of Cholesky
+    factorisations. Same statuses, iterations (in total) and KKT points as the Cholesky start; a
+    per-element pattern (or a singular P) takes the Cholesky start."""
+    import polyproj.ipm as ipm_mod
+
+    n, m, b = 10, 16, 40
+    _, q, C, l, u, lb, ub = random_qp(rng, n=n, m=m, b=b)
+    P = np.diag(rng.uniform(0.5, 3.0, n))
+    args = [to_ns(ns, v) for v in (P, q, C, l, u, lb, ub)]
+    used = []
+
+    class Spy(ipm_mod._EigFactor):
+        def __init__(self, *a):
+            used.append(1)
+            super().__init__(*a)
+
+    monkeypatch.setattr(ipm_mod, "_EigFactor", Spy)
+    eig = solve_qp_batch(*args, eps_abs=1e-9)
+    assert used
+    monkeypatch.setattr(ipm_mod, "_EIG_MIN_BATCH", 10**9)
+    chol = solve_qp_batch(*args, eps_abs=1e-9)
+    assert eig.statuses() == chol.statuses() == (pp.Status.SOLVED,) * b
+    # rounding differences may cost an element near the precision floor an iteration or two
+    assert abs(int(np.sum(to_np(eig.iterations))) - int(np.sum(to_np(chol.iterations)))) <= 0.05 * b * 10
+    np.testing.assert_allclose(to_np(eig.x), to_np(chol.x), atol=1e-6)  # an IPM stops inside
+    for i in range(b):
+        r = kkt_residuals(P, q[i], C, l, u, lb, ub, *(to_np(a)[i] for a in (eig.x, eig.z, eig.z_box)))
+        assert max(r) <= 1e-8
+    monkeypatch.setattr(ipm_mod, "_EIG_MIN_BATCH", 32)
+    used.clear()
+    u2 = np.tile(u, (b, 1))
+    u2[0, 0] = np.inf  # element 0 has a different pattern
+    solve_qp_batch(*[to_ns(ns, v) for v in (P, q, C, l, u2, lb, ub)], eps_abs=1e-9)
+    P0 = P.copy()
+    P0[0, 0] = 0.0
+    solve_qp_batch(*[to_ns(ns, v) for v in (P0, q, C, l, u, lb, ub)], eps_abs=1e-9)
+    assert not used
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_small_batches_are_compacted(ns, rng, monkeypatch):
+    """Compaction goes down to batches of 2 (a few slow elements no longer drag the finished ones
+    through their iterations), with the merge done on the device; answers as without compaction."""
+    import polyproj.ipm as ipm_mod
+
+    P, q, C, l, u, lb, ub = random_qp(rng, b=8)
+    args = [to_ns(ns, v) for v in (P, q, C, l, u, lb, ub)]
+    sizes = []
+    real = ipm_mod._solve
+
+    def spy(xp, P3, q_, *a, **k):
+        sizes.append(q_.shape[0])
+        return real(xp, P3, q_, *a, **k)
+
+    monkeypatch.setattr(ipm_mod, "_solve", spy)
+    res = solve_qp_batch(*args, eps_abs=1e-9)
+    assert sizes[0] == 8 and len(sizes) > 1 and sizes[-1] < 8
+    monkeypatch.setattr(ipm_mod, "_COMPACT_MIN", 10**9)
+    whole = solve_qp_batch(*args, eps_abs=1e-9)
+    assert res.statuses() == whole.statuses() == (pp.Status.SOLVED,) * 8
+    np.testing.assert_array_equal(to_np(res.iterations), to_np(whole.iterations))
+    np.testing.assert_allclose(to_np(res.x), to_np(whole.x), atol=1e-9)

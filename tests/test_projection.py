@@ -188,3 +188,62 @@ def test_empty_batch_projects_to_empty_batch(rng):
     P = random_polytope(rng, 4, 6, 1)
     res = pp.project(np.zeros((0, 4)), P)
     assert res.y.shape == (0, 4) and res.active.shape == (0, P.n_ineq) and res.max_violation == 0.0
+
+
+@pytest.mark.parametrize("stop_rel", [1e-4, 0.5])
+def test_ipm_early_stop_then_polish_is_exact(rng, monkeypatch, stop_rel):
+    """project() with the ipm backend stops the IPM at a loose relative tolerance and lets the polish
+    finish; the points whose polish is refused (many at stop_rel 0.5) are solved again with the
+    settings asked for and polished. The answer is the exact projection either way."""
+    import warnings
+
+    from polyproj import projector
+    from polyproj.backends.ipm import IPMSolver
+
+    monkeypatch.setattr(IPMSolver, "projection_stop_rel", stop_rel)
+    calls = []
+    real = projector._solve_points
+
+    def spy(solver, qp, X2):
+        calls.append((float(solver.settings["eps_rel"]), X2.shape[0]))
+        return real(solver, qp, X2)
+
+    monkeypatch.setattr(projector, "_solve_points", spy)
+    P = random_polytope(rng, 20, 40, 1)
+    X = 4.0 * rng.normal(size=(64, 20))
+    ref = pp.project(X, P, backend="proxsuite", eps_abs=1e-10)
+    calls.clear()
+    r = pp.project(X, P, backend="ipm", eps_abs=1e-6, max_polish_iter=3)
+    assert r.polished.all() and r.status == (pp.Status.SOLVED,) * 64
+    np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
+    np.testing.assert_array_equal(r.active, ref.active)
+    assert calls[0] == (stop_rel, 64)  # the loose first pass over the whole batch
+    if len(calls) > 1:  # the refused points, solved again as asked (eps_rel 0)
+        assert calls[1][0] == 0.0 and calls[1][1] <= 64
+    if stop_rel == 0.5:
+        assert len(calls) == 2
+    # the user's own eps_rel at or above the early-stop tolerance: one pass, as asked (at 0.5 the
+    # polish may then be refused: that is the accuracy asked for)
+    calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        pp.project(X, P, backend="ipm", eps_abs=1e-6, eps_rel=stop_rel)
+    assert calls == [(stop_rel, 64)]
+
+
+def test_polish_in_parts_matches_one_part(rng, monkeypatch):
+    """A large batch is polished in one part per core: the samples are independent, so the result
+    is that of one part (to rounding)."""
+    from polyproj import projector
+
+    P = random_polytope(rng, 12, 30, 1)
+    X = 3.0 * rng.normal(size=(96, 12))
+    monkeypatch.setattr(projector, "_POLISH_PART", 10**9)
+    one = pp.project(X, P, backend="ipm", eps_abs=1e-6)
+    monkeypatch.setattr(projector, "_POLISH_PART", 32)
+    monkeypatch.setattr(projector.os, "cpu_count", lambda: 3)
+    parts = pp.project(X, P, backend="ipm", eps_abs=1e-6)
+    assert one.polished.all() and parts.polished.all()
+    np.testing.assert_allclose(parts.y, one.y, atol=1e-12)
+    np.testing.assert_array_equal(parts.active, one.active)
+    np.testing.assert_allclose(parts.multipliers, one.multipliers, atol=1e-10)
