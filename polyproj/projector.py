@@ -9,6 +9,11 @@ multipliers are dropped and violated rows added (a primal–dual active-set step
 conditions hold or ``max_polish_iter`` is reached. The result is then exact to rounding whatever the
 backend's accuracy, and its active set is the one the HS-Jacobian needs. When polish is refused the
 result says so (``polished[i]`` False) and keeps the backend's point.
+
+A backend that reports PRIMAL_INFEASIBLE for some points of a batch while it solved others to
+feasible points of the same polyhedron is wrong about those (ProxSuite's dense solver does this on a
+few points at tight tolerances): they are solved again one by one, and what stays flagged is
+polished from ``x`` — accepted when the KKT conditions are verified, NaN with a warning otherwise.
 """
 
 from __future__ import annotations
@@ -205,8 +210,9 @@ def project(
     sol = _solve_points(first, qp, X2)
     statuses = list(sol.status)
     flagged = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
+    report = None
     if flagged.any():
-        sol, statuses, flagged = _recheck_infeasible(solver, qp, polyhedron, X2, sol, flagged)
+        sol, statuses, flagged, report = _recheck_infeasible(solver, qp, polyhedron, X2, sol, flagged)
     # the rest is batched NumPy work on small arrays: one BLAS thread (multithreaded OpenBLAS on
     # these sizes mostly synchronises, and stalls badly when the cores are busy)
     with small_blas():
@@ -219,7 +225,8 @@ def project(
             Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps1),
                                                 dist_tol=max(1e-9, eps1), tol=tol,
                                                 max_iter=max_polish_iter)
-            accepted &= ~flagged  # flagged points stay NaN (reported above), whatever the polish made of X
+            # a point still flagged starts the polish from x: its answer counts when the KKT
+            # conditions are verified (a proof of optimality), else it stays NaN
             again = ~accepted & ~flagged
             if first is not solver and again.any():  # the early stop was too early for these points
                 idx = np.flatnonzero(again)
@@ -233,7 +240,7 @@ def project(
                 statuses = list(sol.status)
             Y = np.where(accepted[:, None], Y, Y0)
             statuses = [Status.SOLVED if acc else st for acc, st in zip(accepted, statuses, strict=True)]
-            refused = ~accepted & ~flagged  # flagged points (NaN, already reported) are not polished
+            refused = ~accepted & ~flagged  # flagged points (NaN) are reported below
             if refused.any():
                 warnings.warn(
                     f"polish refused for {int(refused.sum())} of {len(accepted)} points: the KKT "
@@ -250,6 +257,10 @@ def project(
             accepted = np.zeros(X2.shape[0], dtype=bool)
             eps = float(solver.settings.get("eps_abs", 1e-8))
             active, mult = _unpolished(polyhedron, Y, mult0, sol.z, eps)
+        if report is not None:
+            by_polish, nan = int((flagged & accepted).sum()), int((flagged & ~accepted).sum())
+            warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
+                          + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=2)
         viol = polyhedron.violation(Y)
     if single:
         return ProjectionResult(Y[0], active[0], mult[0], statuses[0], float(viol[0]), viol,
@@ -284,7 +295,8 @@ def _recheck_infeasible(solver, qp, polyhedron: Polyhedron, X2, sol: BatchSoluti
     to a feasible point proves it is not empty and the other reports are false (ProxSuite's dense
     solver gives a few at tight tolerances). Those elements are solved again one by one, warm-started
     at that feasible point; the polyhedron is called empty only when no element found a point of it.
-    Returns the (patched) batch solution, its statuses and the elements still flagged.
+    Returns the (patched) batch solution, its statuses, the elements still flagged and the start of
+    the warning :func:`project` completes (the polish may still verify a flagged point from x).
     """
     statuses = list(sol.status)
     x_all = np.asarray(sol.x, dtype=np.float64)
@@ -305,12 +317,7 @@ def _recheck_infeasible(solver, qp, polyhedron: Polyhedron, X2, sol: BatchSoluti
         if one.status.ok:
             x[i], z[i], zb[i], statuses[i] = one.x, one.z, one.z_box, one.status
     still = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
-    warnings.warn(
-        f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(statuses)} points "
-        "although others were solved to feasible points of the same polyhedron; solved again one by one: "
-        f"{int(flagged.sum() - still.sum())} recovered"
-        + (f", {int(still.sum())} returned as NaN" if still.any() else ""),
-        PolyprojWarning,
-        stacklevel=3,
-    )
-    return replace(sol, x=x, z=z, z_box=zb, status=tuple(statuses)), statuses, still
+    report = (f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(statuses)} "
+              "points although others were solved to feasible points of the same polyhedron; solved again one "
+              f"by one: {int(flagged.sum() - still.sum())} recovered")
+    return replace(sol, x=x, z=z, z_box=zb, status=tuple(statuses)), statuses, still, report

@@ -384,3 +384,30 @@ def test_backward_reuses_the_forward_factors_and_matches_refactoring(rng, monkey
     assert covered >= 48  # most samples' faces come from the forward
     for u, v in zip(g_reuse, g_fresh, strict=True):
         torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
+
+
+def test_auto_fallback_survives_a_false_infeasibility_report(rng, monkeypatch):
+    # ProxSuite's dense solver misreports PRIMAL_INFEASIBLE on a few feasible points; the automatic
+    # fallback then asks the IPM instead of raising InfeasibleError on a feasible polyhedron
+    import polyproj.adapters.torch as T
+    from polyproj.solution import Status
+
+    P = _polytope(rng, n=12, m=20, p=2)
+    X = 2.5 * rng.normal(size=(6, P.n))
+    ref = pp.project(X, P)
+    real = T._solve_registry
+    asked = []
+
+    def lying(backend, *args):
+        asked.append(backend)
+        Y0, mult0, st, eps = real(backend, *args)
+        return Y0, mult0, [Status.PRIMAL_INFEASIBLE] * len(st), eps
+
+    monkeypatch.setattr(T, "_solve_registry", lying)
+    y = project(torch.tensor(X), backend="torch", admm_iter=2, admm_check=1000, **_tensors(P))
+    assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
+    if "proxsuite" in pp.available_backends():
+        assert asked == ["proxsuite"]  # asked first, then the IPM answered
+    with pytest.raises(pp.InfeasibleError):  # a backend the user named is not second-guessed
+        project(torch.tensor(X), backend="torch", admm_iter=2, admm_check=1000, fallback="proxsuite",
+                **_tensors(P))

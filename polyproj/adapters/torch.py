@@ -392,14 +392,22 @@ def _forward(x2, data, backend, settings):
         bad = ~accepted
         sub = {k: (v[bad] if v.ndim == (3 if k in "AB" else 2) else v)
                for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub).items()}
-        if fb == "auto":
+        auto = fb == "auto"
+        if auto:
             fb = _choose_fallback(X, int(bad.sum()), settings)
         # the fallback's polish starts from an accurate solution: its own default corrections
         # unless the user set them
         fb_settings = dict(settings, tol=polish_tol)
         if user_polish is not None:
             fb_settings["max_polish_iter"] = user_polish
-        Yb, ab_, mb, mub, accb, faces_b = _forward(X[bad], sub, fb, fb_settings)
+        try:
+            Yb, ab_, mb, mub, accb, faces_b = _forward(X[bad], sub, fb, fb_settings)
+        except InfeasibleError:
+            if not (auto and fb != "ipm"):
+                raise
+            # ProxSuite's dense solver misreports PRIMAL_INFEASIBLE on a few feasible points (see
+            # pp.project); the automatic choice then asks the IPM, which raises if it agrees
+            Yb, ab_, mb, mub, accb, faces_b = _forward(X[bad], sub, "ipm", fb_settings)
         where = torch.nonzero(bad)[:, 0]  # the fallback's batch rows in this batch
         for rec in faces_b:
             rec.idx = where if rec.idx is None else where[rec.idx]
