@@ -50,7 +50,7 @@ def _eps(xp, dtype) -> float:
 
 
 
-def _gram_cholesky(xp, Mn, pos, eps: float):
+def gram_cholesky(xp, Mn, pos, eps: float):
     """Cholesky of the face Gram matrices ``M_n M_nᵀ`` (padding rows get a unit pivot).
 
     Returns ``(L, ok)``; ``ok`` accepts well-conditioned faces only (min pivot >= eps^(1/4), which
@@ -125,8 +125,8 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
         return ActiveFactor(xp, free, xp.zeros((batch, 0, n), dtype=dtype, device=dev),
                             xp.zeros((batch, 0, 0), dtype=dtype, device=dev), z, scale, rows, order, k, m, p)
     eps = _eps(xp, dtype)
-    if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (_gram_cholesky)
-        L, ok = _gram_cholesky(xp, Mn, pos, eps)
+    if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (gram_cholesky)
+        L, ok = gram_cholesky(xp, Mn, pos, eps)
         Linv = tri_inv(xp, L)
         Vh = xp.matmul(Linv, Mn)
         U = xp.matrix_transpose(Linv)
@@ -187,8 +187,8 @@ def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
         return xp.zeros((batch, 0), dtype=dtype, device=dev), z, z, None, xp.ones((batch,), dtype=xp.bool, device=dev)
     rn = resid * scale
     L = None
-    if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (_gram_cholesky)
-        L, ok = _gram_cholesky(xp, Mn, scale > 0, _eps(xp, dtype))
+    if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (gram_cholesky)
+        L, ok = gram_cholesky(xp, Mn, scale > 0, _eps(xp, dtype))
         lam = cho_solve(xp, L, rn) * scale  # two triangular solves with vectors; L⁻¹ is never formed
         Mt = xp.matmul(lam[:, None, :], rows)[:, 0, :]  # Mᵀλ on all columns
         step = Mt * free  # M_nᵀ (M_n M_nᵀ)⁻¹ r_n
@@ -380,7 +380,11 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
     # (a weakly active row left out is harmless: it is re-added if the face point violates it,
     # and it enters the final active set by its zero slack)
     dist0 = slack0 / rn2
-    S = fin & ((dist0 <= dist_tol * (1.0 + ynorm)) | (mult0 > cand_tol * mscale))
+    backed = mult0 > cand_tol * mscale
+    S = fin & ((dist0 <= dist_tol * (1.0 + ynorm)) | backed)
+    # how little the backend supports a candidate (an inconsistent face drops the least supported):
+    # multiplier not clearly positive first, then farthest from its hyperplane
+    weak = xp.where(backed, xp.full_like(dist0, -1e30), dist0)
     Y = Ystart
     mult = xp.zeros(bshape, dtype=dtype, device=dev)
     mu = xp.zeros((batch, p), dtype=dtype, device=dev)
@@ -430,19 +434,17 @@ def polish(X, A, a, B, b, lb, ub, Y0, mult0, *, cand_tol: float, dist_tol: float
         inf = xp.full(dist.shape, xp.inf, dtype=dtype, device=dev)
         worst_v = xp.argmin(xp.where(viol, dist, inf), axis=1)
         worst_n = xp.argmin(xp.where(neg, xp.minimum(mt, -dist), inf), axis=1)
-        # the candidate least supported by the backend: multiplier not clearly positive first,
-        # then farthest from its hyperplane; never a row added because the face point violated it
         ft = sel(forced, 2)
-        support = xp.where(sel(mult0, 2) > cand_tol * sel(mscale, 2), -1e30, sel(dist0, 2))
-        droppable = St & fint & ~ft
-        droppable = xp.where(xp.any(droppable, axis=1)[:, None], droppable, St & fint)
-        worst_i = xp.argmax(xp.where(droppable, support, -inf), axis=1)
         if it < block_iter:
             add, drop = viol & ~incons[:, None], neg & ~has_v[:, None] & ~incons[:, None]  # primal–dual step
         else:
             add = (cols == worst_v[:, None]) & (has_v & ~has_n)[:, None]
             drop = (cols == worst_n[:, None]) & has_n[:, None]
-        drop = drop | ((cols == worst_i[:, None]) & (incons & xp.any(droppable, axis=1))[:, None])
+        if bool(xp.any(incons)):  # drop the least-supported candidate, never a row added as violated
+            droppable = St & fint & ~ft
+            droppable = xp.where(xp.any(droppable, axis=1)[:, None], droppable, St & fint)
+            worst_i = xp.argmax(xp.where(droppable, sel(weak, 2), -inf), axis=1)
+            drop = drop | ((cols == worst_i[:, None]) & (incons & xp.any(droppable, axis=1))[:, None])
         Snew = xp.where(done[:, None], St, (St | add) & ~drop)
         if faces is not None and fac.L is not None and bool(xp.any(done & fac.ok)):
             faces.append(_face_record(xp, None if full else xp.nonzero(todo)[0], done & fac.ok, fac))

@@ -221,10 +221,12 @@ def project(
         Y0[flagged] = np.nan  # false reports that a re-solve could not fix (see _recheck_infeasible)
         if polish:
             eps = float(solver.settings.get("eps_abs", 1e-8))
-            eps1 = eps if first is solver else max(eps, float(stop_rel))
-            Y, active, mult, accepted = _polish(polyhedron, X2, Y0, mult0, cand_tol=max(1e-7, 10.0 * eps1),
-                                                dist_tol=max(1e-9, eps1), tol=tol,
-                                                max_iter=max_polish_iter)
+
+            def polish_at(rows, accuracy):  # candidate thresholds from the backend's accuracy
+                return _polish(polyhedron, X2[rows], Y0[rows], mult0[rows], cand_tol=max(1e-7, 10.0 * accuracy),
+                               dist_tol=max(1e-9, accuracy), tol=tol, max_iter=max_polish_iter)
+
+            Y, active, mult, accepted = polish_at(slice(None), eps if first is solver else max(eps, float(stop_rel)))
             # a point still flagged starts the polish from x: its answer counts when the KKT
             # conditions are verified (a proof of optimality), else it stays NaN
             again = ~accepted & ~flagged
@@ -233,9 +235,7 @@ def project(
                 sol2 = _solve_points(solver, qp, X2[idx])
                 Y0[idx] = np.asarray(sol2.x, dtype=np.float64)
                 mult0[idx] = _backend_multipliers(polyhedron, sol2)
-                Y[idx], active[idx], mult[idx], accepted[idx] = _polish(
-                    polyhedron, X2[idx], Y0[idx], mult0[idx], cand_tol=max(1e-7, 10.0 * eps),
-                    dist_tol=max(1e-9, eps), tol=tol, max_iter=max_polish_iter)
+                Y[idx], active[idx], mult[idx], accepted[idx] = polish_at(idx, eps)
                 sol = _patch(sol, idx, sol2)
                 statuses = list(sol.status)
             Y = np.where(accepted[:, None], Y, Y0)
@@ -310,14 +310,15 @@ def _recheck_infeasible(solver, qp, polyhedron: Polyhedron, X2, sol: BatchSoluti
             f"{Status.PRIMAL_INFEASIBLE.message}",
             solution=sol,
         )
-    x, z, zb = x_all.copy(), np.array(sol.z, dtype=np.float64), np.array(sol.z_box, dtype=np.float64)
     warm = {"x": x_all[donors[0]]} if solver.capabilities.warm_start else None
-    for i in np.flatnonzero(flagged):
-        one = solver.solve(qp.with_vectors(validate=False, q=-X2[i]), warm_start=warm)
-        if one.status.ok:
-            x[i], z[i], zb[i], statuses[i] = one.x, one.z, one.z_box, one.status
+    again = {int(i): solver.solve(qp.with_vectors(validate=False, q=-X2[i]), warm_start=warm)
+             for i in np.flatnonzero(flagged)}
+    fixed = [i for i, one in again.items() if one.status.ok]
+    if fixed:
+        sol = _patch(sol, np.array(fixed), BatchSolution.stack([again[i] for i in fixed], backend=solver.name))
+    statuses = list(sol.status)
     still = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
     report = (f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(statuses)} "
               "points although others were solved to feasible points of the same polyhedron; solved again one "
               f"by one: {int(flagged.sum() - still.sum())} recovered")
-    return replace(sol, x=x, z=z, z_box=zb, status=tuple(statuses)), statuses, still, report
+    return sol, statuses, still, report

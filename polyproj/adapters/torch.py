@@ -31,11 +31,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from array_api_compat import array_namespace
 from torch import nn
 
 from ..errors import InfeasibleError, PolyprojError, PolyprojWarning, ProblemError
 from ..hs_jacobian import expand_rows, gather_active_rows, null_apply, pinv_t_apply
-from ..polish import factor_face, polish
+from ..polish import factor_face, gram_cholesky, polish
 from ..solution import Status
 from ..threads import torch_single_thread
 
@@ -474,36 +475,34 @@ def _work(x: torch.Tensor, A, B) -> float:
     return float(x.shape[0]) * rows * x.shape[-1]
 
 
-def _face_vjp(A, B, active, free, g):
-    """``J g`` and ``r = (M_F⁺)ᵀ g`` (compact row order) for the backward, by Cholesky solves.
+def _solve_on_face(R, L, free, g):
+    """``J g``, the compact ``r = (M_F⁺)ᵀ g`` and ``Mᵀ r`` from the Cholesky factor ``L`` of the face.
 
-    With the normalised free-column active rows ``M_n`` (scaling ``s``), ``G = M_n M_nᵀ`` and
-    ``t = G⁻¹ M_n (f⊙g)``: ``J g = f⊙g − M_nᵀ t`` and ``r = s ⊙ t``. One Cholesky factorisation and
-    one solve per sample — the backward needs two vectors, not the face basis
-    ``V = L⁻¹M_n`` that :func:`polyproj.polish.factor_face` forms (a triangular inverse and a
-    ``k x k x n`` product fewer). Samples whose Gram matrix is singular or ill-conditioned (the
-    same test as ``factor_face``: a pivot below ``eps^(1/4)``; dependent active rows, LICQ fails)
-    take ``factor_face``'s rank-revealing path. Returns ``(R, Jg, r)`` with ``R`` the gathered rows
-    (``rows``, ``order``, ``k``, ``m`` for :func:`polyproj.hs_jacobian.expand_rows`).
+    With the normalised free-column rows ``M_n`` (scaling ``s``), ``G = M_n M_nᵀ = L Lᵀ`` and
+    ``t = G⁻¹ M_n (f⊙g)``: ``J g = f⊙g − M_nᵀ t``, ``r = s ⊙ t`` — two triangular solves with a vector.
+    """
+    fg = free * g
+    t = torch.linalg.solve_triangular(L, R.Mn @ fg[:, :, None], upper=False)
+    t = torch.linalg.solve_triangular(L.mT, t, upper=True)
+    r = t[:, :, 0] * R.scale
+    return fg - (R.Mn.mT @ t)[:, :, 0], r, torch.einsum("bkn,bk->bn", R.rows, r)
+
+
+def _face_vjp(A, B, active, free, g):
+    """``J g``, ``r`` (compact row order) and ``Mᵀ r`` for the backward, factoring the faces.
+
+    One Cholesky factorisation of the face Gram matrix per sample (the polish's own
+    :func:`~polyproj.polish.gram_cholesky`) and :func:`_solve_on_face` — the backward needs
+    two vectors, not the face basis ``V = L⁻¹M_n`` that :func:`polyproj.polish.factor_face` forms.
+    Samples whose Gram matrix is singular or ill-conditioned (a pivot below ``eps^(1/4)``:
+    dependent active rows, LICQ fails) take ``factor_face``'s rank-revealing path. Returns
+    ``(R, Jg, r, Mr)`` with ``R`` the gathered rows (for :func:`polyproj.hs_jacobian.expand_rows`).
     """
     R = gather_active_rows(A, B, active, free)
-    Mn, scale = R.Mn, R.scale
-    kk = scale.shape[1]
-    fg = free * g
-    if kk == 0:
-        return R, fg, torch.zeros_like(scale)
-    pad = (scale <= 0).to(Mn.dtype)  # padding rows (and rows with a fully fixed support): unit pivot
-    G = Mn @ Mn.transpose(1, 2)
-    G.diagonal(dim1=1, dim2=2).add_(pad)
-    L, info = torch.linalg.cholesky_ex(G)
-    ok = (info == 0) & (torch.where(pad > 0, 1.0, torch.diagonal(L, dim1=1, dim2=2)).amin(dim=1)
-                        >= torch.finfo(Mn.dtype).eps ** 0.25)
-    c = (Mn @ fg[:, :, None])
-    if not bool(ok.all()):
-        L = torch.where(ok[:, None, None], L, torch.eye(kk, dtype=L.dtype, device=L.device))
-    t = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, c, upper=False), upper=True)
-    Jg = fg - (Mn.transpose(1, 2) @ t)[:, :, 0]
-    r = t[:, :, 0] * scale
+    if R.scale.shape[1] == 0:
+        return R, free * g, torch.zeros_like(R.scale), torch.zeros_like(g)
+    L, ok = gram_cholesky(array_namespace(R.Mn), R.Mn, R.scale > 0, torch.finfo(R.Mn.dtype).eps)
+    Jg, r, Mr = _solve_on_face(R, L, free, g)
     if not bool(ok.all()):
         bad = ~ok
         Ab = A[bad] if A.ndim == 3 else A
@@ -513,55 +512,53 @@ def _face_vjp(A, B, active, free, g):
         rb = pinv_t_apply(Fb, g[bad])
         rbA, rbB = rb[:, : Fb.k], rb[:, Fb.k:]
         rbA = torch.cat([rbA, rbA.new_zeros(rbA.shape[0], R.k - Fb.k)], dim=1)
+        rb = torch.cat([rbA, rbB], dim=1)
         Jg = _scatter_rows(Jg, bad, null_apply(Fb, g[bad]))
-        r = _scatter_rows(r, bad, torch.cat([rbA, rbB], dim=1))
-    return R, Jg, r
+        r = _scatter_rows(r, bad, rb)
+        Mr = _scatter_rows(Mr, bad, torch.einsum("bkn,bk->bn", R.rows[bad], rb))
+    return R, Jg, r, Mr
 
 
 def _vjp_all(A, B, active, fixed, g, faces):
     """``J g``, ``r`` expanded to the rows of A and B, and ``Mᵀ r`` for the whole batch.
 
-    Samples whose final face the forward's polish factored (``faces``: its Cholesky factors, same
-    dtype) reuse that factor: two triangular solves with a vector, no gather and no factorisation.
-    The others go through :func:`_face_vjp`.
+    Samples whose final face the forward's polish factored (``faces``) reuse that factor
+    (:func:`_solve_on_face`: no gather, no factorisation); the others go through :func:`_face_vjp`.
+    The work runs in the factors' dtype (the forward polishes in float64), results in ``g``'s.
     """
+    out_dtype = g.dtype
+    if faces:
+        wd = faces[0].factor.L.dtype
+        g, A = g.to(wd), A.to(wd)
+        B = None if B is None else B.to(wd)
+        fixed = fixed.to(wd)
     batch = g.shape[0]
     m = A.shape[-2]
     free = 1.0 - fixed
-    faces = [f for f in faces if f.factor.L.dtype == g.dtype and f.factor.L.device == g.device]
     if not faces:
-        F, Jg, r = _face_vjp(A, B, active[:, :m], free, g)
+        F, Jg, r, Mr = _face_vjp(A, B, active[:, :m], free, g)
         rA, rB = expand_rows(F, r)
-        return Jg, rA, rB, torch.einsum("bkn,bk->bn", F.rows, r)
+        return Jg, rA, rB, Mr
     p = 0 if B is None else B.shape[-2]
     Jg, Mr = torch.empty_like(g), torch.empty_like(g)
     rA, rB = g.new_zeros(batch, m), g.new_zeros(batch, p)
     covered = torch.zeros(batch, dtype=torch.bool, device=g.device)
-    for rec in faces:
-        use = rec.use & ~(covered if rec.idx is None else covered[rec.idx])
-        if not bool(use.any()):
+    for rec in faces:  # a sample ends in one round only: the records do not overlap
+        if not bool(rec.use.any()):
             continue
-        R, L = rec.factor.R, rec.factor.L
-        idx = torch.arange(batch, device=g.device) if rec.idx is None else rec.idx
-        fg = rec.factor.free * (g if rec.idx is None else g[idx])
-        t = torch.linalg.solve_triangular(L, R.Mn @ fg[:, :, None], upper=False)
-        t = torch.linalg.solve_triangular(L.mT, t, upper=True)
-        Jg_r = fg - (R.Mn.mT @ t)[:, :, 0]
-        r = t[:, :, 0] * R.scale
+        R = rec.factor.R
+        Jg_r, r, Mr_r = _solve_on_face(R, rec.factor.L, rec.factor.free, g if rec.idx is None else g[rec.idx])
         rA_r, rB_r = expand_rows(R, r)
-        sel = idx[use]
-        Jg[sel], rA[sel], rB[sel] = Jg_r[use], rA_r[use], rB_r[use]
-        Mr[sel] = torch.einsum("bkn,bk->bn", R.rows[use], r[use])
+        sel = torch.nonzero(rec.use)[:, 0] if rec.idx is None else rec.idx[rec.use]
+        Jg[sel], rA[sel], rB[sel], Mr[sel] = Jg_r[rec.use], rA_r[rec.use], rB_r[rec.use], Mr_r[rec.use]
         covered[sel] = True
     rest = ~covered
     if bool(rest.any()):
         Ar = A[rest] if A.ndim == 3 else A
         Br = None if B is None else (B[rest] if B.ndim == 3 else B)
-        F, Jg_r, r = _face_vjp(Ar, Br, active[rest][:, :m], free[rest], g[rest])
-        rA_r, rB_r = expand_rows(F, r)
-        Jg[rest], rA[rest], rB[rest] = Jg_r, rA_r, rB_r
-        Mr[rest] = torch.einsum("bkn,bk->bn", F.rows, r)
-    return Jg, rA, rB, Mr
+        F, Jg[rest], r, Mr[rest] = _face_vjp(Ar, Br, active[rest][:, :m], free[rest], g[rest])
+        rA[rest], rB[rest] = expand_rows(F, r)
+    return tuple(t.to(out_dtype) for t in (Jg, rA, rB, Mr))
 
 
 class _Project(torch.autograd.Function):
