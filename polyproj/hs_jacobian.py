@@ -85,18 +85,110 @@ def box_masks(active_box_lb, active_box_ub, lb_idx, ub_idx, n: int, batch: int, 
     return at_lb, at_ub
 
 
-@dataclass(frozen=True)
 class ActiveRows:
-    """The compacted active rows of a batch: active A rows first (padded with zero rows), then B."""
+    """The compacted active rows of a batch: active A rows first (padded with zero rows), then B.
 
-    xp: Any
-    rows: Any  # (b, k+p, n) unnormalised, unmasked
-    Mn: Any  # (b, k+p, n) rows restricted to the free columns and normalised (zero rows stay zero)
-    scale: Any  # (b, k+p) 1/||row|| on the free columns (0 for zero rows)
-    order: Any  # (b, m) argsort putting active rows first
-    k: int
-    m: int
-    p: int
+    ``rows`` (b, k+p, n) are the unnormalised, unmasked rows and ``Mn`` the rows restricted to the
+    free columns and normalised (zero rows stay zero); ``scale`` (b, k+p) is 1/||row|| on the free
+    columns (0 for zero rows) and ``order`` (b, m) the argsort putting active rows first.
+
+    With constraint matrices shared by the batch (NumPy or PyTorch), the rows are indices
+    ``ridx`` (b, k+p) into the table ``[A; 0; B]`` and the products with them are one matrix
+    product with the table and a gather (:meth:`dot`) or a scatter (:meth:`tdot`): a tenth of the
+    time of the batched matrix–vector products on (b, k+p, n) rows (batch 128, n 50: 0.06 vs
+    0.4 ms). ``rows`` and ``Mn`` are then formed only when asked for (the SVD path).
+    """
+
+    def __init__(self, xp, scale, order, k: int, m: int, p: int, free, *, rows=None, Mn=None,
+                 table=None, ridx=None):
+        self.xp, self.scale, self.order, self.k, self.m, self.p, self.free = xp, scale, order, k, m, p, free
+        self.table, self.ridx = table, ridx
+        self._rows, self._Mn = rows, Mn
+
+    @property
+    def rows(self):
+        """(b, k+p, n) the unnormalised, unmasked rows (gathered from the table on first use)."""
+        if self._rows is None:
+            xp = self.xp
+            b, kk = self.ridx.shape
+            self._rows = xp.reshape(xp.take(self.table, xp.reshape(self.ridx, (-1,)), axis=0),
+                                    (b, kk, self.table.shape[1]))
+        return self._rows
+
+    @property
+    def Mn(self):
+        """(b, k+p, n) the rows on the free columns, normalised (formed on first use)."""
+        if self._Mn is None:
+            xp = self.xp
+            fresh = self._rows is None and is_torch_namespace(xp)
+            rows = self.rows
+            if fresh:  # our own gather, not kept as rows: mask and scale it in place
+                self._rows = None
+                if not bool(xp.all(self.free == 1)):
+                    rows.mul_(self.free[:, None, :])
+                self._Mn = rows.mul_(self.scale[:, :, None])
+            else:
+                Mf = rows if bool(xp.all(self.free == 1)) else rows * self.free[:, None, :]
+                self._Mn = Mf * self.scale[:, :, None]
+        return self._Mn
+
+    def dot(self, Y):
+        """``rows @ y`` per sample: Y (b, n) -> (b, k+p)."""
+        xp = self.xp
+        if self.table is None:
+            return xp.sum(self.rows * Y[:, None, :], axis=-1)
+        return xp.take_along_axis(xp.matmul(Y, xp.matrix_transpose(self.table)), self.ridx, axis=1)
+
+    def tdot(self, lam):
+        """``rowsᵀ λ`` per sample: λ (b, k+p) -> (b, n) (values on padding rows are ignored)."""
+        xp = self.xp
+        if self.table is None:
+            return xp.matmul(lam[:, None, :], self.rows)[:, 0, :]
+        full = xp.zeros((lam.shape[0], self.table.shape[0]), dtype=lam.dtype, device=_device(lam))
+        if is_torch_namespace(xp):  # padding rows all point at the zero row of the table
+            full.scatter_(1, self.ridx, lam)
+        else:
+            np.put_along_axis(full, self.ridx, lam, axis=1)
+        return xp.matmul(full, self.table)
+
+    def gram(self):
+        """The Gram matrices ``M_n M_nᵀ`` (b, k+p, k+p) of the normalised free-column rows.
+
+        Shared rows: the table's Gram matrix gathered (a gather instead of a batched product:
+        batch 128, k 51, n 50: 0.35 vs 1.1 ms); samples with fixed columns are formed from their
+        masked rows.
+        """
+        xp = self.xp
+        if self.table is not None:
+            b, kk = self.ridx.shape
+            r = self.table.shape[0]
+        if self.table is None or r * r > b * kk * kk:  # the table's Gram would cost more
+            Mn = self.Mn
+            return xp.matmul(Mn, xp.matrix_transpose(Mn))
+        Gf = xp.matmul(self.table, xp.matrix_transpose(self.table))
+        Gr = xp.reshape(xp.take(Gf, xp.reshape(self.ridx, (-1,)), axis=0), (b, kk, r))
+        if is_torch_namespace(xp):
+            G = xp.gather(Gr, 2, self.ridx[:, None, :].expand(b, kk, kk))
+        else:
+            G = np.take_along_axis(Gr, self.ridx[:, None, :], axis=2)
+        hasfix = xp.any(self.free == 0, axis=1)
+        if bool(xp.any(hasfix)):  # their Gram matrices on the free columns only
+            idx = xp.nonzero(hasfix)[0]
+            sub = xp.take(self.ridx, idx, axis=0)
+            rows = xp.reshape(xp.take(self.table, xp.reshape(sub, (-1,)), axis=0), (sub.shape[0], kk, -1))
+            Mf = rows * xp.take(self.free, idx, axis=0)[:, None, :]
+            G[idx] = xp.matmul(Mf, xp.matrix_transpose(Mf))
+        return G * self.scale[:, :, None] * self.scale[:, None, :]
+
+    def take(self, idx):
+        """The rows of the samples ``idx`` (an index array)."""
+        xp = self.xp
+
+        def t(v):
+            return None if v is None else xp.take(v, idx, axis=0)
+
+        return ActiveRows(xp, t(self.scale), t(self.order), self.k, self.m, self.p, t(self.free),
+                          rows=t(self._rows), Mn=t(self._Mn), table=self.table, ridx=t(self.ridx))
 
 
 def gather_active_rows(A, B, active, free) -> ActiveRows:
@@ -129,13 +221,27 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
         order = xp.zeros((batch, 0), dtype=xp.int64, device=dev)
     idx = order[:, :k]
     maskA = xp.take_along_axis(act_i, idx, axis=1) > 0
+    all_free = bool(xp.all(free == 1))
     if A.ndim == 2 and B.ndim == 2:
-        # shared rows: one gather from [A; 0; B] gives the padded active rows and B (padding
-        # indices point at the zero row): no masking and no concatenation pass over (b, k+p, n)
+        # shared rows: indices into [A; 0; B] (padding indices point at the zero row)
         table = xp.concat([A, xp.zeros((1, n), dtype=dtype, device=dev), B], axis=0)
         ridx = xp.where(maskA, idx, xp.full_like(idx, m))
         bidx = xp.broadcast_to(xp.arange(m + 1, m + 1 + p, dtype=ridx.dtype, device=dev)[None, :], (batch, p))
         ridx = xp.concat([ridx, bidx], axis=1)
+        if is_torch_namespace(xp) or isinstance(table, np.ndarray):
+            # norms on the free columns: one product with the squared table (rows scaled to unit
+            # norm first: no overflow), then a gather
+            tn = xp.linalg.vector_norm(table, axis=-1)
+            tn = xp.where(tn > 0, tn, xp.ones_like(tn))
+            sq = table / tn[:, None]
+            sq = sq * sq
+            nsq = xp.matmul(xp.ones((batch, n), dtype=dtype, device=dev) if all_free else free,
+                            xp.matrix_transpose(sq))
+            tn_k = xp.reshape(xp.take(tn, xp.reshape(ridx, (-1,)), axis=0), tuple(ridx.shape))
+            norms = xp.sqrt(xp.take_along_axis(nsq, ridx, axis=1)) * tn_k
+            scale = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)),
+                             xp.zeros_like(norms))
+            return ActiveRows(xp, scale, order, k, m, p, free, table=table, ridx=ridx)
         rows = xp.reshape(xp.take(table, xp.reshape(ridx, (-1,)), axis=0), (batch, k + p, n))
     else:
         if A.ndim == 2:
@@ -144,14 +250,14 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
             rowsA = xp.take_along_axis(A, xp.broadcast_to(idx[:, :, None], (batch, k, n)), axis=1)
         rowsA = rowsA * xp.astype(maskA, dtype)[:, :, None]
         rows = xp.concat([rowsA, _as_batch(xp, B, batch, n)], axis=1)
-    Mf = rows if bool(xp.all(free == 1)) else rows * free[:, None, :]  # nothing fixed: no mask
+    Mf = rows if all_free else rows * free[:, None, :]  # nothing fixed: no mask
     norms = xp.linalg.vector_norm(Mf, axis=-1)
     scale = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)), xp.zeros_like(norms))
     if Mf is rows or not is_torch_namespace(xp):
         Mn = Mf * scale[:, :, None]
     else:  # torch: Mf is our own temporary, scale it in place (one (b, k+p, n) allocation fewer)
         Mn = Mf.mul_(scale[:, :, None])
-    return ActiveRows(xp, rows, Mn, scale, order, k, m, p)
+    return ActiveRows(xp, scale, order, k, m, p, free, rows=rows, Mn=Mn)
 
 
 def svd_factor(Mn, n: int):

@@ -50,18 +50,20 @@ def _eps(xp, dtype) -> float:
 
 
 
-def gram_cholesky(xp, Mn, pos, eps: float):
-    """Cholesky of the face Gram matrices ``M_n M_nᵀ`` (padding rows get a unit pivot).
+def gram_cholesky(xp, R: ActiveRows, eps: float):
+    """Cholesky of the face Gram matrices ``M_n M_nᵀ`` of the rows ``R`` (padding rows get a unit pivot).
 
     Returns ``(L, ok)``; ``ok`` accepts well-conditioned faces only (min pivot >= eps^(1/4), which
     keeps ``L⁻¹M_n`` orthonormal to ~eps^(3/4)), and ``L`` is the identity where it is False.
     Used for padded faces up to 2n rows: padding rows get unit pivots, so only the samples whose
     own face is singular (more than n or dependent active rows) fail and take the SVD.
     """
+    pos = R.scale > 0
     kk = pos.shape[1]
-    eye = xp.eye(kk, dtype=Mn.dtype, device=_device(Mn))
-    pad = 1.0 - xp.astype(pos, Mn.dtype)  # zero rows (padding, or fully fixed support)
-    G = xp.matmul(Mn, xp.matrix_transpose(Mn))
+    dtype = R.scale.dtype
+    eye = xp.eye(kk, dtype=dtype, device=_device(R.scale))
+    pad = 1.0 - xp.astype(pos, dtype)  # zero rows (padding, or fully fixed support)
+    G = R.gram()
     if is_torch_namespace(xp):  # in place on our own product: no (b, k, k) temporaries
         G.diagonal(dim1=1, dim2=2).add_(pad)
     else:
@@ -118,7 +120,6 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
     xp, dtype, dev = R.xp, A.dtype, _device(A)
     batch, n = free.shape
     rows, order, k, m, p, scale, Mn = R.rows, R.order, R.k, R.m, R.p, R.scale, R.Mn
-    pos = scale > 0
     kk = k + p
     if kk == 0:
         z = xp.zeros((batch, 0), dtype=dtype, device=dev)
@@ -126,7 +127,7 @@ def factor_face(A, B, active, free, *, method: str = "auto") -> ActiveFactor:
                             xp.zeros((batch, 0, 0), dtype=dtype, device=dev), z, scale, rows, order, k, m, p)
     eps = _eps(xp, dtype)
     if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (gram_cholesky)
-        L, ok = gram_cholesky(xp, Mn, pos, eps)
+        L, ok = gram_cholesky(xp, R, eps)
         Linv = tri_inv(xp, L)
         Vh = xp.matmul(Linv, Mn)
         U = xp.matrix_transpose(Linv)
@@ -179,18 +180,18 @@ def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
     :func:`factor_face`) use the Cholesky factor of the Gram matrix and two triangular solves;
     the others fall back to the rank-revealing SVD of :func:`~polyproj.hs_jacobian.svd_factor`.
     """
-    Mn, scale, rows = R.Mn, R.scale, R.rows
+    scale = R.scale
     batch, kk = scale.shape
-    dtype, dev = Mn.dtype, _device(Mn)
+    dtype, dev = scale.dtype, _device(scale)
     if kk == 0:
         z = xp.zeros((batch, n), dtype=dtype, device=dev)
         return xp.zeros((batch, 0), dtype=dtype, device=dev), z, z, None, xp.ones((batch,), dtype=xp.bool, device=dev)
     rn = resid * scale
     L = None
     if method == "auto" and kk <= 2 * n:  # Cholesky first; the SVD only where it fails (gram_cholesky)
-        L, ok = gram_cholesky(xp, Mn, scale > 0, _eps(xp, dtype))
+        L, ok = gram_cholesky(xp, R, _eps(xp, dtype))
         lam = cho_solve(xp, L, rn) * scale  # two triangular solves with vectors; L⁻¹ is never formed
-        Mt = xp.matmul(lam[:, None, :], rows)[:, 0, :]  # Mᵀλ on all columns
+        Mt = R.tdot(lam)  # Mᵀλ on all columns
         step = Mt * free  # M_nᵀ (M_n M_nᵀ)⁻¹ r_n
         bad = ~ok
         if not bool(xp.any(bad)):
@@ -198,7 +199,7 @@ def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
     else:
         bad = xp.ones((batch,), dtype=xp.bool, device=dev)
         ok = ~bad
-    Ub, sb, Vhb = svd_factor(Mn[bad], n)
+    Ub, sb, Vhb = svd_factor(R.Mn[bad], n)
     rb = rn[bad]
     u = xp.sum(Ub * rb[:, :, None], axis=1) * sb  # Σ⁻¹ Uᵀ r_n
     step_b = xp.sum(Vhb * u[:, :, None], axis=1)
@@ -207,7 +208,7 @@ def _face_step(xp, R, free, resid, n: int, method: str = "auto"):
         lam, step = lam_b, step_b
     else:
         lam, step = _scatter(xp, lam, bad, lam_b), _scatter(xp, step, bad, step_b)
-    return lam, step, xp.matmul(lam[:, None, :], rows)[:, 0, :], L, ok
+    return lam, step, R.tdot(lam), L, ok
 
 
 def _face_rhs(xp, A, a, b, sA, R):
@@ -256,13 +257,12 @@ def face_solve(X, A, a, B, b, lb, ub, S, *, method: str = "auto", return_factor:
     ubf = xp.where(xp.isfinite(ub), ub, xp.zeros_like(ub))
     fixed_val = xp.where(at_ub > 0, ubf, lbf)
     R = gather_active_rows(A, B, sA, free)
-    F = ActiveFactor(xp, free, None, None, None, R.scale, R.rows, R.order, R.k, R.m, R.p)
     c = _face_rhs(xp, A, a, b, sA, R)
     Z = free * X + fixed * fixed_val  # x with the fixed coordinates at their bounds
-    lam_c, step, Mt_lam, L, ok = _face_step(xp, R, free, _matvec(xp, R.rows, Z) - c, n, method)
+    lam_c, step, Mt_lam, L, ok = _face_step(xp, R, free, R.dot(Z) - c, n, method)
     Y = Z - step
-    cons = _matvec(xp, R.rows, Y) - c
-    lamA, mu = expand_rows(F, lam_c)
+    cons = R.dot(Y) - c
+    lamA, mu = expand_rows(R, lam_c)
     z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
     mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
     if return_factor:
@@ -307,13 +307,11 @@ def _face_record(xp, idx, use, fac: FaceFactor) -> FaceRecord:
     if 2 * int(xp.sum(xp.astype(use, xp.int64))) >= use.shape[0]:
         return FaceRecord(idx, use, fac)
     keep = xp.nonzero(use)[0]
-    R = fac.R
 
     def t(v):
         return xp.take(v, keep, axis=0)
 
-    Rk = ActiveRows(xp, t(R.rows), t(R.Mn), t(R.scale), t(R.order), R.k, R.m, R.p)
-    sub = FaceFactor(Rk, t(fac.L), t(fac.ok), t(fac.free))
+    sub = FaceFactor(fac.R.take(keep), t(fac.L), t(fac.ok), t(fac.free))
     rows = keep if idx is None else xp.take(idx, keep, axis=0)
     return FaceRecord(rows, xp.ones(keep.shape, dtype=xp.bool, device=_device(keep)), sub)
 

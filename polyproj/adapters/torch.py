@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from array_api_compat import array_namespace
 from torch import nn
 
 from ..errors import InfeasibleError, PolyprojError, PolyprojWarning, ProblemError
@@ -290,31 +289,39 @@ def _solve_admm(X, A, a, B, b, lb, ub, settings):
     X, A, a, B, b, lb, ub = (t.to(dt) for t in (X, A, a, B, b, lb, ub))
     dev = X.device
     m, p = A.shape[0], B.shape[0]
-    eye = torch.eye(n, dtype=dt, device=dev)
     tiny = torch.finfo(dt).tiny  # zero rows stay zero (1e-300 would underflow to 0 in float32)
     rows_n = torch.linalg.vector_norm(A, dim=1).clamp_min(tiny)
     Bn = torch.linalg.vector_norm(B, dim=1).clamp_min(tiny)
-    C = torch.cat([A / rows_n[:, None], B / Bn[:, None], eye])  # row-equilibrated
-    hi = torch.cat([(a / rows_n).expand(N, m) if a.ndim == 1 else a / rows_n, (b / Bn).expand(N, p) if b.ndim == 1
-                    else b / Bn, ub.expand(N, n)], dim=1)
-    lo = torch.cat([torch.full((N, m), -torch.inf, dtype=dt, device=dev), hi[:, m: m + p], lb.expand(N, n)], dim=1)
-    eq = torch.zeros(m + p + n, dtype=torch.bool, device=dev)
-    eq[m: m + p] = True
+    # bound rows: none when no coordinate has a finite bound, else one per coordinate (their
+    # products with y are y itself: the loop skips them in the matrix product)
+    boxed = bool((torch.isfinite(lb) | torch.isfinite(ub)).any())
+    nb = n if boxed else 0
+    q = m + p  # rows in the matrix product
+    C = torch.cat([A / rows_n[:, None], B / Bn[:, None]] + ([torch.eye(n, dtype=dt, device=dev)] if boxed else []))
+    # the iterates are kept transposed, (rows, N): the bound rows are then a contiguous block
+    hiT = torch.cat([(a / rows_n)[:, None].expand(m, N) if a.ndim == 1 else (a / rows_n).T,
+                     (b / Bn)[:, None].expand(p, N) if b.ndim == 1 else (b / Bn).T]
+                    + ([ub.T.expand(n, N) if ub.ndim == 2 else ub[:, None].expand(n, N)] if boxed else []))
+    loT = torch.cat([torch.full((m, N), -torch.inf, dtype=dt, device=dev), hiT[m: q]]
+                    + ([lb.T.expand(n, N) if lb.ndim == 2 else lb[:, None].expand(n, N)] if boxed else []))
+    hiT, loT = hiT.contiguous(), loT.contiguous()
+    eq = torch.zeros(q + nb, dtype=torch.bool, device=dev)
+    eq[m: q] = True
     rho = float(settings.get("admm_rho", 10.0))
     alpha = float(settings.get("admm_alpha", 1.6))  # over-relaxation (OSQP's default)
     rho_v = torch.where(eq, 1e3 * rho, rho)  # OSQP: stiffer equality rows
-    K = eye + (C.T * rho_v) @ C
+    K = torch.eye(n, dtype=dt, device=dev) + (C.T * rho_v) @ C
     Kinv = torch.cholesky_inverse(torch.linalg.cholesky(K))
-    CKinv = C @ Kinv  # (r, n)
-    CT = C.T.contiguous()
-    inv_rho = 1.0 / rho_v
-    Xk = X @ Kinv
-    z = (X @ CT).clamp(lo, hi)
-    w = torch.zeros_like(z)
-    u = torch.empty_like(z)
-    y = torch.empty_like(X)
-    Cy = torch.empty_like(z)
-    d = torch.empty_like(z)
+    KCt = (C @ Kinv).T.contiguous()  # (n, r): K⁻¹Cᵀ
+    Cq = C[:q].contiguous()
+    rho_c, inv_rho = rho_v[:, None], (1.0 / rho_v)[:, None]
+    XkT = (X @ Kinv).T.contiguous()
+    zT = (C @ X.T).clamp_(loT, hiT)
+    wT = torch.zeros_like(zT)
+    uT = torch.empty_like(zT)
+    yT = torch.empty_like(XkT)
+    CyT = torch.empty_like(zT)
+    dT = torch.empty_like(zT)
     max_iter = int(settings.get("admm_iter", 0) or 300)
     check = int(settings.get("admm_check", 25))
     # stragglers allowed at the stop: the polish corrects their few wrong rows, while every check
@@ -323,27 +330,36 @@ def _solve_admm(X, A, a, B, b, lb, ub, settings):
     stable = settings.get("admm_stable")
     stable = 0.03 * max(0, N - 256) / N if stable is None else float(stable)
     pattern = None
+    zq, Cyq, zb, Cyb = zT[:q], CyT[:q], zT[q:], CyT[q:]  # views, made once (the loop writes in place)
+    addmm, lerp, addcmul, sub, mul = torch.addmm, torch.lerp, torch.addcmul, torch.sub, torch.mul
+    beta = 1.0 - alpha
     for it in range(max_iter):
-        # fused, allocation-free form of: y = Xk + (ρz − w) K⁻¹Cᵀ... ; Cy = α C y + (1 − α) z;
+        # fused, allocation-free form of: y = K⁻¹(x + Cᵀ(ρz − w)); Cy = α C y + (1 − α) z;
         # z⁺ = clip(Cy + w/ρ, l, u); w += ρ (Cy − z⁺)  (the loop is dispatch-bound at these sizes)
-        torch.mul(rho_v, z, out=u)
-        u.sub_(w)
-        torch.addmm(Xk, u, CKinv, out=y)
-        torch.addmm(z, y, CT, beta=1.0 - alpha, alpha=alpha, out=Cy)
-        torch.addcmul(Cy, w, inv_rho, out=z)
-        z.clamp_(lo, hi)
-        torch.sub(Cy, z, out=d)
-        w.addcmul_(rho_v, d)
+        mul(rho_c, zT, out=uT)
+        uT.sub_(wT)
+        addmm(XkT, KCt, uT, out=yT)
+        addmm(zq, Cq, yT, beta=beta, alpha=alpha, out=Cyq)
+        if boxed:  # the bound rows of C y are y
+            lerp(zb, yT, alpha, out=Cyb)
+        addcmul(CyT, wT, inv_rho, out=zT)
+        zT.clamp_(loT, hiT)
+        sub(CyT, zT, out=dT)
+        wT.addcmul_(rho_c, dT)
         if (it + 1) % check == 0:
             # stop once the identified active set is stable over `check` iterations for all but a
             # fraction `stable` of the samples (the polish corrects a few rows, cheaply on a subset)
-            new = w != 0
-            if pattern is not None and int((new != pattern).any(dim=1).sum()) <= stable * N:
+            new = wT != 0
+            if pattern is not None and int((new != pattern).any(dim=0).sum()) <= stable * N:
                 break
             pattern = new
-    y = Xk + (rho_v * z - w) @ CKinv
+    y = (XkT + KCt @ (rho_c * zT - wT)).T
+    w = wT.T
     wa = w[:, :m] / rows_n
-    mult0 = torch.cat([wa, -w[:, m + p:], w[:, m + p:]], dim=1)
+    if boxed:
+        mult0 = torch.cat([wa, -w[:, q:], w[:, q:]], dim=1)
+    else:
+        mult0 = torch.cat([wa, w.new_zeros(N, 2 * n)], dim=1)
     return y, mult0, [Status.SOLVED_INACCURATE] * N, 1e-3
 
 
@@ -482,10 +498,11 @@ def _solve_on_face(R, L, free, g):
     ``t = G⁻¹ M_n (f⊙g)``: ``J g = f⊙g − M_nᵀ t``, ``r = s ⊙ t`` — two triangular solves with a vector.
     """
     fg = free * g
-    t = torch.linalg.solve_triangular(L, R.Mn @ fg[:, :, None], upper=False)
+    t = torch.linalg.solve_triangular(L, (R.dot(fg) * R.scale)[:, :, None], upper=False)
     t = torch.linalg.solve_triangular(L.mT, t, upper=True)
     r = t[:, :, 0] * R.scale
-    return fg - (R.Mn.mT @ t)[:, :, 0], r, torch.einsum("bkn,bk->bn", R.rows, r)
+    Mr = R.tdot(r)  # M_nᵀ t = f ⊙ Mᵀ r
+    return fg - free * Mr, r, Mr
 
 
 def _face_vjp(A, B, active, free, g):
@@ -501,7 +518,7 @@ def _face_vjp(A, B, active, free, g):
     R = gather_active_rows(A, B, active, free)
     if R.scale.shape[1] == 0:
         return R, free * g, torch.zeros_like(R.scale), torch.zeros_like(g)
-    L, ok = gram_cholesky(array_namespace(R.Mn), R.Mn, R.scale > 0, torch.finfo(R.Mn.dtype).eps)
+    L, ok = gram_cholesky(R.xp, R, torch.finfo(R.scale.dtype).eps)
     Jg, r, Mr = _solve_on_face(R, L, free, g)
     if not bool(ok.all()):
         bad = ~ok
@@ -515,7 +532,7 @@ def _face_vjp(A, B, active, free, g):
         rb = torch.cat([rbA, rbB], dim=1)
         Jg = _scatter_rows(Jg, bad, null_apply(Fb, g[bad]))
         r = _scatter_rows(r, bad, rb)
-        Mr = _scatter_rows(Mr, bad, torch.einsum("bkn,bk->bn", R.rows[bad], rb))
+        Mr = _scatter_rows(Mr, bad, R.take(torch.nonzero(bad)[:, 0]).tdot(rb))
     return R, Jg, r, Mr
 
 
