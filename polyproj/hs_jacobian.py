@@ -100,9 +100,9 @@ class ActiveRows:
     """
 
     def __init__(self, xp, scale, order, k: int, m: int, p: int, free, *, rows=None, Mn=None,
-                 table=None, ridx=None):
+                 table=None, ridx=None, tabn=None):
         self.xp, self.scale, self.order, self.k, self.m, self.p, self.free = xp, scale, order, k, m, p, free
-        self.table, self.ridx = table, ridx
+        self.table, self.ridx, self.tabn = table, ridx, tabn  # tabn: the table's rows normalised
         self._rows, self._Mn = rows, Mn
 
     @property
@@ -165,8 +165,8 @@ class ActiveRows:
         if self.table is None or r * r > b * kk * kk:  # the table's Gram would cost more
             Mn = self.Mn
             return xp.matmul(Mn, xp.matrix_transpose(Mn))
-        Gf = xp.matmul(self.table, xp.matrix_transpose(self.table))
-        Gr = xp.reshape(xp.take(Gf, xp.reshape(self.ridx, (-1,)), axis=0), (b, kk, r))
+        Gf = xp.matmul(self.tabn, xp.matrix_transpose(self.tabn))  # normalised: the samples' Gram
+        Gr = xp.reshape(xp.take(Gf, xp.reshape(self.ridx, (-1,)), axis=0), (b, kk, r))  # when nothing is fixed
         if is_torch_namespace(xp):
             G = xp.gather(Gr, 2, self.ridx[:, None, :].expand(b, kk, kk))
         else:
@@ -174,11 +174,9 @@ class ActiveRows:
         hasfix = xp.any(self.free == 0, axis=1)
         if bool(xp.any(hasfix)):  # their Gram matrices on the free columns only
             idx = xp.nonzero(hasfix)[0]
-            sub = xp.take(self.ridx, idx, axis=0)
-            rows = xp.reshape(xp.take(self.table, xp.reshape(sub, (-1,)), axis=0), (sub.shape[0], kk, -1))
-            Mf = rows * xp.take(self.free, idx, axis=0)[:, None, :]
-            G[idx] = xp.matmul(Mf, xp.matrix_transpose(Mf))
-        return G * self.scale[:, :, None] * self.scale[:, None, :]
+            sub = self.take(idx)
+            G[idx] = xp.matmul(sub.Mn, xp.matrix_transpose(sub.Mn))
+        return G
 
     def take(self, idx):
         """The rows of the samples ``idx`` (an index array)."""
@@ -188,7 +186,7 @@ class ActiveRows:
             return None if v is None else xp.take(v, idx, axis=0)
 
         return ActiveRows(xp, t(self.scale), t(self.order), self.k, self.m, self.p, t(self.free),
-                          rows=t(self._rows), Mn=t(self._Mn), table=self.table, ridx=t(self.ridx))
+                          rows=t(self._rows), Mn=t(self._Mn), table=self.table, ridx=t(self.ridx), tabn=self.tabn)
 
 
 def gather_active_rows(A, B, active, free) -> ActiveRows:
@@ -214,13 +212,14 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
         B = xp.zeros((0, n), dtype=dtype, device=dev)
     p = B.shape[-2]
     act_i = xp.astype(active, xp.int8)
-    k = int(xp.max(xp.sum(xp.astype(active, xp.int32), axis=-1))) if m and batch else 0
     if m:
         order = xp.argsort(act_i, axis=-1, descending=True, stable=True)
     else:
         order = xp.zeros((batch, 0), dtype=xp.int64, device=dev)
+    count = xp.sum(xp.astype(active, xp.int32), axis=-1) if m else xp.zeros((batch,), dtype=xp.int32, device=dev)
+    k = int(xp.max(count)) if m and batch else 0
     idx = order[:, :k]
-    maskA = xp.take_along_axis(act_i, idx, axis=1) > 0
+    maskA = xp.arange(k, dtype=xp.int32, device=dev)[None, :] < count[:, None]  # active rows come first
     all_free = bool(xp.all(free == 1))
     if A.ndim == 2 and B.ndim == 2:
         # shared rows: indices into [A; 0; B] (padding indices point at the zero row)
@@ -229,19 +228,17 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
         bidx = xp.broadcast_to(xp.arange(m + 1, m + 1 + p, dtype=ridx.dtype, device=dev)[None, :], (batch, p))
         ridx = xp.concat([ridx, bidx], axis=1)
         if is_torch_namespace(xp) or isinstance(table, np.ndarray):
-            # norms on the free columns: one product with the squared table (rows scaled to unit
-            # norm first: no overflow), then a gather
+            # the table's rows normalised (zero rows stay zero); a sample's scale is the inverse
+            # norm of its rows on its free columns: the table's when nothing is fixed
             tn = xp.linalg.vector_norm(table, axis=-1)
-            tn = xp.where(tn > 0, tn, xp.ones_like(tn))
-            sq = table / tn[:, None]
-            sq = sq * sq
-            nsq = xp.matmul(xp.ones((batch, n), dtype=dtype, device=dev) if all_free else free,
-                            xp.matrix_transpose(sq))
-            tn_k = xp.reshape(xp.take(tn, xp.reshape(ridx, (-1,)), axis=0), tuple(ridx.shape))
-            norms = xp.sqrt(xp.take_along_axis(nsq, ridx, axis=1)) * tn_k
-            scale = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)),
-                             xp.zeros_like(norms))
-            return ActiveRows(xp, scale, order, k, m, p, free, table=table, ridx=ridx)
+            inv_tn = xp.where(tn > 0, 1.0 / xp.where(tn > 0, tn, xp.ones_like(tn)), xp.zeros_like(tn))
+            tabn = table * inv_tn[:, None]
+            scale = xp.reshape(xp.take(inv_tn, xp.reshape(ridx, (-1,)), axis=0), tuple(ridx.shape))
+            if not all_free:
+                nsq = xp.take_along_axis(xp.matmul(free, xp.matrix_transpose(tabn * tabn)), ridx, axis=1)
+                ok = nsq > 0
+                scale = xp.where(ok, scale / xp.sqrt(xp.where(ok, nsq, xp.ones_like(nsq))), xp.zeros_like(nsq))
+            return ActiveRows(xp, scale, order, k, m, p, free, table=table, ridx=ridx, tabn=tabn)
         rows = xp.reshape(xp.take(table, xp.reshape(ridx, (-1,)), axis=0), (batch, k + p, n))
     else:
         if A.ndim == 2:
@@ -341,6 +338,12 @@ def expand_rows(F: ActiveFactor, r):
     xp = F.xp
     batch = r.shape[0]
     rA, rB = r[:, : F.k], r[:, F.k:]
+    if F.m and is_torch_namespace(xp):  # the inverse permutation is a scatter, not a second sort
+        return xp.zeros((batch, F.m), dtype=r.dtype, device=_device(r)).scatter_(1, F.order[:, : F.k], rA), rB
+    if F.m and isinstance(r, np.ndarray):
+        fullA = np.zeros((batch, F.m), dtype=r.dtype)
+        np.put_along_axis(fullA, F.order[:, : F.k], rA, axis=1)
+        return fullA, rB
     if F.m:
         pad = xp.zeros((batch, F.m - F.k), dtype=r.dtype, device=_device(r))
         sorted_full = xp.concat([rA, pad], axis=1)

@@ -80,10 +80,12 @@ def _scatter(xp, full, mask, part):
     """Write ``part`` (one row per True entry of ``mask``) into ``full`` at the True rows."""
     if part.shape[0] == 0:
         return full
+    m = xp.reshape(mask, (-1,) + (1,) * (full.ndim - 1))
+    if is_torch_namespace(xp):  # one kernel: the True rows take part's rows in order
+        return full.masked_scatter(m, part.to(full.dtype))
     pos = xp.cumulative_sum(xp.astype(mask, xp.int64)) - 1
     pos = xp.where(pos > 0, pos, xp.zeros_like(pos))
     gathered = xp.take(part, pos, axis=0)
-    m = xp.reshape(mask, (-1,) + (1,) * (full.ndim - 1))
     return xp.where(m, gathered, full)
 
 
