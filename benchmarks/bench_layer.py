@@ -165,6 +165,7 @@ def build(method: str, d):
 
 
 HEAP_WARMUP_MIB = 16
+THREADS = 1  # torch intra-op threads of every method (--threads)
 
 
 def warm_heap() -> None:
@@ -187,6 +188,9 @@ def warm_heap() -> None:
 
 def time_method(method: str, d, repeats: int, max_total: float = 60.0):
     """Median of ``repeats`` forward+backward calls after a warm-up (fewer, at least 2, for slow ones)."""
+    import torch
+
+    torch.set_num_threads(THREADS)  # every method on the same thread count, whatever ran before
     f = build(method, d)
     t0 = time.perf_counter()
     f()  # warm-up (imports, caches, JIT of peers)
@@ -211,6 +215,7 @@ def time_in_subprocess(method: str, cfg: dict, repeats: int, timeout: float):
             "torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS') or 1))\n"
             f"sys.path.insert(0, {str(HERE)!r})\n"
             "import bench_layer as bl\n"
+            "bl.THREADS = torch.get_num_threads()\n"
             "cfg = json.loads(sys.argv[1]); d = bl.make_problem(**cfg)\n"
             f"med, y, g = bl.time_method({method!r}, d, {repeats})\n"
             f"np.savez({tmp + '/out.npz'!r}, med=med, y=y, g=g)\n"
@@ -402,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    global THREADS
+    THREADS = args.threads
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     if not args.cold_heap:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["small_blas", "torch_single_thread"]
+__all__ = ["keep_torch_threads", "small_blas", "torch_single_thread"]
 
 
 @functools.cache
@@ -28,13 +29,34 @@ def _controller() -> Any:
 
 
 @contextlib.contextmanager
+def keep_torch_threads() -> Iterator[None]:
+    """Restore torch's intra-op thread count after the block, if torch is imported.
+
+    OpenMP code called from here (ProxSuite's ``solve_in_parallel``, an OpenBLAS built on OpenMP
+    restoring its thread count) sets the count through ``omp_set_num_threads``, which is also
+    torch's: a process that had called ``torch.set_num_threads(1)`` ran on every core after one
+    ``pp.project``.
+    """
+    torch = sys.modules.get("torch")
+    prev = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        if prev is not None and torch.get_num_threads() != prev:
+            torch.set_num_threads(prev)
+
+
+@contextlib.contextmanager
 def small_blas() -> Iterator[None]:
-    """Limit BLAS to one thread inside the block (no-op without threadpoolctl)."""
+    """Limit BLAS to one thread inside the block (no-op without threadpoolctl).
+
+    torch's thread count is left as it was (:func:`keep_torch_threads`).
+    """
     ctl = _controller()
     if ctl is None:  # pragma: no cover
         yield
         return
-    with ctl.limit(limits=1, user_api="blas"):
+    with keep_torch_threads(), ctl.limit(limits=1, user_api="blas"):
         yield
 
 

@@ -253,3 +253,18 @@ def test_polish_in_parts_matches_one_part(rng, monkeypatch):
     np.testing.assert_allclose(parts.y, one.y, atol=1e-12)
     np.testing.assert_array_equal(parts.active, one.active)
     np.testing.assert_allclose(parts.multipliers, one.multipliers, atol=1e-10)
+
+
+def test_project_leaves_torch_thread_count_alone(rng):
+    """pp.project limits BLAS to one thread inside; an OpenMP OpenBLAS restoring its count used to
+    reset torch's intra-op threads as well (a process on one torch thread ran on all cores after)."""
+    torch = pytest.importorskip("torch")
+    prev = torch.get_num_threads()
+    P = pp.Polyhedron(A=rng.normal(size=(20, 5)), a=np.ones(20))
+    try:
+        for k in (1, 2):
+            torch.set_num_threads(k)
+            pp.project(rng.normal(size=(8, 5)), P)
+            assert torch.get_num_threads() == k
+    finally:
+        torch.set_num_threads(prev)

@@ -19,6 +19,7 @@ import scipy.sparse as sp
 
 from ..problem import QP
 from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
+from ..threads import keep_torch_threads
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex
@@ -270,7 +271,8 @@ class ProxSuiteSolver(QPSolver):
         setup = time.perf_counter() - t0
         threads = self.backend_options.get("num_threads") or os.cpu_count() or 1
         t1 = time.perf_counter()
-        dense.solve_in_parallel(batch, int(threads))
+        with keep_torch_threads():  # its omp_set_num_threads is torch's too
+            dense.solve_in_parallel(batch, int(threads))
         wall = time.perf_counter() - t1
         if only_q:
             return self._collect_batch(qp, vecs, size, [batch.get(i).results for i in range(size)],
