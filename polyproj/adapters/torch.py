@@ -679,8 +679,9 @@ def project(x: torch.Tensor, A: Any = None, a: Any = None, B: Any = None, b: Any
         ``tol`` (polish KKT tolerance, default 1e-9), ``max_polish_iter`` (default 12 + n/20 after the ADMM
         of ``"torch"``, 50 after the other backends), backend
         settings (``eps_abs``, ``max_iter``, ...). For ``"torch"``: ``admm_iter`` (300), ``admm_rho``
-        (10), ``admm_alpha`` (1.6), ``admm_check`` (25: stop once the active set is stable that long),
-        ``admm_stable`` (fraction of samples whose active set may still change at the stop; default
+        (10), ``admm_alpha`` (1.6), ``admm_check`` (25: stop once no row has joined the identified
+        active set in two consecutive windows of that many iterations),
+        ``admm_stable`` (fraction of samples in which rows may still join at the stop; default
         0.03 (N − 256)/N for a batch of N > 256, else 0),
         ``admm_dtype`` (``torch.float32``: the ADMM only identifies the face; the polish is float64),
         ``polish_block_iter`` (0: polish corrections that change every wrong row at once),
