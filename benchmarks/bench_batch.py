@@ -11,6 +11,10 @@ Solvers, all in this process on the same data, all asked for ``eps = 1e-8``:
 - ``ipm-torch``   the same function on torch CPU tensors (the path of the torch projection layer);
 - ``project-ipm`` ``pp.project(X, polyhedron, backend="ipm", eps_abs=--project-eps)``: the IPM stopped
   early, then polyproj's exact polish (the answer is exact to rounding, see the error column);
+- ``layer-admm``  the torch layer's forward, ``polyproj.adapters.torch.project(X, A, a, B, b)`` under
+  ``torch.no_grad()`` (float32 ADMM on one shared factorisation to identify the face, then the same
+  exact polish; not the IPM: listed as the projection-specific path polyproj has for shared
+  constraints);
 - ``proxsuite-loop``      one dense ProxQP object, ``update(g=−x)`` + ``solve()`` per point;
 - ``proxsuite-parallel``  ``proxsuite.proxqp.dense.BatchQP`` + ``solve_in_parallel`` (setup included:
   a new batch of points needs new QPs; the solve-only time is recorded too);
@@ -106,6 +110,20 @@ def make_ipm_torch(A, a, B, b):
     return run
 
 
+def make_layer_admm(A, a, B, b):
+    import torch
+
+    from polyproj.adapters.torch import project
+
+    At, at, Bt, bt = (torch.from_numpy(np.ascontiguousarray(v)) for v in (A, a, B, b))
+
+    def run(X, eps):
+        with torch.no_grad():
+            return project(X, At, at, Bt, bt, backend="torch")
+
+    return run
+
+
 def run_proxsuite_loop(A, a, B, b, X, eps):
     import proxsuite
 
@@ -178,8 +196,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256, 1024, 4096])
     ap.add_argument("--sizes", type=int, nargs="+", default=[20, 100, 400])
     ap.add_argument("--solvers", nargs="+",
-                    default=["ipm-numpy", "ipm-torch", "project-ipm", "proxsuite-loop", "proxsuite-parallel",
-                             "qpth"])
+                    default=["ipm-numpy", "ipm-torch", "project-ipm", "layer-admm", "proxsuite-loop",
+                             "proxsuite-parallel", "qpth"])
     ap.add_argument("--eps", type=float, default=1e-8, help="tolerance asked of the peers")
     ap.add_argument("--ipm-eps", type=float, default=1e-8,
                     help="tolerance of ipm (an IPM stops inside: its x error is larger at the same residual tolerance)")
@@ -212,6 +230,7 @@ def main(argv=None) -> int:
         for n in args.sizes:
             A, a, B, b = make_problem(n)
             ipm_torch = make_ipm_torch(A, a, B, b)
+            layer_admm = make_layer_admm(A, a, B, b)
             qpth_run = make_qpth(A, a, B, b) if "qpth" in args.solvers else None
             for batch in args.batches:
                 X = points(n, batch)
@@ -222,6 +241,7 @@ def main(argv=None) -> int:
                     "ipm-numpy": partial(run_ipm_numpy, A, a, B, b, X, args.ipm_eps),
                     "ipm-torch": partial(ipm_torch, Xt, args.ipm_eps),
                     "project-ipm": partial(run_project_ipm, A, a, B, b, X, args.project_eps),
+                    "layer-admm": partial(layer_admm, Xt, args.eps),
                     "proxsuite-loop": partial(run_proxsuite_loop, A, a, B, b, X, args.eps),
                     "qpth": partial(qpth_run, Xt, args.eps) if qpth_run else None,
                     "proxsuite-parallel": partial(run_proxsuite_parallel, A, a, B, b, X, args.eps, args.threads,
@@ -253,7 +273,7 @@ def main(argv=None) -> int:
     # ratios vs the best peer, per configuration: the raw IPM (best of numpy / torch) and project-ipm
     table = Table(title=f"batched projections, m = 2n, one equality, eps = {args.eps:g} (ipm {args.ipm_eps:g},"
                         f" project-ipm {args.project_eps:g} + polish), median seconds")
-    for col in ["n", "batch", *args.solvers, "peer / ipm", "peer / project-ipm"]:
+    for col in ["n", "batch", *args.solvers, "peer / ipm", "peer / project-ipm", "peer / layer-admm"]:
         table.add_column(col, justify="right")
     summary = []
     for n in args.sizes:
@@ -265,18 +285,21 @@ def main(argv=None) -> int:
                 cells.append("skip" if r is None or r["time"] is None else f"{r['time']:.4f} ({r['max_err']:.0e})")
             ipm_t = [cfg[s]["time"] for s in ("ipm-numpy", "ipm-torch") if s in cfg and cfg[s]["time"]]
             proj_t = cfg["project-ipm"]["time"] if "project-ipm" in cfg and cfg["project-ipm"]["time"] else None
+            admm_t = cfg["layer-admm"]["time"] if "layer-admm" in cfg and cfg["layer-admm"]["time"] else None
             peer_t = {s: cfg[s]["time"] for s in cfg
-                      if not s.startswith(("ipm", "project")) and cfg[s]["time"]}
-            ratio = ratio_p = None
+                      if not s.startswith(("ipm", "project", "layer")) and cfg[s]["time"]}
+            ratio = ratio_p = ratio_a = None
             if peer_t:
                 best_peer = min(peer_t, key=peer_t.get)
                 ratio = peer_t[best_peer] / min(ipm_t) if ipm_t else None
                 ratio_p = peer_t[best_peer] / proj_t if proj_t else None
+                ratio_a = peer_t[best_peer] / admm_t if admm_t else None
                 summary.append(dict(n=n, batch=batch, best_ipm=min(ipm_t) if ipm_t else None, project_ipm=proj_t,
-                                    best_peer=best_peer, best_peer_time=peer_t[best_peer], speedup=ratio,
-                                    speedup_project=ratio_p))
+                                    layer_admm=admm_t, best_peer=best_peer, best_peer_time=peer_t[best_peer],
+                                    speedup=ratio, speedup_project=ratio_p, speedup_layer_admm=ratio_a))
             cells.append("-" if ratio is None else f"{ratio:.2f}x")
             cells.append("-" if ratio_p is None else f"{ratio_p:.2f}x")
+            cells.append("-" if ratio_a is None else f"{ratio_a:.2f}x")
             table.add_row(str(n), str(batch), *cells)
     console.print(table)
     console.print("cells: median time (largest |y - y_ref|); ratio > 1 means polyproj is faster than the best peer")
