@@ -145,8 +145,8 @@ class ActiveRows:
         if self.table is None:
             return xp.matmul(lam[:, None, :], self.rows)[:, 0, :]
         full = xp.zeros((lam.shape[0], self.table.shape[0]), dtype=lam.dtype, device=_device(lam))
-        if is_torch_namespace(xp):  # padding rows all point at the zero row of the table
-            full.scatter_(1, self.ridx, lam)
+        if is_torch_namespace(xp):  # padding rows all point at the zero row of the table (a sum
+            full.scatter_add_(1, self.ridx, lam)  # there: it is multiplied by zero; deterministic)
         else:
             np.put_along_axis(full, self.ridx, lam, axis=1)
         return xp.matmul(full, self.table)
