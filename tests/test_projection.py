@@ -172,9 +172,25 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
         sol = real_batch(self, qp, **kw)
         return replace(sol, status=(pp.Status.PRIMAL_INFEASIBLE,) * len(sol.status))
 
+    # no element solved, so nothing proves the polyhedron non-empty: an independent backend (the
+    # IPM) is asked before it is called empty; it finds every point feasible
     monkeypatch.setattr(cls, "solve_batch", all_lying)
+    with pytest.warns(pp.PolyprojWarning, match="PRIMAL_INFEASIBLE for 6 of 6.*'ipm' found them feasible: 6"):
+        r = pp.project(X, P, backend=solver)
+    assert np.all(r.polished) and r.status == (pp.Status.SOLVED,) * 6
+    np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
+    np.testing.assert_array_equal(r.active, ref.active)
+    # a single point falsely reported infeasible (ProxSuite does it for some points on their own)
+    monkeypatch.setattr(cls, "solve", lambda self, qp, warm_start=None: replace(
+        real_solve(self, qp, warm_start=warm_start), status=pp.Status.PRIMAL_INFEASIBLE))
+    with pytest.warns(pp.PolyprojWarning, match="'ipm' found them feasible: 1"):
+        r = pp.project(X[2], P, backend=solver)
+    np.testing.assert_allclose(r.y, ref.y[2], atol=1e-9)
+    assert r.polished and r.status is pp.Status.SOLVED
+    # an empty polyhedron stays empty: the IPM agrees with the report
+    E = pp.Polyhedron(A=[[1.0, 0.0], [-1.0, 0.0]], a=[-1.0, -1.0])
     with pytest.raises(pp.InfeasibleError, match="empty"):
-        pp.project(X, P, backend=solver)
+        pp.project(np.zeros((3, 2)), E, backend=solver)
 
 
 def test_refused_polish_warns_and_keeps_the_backend_point(rng):
