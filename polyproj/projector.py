@@ -14,6 +14,8 @@ A backend that reports PRIMAL_INFEASIBLE for some points of a batch while it sol
 feasible points of the same polyhedron is wrong about those (ProxSuite's dense solver does this on a
 few points at tight tolerances): they are solved again one by one, and what stays flagged is
 polished from ``x`` — accepted when the KKT conditions are verified, NaN with a warning otherwise.
+When it flags every point (a single point, or a batch with none solved), an independent backend
+(polyproj's IPM; HiGHS when the backend is the IPM) is asked before the polyhedron is called empty.
 """
 
 from __future__ import annotations
