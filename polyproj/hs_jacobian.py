@@ -105,31 +105,25 @@ class ActiveRows:
         self.table, self.ridx, self.tabn = table, ridx, tabn  # tabn: the table's rows normalised
         self._rows, self._Mn = rows, Mn
 
+    def _gather(self):
+        """The rows gathered from the table (a new array)."""
+        xp = self.xp
+        b, kk = self.ridx.shape
+        return xp.reshape(xp.take(self.table, xp.reshape(self.ridx, (-1,)), axis=0), (b, kk, self.table.shape[1]))
+
     @property
     def rows(self):
         """(b, k+p, n) the unnormalised, unmasked rows (gathered from the table on first use)."""
         if self._rows is None:
-            xp = self.xp
-            b, kk = self.ridx.shape
-            self._rows = xp.reshape(xp.take(self.table, xp.reshape(self.ridx, (-1,)), axis=0),
-                                    (b, kk, self.table.shape[1]))
+            self._rows = self._gather()
         return self._rows
 
     @property
     def Mn(self):
         """(b, k+p, n) the rows on the free columns, normalised (formed on first use)."""
         if self._Mn is None:
-            xp = self.xp
-            fresh = self._rows is None and is_torch_namespace(xp)
-            rows = self.rows
-            if fresh:  # our own gather, not kept as rows: mask and scale it in place
-                self._rows = None
-                if not bool(xp.all(self.free == 1)):
-                    rows.mul_(self.free[:, None, :])
-                self._Mn = rows.mul_(self.scale[:, :, None])
-            else:
-                Mf = rows if bool(xp.all(self.free == 1)) else rows * self.free[:, None, :]
-                self._Mn = Mf * self.scale[:, :, None]
+            own = self._rows is None  # a gather of our own (not kept as rows) can be scaled in place
+            self._Mn = _normalised(self.xp, self._gather() if own else self._rows, self.free, self.scale, own)
         return self._Mn
 
     def dot(self, Y):
@@ -247,14 +241,33 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
             rowsA = xp.take_along_axis(A, xp.broadcast_to(idx[:, :, None], (batch, k, n)), axis=1)
         rowsA = rowsA * xp.astype(maskA, dtype)[:, :, None]
         rows = xp.concat([rowsA, _as_batch(xp, B, batch, n)], axis=1)
-    Mf = rows if all_free else rows * free[:, None, :]  # nothing fixed: no mask
+    Mf = _masked(xp, rows, free, own=False)
     norms = xp.linalg.vector_norm(Mf, axis=-1)
     scale = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)), xp.zeros_like(norms))
-    if Mf is rows or not is_torch_namespace(xp):
-        Mn = Mf * scale[:, :, None]
-    else:  # torch: Mf is our own temporary, scale it in place (one (b, k+p, n) allocation fewer)
-        Mn = Mf.mul_(scale[:, :, None])
-    return ActiveRows(xp, scale, order, k, m, p, free, rows=rows, Mn=Mn)
+    # Mf is our own temporary when a column is fixed: scaled in place (one (b, k+p, n) array fewer)
+    return ActiveRows(xp, scale, order, k, m, p, free, rows=rows, Mn=_scaled(xp, Mf, scale, own=Mf is not rows))
+
+
+def _masked(xp, rows, free, own: bool):
+    """``rows`` on the free columns (``rows`` itself when nothing is fixed; in place when ``own``, torch)."""
+    if bool(xp.all(free == 1)):
+        return rows
+    if own and is_torch_namespace(xp):
+        return rows.mul_(free[:, None, :])
+    return rows * free[:, None, :]
+
+
+def _scaled(xp, M, scale, own: bool):
+    """``M`` with its rows scaled (in place when ``own``, torch)."""
+    if own and is_torch_namespace(xp):
+        return M.mul_(scale[:, :, None])
+    return M * scale[:, :, None]
+
+
+def _normalised(xp, rows, free, scale, own: bool):
+    """The free-column rows scaled to unit norm: ``M_n`` (in place on ``rows`` when ``own``, torch)."""
+    Mf = _masked(xp, rows, free, own)
+    return _scaled(xp, Mf, scale, own or Mf is not rows)
 
 
 def svd_factor(Mn, n: int):

@@ -707,11 +707,15 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
                 r1p = pre[0] + gamma * _rmv(Ge, pre[1] * mee)
                 sol = la.solve(F, xp.concat([GeT, r1p[:, :, None]], axis=2))
                 W, t_pre = sol[..., :p], (pre[0], sol[..., p])
-            S = (Ge * mee[:, :, None]) @ W
-            S = S + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
-            Sfac, ok2 = la.factor(S)
+            Sfac, ok2 = schur(W)
             ok = ok & ok2
         return F, W, Sfac, ok, Dg0, regd, shifted, running, t_pre
+
+    def schur(W):
+        """Factor of the Schur complement ``G_e K⁻¹ G_eᵀ + δ I`` on the equality rows (W = K⁻¹ G_eᵀ)."""
+        S = (Ge * mee[:, :, None]) @ W
+        S = S + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
+        return la.factor(S)
 
     def factorize_start(Dg0, running):
         """The factorisation of the starting step (``D = 1`` on every finite side).
@@ -743,9 +747,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         Sfac = W = None
         if p:
             W = la.solve(F, xp.broadcast_to(Ge.mT, (b, n, p)) * mee[:, None, :])
-            Sm = (Ge * mee[:, :, None]) @ W
-            Sm = Sm + eye_p[None, ...] * (delta + (1.0 - mee))[:, :, None]
-            Sfac, ok = la.factor(Sm)
+            Sfac, ok = schur(W)
         return F, W, Sfac, ok, Dg0, False, ~ok, running, None
 
     def newton(fac, r1, r2):

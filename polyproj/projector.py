@@ -278,81 +278,70 @@ def _solve_points(solver, qp, X2: np.ndarray) -> BatchSolution:
     return solver.solve_batch(qp, q=-X2)
 
 
-def _patch(sol: BatchSolution, idx: np.ndarray, part: BatchSolution) -> BatchSolution:
-    """``sol`` with the elements ``idx`` replaced by those of ``part``."""
+def _patch(sol: BatchSolution, idx: np.ndarray, part: BatchSolution, rows: np.ndarray | None = None) -> BatchSolution:
+    """``sol`` with the elements ``idx`` replaced by the elements ``rows`` of ``part`` (default: all)."""
+    rows = np.arange(len(part)) if rows is None else rows
     x, z, zb = (np.array(a, dtype=np.float64) for a in (sol.x, sol.z, sol.z_box))
     it = np.array(sol.iterations)
     st = list(sol.status)
-    x[idx], z[idx], zb[idx] = part.x, part.z, part.z_box
-    it[idx] = np.asarray(part.iterations) + it[idx]
-    for k, i in enumerate(idx):
+    x[idx], z[idx], zb[idx] = (np.asarray(a)[rows] for a in (part.x, part.z, part.z_box))
+    it[idx] = np.asarray(part.iterations)[rows] + it[idx]
+    for i, k in zip(idx, rows, strict=True):
         st[i] = part.status[k]
     return replace(sol, x=x, z=z, z_box=zb, iterations=it, status=tuple(st))
 
 
-def _second_opinion(solver, qp, polyhedron: Polyhedron, X2, sol: BatchSolution, flagged):
-    """Every element reported PRIMAL_INFEASIBLE: ask an independent backend before calling it empty.
-
-    A batch of one point (or a batch whose every element is falsely flagged) has no solved element
-    to prove the polyhedron non-empty, and ProxSuite's dense solver misreports some feasible single
-    projections (found by a random check: 1 of 20 per-point polyhedra at eps_abs 1e-10). The
-    flagged points are solved by polyproj's IPM (HiGHS when the backend is the IPM); the polyhedron
-    is called empty only when that backend finds no point of it either.
-    """
-    empty = InfeasibleError(
-        f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
-        f"{Status.PRIMAL_INFEASIBLE.message}",
-        solution=sol,
-    )
-    other = "highs" if solver.name == "ipm" else "ipm"
-    try:
-        alt = get_backend(other)
-    except PolyprojError:  # no independent backend installed: the report stands
-        raise empty from None
-    idx = np.flatnonzero(flagged)
-    alt_sol = _solve_points(alt, qp, X2[idx])
-    x_alt = np.asarray(alt_sol.x, dtype=np.float64)
-    good = (np.array([st.ok for st in alt_sol.status]) & np.isfinite(x_alt).all(axis=1))
+def _feasible_points(polyhedron: Polyhedron, sol: BatchSolution) -> np.ndarray:
+    """Elements solved to a finite point of the polyhedron (a proof that it is not empty)."""
+    x = np.asarray(sol.x, dtype=np.float64)
+    good = sol.ok & np.isfinite(x).all(axis=1)
     if good.any():
-        good[good] = polyhedron.violation(x_alt[good]) <= 1e-5
-    if not good.any():
-        raise empty
-    sol = _patch(sol, idx[good], BatchSolution.stack([alt_sol.solution(int(i)) for i in np.flatnonzero(good)],
-                                                     backend=alt.name))
-    statuses = list(sol.status)
-    still = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
-    report = (f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(statuses)} "
-              f"points and solved none; backend {other!r} found them feasible: {int(good.sum())} solved by it")
-    return sol, statuses, still, report
+        good[good] = polyhedron.violation(x[good]) <= 1e-5
+    return good
 
 
 def _recheck_infeasible(solver, qp, polyhedron: Polyhedron, X2, sol: BatchSolution, flagged):
-    """Re-solve elements of a batch reported PRIMAL_INFEASIBLE while others were solved.
+    """Re-solve elements of a batch reported PRIMAL_INFEASIBLE.
 
-    The polyhedron is shared, so an element solved
-    to a feasible point proves it is not empty and the other reports are false (ProxSuite's dense
-    solver gives a few at tight tolerances). Those elements are solved again one by one, warm-started
-    at that feasible point; the polyhedron is called empty only when no element found a point of it.
+    The polyhedron is shared, so an element solved to a feasible point proves it is not empty and
+    the other reports are false (ProxSuite's dense solver gives a few at tight tolerances): those
+    elements are solved again one by one, warm-started at that feasible point. When no element was
+    solved (a single point, or every point flagged) there is no such proof: an independent backend
+    (polyproj's IPM; HiGHS when the backend is the IPM) solves the flagged points, and the polyhedron
+    is called empty only when it finds no point of it either (ProxSuite misreported 1 of 20 feasible
+    single projections at eps_abs 1e-10 in a random check).
     Returns the (patched) batch solution, its statuses, the elements still flagged and the start of
     the warning :func:`project` completes (the polish may still verify a flagged point from x).
     """
-    statuses = list(sol.status)
-    x_all = np.asarray(sol.x, dtype=np.float64)
-    okm = np.array([st.ok for st in statuses]) & np.isfinite(x_all).all(axis=1)
-    donors = np.flatnonzero(okm)
+    idx = np.flatnonzero(flagged)
+    donors = np.flatnonzero(_feasible_points(polyhedron, sol))
     if donors.size:
-        donors = donors[polyhedron.violation(x_all[donors]) <= 1e-5]
-    if not donors.size:
-        return _second_opinion(solver, qp, polyhedron, X2, sol, flagged)
-    warm = {"x": x_all[donors[0]]} if solver.capabilities.warm_start else None
-    again = {int(i): solver.solve(qp.with_vectors(validate=False, q=-X2[i]), warm_start=warm)
-             for i in np.flatnonzero(flagged)}
-    fixed = [i for i, one in again.items() if one.status.ok]
-    if fixed:
-        sol = _patch(sol, np.array(fixed), BatchSolution.stack([again[i] for i in fixed], backend=solver.name))
+        warm = {"x": np.asarray(sol.x, dtype=np.float64)[donors[0]]} if solver.capabilities.warm_start else None
+        again = BatchSolution.stack([solver.solve(qp.with_vectors(validate=False, q=-X2[i]), warm_start=warm)
+                                     for i in idx], backend=solver.name)
+    else:
+        empty = InfeasibleError(
+            f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
+            f"{Status.PRIMAL_INFEASIBLE.message}",
+            solution=sol,
+        )
+        other = "highs" if solver.name == "ipm" else "ipm"
+        try:
+            alt = get_backend(other)
+        except PolyprojError:  # no independent backend installed: the report stands
+            raise empty from None
+        again = _solve_points(alt, qp, X2[idx])
+    good = _feasible_points(polyhedron, again)
+    if not donors.size and not good.any():
+        raise empty
+    if good.any():
+        sol = _patch(sol, idx[good], again, np.flatnonzero(good))
     statuses = list(sol.status)
     still = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
-    report = (f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(statuses)} "
-              "points although others were solved to feasible points of the same polyhedron; solved again one "
-              f"by one: {int(flagged.sum() - still.sum())} recovered")
+    head = f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(statuses)} points "
+    if donors.size:
+        report = head + ("although others were solved to feasible points of the same polyhedron; solved again one "
+                         f"by one: {int(good.sum())} recovered")
+    else:
+        report = head + f"and solved none; backend {other!r} found them feasible: {int(good.sum())} solved by it"
     return sol, statuses, still, report

@@ -314,10 +314,8 @@ def _solve_admm(X, A, a, B, b, lb, ub, settings):
     rho_v = torch.where(eq, 1e3 * rho, rho)  # OSQP: stiffer equality rows
     K = torch.eye(n, dtype=dt, device=dev) + (C.T * rho_v) @ C
     Kinv = torch.cholesky_inverse(torch.linalg.cholesky(K))
-    KCt = (C @ Kinv).T.contiguous()  # (n, r): K⁻¹Cᵀ
+    KCr = Kinv @ (C.T * rho_v)  # (n, r) K⁻¹Cᵀρ: the loop keeps the scaled multipliers s = w / ρ
     Cq = C[:q].contiguous()
-    rho_c = rho_v[:, None]
-    KCr = KCt * rho_v  # K⁻¹Cᵀρ: the loop keeps the scaled multipliers s = w / ρ
     XkT = (X @ Kinv).T.contiguous()
     zT = (C @ X.T).clamp_(loT, hiT)
     sT = torch.zeros_like(zT)
@@ -366,8 +364,7 @@ def _solve_admm(X, A, a, B, b, lb, ub, settings):
                 break
             pattern |= new
     y = (XkT + KCr @ (zT - sT)).T
-    wT = sT * rho_c
-    w = wT.T
+    w = (sT * rho_v[:, None]).T
     wa = w[:, :m] / rows_n
     if boxed:
         mult0 = torch.cat([wa, -w[:, q:], w[:, q:]], dim=1)
