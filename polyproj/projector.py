@@ -12,10 +12,11 @@ result says so (``polished[i]`` False) and keeps the backend's point.
 
 A backend that reports PRIMAL_INFEASIBLE for some points of a batch while it solved others to
 feasible points of the same polyhedron is wrong about those (ProxSuite's dense solver does this on a
-few points at tight tolerances): they are solved again one by one, and what stays flagged is
+few points at tight tolerances): they are solved again one by one, what stays flagged is solved by
+an independent backend (polyproj's IPM; HiGHS when the backend is the IPM), and what both flag is
 polished from ``x`` — accepted when the KKT conditions are verified, NaN with a warning otherwise.
-When it flags every point (a single point, or a batch with none solved), an independent backend
-(polyproj's IPM; HiGHS when the backend is the IPM) is asked before the polyhedron is called empty.
+When it flags every point (a single point, or a batch with none solved), the independent backend is
+asked before the polyhedron is called empty.
 """
 
 from __future__ import annotations
@@ -305,43 +306,54 @@ def _recheck_infeasible(solver, qp, polyhedron: Polyhedron, X2, sol: BatchSoluti
 
     The polyhedron is shared, so an element solved to a feasible point proves it is not empty and
     the other reports are false (ProxSuite's dense solver gives a few at tight tolerances): those
-    elements are solved again one by one, warm-started at that feasible point. When no element was
-    solved (a single point, or every point flagged) there is no such proof: an independent backend
-    (polyproj's IPM; HiGHS when the backend is the IPM) solves the flagged points, and the polyhedron
-    is called empty only when it finds no point of it either (ProxSuite misreported 1 of 20 feasible
-    single projections at eps_abs 1e-10 in a random check).
+    elements are solved again one by one, warm-started at that feasible point. What the backend still
+    flags, and every flagged point when no element was solved (a single point, or every point
+    flagged: no proof), goes to an independent backend (polyproj's IPM; HiGHS when the backend is the
+    IPM); the polyhedron is called empty only when that finds no point of it either (random checks:
+    ProxSuite at eps_abs 1e-10 misreported 1 of 20 feasible single projections, and kept flagging 2
+    points of a batch of 62 on their own, which then came back as NaN).
     Returns the (patched) batch solution, its statuses, the elements still flagged and the start of
     the warning :func:`project` completes (the polish may still verify a flagged point from x).
     """
     idx = np.flatnonzero(flagged)
     donors = np.flatnonzero(_feasible_points(polyhedron, sol))
+    head = f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(sol.status)} points "
+    report = ""
     if donors.size:
         warm = {"x": np.asarray(sol.x, dtype=np.float64)[donors[0]]} if solver.capabilities.warm_start else None
         again = BatchSolution.stack([solver.solve(qp.with_vectors(validate=False, q=-X2[i]), warm_start=warm)
                                      for i in idx], backend=solver.name)
-    else:
+        good = _feasible_points(polyhedron, again)
+        if good.any():
+            sol = _patch(sol, idx[good], again, np.flatnonzero(good))
+        report = head + ("although others were solved to feasible points of the same polyhedron; solved again one "
+                         f"by one: {int(good.sum())} recovered")
+        idx = idx[~good]
+    if idx.size:  # no proof that the polyhedron is not empty, or points the backend keeps flagging
+        other = "highs" if solver.name == "ipm" else "ipm"
         empty = InfeasibleError(
             f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
             f"{Status.PRIMAL_INFEASIBLE.message}",
             solution=sol,
         )
-        other = "highs" if solver.name == "ipm" else "ipm"
         try:
             alt = get_backend(other)
         except PolyprojError:  # no independent backend installed: the report stands
-            raise empty from None
-        again = _solve_points(alt, qp, X2[idx])
-    good = _feasible_points(polyhedron, again)
-    if not donors.size and not good.any():
-        raise empty
-    if good.any():
-        sol = _patch(sol, idx[good], again, np.flatnonzero(good))
+            if not donors.size:
+                raise empty from None
+            alt = None
+        if alt is not None:
+            again = _solve_points(alt, qp, X2[idx])
+            good = _feasible_points(polyhedron, again)
+            if not donors.size and not good.any():
+                raise empty
+            if good.any():
+                sol = _patch(sol, idx[good], again, np.flatnonzero(good))
+            if not donors.size:
+                report = head + (f"and solved none; backend {other!r} found them feasible: "
+                                 f"{int(good.sum())} solved by it")
+            elif good.any():
+                report += f"; backend {other!r} solved {int(good.sum())} it kept flagging"
     statuses = list(sol.status)
     still = np.array([st is Status.PRIMAL_INFEASIBLE for st in statuses])
-    head = f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {int(flagged.sum())} of {len(statuses)} points "
-    if donors.size:
-        report = head + ("although others were solved to feasible points of the same polyhedron; solved again one "
-                         f"by one: {int(good.sum())} recovered")
-    else:
-        report = head + f"and solved none; backend {other!r} found them feasible: {int(good.sum())} solved by it"
     return sol, statuses, still, report

@@ -147,13 +147,23 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
     np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
     np.testing.assert_array_equal(r.active, ref.active)
 
-    def lying_solve(self, qp, warm_start=None):  # element 4 stays "infeasible" on its own too
-        one = real_solve(self, qp, warm_start=warm_start)
-        if np.allclose(qp.q, -X[4]):
-            return replace(one, status=pp.Status.PRIMAL_INFEASIBLE)
-        return one
+    def lying(real):
+        def solve(self, qp, warm_start=None):  # element 4 stays "infeasible" on its own too
+            one = real(self, qp, warm_start=warm_start)
+            if np.allclose(qp.q, -X[4]):
+                return replace(one, status=pp.Status.PRIMAL_INFEASIBLE)
+            return one
+        return solve
 
-    monkeypatch.setattr(cls, "solve", lying_solve)
+    monkeypatch.setattr(cls, "solve", lying(real_solve))
+    # what the backend keeps flagging goes to an independent backend (the IPM), which solves it
+    with pytest.warns(pp.PolyprojWarning, match="1 recovered; backend 'ipm' solved 1 it kept flagging$"):
+        r = pp.project(X, P, backend=solver)
+    assert np.all(r.polished) and r.status == (pp.Status.SOLVED,) * 6
+    np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
+    # when the IPM flags it too:
+    ipm_cls = type(pp.get_backend("ipm"))
+    monkeypatch.setattr(ipm_cls, "solve", lying(ipm_cls.solve))
     # without the polish the point stays NaN; the polish, started from x, verifies its projection
     # (the KKT conditions prove it) and returns it
     with pytest.warns(pp.PolyprojWarning, match="1 recovered, 1 returned as NaN"):
