@@ -59,7 +59,11 @@ def _pd(rng: np.random.Generator, n: int, cond: float = 1e2) -> np.ndarray:
     """Random symmetric positive definite matrix with condition number about ``cond``."""
     Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
     ev = np.logspace(0, np.log10(cond), n)
-    return (Q * ev) @ Q.T
+    M = (Q * ev) @ Q.T
+    # exactly symmetric: the product is symmetric only to rounding, and the sparse variant masks
+    # entries by magnitude (an entry at the threshold was kept on one side and dropped on the other
+    # with some BLAS builds: P[4, 23] = 3.58, P[23, 4] = 0)
+    return (M + M.T) / 2
 
 
 def random_feasible_qp(rng: np.random.Generator, n: int, m: int, p: int = 0, sparse: bool = False,
