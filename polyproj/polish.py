@@ -66,6 +66,8 @@ def gram_cholesky(xp, R: ActiveRows, eps: float):
     G = R.gram()
     if is_torch_namespace(xp):  # in place on our own product: no (b, k, k) temporaries
         G.diagonal(dim1=1, dim2=2).add_(pad)
+    elif isinstance(G, np.ndarray) and G.flags.c_contiguous:
+        G.reshape(G.shape[0], kk * kk)[:, :: kk + 1] += pad
     else:
         G = G + eye[None, :, :] * pad[:, :, None]
     L, ok = cholesky(xp, G)

@@ -463,6 +463,24 @@ def test_batch_threads_give_the_same_answers(ns, rng):
         solve_qp_batch(*args, threads=0)
 
 
+def test_numpy_path_without_torch_kernels(rng, monkeypatch):
+    """With torch loaded the NumPy IPM solves with torch's batched triangular solves; without it,
+    by substitution. Both reach the same statuses and KKT points."""
+    import sys
+
+    P, q, C, l, u, lb, ub = random_qp(rng, n=14, m=20, b=40)
+    kw = dict(eps_abs=1e-8)
+    with_torch = solve_qp_batch(P, q, C, l, u, lb, ub, **kw)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    plain = solve_qp_batch(P, q, C, l, u, lb, ub, **kw)
+    assert with_torch.statuses() == plain.statuses() == (pp.Status.SOLVED,) * 40
+    for i in range(40):
+        for res in (with_torch, plain):
+            pres, dres, gap, sign = kkt_residuals(P, q[i], C, l, u, lb, ub, res.x[i], res.z[i], res.z_box[i])
+            assert max(pres, dres, gap) <= 1e-7 and sign <= 1e-9
+    np.testing.assert_allclose(with_torch.x, plain.x, atol=1e-6)
+
+
 @pytest.mark.parametrize("ns", NAMESPACES)
 def test_adaptive_refinement_and_presolved_predictor(ns, rng, monkeypatch):
     """Refinement steps are taken only while a running element's Newton residual is above

@@ -1,0 +1,90 @@
+"""Batched Cholesky factorisation and solves (polyproj.linalg): every fast path against a reference."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from polyproj.linalg import cho_solve, cholesky
+from polyproj.threads import small_blas
+
+torch = pytest.importorskip("torch")
+import array_api_compat.numpy as xnp  # noqa: E402
+import array_api_compat.torch as xtorch  # noqa: E402
+
+
+def _spd_batch(rng, b, n, bad=()):
+    M = rng.standard_normal((b, n, n))
+    K = M @ M.transpose(0, 2, 1) + n * np.eye(n)
+    for i in bad:  # indefinite
+        K[i] = -np.eye(n) + 0.1 * (M[i] + M[i].T)
+    return K
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numpy_batched_cholesky_flags_failures_per_element(rng, dtype):
+    K = _spd_batch(rng, 40, 12, bad=(3, 17)).astype(dtype)
+    L, ok = cholesky(xnp, K)
+    assert ok.tolist() == [i not in (3, 17) for i in range(40)]
+    tol = 1e-12 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(L[ok] @ L[ok].transpose(0, 2, 1), K[ok], rtol=tol, atol=tol * 12)
+    np.testing.assert_array_equal(L[~ok], np.broadcast_to(np.eye(12, dtype=dtype), (2, 12, 12)))
+    assert np.all(np.triu(L, 1) == 0)
+
+
+def test_numpy_cholesky_reads_the_lower_triangle_and_fills_out(rng):
+    K = _spd_batch(rng, 30, 9)
+    garbage = K + np.triu(rng.standard_normal(K.shape) * 1e3, 1)  # the upper triangle is never read
+    out = np.full_like(K, np.nan)
+    L, ok = cholesky(xnp, garbage, out=out)
+    assert L is out and ok.all()
+    np.testing.assert_allclose(L, np.linalg.cholesky(K), rtol=0, atol=1e-12)
+
+
+def test_torch_cpu_cholesky_uses_the_same_factors(rng):
+    K = torch.from_numpy(_spd_batch(rng, 25, 10, bad=(5,)))
+    L, ok = cholesky(xtorch, K)
+    assert isinstance(L, torch.Tensor) and ok.dtype == torch.bool
+    assert ok.tolist() == [i != 5 for i in range(25)]
+    ref = torch.linalg.cholesky(K[ok])
+    torch.testing.assert_close(L[ok], ref, rtol=0, atol=1e-12)
+    # with autograd the factor is torch's own (the gufunc path would cut the graph)
+    Kg = K[ok].clone().requires_grad_(True)
+    Lg, okg = cholesky(xtorch, Kg)
+    assert okg.all() and Lg.requires_grad
+    Lg.sum().backward()
+    assert Kg.grad is not None and torch.isfinite(Kg.grad).all()
+
+
+@pytest.mark.parametrize("k", [None, 1, 3])
+def test_numpy_solves_with_and_without_torch_kernels_agree(rng, monkeypatch, k):
+    K = _spd_batch(rng, 64, 15)
+    L, _ = cholesky(xnp, K)
+    R = rng.standard_normal((64, 15) if k is None else (64, 15, k))
+    with_torch = cho_solve(xnp, L, R)
+    assert isinstance(with_torch, np.ndarray) and with_torch.shape == R.shape
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not loaded: the substitution
+    substitution = cho_solve(xnp, L, R)
+    np.testing.assert_allclose(with_torch, substitution, rtol=0, atol=1e-12)
+    R3 = R[:, :, None] if k is None else R
+    X3 = substitution[:, :, None] if k is None else substitution
+    np.testing.assert_allclose(K @ X3, R3, rtol=0, atol=1e-10)
+
+
+def test_shared_factor_broadcasts_over_right_hand_sides(rng):
+    K = _spd_batch(rng, 1, 8)
+    L, _ = cholesky(xnp, np.repeat(K, 10, axis=0))
+    R = rng.standard_normal((10, 8, 2))
+    X = cho_solve(xnp, L[:1], R)
+    np.testing.assert_allclose(K @ X, R, rtol=0, atol=1e-10)
+
+
+def test_small_blas_runs_torch_on_one_thread_and_restores_it():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with small_blas():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(prev)
