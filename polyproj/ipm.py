@@ -156,10 +156,10 @@ class _Linalg:
         if self.kind == "generic":
             return K, self.xp.ones(K.shape[0], dtype=self.xp.bool, device=_device(K))
         out = None
-        if ws is not None and (self.kind == "numpy" or (self.kind == "torch" and K.device.type == "cpu")):
+        if ws is not None and self.kind == "numpy":
             out = ws.get("L")
             if out is None or out.shape != K.shape or out.dtype != K.dtype:
-                out = ws["L"] = self.xp.empty_like(K)
+                out = ws["L"] = np.empty_like(K)
         return cholesky(self.xp, K, out=out)
 
     def solve(self, F: Any, R: Any) -> Any:

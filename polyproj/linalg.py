@@ -1,12 +1,12 @@
 """Batched Cholesky factorisation and solves, once for the array-API code (IPM, polish, HS-Jacobian).
 
-Fast paths: NumPy (SciPy's LAPACK per matrix for a few matrices; for many, NumPy's batched
-Cholesky gufunc, also on the memory of CPU tensors without autograd, where it is ~2.5x faster than
-torch's ``cholesky_ex``); solves by torch's batched ``solve_triangular`` (also for NumPy arrays when
-torch is loaded already: one call that releases the GIL), else substitution vectorised over the
-batch (NumPy has no batched triangular solve, and an explicit inverse is not accurate enough for
-the ill-conditioned systems at the end of an interior-point method). Other namespaces use the
-standard's ``linalg.cholesky`` / ``linalg.solve``.
+Fast paths: torch (``cholesky_ex``, batched ``solve_triangular``; torch tensors never become NumPy
+arrays) and NumPy (SciPy's LAPACK per matrix for a few matrices; for many, NumPy's batched Cholesky
+gufunc, and solves by torch's batched ``solve_triangular`` on the same memory when torch is loaded
+already: one call that releases the GIL; else substitution vectorised over the batch: NumPy has no
+batched triangular solve, and an explicit inverse is not accurate enough for the ill-conditioned
+systems at the end of an interior-point method). Other namespaces use the standard's
+``linalg.cholesky`` / ``linalg.solve``.
 
 A failed factorisation is reported per element (``ok`` False) with an identity factor in its place,
 so that solves stay finite.
@@ -34,24 +34,16 @@ except ImportError:  # pragma: no cover - every NumPy since 1.8 has it
 def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
     """Lower Cholesky factors ``L`` (b, n, n) of a batch and ``ok`` (b,): False where K is not PD.
 
-    Only the lower triangle of ``K`` is read. ``out`` (NumPy, or torch on the CPU; the shape and
-    dtype of ``K``) receives the factors: a caller that factors batches of one shape again and
+    Only the lower triangle of ``K`` is read. ``out`` (NumPy batches of more than a few; the shape
+    and dtype of ``K``) receives the factors: a caller that factors batches of one shape again and
     again (the IPM) reuses one buffer instead of a fresh allocation per call (a (512, 100, 100)
     batch is 40 MB, above glibc's largest mmap threshold: a fresh one costs ~10k page faults).
     """
     b, n = K.shape[0], K.shape[-1]
     eye = xp.eye(n, dtype=K.dtype, device=_device(K))
-    if b > _FEW and _CHOLESKY_LO is not None:
-        if is_numpy_namespace(xp) and K.dtype in (np.float64, np.float32):
-            return _cholesky_gufunc(K, np.empty_like(K) if out is None else out)
-        if (is_torch_namespace(xp) and K.device.type == "cpu" and not K.requires_grad
-                and K.dtype in (xp.float64, xp.float32)):
-            # a CPU tensor without autograd: the same gufunc on its memory (torch's batched
-            # cholesky_ex on the CPU: 38 vs 15 ms for a (512, 100, 100) batch)
-            L = xp.empty_like(K) if out is None else out
-            _, ok = _cholesky_gufunc(K.numpy(), L.numpy())
-            return L, xp.from_numpy(ok)
-    if is_torch_namespace(xp):
+    if is_numpy_namespace(xp) and b > _FEW and _CHOLESKY_LO is not None and K.dtype in (np.float64, np.float32):
+        return _cholesky_gufunc(K, np.empty_like(K) if out is None else out)
+    if is_torch_namespace(xp):  # torch's own kernel: tensors never become NumPy arrays
         L, info = xp.linalg.cholesky_ex(K)
         ok = info == 0
         return (L if bool(xp.all(ok)) else xp.where(ok[:, None, None], L, eye)), ok

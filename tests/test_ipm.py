@@ -110,8 +110,9 @@ def test_outputs_stay_in_the_input_namespace(ns, rng):
     assert tuple(res.x.shape) == q.shape and tuple(res.z.shape) == (3, C.shape[0])
 
 
-def test_torch_path_has_no_numpy_round_trip(rng, monkeypatch):
-    P, q, C, l, u, lb, ub = random_qp(rng, b=4)
+@pytest.mark.parametrize("b", [4, 40])  # a few elements (per-matrix paths) and a batch (batched kernels)
+def test_torch_path_has_no_numpy_round_trip(rng, monkeypatch, b):
+    P, q, C, l, u, lb, ub = random_qp(rng, b=b)
     args = [torch.from_numpy(a.copy()) for a in (P, q, C, l, u, lb, ub)]
     expected = solve_qp_batch(P, q, C, l, u, lb, ub).x
 
