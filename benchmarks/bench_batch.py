@@ -22,7 +22,8 @@ Solvers, all in this process on the same data, all asked for ``eps = 1e-8``:
 
 Accuracy: every answer is compared with a reference (ProxSuite at eps 1e-11, then polyproj's exact
 polish) and the largest error is printed next to the time. A configuration is skipped for a solver
-when the time extrapolated from its previous (smaller) batch exceeds ``--budget`` seconds.
+when the time extrapolated from its previous (smaller) batch exceeds ``--budget`` seconds, or when
+its predicted memory exceeds ``--mem-budget`` GiB (default half the RAM).
 
 Run::
 
@@ -67,9 +68,12 @@ def reference(A, a, B, b, X) -> np.ndarray:
     import warnings
 
     poly = pp.Polyhedron(A=A, a=a, B=B, b=b)
+    # in parts of 64 points: ProxSuite's BatchQP holds ~23 MB per point at n 400 (batch 1024 in one
+    # part took the run past 24 GB)
     with warnings.catch_warnings():  # ProxSuite at 1e-11 misreports a few points of large batches
         warnings.simplefilter("ignore", pp.PolyprojWarning)
-        y = pp.project(X, poly, backend="proxsuite", eps_abs=1e-11).y
+        y = np.concatenate([pp.project(X[i:i + 64], poly, backend="proxsuite", eps_abs=1e-11).y.reshape(-1, X.shape[1])
+                            for i in range(0, X.shape[0], 64)])
     bad = ~np.isfinite(y).all(axis=1)
     if bad.any():  # those points: the IPM, then the same exact polish (verified KKT)
         y[bad] = pp.project(X[bad], poly, backend="ipm", eps_abs=1e-9).y
@@ -181,6 +185,30 @@ def make_qpth(A, a, B, b):
 
 
 # ----------------------------------------------------------------------------- driver
+def predicted_bytes(name: str, n: int, m: int, batch: int) -> float:
+    """Rough peak memory of a contender (the batched dense peers hold per-element n+m systems).
+
+    ProxSuite's BatchQP keeps a dense workspace of ~2 (n+m)^2 per QP; qpth's batched PDIPM forms
+    (m, m) Schur complements, their LU and the expanded G per element; the torch layer's polish
+    holds a few (k, k) Gram matrices with k up to n. The IPM and pp.project work in bounded parts.
+    An estimate above --mem-budget skips the configuration instead of letting the kernel kill the
+    whole run (n 400, batch 1024: qpth and ProxSuite's batch would need more than 24 GB).
+    """
+    per = {"proxsuite-parallel": 2 * (n + m) ** 2 + n * n + 2 * m * n,
+           "qpth": 4 * m * m + 4 * m * n + 3 * n * n,
+           "layer-admm": 4 * n * n}.get(name, 0)
+    return 8.0 * batch * per
+
+
+def _rss_gib() -> float:
+    """Resident memory of this process now (GiB; 0 where /proc is not available)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 2**20
+    except (OSError, StopIteration):
+        return 0.0
+
+
 def timed(fn, repeats):
     out = fn()  # warm-up (and the answer used for the accuracy column)
     times = []
@@ -206,6 +234,12 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=float, default=30.0, help="skip runs predicted to take longer (s)")
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        ram = 16.0
+    ap.add_argument("--mem-budget", type=float, default=0.5 * ram,
+                    help="skip runs predicted to need more memory (GiB; default half the RAM)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="solve_in_parallel threads")
     ap.add_argument("--quick", action="store_true", help="n 20, 100 and batch <= 1024")
     ap.add_argument("--out", default="batch_cpu")
@@ -254,6 +288,11 @@ def main(argv=None) -> int:
                         rows.append(dict(n=n, m=2 * n, batch=batch, solver=name, time=None,
                                          note=f"skipped: predicted {prev[1] * batch / prev[0]:.0f} s > budget"))
                         continue
+                    need = predicted_bytes(name, n, 2 * n, batch) / 2**30
+                    if need > args.mem_budget:
+                        rows.append(dict(n=n, m=2 * n, batch=batch, solver=name, time=None,
+                                         note=f"skipped: predicted {need:.0f} GiB > memory budget"))
+                        continue
                     solve_only.clear()
                     try:
                         t, times, out = timed(runs[name], args.repeats if batch <= 1024 else 1)
@@ -264,6 +303,7 @@ def main(argv=None) -> int:
                     out = np.asarray(out.detach().numpy() if hasattr(out, "detach") else out)
                     err = float(np.max(np.abs(out - ref)))
                     row = dict(n=n, m=2 * n, batch=batch, solver=name, time=t, times=times, max_err=err)
+                    console.log(f"n={n} batch={batch} {name}: {t:.4f} s, err {err:.0e}, rss {_rss_gib():.1f} GiB")
                     if name == "proxsuite-parallel" and solve_only:
                         row["solve_only"] = statistics.median(solve_only)
                     rows.append(row)
@@ -304,7 +344,7 @@ def main(argv=None) -> int:
     console.print(table)
     console.print("cells: median time (largest |y - y_ref|); ratio > 1 means polyproj is faster than the best peer")
     env = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    path = write_json(args.out, dict(eps=args.eps, ipm_eps=args.ipm_eps, project_eps=args.project_eps, repeats=args.repeats, budget=args.budget,
+    path = write_json(args.out, dict(eps=args.eps, ipm_eps=args.ipm_eps, project_eps=args.project_eps, repeats=args.repeats, budget=args.budget, mem_budget=args.mem_budget,
                                      torch_threads=torch.get_num_threads(), proxsuite_threads=args.threads,
                                      env=env, rows=rows, summary=summary))
     console.print(f"wrote {path}")
