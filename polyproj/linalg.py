@@ -117,14 +117,13 @@ def _cho_solve_numpy(L: np.ndarray, R: np.ndarray) -> np.ndarray:
             X[i] = solve_triangular(L[i], y, lower=True, trans="T", check_finite=False)
         return X
     torch = sys.modules.get("torch")
-    if torch is not None and L.dtype == R.dtype and L.dtype in (np.float32, np.float64):
+    solve_tri = getattr(getattr(torch, "linalg", None), "solve_triangular", None)
+    if solve_tri is not None and L.dtype == R.dtype and L.dtype in (np.float32, np.float64):
         # torch is loaded already (never imported for this): its batched triangular solves on the same
         # memory, one call each that releases the GIL (n 100, batch 512: 4.9 vs 7.1 ms with one
         # right-hand side, 6.8 vs 12.2 ms with two)
-        Lt = torch.from_numpy(np.ascontiguousarray(L))
-        Rt = torch.from_numpy(np.ascontiguousarray(R))
-        Yt = torch.linalg.solve_triangular(Lt, Rt, upper=False)
-        return torch.linalg.solve_triangular(Lt.mT, Yt, upper=True).numpy()
+        Lt, Rt = (torch.from_numpy(_own_contiguous(a)) for a in (L, R))
+        return solve_tri(Lt.mT, solve_tri(Lt, Rt, upper=False), upper=True).numpy()
     # forward then backward substitution, one row at a time for all elements
     Y = np.empty(np.broadcast_shapes(L.shape[:-2], R.shape[:-2]) + R.shape[-2:], dtype=R.dtype)
     d = np.diagonal(L, axis1=-2, axis2=-1)[..., None]
@@ -134,6 +133,12 @@ def _cho_solve_numpy(L: np.ndarray, R: np.ndarray) -> np.ndarray:
     for i in range(n - 1, -1, -1):
         X[:, i, :] = (Y[:, i, :] - (L[:, i + 1 :, i : i + 1].mT @ X[:, i + 1 :, :])[:, 0, :]) / d[:, i]
     return X
+
+
+def _own_contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous and writeable (torch.from_numpy warns on read-only memory): copied if needed."""
+    a = np.ascontiguousarray(a)
+    return a if a.flags.writeable else a.copy()
 
 
 def tri_inv(xp: Any, L: Any) -> Any:

@@ -91,3 +91,14 @@ def test_small_blas_runs_torch_on_one_thread_and_restores_it():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(prev)
+
+
+def test_read_only_inputs_are_solved_without_warnings(rng, recwarn):
+    K = _spd_batch(rng, 20, 6)
+    L, _ = cholesky(xnp, K)
+    R = rng.standard_normal((20, 6, 1))
+    L.flags.writeable = False
+    R.flags.writeable = False
+    X = cho_solve(xnp, L, R)
+    np.testing.assert_allclose(K @ X, R, rtol=0, atol=1e-10)
+    assert not [w for w in recwarn if "writable" in str(w.message)]
