@@ -72,7 +72,7 @@ def reference(A, a, B, b, X) -> np.ndarray:
     # part took the run past 24 GB)
     with warnings.catch_warnings():  # ProxSuite at 1e-11 misreports a few points of large batches
         warnings.simplefilter("ignore", pp.PolyprojWarning)
-        y = np.concatenate([pp.project(X[i:i + 64], poly, backend="proxsuite", eps_abs=1e-11).y.reshape(-1, X.shape[1])
+        y = np.concatenate([pp.project(X[i:i + 64], poly, backend="proxsuite", eps_abs=1e-11).y
                             for i in range(0, X.shape[0], 64)])
     bad = ~np.isfinite(y).all(axis=1)
     if bad.any():  # those points: the IPM, then the same exact polish (verified KKT)

@@ -147,19 +147,13 @@ class _Linalg:
         self.xp = xp
         self.kind = "torch" if is_torch_namespace(xp) else "numpy" if is_numpy_namespace(xp) else "generic"
 
-    def factor(self, K: Any, ws: dict | None = None) -> tuple[Any, Any]:
+    def factor(self, K: Any, out: Any = None) -> tuple[Any, Any]:
         """Return (factor, ok) with ok a (b,) bool array (False where K is not numerically PD).
 
-        ``ws``: a workspace dict whose buffer ``"L"`` (NumPy) receives the factor, reused by later
-        calls of the same shape (the previous factor is overwritten).
+        ``out``: a NumPy buffer of K's shape that receives the factor (see :func:`polyproj.linalg.cholesky`).
         """
         if self.kind == "generic":
             return K, self.xp.ones(K.shape[0], dtype=self.xp.bool, device=_device(K))
-        out = None
-        if ws is not None and self.kind == "numpy":
-            out = ws.get("L")
-            if out is None or out.shape != K.shape or out.dtype != K.dtype:
-                out = ws["L"] = np.empty_like(K)
         return cholesky(self.xp, K, out=out)
 
     def solve(self, F: Any, R: Any) -> Any:
@@ -414,7 +408,7 @@ def _on_cpu(xp: Any, q: Any) -> bool:
     return is_numpy_namespace(xp) or (is_torch_namespace(xp) and q.device.type == "cpu")
 
 
-def _workers(xp: Any, q: Any, b: int, threads: int | None, n: int = 0, m: int = 0) -> int:
+def _workers(xp: Any, q: Any, b: int, threads: int | None, n: int, m: int) -> int:
     """Threads for a batch of ``b``: only NumPy and torch CPU arrays, at most one per part of 64.
 
     ``threads=None`` (one per core) also keeps small problems on fewer threads: below n 64 a part
@@ -422,7 +416,7 @@ def _workers(xp: Any, q: Any, b: int, threads: int | None, n: int = 0, m: int = 
     (``part · (m + n)``); smaller ones are dominated by per-operation costs that hold the GIL
     (measured, n 20, batch 1024: 0.095 s on one thread, 0.15 s on two; batch 2048: 0.19 vs 0.12 s).
     """
-    if threads == 1 or not (is_numpy_namespace(xp) or (is_torch_namespace(xp) and q.device.type == "cpu")):
+    if threads == 1 or not _on_cpu(xp, q):
         return 1
     want = (os.cpu_count() or 1) if threads is None else int(threads)
     if want < 1:
@@ -443,14 +437,13 @@ _SMALL_N = 256  # up to this n the per-element kernels run single-threaded
 
 @contextlib.contextmanager
 def _single_threaded_kernels(xp: Any, q: Any):
-    """One BLAS thread (and one torch intra-op thread) on the CPU; nothing elsewhere."""
-    from .threads import small_blas, torch_single_thread
+    """One BLAS thread (and one torch intra-op thread, torch being loaded) on the CPU; nothing elsewhere."""
+    from .threads import small_blas
 
-    torch_cpu = is_torch_namespace(xp) and q.device.type == "cpu"
-    if not (is_numpy_namespace(xp) or torch_cpu):
+    if not _on_cpu(xp, q):
         yield
         return
-    with small_blas(), (torch_single_thread() if torch_cpu else contextlib.nullcontext()):
+    with small_blas():
         yield
 
 
@@ -662,17 +655,20 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
     # one cost ~10k page faults; bench_batch n 100, batch 1024: IPM 0.89 -> 0.76 s)
     ws: dict[str, Any] = {}
 
+    def buffer(name, shape):
+        """The workspace array ``name`` (zeros when first made; the caller overwrites what it uses)."""
+        if name not in ws:
+            ws[name] = xp.zeros(shape, dtype=dtype, device=dev)
+        return ws[name]
+
     def build_K(Dg, running):
         Dc = Dg[:, :m]
         if CC is not None:  # everything in the packed domain (half the memory traffic), one gather at the end
-            if inplace:
-                if "Kp" not in ws:
-                    ws["Kp"] = xp.empty((b, CC.shape[1]), dtype=dtype, device=dev)
-                Kp = xp.matmul(Dc, CC, out=ws["Kp"])
-            else:
-                Kp = Dc @ CC
+            Kp = xp.matmul(Dc, CC, out=buffer("Kp", (b, CC.shape[1]))) if inplace else Dc @ CC
             dvec = Dg[:, m:] + rho
-            if Pp is not None:
+            if Pp is not None and inplace:
+                Kp += c[:, None] * Pp
+            elif Pp is not None:
                 Kp = Kp + c[:, None] * Pp
             else:
                 dvec = dvec + c[:, None] * P_diag
@@ -686,9 +682,7 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
             if inplace:
                 # the Cholesky factorisations read the lower triangle only: copy the packed rows
                 # into it (half the traffic of the symmetric gather; the upper triangle stays zero)
-                if "K" not in ws:  # zeros once: the upper triangle is never written
-                    ws["K"] = xp.zeros((b, n, n), dtype=dtype, device=dev)
-                K = ws["K"]
+                K = buffer("K", (b, n, n))  # zeros once: the upper triangle is never written
                 for i in range(n):
                     K[:, i, : i + 1] = Kp[:, row_off[i]: row_off[i + 1]]
                 return K
@@ -714,8 +708,8 @@ def _solve(xp, P3, q, C3, l, u, lb, ub, x0, *, eps_abs, eps_rel, max_iter, ruiz_
         """
         Dg = Dg0 + gamma * (xp.astype(eq, dtype)) if p else Dg0
         K = build_K(Dg, running)
-        # the factor overwrites the previous iteration's (only the current factorisation is used)
-        F, ok = la.factor(K, ws)
+        # NumPy: the factor overwrites the previous iteration's (only the current one is ever used)
+        F, ok = la.factor(K, buffer("L", K.shape) if la.kind == "numpy" else None)
         regd = False
         shifted = ~ok
         if not bool(xp.all(ok)) and retry:

@@ -56,10 +56,8 @@ def small_blas() -> Iterator[None]:
     its thread count is restored after the block (:func:`keep_torch_threads`).
     """
     ctl = _controller()
-    torch = sys.modules.get("torch")
-    with keep_torch_threads():
-        if torch is not None and torch.get_num_threads() != 1:
-            torch.set_num_threads(1)
+    torch_loaded = sys.modules.get("torch") is not None
+    with keep_torch_threads(), (torch_single_thread() if torch_loaded else contextlib.nullcontext()):
         if ctl is None:  # pragma: no cover
             yield
             return
