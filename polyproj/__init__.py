@@ -1,10 +1,13 @@
 """polyproj: hard linear constraints as first-class citizens in deep learning.
 
-One interface to QP solvers (pluggable backends selected by name), exact projection onto
-polyhedra with the active set, and the HS-Jacobian for backpropagation. See DESIGN §3.
+One interface to QP solvers (pluggable backends selected by name), exact projection onto polyhedra and
+structured sets with the active set, and the HS-Jacobian for backpropagation. The layout and the rules
+of the house are in ``docs/architecture.md``.
 """
 
-from .api import solve_qp
+from . import sets
+from ._version import __version__
+from .api import project, solve_qp
 from .backends.base import Capabilities, QPSolver
 from .errors import (
     BackendNotFound,
@@ -16,13 +19,11 @@ from .errors import (
     SettingsError,
     SolverError,
 )
-from .hs_jacobian import hs_jacobian, hs_vjp
 from .problem import QP, Polyhedron
-from .projector import ProjectionResult, project
+from .projection import ProjectionResult, hs_jacobian, hs_vjp
 from .registry import available_backends, backend_info, get_backend, register_backend, unregister_backend
+from .sets import Projector
 from .solution import BatchSolution, Solution, Status
-
-__version__ = "0.1.0"
 
 __all__ = [
     "QP",
@@ -36,6 +37,7 @@ __all__ = [
     "PolyprojWarning",
     "ProblemError",
     "ProjectionResult",
+    "Projector",
     "QPSolver",
     "SettingsError",
     "Solution",
@@ -49,6 +51,7 @@ __all__ = [
     "hs_vjp",
     "project",
     "register_backend",
+    "sets",
     "solve_qp",
     "unregister_backend",
 ]

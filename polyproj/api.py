@@ -1,18 +1,24 @@
-"""Top-level solve function."""
+"""Top-level functions: :func:`solve_qp` and :func:`project`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .backends.defaults import PROJECTION_DEFAULT, QP_DEFAULT
 from .errors import ProblemError
-from .problem import QP
+from .problem import QP, Polyhedron
+from .projection.result import ProjectionResult
 from .registry import get_backend
+from .sets.base import Projector
+from .sets.polyhedral import Polyhedral
 from .solution import Solution
 
-__all__ = ["solve_qp"]
+__all__ = ["project", "solve_qp"]
+
+_UNSET: Any = object()
 
 
-def solve_qp(qp: QP, backend: Any = "proxsuite", *, warm_start: Any = None, **settings: Any) -> Solution:
+def solve_qp(qp: QP, backend: Any = QP_DEFAULT, *, warm_start: Any = None, **settings: Any) -> Solution:
     """Solve a convex QP with the chosen backend.
 
     Parameters
@@ -41,3 +47,58 @@ def solve_qp(qp: QP, backend: Any = "proxsuite", *, warm_start: Any = None, **se
     if not isinstance(qp, QP):
         raise ProblemError(f"solve_qp takes a polyproj.QP, got {type(qp).__name__}")
     return get_backend(backend, **settings).solve(qp, warm_start=warm_start)
+
+
+def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish: bool = True, tol: float = 1e-9,
+            max_polish_iter: int | None = None, **settings: Any) -> ProjectionResult:
+    """Project points onto a set exactly, with the active set.
+
+    Parameters
+    ----------
+    X : (n,) or (batch, n) array of any namespace
+        NumPy, PyTorch (any device), CuPy, ``array_api_strict``: the result's arrays are of the same
+        namespace, device and (floating) dtype.
+    S : Polyhedron or Projector
+        A polyhedron (projected by a QP backend, then polished exactly) or any
+        :class:`~polyproj.sets.Projector` (``pp.sets.Simplex(n)``, ``pp.sets.Box(lb, ub)``, a set of yours).
+    backend : str or QPSolver
+        For a Polyhedron: any registered backend (default ``"proxsuite"``; ``"auto"`` chooses by
+        measurement); batches use its native batch path. Not for other Projectors.
+    polish : bool
+        Polish to the exact projection on the identified active face (default True).
+    tol : float
+        Relative tolerance of the polish's KKT checks.
+    max_polish_iter : int, optional
+        Active-set corrections allowed during polish.
+    **settings
+        Backend settings (``eps_abs``, ``max_iter``, ...).
+
+    Returns
+    -------
+    ProjectionResult
+
+    Raises
+    ------
+    ProblemError
+        X of the wrong shape, or holding NaN/inf; settings given for a closed-form set.
+    InfeasibleError
+        The polyhedron is empty (``.solution`` holds the backend's answer).
+
+    Examples
+    --------
+    >>> import numpy as np, polyproj as pp
+    >>> simplex = pp.Polyhedron(B=np.ones((1, 3)), b=[1.0], lb=np.zeros(3))
+    >>> res = pp.project(np.array([0.9, 0.5, -1.0]), simplex)
+    >>> np.round(res.y, 12), res.active
+    (array([0.7, 0.3, 0. ]), array([False, False,  True]))
+    """
+    if isinstance(S, Polyhedron):
+        S = Polyhedral(S, PROJECTION_DEFAULT if backend is _UNSET else backend, polish=polish, tol=tol,
+                       max_polish_iter=max_polish_iter, **settings)
+    elif not isinstance(S, Projector):
+        raise ProblemError(f"S must be a polyproj.Polyhedron or a polyproj.Projector, got {type(S).__name__}")
+    elif backend is not _UNSET or settings or not polish or tol != 1e-9 or max_polish_iter is not None:
+        hint = "" if isinstance(S, Polyhedral) else " (pass S.as_polyhedron() to project with a QP backend)"
+        raise ProblemError(f"{type(S).__name__} carries its own method: backend and polish settings go to its "
+                           f"constructor{hint}")
+    return S.project(X)

@@ -43,7 +43,7 @@ def _delegate(path: str, args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``polyproj`` command."""
-    from . import __version__
+    from ._version import __version__
 
     parser = argparse.ArgumentParser(prog="polyproj", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"polyproj {__version__}")

@@ -438,7 +438,7 @@ _SMALL_N = 256  # up to this n the per-element kernels run single-threaded
 @contextlib.contextmanager
 def _single_threaded_kernels(xp: Any, q: Any):
     """One BLAS thread (and one torch intra-op thread, torch being loaded) on the CPU; nothing elsewhere."""
-    from .threads import small_blas
+    from .runtime import small_blas
 
     if not _on_cpu(xp, q):
         yield

@@ -37,6 +37,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "osqp": ("polyproj.backends.osqp:OSQPSolver", "osqp"),
     "highs": ("polyproj.backends.highs:HiGHSSolver", "highs"),
     "ipm": ("polyproj.backends.ipm:IPMSolver", "ipm"),
+    "admm": ("polyproj.backends.admm:ADMMSolver", "ipm"),
     "cupy": ("polyproj.backends.cupy:CuPySolver", "cupy"),
 }
 

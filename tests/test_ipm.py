@@ -588,7 +588,6 @@ def test_automatic_thread_count_keeps_small_parts_on_one_thread(monkeypatch):
     """threads=None: below n 64 a thread needs a part with at least _THREAD_MIN_SIZE array entries
     (small parts are dominated by per-operation costs that hold the GIL); explicit counts are kept."""
     import polyproj.ipm as ipm_mod
-    from polyproj.projector import _polish_part
 
     monkeypatch.setattr(ipm_mod.os, "cpu_count", lambda: 2)
     q = np.zeros((1, 1))
@@ -597,4 +596,3 @@ def test_automatic_thread_count_keeps_small_parts_on_one_thread(monkeypatch):
     assert ipm_mod._workers(np, q, 128, None, n=100, m=200) == 2  # factorisations dominate
     assert ipm_mod._workers(np, q, 1024, 2, n=20, m=40) == 2  # asked for
     assert ipm_mod._workers(np, q, 100, None, n=100, m=200) == 1  # fewer than 64 a thread
-    assert [_polish_part(n) for n in (10, 20, 50, 100, 400)] == [2048, 2048, 1024, 256, 256]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from polyproj.linalg import cho_solve, cholesky
-from polyproj.threads import small_blas
+from polyproj.runtime import small_blas
 
 torch = pytest.importorskip("torch")
 import array_api_compat.numpy as xnp  # noqa: E402

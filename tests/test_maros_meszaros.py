@@ -25,8 +25,12 @@ CPU_BACKENDS = [b for b in pp.available_backends() if b != "cupy"]
 KNOWN_FAILURES = {
     ("osqp", "QSHARE2B"): "OSQP does not converge on QSHARE2B (max_iter)",
     ("ipm", "QSHARE2B"): "the batched IPM stalls on QSHARE2B (dual residual ~3e-3 at max_iter)",
+    # polyproj's ADMM (a first-order method without a solution polish; its role is the projection
+    # start): measured MAX_ITER at 50,000 iterations on these four, residual 1e-5 to 20
+    **{("admm", p): "the ADMM does not reach 1e-6 in 50,000 iterations on this problem"
+       for p in ("DUALC8", "HS268", "QSHARE2B", "S268")},
 }
-SETTINGS = {"osqp": {"max_iter": 50_000}}
+SETTINGS = {"osqp": {"max_iter": 50_000}, "admm": {"max_iter": 50_000}}
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import polyproj as pp
-from polyproj.hs_jacobian import expand_rows, project_on_face
-from polyproj.polish import face_solve, factor_face, polish
+from polyproj.polydata import PolyData
+from polyproj.projection.polish import face_solve, polish
 
 
 def _face_data(rng, batch=6, n=8, m=12, p=1):
@@ -30,70 +30,98 @@ def _face_data(rng, batch=6, n=8, m=12, p=1):
     S[2, 0] = S[2, 3] = True
     A[3] = A[0]  # duplicated row active in sample 2: LICQ fails, the SVD fallback takes over
     a[3] = a[0]
-    return X, A, a, B, b, lb, ub, S
+    return X, PolyData(A, a, B, b, lb, ub), S
 
 
-def _reference(X, A, a, B, b, lb, ub, S):
-    """The factor + operator formulation (factor_face, project_on_face) the face solve replaces."""
-    n, m = X.shape[1], A.shape[0]
-    at_ub = S[:, m + n:].astype(float)
-    at_lb = S[:, m: m + n] * (1.0 - at_ub)
-    fixed = at_lb + at_ub
-    fixed_val = np.where(at_ub > 0, np.where(np.isfinite(ub), ub, 0.0), np.where(np.isfinite(lb), lb, 0.0))
-    F = factor_face(A, B, S[:, :m], 1.0 - fixed)
-    Y, lam_c, cons = project_on_face(F, X, np.where(np.isfinite(a), a, 0.0), b, fixed_val, fixed)
-    lamA, mu = expand_rows(F, lam_c)
-    z_box = (X - Y - np.sum(F.rows * lam_c[:, :, None], axis=1)) * fixed
-    return Y, np.concatenate([lamA, -z_box * at_lb, z_box * at_ub], axis=1), mu, np.max(np.abs(cons), axis=1)
+def _reference(X, d: PolyData, S):
+    """The projection onto each face by an independent dense least-squares KKT solve.
+
+    Fixed coordinates sit at their bound (upper bound when both are listed); the active rows of A and all
+    of B hold as equalities, in the least-squares sense of the rows normalised on the free coordinates when
+    they are inconsistent; multipliers are the minimum-norm ones.
+    """
+    n, m = X.shape[1], d.m
+    Ys, mults, mus, conss = [], [], [], []
+    for i in range(X.shape[0]):
+        at_ub, at_lb = S[i, m + n:], S[i, m: m + n] & ~S[i, m + n:]
+        fixed = at_lb | at_ub
+        val = np.where(at_ub, d.ub, np.where(at_lb, d.lb, 0.0))
+        rows = np.flatnonzero(S[i, :m])
+        M = np.vstack([d.A[rows], d.B])
+        c = np.concatenate([d.a[rows], d.b]) - M[:, fixed] @ val[fixed]
+        F = ~fixed
+        MF = M[:, F]
+        z = np.zeros(n)
+        z[fixed] = val[fixed]
+        norms = np.linalg.norm(MF, axis=1)
+        D = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0)
+        Mn = D[:, None] * MF
+        lam = D * (np.linalg.pinv(Mn @ Mn.T) @ (D * (MF @ X[i, F] - c))) if MF.size else np.zeros(M.shape[0])
+        z[F] = X[i, F] - MF.T @ lam
+        zb = (X[i] - z - M.T @ lam) * fixed
+        lamA = np.zeros(m)
+        lamA[rows] = lam[: rows.size]
+        Ys.append(z)
+        mults.append(np.concatenate([lamA, -zb * at_lb, zb * at_ub]))
+        mus.append(lam[rows.size:])
+        conss.append(np.max(np.abs(M @ z - np.concatenate([d.a[rows], d.b])), initial=0.0))
+    return np.array(Ys), np.array(mults), np.array(mus), np.array(conss)
 
 
-def test_face_solve_matches_the_factor_formulation_and_the_svd(rng):
-    data = _face_data(rng)
-    ref = _reference(*data)
+def test_face_solve_matches_an_independent_kkt_solve(rng):
+    X, d, S = _face_data(rng)
+    ref = _reference(X, d, S)
     for method in ("auto", "svd"):
-        out = face_solve(*data, method=method)
-        for o, r in zip(out, ref, strict=True):
+        out = face_solve(X, d, S, method=method)[:4]
+        for o, r in zip(out[:3], ref[:3], strict=True):
             np.testing.assert_allclose(o, r, atol=1e-10)
+        np.testing.assert_allclose(out[3], ref[3], atol=1e-10)
     # stationarity on the face: Y − X + Aᵀλ_A − λ_lb + λ_ub + Bᵀμ = 0
-    X, A, _, B, _, _, _, _ = data
-    Y, mult, mu, _ = face_solve(*data)
-    m, n = A.shape[0], X.shape[1]
-    r = Y - X + mult[:, :m] @ A - mult[:, m: m + n] + mult[:, m + n:] + mu @ B
+    Y, mult, mu, _, _ = face_solve(X, d, S)
+    m, n = d.m, X.shape[1]
+    r = Y - X + mult[:, :m] @ d.A - mult[:, m: m + n] + mult[:, m + n:] + mu @ d.B
     assert np.max(np.abs(r)) < 1e-10
 
 
 def test_face_solve_with_empty_face(rng):
-    X, A, a, B, b, lb, ub, S = _face_data(rng, p=0)
-    B, b = np.zeros((0, X.shape[1])), np.zeros(0)
+    X, d, S = _face_data(rng, p=0)
+    d = PolyData(d.A, d.a, np.zeros((0, X.shape[1])), np.zeros(0), d.lb, d.ub)
     S[:] = False
-    Y, mult, mu, cons = face_solve(X, A, a, B, b, lb, ub, S)
+    Y, mult, mu, cons, _ = face_solve(X, d, S)
     np.testing.assert_array_equal(Y, X)
     assert mu.shape == (X.shape[0], 0) and not mult.any() and not cons.any()
 
 
 def _polish_args(rng):
-    X, A, a, B, b, lb, ub, _ = _face_data(rng, batch=10)
-    y = pp.project(X, pp.Polyhedron(A=A, a=a, B=B, b=b, lb=lb, ub=ub)).y
+    X, d, _ = _face_data(rng, batch=10)
+    y = pp.project(X, pp.Polyhedron(A=d.A, a=d.a, B=d.B, b=d.b, lb=d.lb, ub=d.ub)).y
     Y0 = y + 1e-3 * rng.normal(size=y.shape)  # a rough start: some samples need a second face
-    mult0 = np.zeros((X.shape[0], A.shape[0] + 2 * X.shape[1]))
-    return (X, A, a, B, b, lb, ub, Y0, mult0), dict(cand_tol=1e-7, dist_tol=1e-2, tol=1e-9, max_iter=50), y
+    mult0 = np.zeros((X.shape[0], d.m + 2 * X.shape[1]))
+    return (X, d, Y0, mult0), dict(cand_tol=1e-7, dist_tol=1e-2, tol=1e-9, max_iter=50), y
+
+
+FIELDS = ("Y", "active", "mult", "mu", "accepted")
 
 
 @pytest.mark.parametrize("namespace", ["torch", "array_api_strict"])
 def test_polish_agrees_across_namespaces(rng, namespace):
-    args, kw, y = _polish_args(rng)
-    ref = polish(*args, **kw)
-    assert ref[4].all()
-    np.testing.assert_allclose(ref[0], y, atol=1e-10)
+    (X, d, Y0, mult0), kw, y = _polish_args(rng)
+    ref = polish(X, d, Y0, mult0, **kw)
+    assert ref.accepted.all()
+    np.testing.assert_allclose(ref.Y, y, atol=1e-10)
     if namespace == "torch":
         torch = pytest.importorskip("torch")
         conv, back = torch.from_numpy, (lambda t: t.numpy())
     else:
         xps = pytest.importorskip("array_api_strict")
         conv, back = xps.asarray, np.asarray
-    out = polish(*[conv(np.ascontiguousarray(v)) for v in args], **kw)
-    for o, r in zip(out, ref, strict=True):
-        o = back(o)
+
+    def c(v):
+        return conv(np.ascontiguousarray(v))
+
+    out = polish(c(X), PolyData(*(c(v) for v in d.parts())), c(Y0), c(mult0), **kw)
+    for f in FIELDS:
+        o, r = back(getattr(out, f)), getattr(ref, f)
         if r.dtype == bool:
             np.testing.assert_array_equal(o, r)
         else:
@@ -120,11 +148,11 @@ def test_inconsistent_candidate_face_does_not_cycle():
     # start at the exact answer, multipliers unknown, with a distance threshold that also takes the
     # nearest inactive rows: an over-determined (inconsistent) candidate face for those samples
     near = np.where(act, np.inf, slack / np.linalg.norm(A, axis=1)).min(1)
-    ynorm = np.abs(ref.y).max(1)
-    dist_tol = float(np.quantile((near / (1.0 + ynorm))[vertex], 0.5)) * 1.01
+    sig = np.maximum(np.abs(ref.y).max(1), np.abs(X).max(1))  # the polish's scale of a sample
+    dist_tol = float(np.quantile((near / sig)[vertex], 0.5)) * 1.01
     lb, ub = np.full(n, -np.inf), np.full(n, np.inf)
-    Y, active, _mult, _mu, accepted = polish(X, A, a, B, b, lb, ub, ref.y.copy(), np.zeros((64, m + 2 * n)),
-                                           cand_tol=1e-2, dist_tol=dist_tol, tol=1e-9, max_iter=8)
-    assert accepted.all()
-    np.testing.assert_allclose(Y, ref.y, atol=1e-9)
-    np.testing.assert_array_equal(active[:, :m], act)
+    out = polish(X, PolyData(A, a, B, b, lb, ub), ref.y.copy(), np.zeros((64, m + 2 * n)),
+                 cand_tol=1e-2, dist_tol=dist_tol, tol=1e-9, max_iter=8)
+    assert out.accepted.all()
+    np.testing.assert_allclose(out.Y, ref.y, atol=1e-9)
+    np.testing.assert_array_equal(out.active[:, :m], act)

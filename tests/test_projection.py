@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -163,7 +165,15 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
     np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
     # when the IPM flags it too:
     ipm_cls = type(pp.get_backend("ipm"))
-    monkeypatch.setattr(ipm_cls, "solve", lying(ipm_cls.solve))
+    real_proj = ipm_cls.solve_projections
+
+    def lying_projections(self, Xb, data, *, rough=False):
+        start = real_proj(self, Xb, data, rough=rough)
+        flags = [np.allclose(np.asarray(x), X[4]) for x in np.asarray(Xb)]
+        return replace(start, status=tuple(pp.Status.PRIMAL_INFEASIBLE if f else s
+                                           for f, s in zip(flags, start.status, strict=True)))
+
+    monkeypatch.setattr(ipm_cls, "solve_projections", lying_projections)
     # without the polish the point stays NaN; the polish, started from x, verifies its projection
     # (the KKT conditions prove it) and returns it
     with pytest.warns(pp.PolyprojWarning, match="1 recovered, 1 returned as NaN"):
@@ -184,6 +194,7 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
 
     # no element solved, so nothing proves the polyhedron non-empty: an independent backend (the
     # IPM) is asked before it is called empty; it finds every point feasible
+    monkeypatch.setattr(ipm_cls, "solve_projections", real_proj)  # the IPM tells the truth again
     monkeypatch.setattr(cls, "solve_batch", all_lying)
     with pytest.warns(pp.PolyprojWarning, match="PRIMAL_INFEASIBLE for 6 of 6.*'ipm' found them feasible: 6"):
         r = pp.project(X, P, backend=solver)
@@ -204,11 +215,11 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
 
 
 def test_refused_polish_warns_and_keeps_the_backend_point(rng):
-    """With no polish iteration allowed on a wrong start the result says so; nothing is silently exact."""
+    """With no polish iteration allowed the result says so; nothing is silently exact."""
     P = random_polytope(rng, 10, 20, 1)
     X = 3.0 * rng.normal(size=(3, 10))
     with pytest.warns(pp.PolyprojWarning, match="polish refused"):
-        res = pp.project(X, P, eps_abs=1e-3, max_polish_iter=1, tol=1e-15)
+        res = pp.project(X, P, eps_abs=1e-3, max_polish_iter=0)
     assert not res.polished.all()
     bad = ~res.polished
     np.testing.assert_allclose(res.y[bad], res.solution.x[bad])
@@ -222,58 +233,55 @@ def test_empty_batch_projects_to_empty_batch(rng):
     assert res.y.shape == (0, 4) and res.active.shape == (0, P.n_ineq) and res.max_violation == 0.0
 
 
-@pytest.mark.parametrize("stop_rel", [1e-4, 0.5])
-def test_ipm_early_stop_then_polish_is_exact(rng, monkeypatch, stop_rel):
+class _Recording(type(pp.get_backend("ipm"))):
+    """The ipm backend, recording the projection batches it is asked for."""
+
+    calls: list = []
+
+    def solve_projections(self, X, data, *, rough=False):
+        type(self).calls.append((rough, X.shape[0]))
+        return super().solve_projections(X, data, rough=rough)
+
+
+@pytest.mark.parametrize("rough_rel", [1e-4, 0.5])
+def test_ipm_early_stop_then_polish_is_exact(rng, monkeypatch, rough_rel):
     """project() with the ipm backend stops the IPM at a loose relative tolerance and lets the polish
-    finish; the points whose polish is refused (many at stop_rel 0.5) are solved again with the
-    settings asked for and polished. The answer is the exact projection either way."""
-    import warnings
-
-    from polyproj import projector
-    from polyproj.backends.ipm import IPMSolver
-
-    monkeypatch.setattr(IPMSolver, "projection_stop_rel", stop_rel)
-    calls = []
-    real = projector._solve_points
-
-    def spy(solver, qp, X2):
-        calls.append((float(solver.settings["eps_rel"]), X2.shape[0]))
-        return real(solver, qp, X2)
-
-    monkeypatch.setattr(projector, "_solve_points", spy)
+    finish; the points whose polish is refused (many at 0.5) are solved again with the settings asked
+    for and polished. The answer is the exact projection either way."""
+    monkeypatch.setattr(_Recording, "rough_eps_rel", rough_rel)
     P = random_polytope(rng, 20, 40, 1)
     X = 4.0 * rng.normal(size=(64, 20))
     ref = pp.project(X, P, backend="proxsuite", eps_abs=1e-10)
-    calls.clear()
-    r = pp.project(X, P, backend="ipm", eps_abs=1e-6, max_polish_iter=3)
+    _Recording.calls = []
+    r = pp.project(X, P, backend=_Recording(eps_abs=1e-6), max_polish_iter=3)
     assert r.polished.all() and r.status == (pp.Status.SOLVED,) * 64
     np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
     np.testing.assert_array_equal(r.active, ref.active)
-    assert calls[0] == (stop_rel, 64)  # the loose first pass over the whole batch
-    if len(calls) > 1:  # the refused points, solved again as asked (eps_rel 0)
-        assert calls[1][0] == 0.0 and calls[1][1] <= 64
-    if stop_rel == 0.5:
+    calls = _Recording.calls
+    assert calls[0] == (True, 64)  # the rough first pass over the whole batch
+    assert all(c == (False, c[1]) and c[1] <= 64 for c in calls[1:])  # the refused points, as asked
+    if rough_rel == 0.5:
         assert len(calls) == 2
-    # the user's own eps_rel at or above the early-stop tolerance: one pass, as asked (at 0.5 the
-    # polish may then be refused: that is the accuracy asked for)
-    calls.clear()
+    # without the polish there is no rough pass: the IPM solves as asked
+    _Recording.calls = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pp.PolyprojWarning)
-        pp.project(X, P, backend="ipm", eps_abs=1e-6, eps_rel=stop_rel)
-    assert calls == [(stop_rel, 64)]
+        pp.project(X, P, backend=_Recording(eps_abs=1e-6), polish=False)
+    assert _Recording.calls == [(False, 64)]
 
 
 def test_polish_in_parts_matches_one_part(rng, monkeypatch):
     """A large batch is polished in one part per core: the samples are independent, so the result
     is that of one part (to rounding)."""
-    from polyproj import projector
+    from polyproj import runtime
+    from polyproj.projection import pipeline
 
     P = random_polytope(rng, 12, 30, 1)
     X = 3.0 * rng.normal(size=(96, 12))
-    monkeypatch.setattr(projector, "_POLISH_PART", 10**9)
+    monkeypatch.setattr(pipeline, "POLISH_PART", 10**9)
     one = pp.project(X, P, backend="ipm", eps_abs=1e-6)
-    monkeypatch.setattr(projector, "_POLISH_PART", 32)
-    monkeypatch.setattr(projector.os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(pipeline, "POLISH_PART", 32)
+    monkeypatch.setattr(runtime, "cpu_count", lambda: 3)
     parts = pp.project(X, P, backend="ipm", eps_abs=1e-6)
     assert one.polished.all() and parts.polished.all()
     np.testing.assert_allclose(parts.y, one.y, atol=1e-12)

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import polyproj as pp  # noqa: E402
 from polyproj.adapters.torch import ProjectionLayer, choose_backend, project  # noqa: E402
 
-BACKENDS = ["torch", "proxsuite"] + [b for b in ("osqp", "highs") if b in pp.available_backends()]
+BACKENDS = ["admm", "ipm", "proxsuite"] + [b for b in ("osqp", "highs") if b in pp.available_backends()]
 
 
 def _polytope(rng, n=6, m=8, p=1, box=True):
@@ -54,8 +54,8 @@ def test_forward_matches_pp_project_and_is_feasible(backend, rng):
     assert P.violation(y.numpy()).max() < 1e-10
 
 
-@pytest.mark.parametrize("admm_dtype", ["float32", torch.float64])
-def test_admm_dtype_only_changes_the_start(admm_dtype, rng):
+@pytest.mark.parametrize("start_dtype", ["float32", "float64"])
+def test_admm_start_dtype_only_changes_the_start(start_dtype, rng):
     # the ADMM (float32 by default) only identifies the face; the polished result is float64-exact,
     # also with a zero row of A (its row scaling must not underflow in float32)
     P = _polytope(rng, n=12, m=20, p=2)
@@ -63,11 +63,11 @@ def test_admm_dtype_only_changes_the_start(admm_dtype, rng):
     P = pp.Polyhedron(A=A, a=np.append(P.a, 1.0), B=P.B, b=P.b, lb=P.lb, ub=P.ub)
     X = 2.5 * rng.normal(size=(16, P.n))
     ref = pp.project(X, P)
-    y = project(torch.tensor(X), backend="torch", admm_dtype=admm_dtype, **_tensors(P))
+    y = project(torch.tensor(X), backend="admm", start_dtype=start_dtype, **_tensors(P))
     assert y.dtype == torch.float64
     assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
-    with pytest.raises(pp.ProblemError, match="admm_dtype"):
-        project(torch.tensor(X), backend="torch", admm_dtype="float16", **_tensors(P))
+    with pytest.raises(pp.SettingsError, match="start_dtype"):
+        project(torch.tensor(X), backend="admm", start_dtype="float16", **_tensors(P))
 
 
 def test_leading_batch_dims_and_single_point(rng):
@@ -109,7 +109,7 @@ def test_admm_without_some_bounds_matches_pp_project(bounds, rng):
     t = _tensors(P)
     if bounds == "none":
         t["lb"] = t["ub"] = None
-    y = project(torch.tensor(X), backend="torch", **t)
+    y = project(torch.tensor(X), backend="admm", **t)
     assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
     assert P.violation(y.numpy()).max() < 1e-10
 
@@ -127,7 +127,7 @@ def test_infinite_rows_and_no_inequalities(rng):
 
 
 # ----------------------------------------------------------------------------- gradients
-@pytest.mark.parametrize("backend", ["torch", "proxsuite"])
+@pytest.mark.parametrize("backend", ["admm", "proxsuite"])
 def test_gradcheck_x_a_b_bounds(backend, rng):
     P = _polytope(rng)
     x, _ = _nondegenerate_point(P, rng)
@@ -280,7 +280,7 @@ def test_errors(rng):
         project(x, lb=torch.ones(P.n, dtype=torch.float64), ub=torch.zeros(P.n, dtype=torch.float64))
     empty = dict(A=torch.tensor([[1.0, 0, 0, 0, 0, 0], [-1.0, 0, 0, 0, 0, 0]], dtype=torch.float64),
                  a=torch.tensor([-1.0, -1.0], dtype=torch.float64))
-    for backend in ("proxsuite", "torch"):
+    for backend in ("proxsuite", "admm"):
         with pytest.raises(pp.InfeasibleError):
             project(x, backend=backend, **empty)
     with pytest.raises(pp.ProblemError, match="rank"):
@@ -291,42 +291,55 @@ def test_errors(rng):
 
 def test_auto_rule():
     x = torch.zeros(3, 4, dtype=torch.float64)
-    assert choose_backend(x, shared=True) == "torch"
+    assert choose_backend(x, shared=True) == "admm"
     assert choose_backend(x, shared=False) in ("ipm", "proxsuite")
+
+
+class _Spy:
+    """Record which backends solve which projection batches (every backend's public entry point)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        from polyproj.backends.base import QPSolver
+
+        for name in ("admm", "ipm", "proxsuite"):
+            cls = type(pp.get_backend(name))
+            real = cls.solve_projections
+
+            def spy(solver, X, data, *, rough=False, _real=real, _name=name):
+                self.calls.append((_name, X.shape[0], rough))
+                return _real(solver, X, data, rough=rough)
+
+            monkeypatch.setattr(cls, "solve_projections", spy)
+        assert QPSolver  # the base default is only used by backends without their own entry
 
 
 @pytest.mark.parametrize("fallback", ["auto", "ipm", "proxsuite"])
 def test_fallback_solves_what_the_admm_start_leaves(fallback, rng, monkeypatch):
     # two ADMM iterations and one polish correction: most samples go to the fallback, which must
     # return the same exact projection whichever solver it is
-    import polyproj.adapters.torch as T
+    from polyproj.backends.defaults import fallback_for
 
     P = _polytope(rng, n=12, m=20, p=2)
     X = 2.5 * rng.normal(size=(16, P.n))
     ref = pp.project(X, P)
-    sent = []
-    real_forward = T._forward
-
-    def spy(x2, data, backend, settings):
-        sent.append((x2.shape[0], backend))
-        return real_forward(x2, data, backend, settings)
-
-    monkeypatch.setattr(T, "_forward", spy)
-    y = project(torch.tensor(X), backend="torch", admm_iter=2, admm_check=1000, fallback=fallback, **_tensors(P))
+    spy = _Spy(monkeypatch)
+    y = project(torch.tensor(X), backend="admm", max_iter=2, check=1000, fallback=fallback, **_tensors(P))
     assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
-    assert len(sent) == 2 and sent[0] == (16, "torch")  # the fallback was used, once
-    count, used = sent[1]
-    assert used == (T._choose_fallback(torch.tensor(X), count, {}) if fallback == "auto" else fallback)
+    assert spy.calls[0] == ("admm", 16, True)  # the rough start of the whole batch
+    name, count, _ = spy.calls[1]  # the fallback was asked once, for the refused points
+    assert count <= 16
+    assert name == (fallback_for(True, P.n, count, {}) if fallback == "auto" else fallback)
 
 
 def test_auto_fallback_rule():
-    from polyproj.adapters.torch import _choose_fallback
+    from polyproj.backends.defaults import fallback_for
 
-    small, large = torch.zeros(4, 50, dtype=torch.float64), torch.zeros(4, 400, dtype=torch.float64)
-    assert _choose_fallback(small, 2, {}) == ("proxsuite" if "proxsuite" in pp.available_backends() else "ipm")
-    assert _choose_fallback(small, 9, {}) == "ipm"
-    assert _choose_fallback(large, 1, {}) == "ipm"
-    assert _choose_fallback(small, 1, {"not_a_proxsuite_setting": 1}) == "ipm"
+    assert fallback_for(True, 50, 2, {}) == ("proxsuite" if "proxsuite" in pp.available_backends() else "ipm")
+    assert fallback_for(True, 50, 9, {}) == "ipm"
+    assert fallback_for(True, 400, 1, {}) == "ipm"
+    assert fallback_for(False, 50, 1, {}) == "ipm"
+    assert fallback_for(True, 50, 1, {"not_a_proxsuite_setting": 1}) == "ipm"
 
 
 # ----------------------------------------------------------------------------- module
@@ -376,9 +389,9 @@ def test_training_portfolio_feasible_and_loss_decreases():
 
 
 def test_backward_reuses_the_forward_factors_and_matches_refactoring(rng, monkeypatch):
-    # the backward takes the Cholesky factors of the faces the forward's polish accepted; the
+    # the backward takes the factorisations of the faces the forward's polish accepted; the
     # gradients (to every input) are those of a backward that factors the final active sets anew
-    import polyproj.adapters.torch as T
+    from polyproj.projection import polish as polish_mod
 
     P = _polytope(rng, n=12, m=20, p=2)
     X = 2.5 * rng.normal(size=(64, P.n))
@@ -388,47 +401,41 @@ def test_backward_reuses_the_forward_factors_and_matches_refactoring(rng, monkey
     def grads(reuse):
         t = _tensors(P, requires_grad=True)
         x = torch.tensor(X, requires_grad=True)
-        covered = []
-        real = T._vjp_all
-
-        def spy(A, B, active, fixed, g, faces):
-            covered.append(sum(int(f.use.sum()) for f in faces) if reuse else 0)
-            return real(A, B, active, fixed, g, faces if reuse else [])
-
-        monkeypatch.setattr(T, "_vjp_all", spy)
-        y = project(x, backend="torch", **t)
+        if not reuse:  # a polish that records no face: the backward factors every sample itself
+            real = polish_mod.polish
+            monkeypatch.setattr("polyproj.projection.pipeline.polish",
+                                lambda *a, **k: real(*a, **{**k, "record": False}))
+        y = project(x, backend="admm", **t)
+        monkeypatch.undo()
         (y * V).sum().backward()
-        return [x.grad] + [t[k].grad for k in ("A", "a", "B", "b", "lb", "ub")], covered[0]
+        return [x.grad] + [t[k].grad for k in ("A", "a", "B", "b", "lb", "ub")]
 
-    g_reuse, covered = grads(True)
-    g_fresh, _ = grads(False)
-    assert covered >= 48  # most samples' faces come from the forward
+    g_reuse = grads(True)
+    g_fresh = grads(False)
     for u, v in zip(g_reuse, g_fresh, strict=True):
         torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
 
 
-def test_auto_fallback_survives_a_false_infeasibility_report(rng, monkeypatch):
-    # ProxSuite's dense solver misreports PRIMAL_INFEASIBLE on a few feasible points; the automatic
-    # fallback then asks the IPM instead of raising InfeasibleError on a feasible polyhedron
-    import polyproj.adapters.torch as T
-    from polyproj.solution import Status
+def test_fallback_survives_a_false_infeasibility_report(rng, monkeypatch):
+    # ProxSuite's dense solver misreports PRIMAL_INFEASIBLE on a few feasible points; the pipeline then
+    # asks an independent backend (the IPM) instead of raising InfeasibleError on a feasible polyhedron
+    from dataclasses import replace
 
+    pytest.importorskip("proxsuite")
     P = _polytope(rng, n=12, m=20, p=2)
     X = 2.5 * rng.normal(size=(6, P.n))
     ref = pp.project(X, P)
-    real = T._solve_registry
+    cls = type(pp.get_backend("proxsuite"))
+    real = cls.solve_projections
     asked = []
 
-    def lying(backend, *args):
-        asked.append(backend)
-        Y0, mult0, st, eps = real(backend, *args)
-        return Y0, mult0, [Status.PRIMAL_INFEASIBLE] * len(st), eps
+    def lying(solver, Xb, data, *, rough=False):
+        asked.append(Xb.shape[0])
+        start = real(solver, Xb, data, rough=rough)
+        return replace(start, status=(pp.Status.PRIMAL_INFEASIBLE,) * len(start.status))
 
-    monkeypatch.setattr(T, "_solve_registry", lying)
-    y = project(torch.tensor(X), backend="torch", admm_iter=2, admm_check=1000, **_tensors(P))
+    monkeypatch.setattr(cls, "solve_projections", lying)
+    with pytest.warns(pp.PolyprojWarning, match="'ipm' found them feasible"):
+        y = project(torch.tensor(X), backend="admm", max_iter=2, check=1000, fallback="proxsuite", **_tensors(P))
     assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
-    if "proxsuite" in pp.available_backends():
-        assert asked == ["proxsuite"]  # asked first, then the IPM answered
-    with pytest.raises(pp.InfeasibleError):  # a backend the user named is not second-guessed
-        project(torch.tensor(X), backend="torch", admm_iter=2, admm_check=1000, fallback="proxsuite",
-                **_tensors(P))
+    assert asked  # the fallback was asked first, then the IPM answered

@@ -59,6 +59,14 @@ class Capabilities:
     warm_start: bool = False
     duals: bool = True
     infeasibility: bool = False  # detects primal/dual infeasibility
+    #: projections run in the input's array namespace and device (no host round trip)
+    array_api: bool = False
+    #: per-sample constraint matrices in one native batch (input-dependent constraints)
+    batch_matrices: bool = False
+    #: ``solve_projections(rough=True)`` stops once the active face looks identified (the polish finishes)
+    early_stop: bool = False
+    #: its projections are starts for the polish only: points the polish refuses go to another backend
+    start_only: bool = False
 
     def as_list(self) -> list[str]:
         """Names of the capabilities that are true."""
@@ -171,6 +179,29 @@ class QPSolver(abc.ABC):
             ws = warm_start.solution(i) if warm_start is not None else None
             sols.append(self.solve(qpi, warm_start=ws))
         return BatchSolution.stack(sols, backend=self.name, solve_time=time.perf_counter() - t0)
+
+    def solve_projections(self, X: Any, data: Any, *, rough: bool = False) -> Any:
+        """Projections of the rows of ``X`` onto a polyhedron: the start of the exact polish.
+
+        Parameters
+        ----------
+        X : (batch, n) array of any namespace
+        data : :class:`~polyproj.polydata.PolyData`
+            In the namespace of ``X``; shared or per sample.
+        rough : bool
+            The backend may stop once the active face looks identified (``capabilities.early_stop``);
+            the pipeline solves refused points again with ``rough=False``.
+
+        Returns
+        -------
+        :class:`~polyproj.backends.projection.ProjectionStart` in the namespace of ``X``.
+
+        The default sends the batch to the host once and solves it by :meth:`solve_batch` (shared
+        matrices) or :meth:`solve` per sample; backends that work in any namespace override it.
+        """
+        from .projection import solve_on_host
+
+        return solve_on_host(self, X, data, rough=rough)
 
     # ------------------------------------------------------------------ helpers for subclasses
     @staticmethod

@@ -15,12 +15,15 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from array_api_compat import device as _device
 
 from ..errors import SettingsError
+from ..polydata import PolyData, qp_multipliers_to_rows
 from ..problem import QP
+from ..runtime import small_blas
 from ..solution import BatchSolution, ElementQPs, Solution
-from ..threads import small_blas
 from .base import Capabilities, QPSolver
+from .projection import ProjectionStart
 
 __all__ = ["IPMSolver"]
 
@@ -35,22 +38,22 @@ class IPMSolver(QPSolver):
     """
 
     name = "ipm"
-    capabilities = Capabilities(dense=True, sparse=False, batch=True, warm_start=False, infeasibility=True)
+    capabilities = Capabilities(dense=True, sparse=False, batch=True, warm_start=False, infeasibility=True,
+                                array_api=True, batch_matrices=True, early_stop=True)
     requires = ("array_api_compat",)
     extra = "ipm"
+    options = {"ruiz_iter": 10, "batch_chunk": None, "namespace": "numpy", "threads": None}
+    #: ``solve_projections(rough=True)`` stops at this relative tolerance (``eps_rel``) and leaves the
+    #: rest to the exact polish (docs/performance.md: the active faces are identified well before the
+    #: IPM's own stop)
+    rough_eps_rel: float = 1e-4
 
     @classmethod
     def version(cls) -> str:
         """The IPM is polyproj's own: its version is polyproj's."""
-        from .. import __version__
+        from .._version import __version__
 
         return f"polyproj {__version__}"
-    options = {"ruiz_iter": 10, "batch_chunk": None, "namespace": "numpy", "threads": None}
-    #: :func:`polyproj.project` first solves to this relative tolerance (``eps_rel``) and lets the
-    #: exact polish finish; points whose polish is refused are solved again with the settings asked
-    #: for. At 1e-4 the active set is identified for all points of bench_batch (n 100) in 7.4
-    #: iterations instead of 10.0 at eps_abs 1e-6.
-    projection_stop_rel: float | None = 1e-4
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
@@ -128,3 +131,33 @@ class IPMSolver(QPSolver):
         qps = ElementQPs(qp, vecs, size)  # per-element QPs for the residual methods, built on access
         return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
                              backend=self.name, qps=qps, info={"elements": info})
+
+    def solve_projections(self, X: Any, data: PolyData, *, rough: bool = False) -> ProjectionStart:
+        """Native: one batched IPM run in the namespace and on the device of ``X`` (P = I, q = -x)."""
+        from ..ipm import solve_qp_batch
+
+        xp = data.xp
+        N, n = X.shape
+        A, a, B, b, lb, ub = data.parts()
+        if data.shared_matrices:
+            C = xp.concat([A, B], axis=0)
+        else:
+            C = xp.concat([xp.broadcast_to(M, (N, *M.shape[-2:])) if M.ndim == 2 else M for M in (A, B)], axis=1)
+        if a.ndim == 2 or b.ndim == 2:
+            a, b = xp.broadcast_to(a, (N, data.m)), xp.broadcast_to(b, (N, data.p))
+        lo = xp.concat([xp.full_like(a, -float("inf")), b], axis=-1)
+        hi = xp.concat([a, b], axis=-1)
+        s = self.settings
+        eps_abs = float(s["eps_abs"])
+        eps_rel = max(float(s["eps_rel"]), self.rough_eps_rel) if rough else float(s["eps_rel"])
+        res = solve_qp_batch(xp.eye(n, dtype=X.dtype, device=_device(X)), -X, C,
+                             lo, hi, lb, ub, eps_abs=eps_abs, eps_rel=eps_rel,
+                             max_iter=int(s["max_iter"]) if s["max_iter"] is not None else 100,
+                             time_limit=s["time_limit"], ruiz_iter=int(self.backend_options.get("ruiz_iter", 10)),
+                             batch_chunk=self.backend_options.get("batch_chunk"),
+                             threads=self.backend_options.get("threads"))
+        z = res.z
+        mu = z[:, data.m:]
+        return ProjectionStart(res.x, qp_multipliers_to_rows(xp, z, res.z_box, data.m),
+                               xp.where(xp.isnan(mu), xp.zeros_like(mu), mu), res.statuses(),
+                               max(eps_abs, eps_rel) if rough else eps_abs, rough=rough)

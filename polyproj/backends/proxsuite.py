@@ -10,7 +10,6 @@ exceeded) and enforced hard only by the benchmark's subprocess timeout.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Any
 
@@ -18,8 +17,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..problem import QP
+from ..runtime import cpu_count, keep_torch_threads
 from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
-from ..threads import keep_torch_threads
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex
@@ -269,7 +268,7 @@ class ProxSuiteSolver(QPSolver):
             self._configure(solver, warm=False)
             solver.init(qp.P, q_i, *shared, **kw)
         setup = time.perf_counter() - t0
-        threads = self.backend_options.get("num_threads") or os.cpu_count() or 1
+        threads = self.backend_options.get("num_threads") or cpu_count()
         t1 = time.perf_counter()
         with keep_torch_threads():  # its omp_set_num_threads is torch's too
             dense.solve_in_parallel(batch, int(threads))

@@ -252,7 +252,7 @@ def _run_nonlicq(solver: QPSolver) -> PropertyResult:
         expected = [np.zeros((2, 2)), np.eye(2) - 0.5 * np.ones((2, 2))]
         hs_ok = len(els) == 2 and all(min(np.abs(e.J - E).max() for E in expected) < 1e-9 for e in els)
         b_ok = len(Jb) >= 8 and all(np.abs(J).max() < 1e-6 for J in Jb)
-        from ..hs_jacobian import hs_jacobian
+        from ..projection.hs_jacobian import hs_jacobian
 
         used_ok = np.abs(hs_jacobian(P, res.active[0])).max() < 1e-12
         if not (hs_ok and b_ok and used_ok):

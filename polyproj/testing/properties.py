@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from ..hs_jacobian import hs_jacobian, hs_vjp
+from ..api import project
 from ..problem import QP, Polyhedron
-from ..projector import ProjectionResult, project
+from ..projection.hs_jacobian import hs_jacobian, hs_vjp
+from ..projection.result import ProjectionResult
 from ..solution import Solution, Status
 
 __all__ = [

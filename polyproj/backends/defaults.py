@@ -1,0 +1,56 @@
+"""Which backend for what: the one place where polyproj chooses backends by name, by measurement.
+
+The projection pipeline, ``solve_qp`` and the torch adapter ask here; nothing else names a backend.
+The measurements behind each rule are in ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import PolyprojError
+
+__all__ = ["PROJECTION_DEFAULT", "QP_DEFAULT", "auto_projection", "fallback_for", "independent_of"]
+
+#: default backend of :func:`polyproj.solve_qp`
+QP_DEFAULT = "proxsuite"
+#: default backend of :func:`polyproj.project` for a Polyhedron
+PROJECTION_DEFAULT = "proxsuite"
+#: the ``backend="auto"`` rule for projections: shared matrices → one factorisation for the batch
+AUTO_SHARED, AUTO_PER_SAMPLE = "admm", "ipm"
+#: order in which an independent second opinion is asked (a false infeasibility report)
+INDEPENDENT = ("ipm", "highs", "proxsuite", "osqp")
+
+
+def _available(name: str, **settings: Any) -> bool:
+    from ..registry import get_backend
+
+    try:
+        get_backend(name, **settings)
+    except PolyprojError:
+        return False
+    return True
+
+
+def auto_projection(shared_matrices: bool) -> str:
+    """``backend="auto"``: the ADMM start + polish for shared matrices, the batched IPM for per-sample ones."""
+    return AUTO_SHARED if shared_matrices else AUTO_PER_SAMPLE
+
+
+def fallback_for(on_cpu: bool, n: int, count: int, settings: dict) -> str:
+    """The backend that solves the points a start-only backend (the ADMM) leaves to the fallback.
+
+    ProxSuite one QP at a time for a few small CPU samples (at most 8, n <= 100), else the batched IPM
+    on the input's device.
+    """
+    if on_cpu and n <= 100 and count <= 8 and _available("proxsuite", **settings):
+        return "proxsuite"
+    return "ipm"
+
+
+def independent_of(name: str) -> str | None:
+    """A backend other than ``name`` to ask for a second opinion (None when none is installed)."""
+    for other in INDEPENDENT:
+        if other != name and _available(other):
+            return other
+    return None

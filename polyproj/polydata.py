@@ -1,0 +1,182 @@
+"""Constraint data of a polyhedron as arrays of one array namespace: the form projections work on.
+
+``P = {y : A y <= a,  B y = b,  lb <= y <= ub}`` with every part present (empty matrices, infinite
+bounds), in one namespace (NumPy, PyTorch on any device, CuPy, ``array_api_strict``) and one dtype.
+Each part is shared by a batch (``A (m, n)``, ``a (m,)``, ``lb (n,)``) or carries the batch dimension
+(``A (batch, m, n)``, ``a (batch, m)``, ``lb (batch, n)``): input-dependent constraints.
+
+**The numbering of inequality rows** (the one used by the projection pipeline, the polish, the faces
+and the HS-Jacobian): the ``m`` rows of ``A``, then one row ``-y_i <= -lb_i`` for every coordinate,
+then one row ``y_i <= ub_i`` for every coordinate — ``m + 2n`` rows whatever the data (a row with an
+infinite right-hand side is never active), so shapes never depend on values. A
+:class:`~polyproj.problem.Polyhedron` reports active sets in its compact numbering (rows of ``A``,
+finite lower bounds, finite upper bounds); :class:`RowLayout` is the one conversion between the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
+
+from .errors import ProblemError
+
+__all__ = ["PolyData", "RowLayout", "ineq_slack", "matvec"]
+
+
+def matvec(xp: Any, M: Any, Y: Any) -> Any:
+    """``M y`` per sample: ``M`` (r, n) shared or (b, r, n); ``Y`` (b, n) -> (b, r)."""
+    if M.ndim == 2:
+        return xp.matmul(Y, xp.matrix_transpose(M))
+    return xp.matmul(M, Y[:, :, None])[:, :, 0]
+
+
+def ineq_slack(Y: Any, A: Any, a: Any, lb: Any, ub: Any) -> Any:
+    """Slack of every inequality row: ``[a − A y, y − lb, ub − y]``, shape (b, m + 2n)."""
+    xp = array_namespace(Y, A)
+    return xp.concat([a - matvec(xp, A, Y), Y - lb, ub - Y], axis=1)
+
+
+@dataclass(frozen=True)
+class PolyData:
+    """The six parts of a polyhedron as arrays of one namespace and dtype (see the module docstring)."""
+
+    A: Any
+    a: Any
+    B: Any
+    b: Any
+    lb: Any
+    ub: Any
+
+    @property
+    def xp(self) -> Any:
+        """The array namespace of the data."""
+        return array_namespace(self.A, self.lb)
+
+    @property
+    def n(self) -> int:
+        """Number of variables."""
+        return int(self.lb.shape[-1])
+
+    @property
+    def m(self) -> int:
+        """Rows of A."""
+        return int(self.A.shape[-2])
+
+    @property
+    def p(self) -> int:
+        """Rows of B."""
+        return int(self.B.shape[-2])
+
+    @property
+    def shared_matrices(self) -> bool:
+        """True when A and B are shared by the batch (vectors may still be per sample)."""
+        return self.A.ndim == 2 and self.B.ndim == 2
+
+    @property
+    def batched(self) -> bool:
+        """True when any part carries a batch dimension."""
+        return not self.shared_matrices or any(v.ndim == 2 for v in (self.a, self.b, self.lb, self.ub))
+
+    def parts(self) -> tuple[Any, ...]:
+        """``(A, a, B, b, lb, ub)``."""
+        return self.A, self.a, self.B, self.b, self.lb, self.ub
+
+    def take(self, idx: Any) -> PolyData:
+        """The data of the samples ``idx`` (an index array); shared parts unchanged."""
+        xp = self.xp
+
+        def t(v, nd):
+            return xp.take(v, idx, axis=0) if v.ndim == nd else v
+
+        return PolyData(t(self.A, 3), t(self.a, 2), t(self.B, 3), t(self.b, 2), t(self.lb, 2), t(self.ub, 2))
+
+    def astype(self, dtype: Any) -> PolyData:
+        """The data in another floating dtype of the same namespace."""
+        xp = self.xp
+        return PolyData(*(xp.astype(v, dtype) for v in self.parts()))
+
+    def violation(self, Y: Any) -> Any:
+        """Largest constraint violation of each row of ``Y`` (b, n); ``inf`` where Y is not finite."""
+        xp = array_namespace(Y, self.A)
+        v = xp.zeros((Y.shape[0],), dtype=Y.dtype, device=_device(Y))
+        if self.m:
+            r = matvec(xp, self.A, Y) - self.a
+            v = xp.maximum(v, xp.max(xp.where(r > 0, r, xp.zeros_like(r)), axis=1))
+        if self.p:
+            v = xp.maximum(v, xp.max(xp.abs(matvec(xp, self.B, Y) - self.b), axis=1))
+        if self.n:
+            r = xp.maximum(Y - self.ub, self.lb - Y)
+            v = xp.maximum(v, xp.max(xp.where(r > 0, r, xp.zeros_like(r)), axis=1))
+        good = xp.all(xp.isfinite(Y), axis=1)
+        return xp.where(good, v, xp.full_like(v, float("inf")))
+
+    @classmethod
+    def from_polyhedron(cls, polyhedron: Any, like: Any = None, dtype: Any = None) -> PolyData:
+        """The dense data of a :class:`~polyproj.problem.Polyhedron` in the namespace/device of ``like``."""
+        parts = (polyhedron.A_dense, polyhedron.a, polyhedron.B_dense, polyhedron.b, polyhedron.lb, polyhedron.ub)
+        if like is None:
+            return cls(*(np.asarray(v, dtype=dtype or np.float64) for v in parts))
+        xp = array_namespace(like)
+        dt = like.dtype if dtype is None else dtype
+        dev = _device(like)
+        return cls(*(xp.asarray(np.ascontiguousarray(v), dtype=dt, device=dev) for v in parts))
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Map between the pipeline's inequality rows (``m + 2n``) and a Polyhedron's compact numbering.
+
+    Compact numbering: the rows of ``A``, then the finite lower bounds (``lb_idx``), then the finite
+    upper bounds (``ub_idx``). ``cols[j]`` is the pipeline row of compact row ``j``.
+    """
+
+    m: int
+    n: int
+    lb_idx: np.ndarray
+    ub_idx: np.ndarray
+
+    @classmethod
+    def of(cls, polyhedron: Any) -> RowLayout:
+        """The layout of a Polyhedron."""
+        return cls(polyhedron.m_ineq, polyhedron.n, polyhedron.lb_idx, polyhedron.ub_idx)
+
+    @property
+    def cols(self) -> np.ndarray:
+        """Pipeline row of every compact row."""
+        m, n = self.m, self.n
+        return np.concatenate([np.arange(m), m + self.lb_idx, m + n + self.ub_idx]).astype(np.int64)
+
+    @property
+    def n_compact(self) -> int:
+        """Length of the compact numbering."""
+        return self.m + self.lb_idx.size + self.ub_idx.size
+
+    def to_compact(self, full: Any) -> Any:
+        """Columns of a (b, m + 2n) array in the compact numbering, (b, n_compact)."""
+        xp = array_namespace(full)
+        return xp.take(full, xp.asarray(self.cols, device=_device(full)), axis=1)
+
+    def to_full(self, compact: Any, fill: Any = 0) -> Any:
+        """A (b, n_compact) array spread to the (b, m + 2n) rows (``fill`` elsewhere)."""
+        compact = np.asarray(compact)
+        if compact.shape[-1] != self.n_compact:
+            raise ProblemError(f"active must have {self.n_compact} entries per sample (rows of A, then finite "
+                               f"lb, then finite ub), got shape {compact.shape}")
+        out = np.full((*compact.shape[:-1], self.m + 2 * self.n), fill, dtype=compact.dtype)
+        out[..., self.cols] = compact
+        return out
+
+
+def qp_multipliers_to_rows(xp: Any, z: Any, z_box: Any, m: int) -> Any:
+    """Inequality-row multipliers (b, m + 2n) from a QP solution's ``z`` (rows of ``[A; B]``) and ``z_box``.
+
+    With ``C = [A; B]`` the QP's ``z_i > 0`` is the multiplier of an active upper side (a row of A),
+    ``z_box_i < 0`` of an active lower bound, ``z_box_i > 0`` of an active upper bound.
+    """
+    z = xp.where(xp.isnan(z), xp.zeros_like(z), z)
+    zb = xp.where(xp.isnan(z_box), xp.zeros_like(z_box), z_box)
+    return xp.concat([z[:, :m], -zb, zb], axis=1)

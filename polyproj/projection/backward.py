@@ -1,0 +1,109 @@
+"""Backpropagation through the projection onto a polyhedron: the HS-Jacobian and the data gradients.
+
+At ``y = Π_P(x)`` with active rows ``M = [A_I; B]``, fixed coordinates ``E`` (active bounds), free
+coordinates ``F`` and ``J = I − H(HᵀH)⁺Hᵀ`` (the projector onto the null space of the active rows):
+
+    ∂L/∂x     = J g,
+    ∂L/∂c_I   = r := (M_F⁺)ᵀ g            (c = a_I, b: zero on inactive rows of a),
+    ∂L/∂v_E   = g_E − (Mᵀ r)_E            (v the value of an active bound: lb or ub),
+    ∂L/∂M     = −λ (J g)ᵀ − r yᵀ          (A_I, B; λ the multipliers of the projection).
+
+Computed without forming ``J``: samples whose final face the polish factored reuse that factorisation
+(:class:`~polyproj.projection.polish.FaceRecord`), the others are factored here
+(:class:`~polyproj.projection.faces.Face`). Shared data receive the gradient summed over the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
+
+from .faces import Face, expand_rows, put_rows
+
+__all__ = ["VJPParts", "data_vjp", "hs_vjp", "vjp_parts"]
+
+
+@dataclass(frozen=True)
+class VJPParts:
+    """``J g``, the row gradients ``rA`` (b, m), ``rB`` (b, p), ``Mᵀ r`` and the bound masks."""
+
+    Jg: Any
+    rA: Any
+    rB: Any
+    Mr: Any
+    at_lb: Any
+    at_ub: Any
+
+
+def vjp_parts(info: Any, G: Any) -> VJPParts:
+    """Everything the backward needs at the faces of ``info`` (a :class:`~polyproj.sets.polyhedral.FaceInfo`)."""
+    xp = array_namespace(G)
+    d = info.data
+    g = xp.astype(G, d.A.dtype)
+    batch, n = g.shape
+    m, p = d.m, d.p
+    at_ub = xp.astype(info.active[:, m + n:], g.dtype)
+    at_lb = xp.astype(info.active[:, m: m + n], g.dtype) * (1.0 - at_ub)
+    free = 1.0 - (at_lb + at_ub)
+    activeA = info.active[:, :m]
+    Jg, Mr = xp.zeros_like(g), xp.zeros_like(g)
+    rA = xp.zeros((batch, m), dtype=g.dtype, device=_device(g))
+    rB = xp.zeros((batch, p), dtype=g.dtype, device=_device(g))
+    covered = xp.zeros((batch,), dtype=xp.bool, device=_device(g))
+    for rec in info.faces:  # a sample ends in one round only: the records do not overlap
+        if not bool(xp.any(rec.use)):
+            continue
+        g_r = g if rec.idx is None else xp.take(g, rec.idx, axis=0)
+        Jg_r, r, Mr_r = rec.face.vjp(g_r)
+        rA_r, rB_r = expand_rows(rec.face.rows, r)
+        use = xp.nonzero(rec.use)[0]
+        sel = use if rec.idx is None else xp.take(rec.idx, use, axis=0)
+        Jg, Mr = put_rows(xp, Jg, sel, xp.take(Jg_r, use, axis=0)), put_rows(xp, Mr, sel, xp.take(Mr_r, use, axis=0))
+        rA, rB = put_rows(xp, rA, sel, xp.take(rA_r, use, axis=0)), put_rows(xp, rB, sel, xp.take(rB_r, use, axis=0))
+        covered = put_rows(xp, covered, sel, xp.ones(sel.shape, dtype=xp.bool, device=_device(g)))
+    rest = xp.nonzero(~covered)[0]
+    if rest.shape[0]:
+        sub = d.take(rest)
+        face = Face.factor(sub.A, sub.B, xp.take(activeA, rest, axis=0), xp.take(free, rest, axis=0))
+        Jg_r, r, Mr_r = face.vjp(xp.take(g, rest, axis=0))
+        rA_r, rB_r = expand_rows(face.rows, r)
+        Jg, Mr = put_rows(xp, Jg, rest, Jg_r), put_rows(xp, Mr, rest, Mr_r)
+        rA, rB = put_rows(xp, rA, rest, rA_r), put_rows(xp, rB, rest, rB_r)
+    return VJPParts(Jg, rA, rB, Mr, at_lb, at_ub)
+
+
+def hs_vjp(info: Any, G: Any) -> Any:
+    """``J g`` (b, n) in the dtype of ``G``."""
+    xp = array_namespace(G)
+    return xp.astype(vjp_parts(info, G).Jg, G.dtype)
+
+
+def data_vjp(info: Any, G: Any, names: tuple[str, ...], ndims: dict[str, int], parts: VJPParts | None = None
+             ) -> dict[str, Any]:
+    """Gradients with respect to the data parts ``names`` (``ndims``: each part's own rank, to sum shared ones)."""
+    xp = array_namespace(G)
+    v = vjp_parts(info, G) if parts is None else parts
+    d = info.data
+    m = d.m
+
+    def red(t, own_ndim):  # shared data: summed over the batch
+        return xp.sum(t, axis=0) if own_ndim < t.ndim else t
+
+    out: dict[str, Any] = {}
+    gv = (v.at_lb + v.at_ub) * (xp.astype(G, v.Jg.dtype) - v.Mr)  # on the fixed coordinates
+    rules = {
+        "a": lambda: red(v.rA, ndims["a"]),
+        "b": lambda: red(v.rB, ndims["b"]),
+        "lb": lambda: red(gv * v.at_lb, ndims["lb"]),
+        "ub": lambda: red(gv * v.at_ub, ndims["ub"]),
+        "A": lambda: red(-(info.mult[:, :m, None] * v.Jg[:, None, :] + v.rA[:, :, None] * info.Y[:, None, :]),
+                         ndims["A"]),
+        "B": lambda: red(-(info.mu[:, :, None] * v.Jg[:, None, :] + v.rB[:, :, None] * info.Y[:, None, :]),
+                         ndims["B"]),
+    }
+    for k in names:
+        out[k] = xp.astype(rules[k](), G.dtype)
+    return out

@@ -1,0 +1,367 @@
+"""The one projection pipeline: solve → recover → polish → fall back → result, for every array namespace.
+
+For a batch ``X`` (batch, n) and polyhedral data (:class:`~polyproj.polydata.PolyData`, shared or per
+sample) in one namespace, :func:`run`
+
+1. **solves**: the backend's :meth:`~polyproj.backends.base.QPSolver.solve_projections` (with
+   ``rough=True`` when the backend can stop once the faces look identified and the polish is on);
+2. **recovers** false infeasibility reports: the polyhedron is shared, so a sample solved to a feasible
+   point proves it is not empty; the flagged samples are solved again one by one, then by an
+   independent backend; the polyhedron is called empty only when no backend finds a point of it;
+3. **polishes** on the identified active face (:func:`polyproj.projection.polish.polish`): exact to
+   rounding, KKT verified; large NumPy batches in parts on one thread per core;
+4. **falls back** for the samples whose polish is refused after a rough start: solved again accurately
+   (by the same backend, or by :func:`polyproj.backends.defaults.fallback_for` when the backend's
+   projections are starts only) and polished again; what is still refused keeps the backend's point
+   with an active set from both signals (slack or multiplier), with a warning.
+
+Everything stays in the input's namespace and device; inequality rows are numbered as in
+:mod:`polyproj.polydata`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, is_numpy_namespace
+from array_api_compat import device as _device
+
+from ..backends.projection import ProjectionStart
+from ..errors import InfeasibleError, PolyprojWarning
+from ..polydata import PolyData, ineq_slack
+from ..runtime import batch_parts, parallel_map, small_blas
+from ..solution import Status
+from .faces import scatter_rows
+from .polish import FaceRecord, PolishResult, polish
+
+__all__ = ["PipelineOutput", "PolishOptions", "run"]
+
+#: samples per polish part at n = 100 (large NumPy batches are polished in parts, one thread per core)
+POLISH_PART = 256
+
+
+@dataclass(frozen=True)
+class PolishOptions:
+    """How the pipeline polishes.
+
+    ``tol``: relative tolerance of the KKT checks; ``max_rounds``: active-set corrections (default 50
+    after an accurate start, ``12 + n/20`` after the start of a start-only backend, whose refused points
+    go to the fallback); ``block_rounds``: first corrections that change every wrong row at once;
+    ``fallback``: ``"auto"`` or a backend name (start-only backends); ``record``: keep the factored
+    faces for a backward pass.
+    """
+
+    polish: bool = True
+    tol: float = 1e-9
+    max_rounds: int | None = None
+    block_rounds: int = 0
+    fallback: str = "auto"
+    record: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineOutput:
+    """The pipeline's result (rows numbered as in :mod:`polyproj.polydata`)."""
+
+    Y: Any
+    active: Any
+    mult: Any
+    mu: Any
+    status: tuple[Status, ...]
+    polished: Any
+    backend: str
+    faces: list[FaceRecord]
+    start: ProjectionStart
+
+
+def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool | None = None) -> PipelineOutput:
+    """Project the rows of ``X`` onto ``data`` with ``solver`` (see the module docstring).
+
+    ``rough`` (default: when the polish is on and the backend can stop early) asks the backend for a
+    rough start.
+    """
+    if rough is None:
+        rough = opts.polish and solver.capabilities.early_stop
+    start = solver.solve_projections(X, data, rough=rough)
+    start, flagged, report = _recover(solver, X, data, start)
+    if not opts.polish:
+        out = _unpolished_output(X, data, start, solver.name)
+    else:
+        pol = _polish(X, data, start, opts, _rounds(opts, solver, start, X.shape[1]))
+        out = _output(data, start, pol, solver.name)
+        out = _fall_back(X, data, solver, opts, start, out, flagged)
+    if report is not None:
+        xp = array_namespace(X)
+        by_polish = int(xp.sum(xp.astype(flagged & out.polished, xp.int64)))
+        nan = int(xp.sum(xp.astype(flagged & ~out.polished, xp.int64)))
+        warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
+                      + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
+    return out
+
+
+def _rounds(opts: PolishOptions, solver: Any, start: ProjectionStart, n: int) -> int:
+    if opts.max_rounds is not None:
+        return int(opts.max_rounds)
+    if start.rough and solver.capabilities.start_only:
+        return 12 + n // 20  # a round on the few samples left costs less than the fallback solve
+    return 50
+
+
+def _polish_part(n: int) -> int:
+    """Samples per polish part: ``POLISH_PART (100/n)²`` between 256 and 2048 (small faces need big parts)."""
+    return int(min(2048, max(POLISH_PART, POLISH_PART * (100.0 / max(n, 1)) ** 2)))
+
+
+def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, rounds: int) -> PolishResult:
+    """The polish from the backend's start; NumPy batches in parts on one BLAS thread, one part per core."""
+    xp = array_namespace(X)
+    cand_tol = max(1e-7, 10.0 * start.accuracy)
+    dist_tol = max(1e-9, start.dist_factor * start.accuracy)
+
+    def part(sl):
+        d = data if not data.batched else data.take(xp.arange(sl.start, sl.stop, device=_device(X)))
+        return polish(X[sl], d, start.y[sl], start.mult[sl], cand_tol=cand_tol, dist_tol=dist_tol, tol=opts.tol,
+                      max_iter=rounds, block_iter=opts.block_rounds, record=opts.record)
+
+    if not is_numpy_namespace(xp):
+        return part(slice(0, X.shape[0]))
+    with small_blas():
+        parts = parallel_map(part, batch_parts(X.shape[0], _polish_part(X.shape[1])))
+    if len(parts) == 1:
+        return parts[0]
+    faces = []
+    offset = 0
+    for p in parts:  # records index their own part: shift them into the batch
+        for rec in p.faces or []:
+            idx = xp.arange(offset, offset + p.Y.shape[0]) if rec.idx is None else rec.idx + offset
+            faces.append(FaceRecord(idx, rec.use, rec.face))
+        offset += p.Y.shape[0]
+    cat = [xp.concat([getattr(p, f) for p in parts], axis=0) for f in ("Y", "active", "mult", "mu", "accepted")]
+    return PolishResult(*cat, faces if opts.record else None)
+
+
+def _output(data: PolyData, start: ProjectionStart, pol: PolishResult, name: str) -> PipelineOutput:
+    status = tuple(Status.SOLVED if bool(a) else s for a, s in zip(_host_bools(pol.accepted), start.status,
+                                                                   strict=True))
+    return PipelineOutput(pol.Y, pol.active, pol.mult, pol.mu, status, pol.accepted, name, pol.faces or [], start)
+
+
+def _host_bools(v: Any) -> list[bool]:
+    return [bool(b) for b in (v.tolist() if hasattr(v, "tolist") else list(v))]
+
+
+def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: ProjectionStart, out: PipelineOutput,
+               flagged) -> PipelineOutput:
+    """Refused samples: after a rough start solved again accurately (their own pipeline); else kept as started."""
+    xp = array_namespace(X)
+    refused = ~out.polished & ~flagged
+    if not bool(xp.any(refused)):
+        return out
+    if start.rough:
+        idx = xp.nonzero(refused)[0]
+        return _merge(xp, out, idx, _resolve(X, data, solver, opts, idx))
+    bad = int(xp.sum(xp.astype(refused, xp.int64)))
+    warnings.warn(f"polish refused for {bad} of {refused.shape[0]} points: the KKT conditions could not be "
+                  "verified on the identified active set; those points keep the backend's accuracy "
+                  f"(backend {solver.name!r})", PolyprojWarning, stacklevel=5)
+    return _keep_start(X, data, out, refused)
+
+
+def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:
+    """The samples ``idx`` solved again accurately.
+
+    By the fallback backend when the backend's projections are starts only, else by the same backend
+    without the early stop.
+    """
+    from ..backends.defaults import fallback_for
+    from ..registry import get_backend
+
+    xp = array_namespace(X)
+    Xs, ds = xp.take(X, idx, axis=0), data.take(idx)
+    if not solver.capabilities.start_only:
+        return run(Xs, ds, solver, opts, rough=False)
+    name = opts.fallback
+    if name == "auto":
+        name = fallback_for(_on_cpu(X), X.shape[1], int(idx.shape[0]), _unified(solver.settings))
+    return run(Xs, ds, get_backend(name, **_unified(solver.settings)), replace(opts, fallback="auto"))
+
+
+def _unified(settings: dict) -> dict:
+    from ..backends.base import SETTINGS
+
+    return {k: v for k, v in settings.items() if k in SETTINGS and k != "warm_start"}
+
+
+def _on_cpu(X: Any) -> bool:
+    dev = _device(X)
+    return str(getattr(dev, "type", dev)) == "cpu"
+
+
+def _merge(xp, out: PipelineOutput, idx, sub: PipelineOutput) -> PipelineOutput:
+    """``out`` with the samples ``idx`` replaced by ``sub`` (faces re-indexed into the batch)."""
+    mask = _index_mask(xp, idx, out.Y.shape[0])
+    faces = list(out.faces)
+    for rec in sub.faces:
+        faces.append(FaceRecord(idx if rec.idx is None else xp.take(idx, rec.idx, axis=0), rec.use, rec.face))
+    status = list(out.status)
+    for k, i in enumerate(_host_ints(idx)):
+        status[i] = sub.status[k]
+    put = lambda full, part: scatter_rows(xp, full, mask, part)  # noqa: E731
+    return replace(out, Y=put(out.Y, sub.Y), active=put(out.active, sub.active), mult=put(out.mult, sub.mult),
+                   mu=put(out.mu, sub.mu), polished=put(out.polished, sub.polished), status=tuple(status),
+                   faces=faces)
+
+
+def _index_mask(xp, idx, size: int):
+    """Boolean mask of length ``size`` that is True at ``idx``."""
+    mask = xp.zeros((size,), dtype=xp.bool, device=_device(idx))
+    if hasattr(mask, "index_put_") or isinstance(mask, np.ndarray):  # torch, NumPy: assignment
+        mask[idx] = True
+        return mask
+    return xp.any(xp.arange(size, device=_device(idx))[:, None] == idx[None, :], axis=1)
+
+
+def _host_ints(v: Any) -> list[int]:
+    return [int(i) for i in (v.tolist() if hasattr(v, "tolist") else list(v))]
+
+
+# ----------------------------------------------------------------------------- unpolished points
+def _both_signals(X, data: PolyData, Y, mult0, accuracy: float):
+    """Active set of points that were not polished (both signals).
+
+    A row is active when its slack is below a tolerance scaled to its right-hand side *or* its multiplier
+    is clearly positive.
+    """
+    xp = array_namespace(X)
+    tol = max(1e-7, 100.0 * accuracy)
+    n, m = data.n, data.m
+    batch = X.shape[0]
+    rhs = xp.concat([xp.broadcast_to(data.a, (batch, m)), -xp.broadcast_to(data.lb, (batch, n)),
+                     xp.broadcast_to(data.ub, (batch, n))], axis=1)
+    fin = xp.isfinite(rhs)
+    rhs0 = xp.where(fin, rhs, xp.zeros_like(rhs))
+    Yf = xp.where(xp.isfinite(Y), Y, X)
+    mscale = 1.0 + (xp.max(xp.abs(mult0), axis=1, keepdims=True) if mult0.shape[1] else 0.0)
+    slack = ineq_slack(Yf, data.A, data.a, data.lb, data.ub)
+    return fin & ((slack <= tol * (1.0 + xp.abs(rhs0))) | (mult0 > tol * mscale))
+
+
+def _unpolished_output(X, data: PolyData, start: ProjectionStart, name: str) -> PipelineOutput:
+    xp = array_namespace(X)
+    active = _both_signals(X, data, start.y, start.mult, start.accuracy)
+    mult = xp.where(start.mult > 0, start.mult, xp.zeros_like(start.mult))
+    polished = xp.zeros((X.shape[0],), dtype=xp.bool, device=_device(X))
+    return PipelineOutput(start.y, active, mult, start.mu, start.status, polished, name, [], start)
+
+
+def _keep_start(X, data: PolyData, out: PipelineOutput, refused) -> PipelineOutput:
+    """Refused samples keep the backend's point (its start) and an active set from both signals."""
+    xp = array_namespace(X)
+    st = out.start
+    active = _both_signals(X, data, st.y, st.mult, st.accuracy)
+    mult = xp.where(st.mult > 0, st.mult, xp.zeros_like(st.mult))
+    r = refused[:, None]
+    return replace(out, Y=xp.where(r, st.y, out.Y), active=xp.where(r, active, out.active),
+                   mult=xp.where(r, mult, out.mult), mu=xp.where(r, st.mu, out.mu))
+
+
+# ----------------------------------------------------------------------------- false infeasibility
+def _flags(xp, start: ProjectionStart, like):
+    return xp.asarray([s is Status.PRIMAL_INFEASIBLE for s in start.status], dtype=xp.bool, device=_device(like))
+
+
+def _feasible(xp, data: PolyData, Y, ok):
+    """Samples solved to a finite point of the polyhedron (a proof that it is not empty)."""
+    viol = data.violation(xp.where(xp.isfinite(Y), Y, xp.zeros_like(Y)))
+    return ok & xp.all(xp.isfinite(Y), axis=1) & (viol <= 1e-5 * (1.0 + xp.max(xp.abs(Y), axis=1)))
+
+
+def _recover(solver, X, data: PolyData, start: ProjectionStart):
+    """Re-solve samples reported PRIMAL_INFEASIBLE (see the module docstring).
+
+    Returns the patched start, the samples still flagged (their point is NaN; the polish from ``x`` may
+    still verify them) and the start of the warning :func:`run` completes (None when nothing was flagged).
+    """
+    xp = array_namespace(X)
+    flagged = _flags(xp, start, X)
+    if not bool(xp.any(flagged)):
+        return start, flagged, None
+    ok = xp.asarray([s.ok for s in start.status], dtype=xp.bool, device=_device(X))
+    # one polyhedron for the batch: a sample solved to a point of it proves it is not empty
+    has_donor = not data.batched and bool(xp.any(_feasible(xp, data, start.y, ok)))
+    total = int(xp.sum(xp.astype(flagged, xp.int64)))
+    head = f"backend {solver.name!r} reported PRIMAL_INFEASIBLE for {total} of {len(start.status)} points "
+    report = ""
+    if has_donor:
+        start, good = _one_by_one(solver, X, data, start, flagged)
+        report = head + ("although others were solved to feasible points of the same polyhedron; solved again one "
+                         f"by one: {good} recovered")
+        flagged = _flags(xp, start, X)
+    if bool(xp.any(flagged)):
+        start, report = _second_opinion(solver, X, data, start, flagged, has_donor, head, report)
+    flagged = _flags(xp, start, X)
+    y = xp.where(flagged[:, None], xp.full_like(start.y, float("nan")), start.y)
+    return replace(start, y=y), flagged, report
+
+
+def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
+    xp = array_namespace(X)
+    idx = _host_ints(xp.nonzero(flagged)[0])
+    good = 0
+    for i in idx:
+        sel = xp.asarray([i], device=_device(X))
+        again = solver.solve_projections(xp.take(X, sel, axis=0), data.take(sel), rough=False)
+        one = xp.asarray([True], device=_device(X))
+        if again.status[0].ok and bool(_feasible(xp, data.take(sel), again.y, one)[0]):
+            start = _patch_start(xp, start, sel, again)
+            good += 1
+    return start, good
+
+
+def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, head: str, report: str):
+    """The still-flagged samples by an independent backend; raise when nothing proves the set non-empty."""
+    from ..backends.defaults import independent_of
+    from ..registry import get_backend
+
+    xp = array_namespace(X)
+    empty = InfeasibleError(f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
+                            f"{Status.PRIMAL_INFEASIBLE.message}", solution=start.solution)
+    other = independent_of(solver.name)
+    if other is None:
+        if not has_donor:
+            raise empty
+        return start, report
+    idx = xp.nonzero(flagged)[0]
+    again = get_backend(other).solve_projections(xp.take(X, idx, axis=0), data.take(idx), rough=False)
+    ok = xp.asarray([s.ok for s in again.status], dtype=xp.bool, device=_device(X))
+    good = _feasible(xp, data.take(idx), again.y, ok)
+    count = int(xp.sum(xp.astype(good, xp.int64)))
+    if (not has_donor and count == 0) or (data.batched and count < int(idx.shape[0])):
+        raise empty  # per-sample polyhedra: a sample no backend can solve has an empty set
+    if count:
+        gidx = xp.nonzero(good)[0]
+        start = _patch_start(xp, start, xp.take(idx, gidx, axis=0), _take_start(xp, again, gidx))
+    if not has_donor:
+        return start, head + f"and solved none; backend {other!r} found them feasible: {count} solved by it"
+    return start, report + (f"; backend {other!r} solved {count} it kept flagging" if count else "")
+
+
+def _take_start(xp, s: ProjectionStart, idx) -> ProjectionStart:
+    keep = _host_ints(idx)
+    return replace(s, y=xp.take(s.y, idx, axis=0), mult=xp.take(s.mult, idx, axis=0), mu=xp.take(s.mu, idx, axis=0),
+                   status=tuple(s.status[i] for i in keep), solution=None)
+
+
+def _patch_start(xp, start: ProjectionStart, idx, part: ProjectionStart) -> ProjectionStart:
+    """``start`` with samples ``idx`` replaced by ``part``."""
+    mask = _index_mask(xp, idx, start.y.shape[0])
+    order = xp.argsort(idx)  # scatter_rows fills the mask's True rows in increasing order
+    part = _take_start(xp, part, order)
+    status = list(start.status)
+    for k, i in enumerate(sorted(_host_ints(idx))):
+        status[i] = part.status[k]
+    return replace(start, y=scatter_rows(xp, start.y, mask, part.y), mult=scatter_rows(xp, start.mult, mask, part.mult),
+                   mu=scatter_rows(xp, start.mu, mask, part.mu), status=tuple(status))

@@ -1,0 +1,306 @@
+"""The exact active-set polish of a batch of projections, written against the array API.
+
+Given a (possibly inaccurate) projection ``Y0`` of ``X`` onto ``P = {Ay <= a, By = b, lb <= y <= ub}``
+and its multipliers (inequality rows numbered as in :mod:`polyproj.polydata`), :func:`polish`
+
+1. takes as candidate active rows those close to their hyperplane *or* with a clearly positive
+   multiplier (both signals: solvers return active rows with a small positive slack and a large
+   multiplier, where a slack-only rule picks a wrong face);
+2. solves the equality-constrained projection onto the candidate face exactly (:func:`face_solve`);
+3. accepts it when the KKT conditions of the projection hold: feasible, inequality multipliers
+   ``>= 0``, the face's equations consistent — all relative to the scale of the sample (the size of
+   ``x``, ``y`` and of each row's right-hand side), so data at 1e-12 or 1e12 is not special;
+4. otherwise changes the face — by one row per sample (drop the most negative multiplier, else add
+   the most violated row: dual feasibility first, since a wrongly active row bends the face point and
+   makes other rows look violated), or for the first ``block_iter`` rounds every wrong row at once —
+   and repeats. An inconsistent face (rows that cannot all hold) first drops the candidate least
+   supported by the backend's point.
+
+Constraint data may be shared or per sample (:class:`~polyproj.polydata.PolyData`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
+
+from ..polydata import PolyData, ineq_slack, matvec
+from .faces import Face, expand_rows, face_rhs, gather_active_rows, scatter_rows
+
+__all__ = ["FaceRecord", "PolishResult", "face_solve", "polish"]
+
+
+def _rmax(xp, v):
+    """Row-wise max of |v| (0 for empty rows), keepdims."""
+    if v.shape[1] == 0:
+        return xp.zeros((v.shape[0], 1), dtype=v.dtype, device=_device(v))
+    return xp.max(xp.abs(v), axis=1, keepdims=True)
+
+
+def face_solve(X, data: PolyData, S, *, method: str = "auto"):
+    """Exact projection of ``X`` onto the face given by the candidate rows ``S`` (b, m + 2n).
+
+    Returns ``(Y, mult, mu, cons, face)``: ``Y`` (b, n); inequality multipliers ``mult`` (b, m + 2n)
+    and equality multipliers ``mu`` (b, p) with ``Y − X + Aᵀλ_A − λ_lb + λ_ub + Bᵀμ = 0``; the
+    consistency residual ``cons = max|M y − c|`` (b,); the :class:`~polyproj.projection.faces.Face`.
+    A coordinate listed at both bounds (``lb == ub``) is fixed once, at the upper bound value.
+    """
+    xp = array_namespace(X, data.A)
+    n, m = X.shape[1], data.m
+    A, a, B, b, lb, ub = data.parts()
+    sA, s_lb, s_ub = S[:, :m], S[:, m: m + n], S[:, m + n:]
+    at_ub = xp.astype(s_ub, X.dtype)
+    at_lb = xp.astype(s_lb, X.dtype) * (1.0 - at_ub)
+    fixed = at_lb + at_ub
+    free = 1.0 - fixed
+    lbf = xp.where(xp.isfinite(lb), lb, xp.zeros_like(lb))
+    ubf = xp.where(xp.isfinite(ub), ub, xp.zeros_like(ub))
+    Z = free * X + fixed * xp.where(at_ub > 0, ubf, lbf)  # x with the fixed coordinates at their bounds
+    R = gather_active_rows(A, B, sA, free)
+    c = face_rhs(xp, A, a, b, sA, R)
+    face = Face.of_rows(R, method=method)
+    lam_c, step, Mt_lam = face.project_residual(R.dot(Z) - c)
+    Y = Z - step
+    lamA, mu = expand_rows(R, lam_c)
+    z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
+    mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
+    return Y, mult, mu, _rmax(xp, R.dot(Y) - c)[:, 0], face
+
+
+@dataclass
+class FaceRecord:
+    """The faces of one polish round, for the samples whose final active set is exactly that face.
+
+    ``idx``: batch indices of the round's samples (None: the whole batch); ``use``: those of the
+    round's samples that the record serves (a backward pass reuses their factorisation).
+    """
+
+    idx: Any
+    use: Any
+    face: Face
+
+
+def _record(xp, idx, use, face: Face) -> FaceRecord:
+    """A round's faces, kept whole when at least half its samples end there, else only those samples.
+
+    Keeping only the samples that end in a round bounds what all records hold together by about two
+    faces a sample; keeping a mostly-used round whole avoids a copy.
+    """
+    if 2 * int(xp.sum(xp.astype(use, xp.int64))) >= use.shape[0]:
+        return FaceRecord(idx, use, face)
+    keep = xp.nonzero(use)[0]
+    rows = keep if idx is None else xp.take(idx, keep, axis=0)
+    return FaceRecord(rows, xp.ones(keep.shape, dtype=xp.bool, device=_device(keep)), face.take(keep))
+
+
+@dataclass(frozen=True)
+class PolishResult:
+    """Output of :func:`polish` (inequality rows numbered as in :mod:`polyproj.polydata`).
+
+    ``Y`` (b, n); ``active`` (b, m + 2n); ``mult`` (b, m + 2n) ``>= 0``; ``mu`` (b, p); ``accepted``
+    (b,) the KKT conditions verified; ``faces`` the :class:`FaceRecord` list when asked for.
+    """
+
+    Y: Any
+    active: Any
+    mult: Any
+    mu: Any
+    accepted: Any
+    faces: list | None = None
+
+
+@dataclass(frozen=True)
+class _Scales:
+    """Per-row and per-sample scales of the KKT tests (see :func:`_scales`)."""
+
+    rhs: Any  # (b, m + 2n) right-hand sides
+    fin: Any  # (b, m + 2n) finite right-hand side
+    rn1: Any  # (b, m + 2n) 1-norm of each row
+    rn2: Any  # (b, m + 2n) 2-norm of each row (1 for zero rows)
+    bsum: Any  # (b, p) |b| + ||B_j||_1 (scale of the equality rows without the point)
+    bn1: Any  # (b, p) 1-norm of each equality row
+
+
+def _scales(xp, X, data: PolyData) -> _Scales:
+    batch, n = X.shape
+    m, p = data.m, data.p
+    A, a, B, b, lb, ub = data.parts()
+    dtype, dev = X.dtype, _device(X)
+    rhs = xp.concat([xp.broadcast_to(a, (batch, m)), -xp.broadcast_to(lb, (batch, n)),
+                     xp.broadcast_to(ub, (batch, n))], axis=1)
+    ones = xp.ones((batch, 2 * n), dtype=dtype, device=dev)
+    rn1 = xp.concat([xp.broadcast_to(xp.sum(xp.abs(A), axis=-1), (batch, m)), ones], axis=1)
+    rn2 = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(A, axis=-1), (batch, m)), ones], axis=1)
+    rn2 = xp.where(rn2 > 0, rn2, xp.ones_like(rn2))
+    bn1 = xp.broadcast_to(xp.sum(xp.abs(B), axis=-1), (batch, p))
+    return _Scales(rhs, xp.isfinite(rhs), rn1, rn2, xp.broadcast_to(xp.abs(b), (batch, p)), bn1)
+
+
+def _row_tol(xp, sc: _Scales, sig, tol: float):
+    """Feasibility tolerance of every inequality row: ``tol (|rhs| + ||row||_1 σ)``, σ the sample's scale."""
+    rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
+    return tol * (xp.abs(rhs0) + sc.rn1 * sig)
+
+
+def _sample_scale(xp, sc: _Scales, sig):
+    """Scale of a sample's row values: ``σ max ||row||_1 + max |rhs|`` over all its rows (b,)."""
+    rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
+    return (sig * _rmax(xp, xp.concat([sc.rn1, sc.bn1], axis=1)) + _rmax(xp, xp.concat([rhs0, sc.bsum], axis=1)))[:, 0]
+
+
+def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float, max_iter: int,
+           block_iter: int = 0, record: bool = False) -> PolishResult:
+    """Primal–dual active-set polish of a batch of projections (see the module docstring).
+
+    Parameters
+    ----------
+    X : (batch, n) array
+    data : PolyData
+    Y0 : (batch, n)
+        The backend's projection (rows with NaN start from X).
+    mult0 : (batch, m + 2n)
+        The backend's inequality multipliers (NaN-free).
+    cand_tol, dist_tol : float
+        Candidate thresholds: multiplier above ``cand_tol`` (relative to the largest), or distance to
+        the row's hyperplane below ``dist_tol`` (relative to the sample's scale).
+    tol : float
+        Relative tolerance of the KKT checks.
+    max_iter : int
+        Active-set corrections allowed.
+    block_iter : int
+        The first ``block_iter`` corrections change every wrong row at once.
+    record : bool
+        Keep the factored faces on which samples were accepted (:class:`FaceRecord`).
+    """
+    xp = array_namespace(X, data.A)
+    sc = _scales(xp, X, data)
+    good0 = xp.all(xp.isfinite(Y0), axis=1)
+    Ystart = xp.where(good0[:, None], Y0, X)
+    sig0 = xp.maximum(_rmax(xp, Ystart), _rmax(xp, X))
+    dist0 = ineq_slack(Ystart, *_ineq_parts(data)) / sc.rn2
+    mult0_n = mult0 * sc.rn2  # multipliers of the normalised rows: the scale of x − y
+    backed = mult0_n > cand_tol * (sig0 + _rmax(xp, mult0_n))
+    S = sc.fin & ((dist0 <= dist_tol * sig0) | backed)
+    # how little the backend supports a candidate (an inconsistent face drops the least supported):
+    # multiplier not clearly positive first, then farthest from its hyperplane
+    weak = xp.where(backed, xp.full_like(dist0, -1e30), dist0)
+    state = _State.start(xp, X, data, S, Ystart)
+    faces: list[FaceRecord] | None = [] if record else None
+    for it in range(max_iter):
+        if not bool(xp.any(state.todo)):
+            break
+        _round(xp, state, X, data, sc, weak, tol, block=it < block_iter, faces=faces)
+    return _finish(xp, state, X, data, sc, tol, faces)
+
+
+def _ineq_parts(data: PolyData):
+    return data.A, data.a, data.lb, data.ub
+
+
+@dataclass
+class _State:
+    """The polish's iterate: the current point, multipliers and candidate set of every sample."""
+
+    Y: Any
+    mult: Any
+    mu: Any
+    S: Any  # candidate active rows (b, m + 2n)
+    accepted: Any  # (b,) verified
+    todo: Any  # (b,) not yet verified
+    forced: Any  # rows added because the face point violated them (never dropped as least supported)
+
+    @classmethod
+    def start(cls, xp, X, data: PolyData, S, Ystart) -> _State:
+        batch = X.shape[0]
+        dev = _device(X)
+        shape = (batch, data.m + 2 * data.n)
+        return cls(Ystart, xp.zeros(shape, dtype=X.dtype, device=dev), xp.zeros((batch, data.p), dtype=X.dtype,
+                   device=dev), S, xp.zeros((batch,), dtype=xp.bool, device=dev),
+                   xp.ones((batch,), dtype=xp.bool, device=dev), xp.zeros(shape, dtype=xp.bool, device=dev))
+
+
+def _select(xp, state: _State, X, data: PolyData, sc: _Scales, weak):
+    """The round's samples: everything when all are still to do, else the rows of ``todo``."""
+    if bool(xp.all(state.todo)):
+        return None, X, data, sc, state.S, state.forced, weak
+    mask = state.todo
+    idx = xp.nonzero(mask)[0]
+
+    def t(v):
+        return xp.take(v, idx, axis=0)
+
+    sub = _Scales(t(sc.rhs), t(sc.fin), t(sc.rn1), t(sc.rn2), t(sc.bsum), t(sc.bn1))
+    return mask, t(X), data.take(idx), sub, t(state.S), t(state.forced), t(weak)
+
+
+def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, *, block: bool, faces) -> None:
+    """One polish round on the samples still to do: face solve, KKT tests, next candidate sets."""
+    mask, Xt, dt, st, St, ft, wt = _select(xp, state, X, data, sc, weak)
+    Yt, mt, mut, cons, face = face_solve(Xt, dt, St)
+    slack = ineq_slack(Yt, *_ineq_parts(dt))
+    sig = xp.maximum(_rmax(xp, Yt), _rmax(xp, Xt))
+    feas_tol = _row_tol(xp, st, sig, tol)
+    mt_n = mt * st.rn2  # multipliers of the normalised rows: the scale of x − y
+    mtol = tol * (sig + _rmax(xp, mt_n))
+    neg = St & ((mt_n < -mtol) | (slack > feas_tol))  # drop: negative multiplier, or left slack
+    viol = (~St) & st.fin & (slack < -feas_tol)
+    incons = cons > tol * _sample_scale(xp, st, sig)
+    eq_ok = ~incons
+    if dt.p:
+        eq_res = xp.abs(matvec(xp, dt.B, Yt) - dt.b)
+        eq_ok = eq_ok & xp.all(eq_res <= tol * (st.bsum + st.bn1 * sig), axis=1)
+    done = ~xp.any(neg, axis=1) & ~xp.any(viol, axis=1) & eq_ok
+    add, drop = _changes(xp, St, slack, st, mt_n, neg, viol, incons, ft, wt, block)
+    Snew = xp.where(done[:, None], St, (St | add) & ~drop)
+    if faces is not None and bool(xp.any(done)):
+        faces.append(_record(xp, None if mask is None else xp.nonzero(mask)[0], done, face))
+    if mask is None:
+        state.Y, state.mult, state.mu, state.S, state.accepted = Yt, mt, mut, Snew, done
+        state.forced, state.todo = ft | add, ~done
+        return
+    state.Y, state.mult = scatter_rows(xp, state.Y, mask, Yt), scatter_rows(xp, state.mult, mask, mt)
+    state.mu, state.S = scatter_rows(xp, state.mu, mask, mut), scatter_rows(xp, state.S, mask, Snew)
+    state.forced = scatter_rows(xp, state.forced, mask, ft | add)
+    state.accepted = scatter_rows(xp, state.accepted, mask, done)
+    state.todo = scatter_rows(xp, state.todo, mask, ~done)
+
+
+def _changes(xp, St, slack, sc: _Scales, mt_n, neg, viol, incons, forced, weak, block: bool):
+    """Rows to add and to drop for the next round (see the module docstring)."""
+    dtype, dev = slack.dtype, _device(slack)
+    cols = xp.arange(St.shape[1], device=dev)[None, :]
+    has_v = xp.any(viol, axis=1) & ~incons
+    has_n = xp.any(neg, axis=1) & ~incons
+    dist = slack / sc.rn2
+    inf = xp.full(dist.shape, float("inf"), dtype=dtype, device=dev)
+    if block:  # a primal–dual step: every wrong row at once
+        add = viol & ~incons[:, None]
+        drop = neg & ~has_v[:, None] & ~incons[:, None]
+    else:
+        worst_v = xp.argmin(xp.where(viol, dist, inf), axis=1)
+        worst_n = xp.argmin(xp.where(neg, xp.minimum(mt_n, -dist), inf), axis=1)
+        add = (cols == worst_v[:, None]) & (has_v & ~has_n)[:, None]
+        drop = (cols == worst_n[:, None]) & has_n[:, None]
+    if bool(xp.any(incons)):  # drop the least-supported candidate, never a row added as violated
+        droppable = St & sc.fin & ~forced
+        droppable = xp.where(xp.any(droppable, axis=1)[:, None], droppable, St & sc.fin)
+        worst_i = xp.argmax(xp.where(droppable, weak, -inf), axis=1)
+        drop = drop | ((cols == worst_i[:, None]) & (incons & xp.any(droppable, axis=1))[:, None])
+    return add, drop
+
+
+def _finish(xp, state: _State, X, data: PolyData, sc: _Scales, tol: float, faces) -> PolishResult:
+    """Final active sets: the accepted face plus rows at zero slack (weakly active), relative to scale."""
+    mult = xp.where(state.mult > 0, state.mult, xp.zeros_like(state.mult))
+    slack = ineq_slack(state.Y, *_ineq_parts(data))
+    sig = xp.maximum(_rmax(xp, state.Y), _rmax(xp, X))
+    at_zero = sc.fin & (xp.abs(slack) <= _row_tol(xp, sc, sig, tol))
+    active = state.accepted[:, None] & (state.S | at_zero)
+    if faces:  # a recorded face serves the samples whose final active set it is (no weakly active extra)
+        exact = state.accepted & ~xp.any(active != state.S, axis=1)
+        for rec in faces:
+            rec.use = rec.use & (exact if rec.idx is None else xp.take(exact, rec.idx, axis=0))
+    return PolishResult(state.Y, active, mult, state.mu, state.accepted, faces)

@@ -1,0 +1,71 @@
+"""The result of a projection: :class:`ProjectionResult` (what every :class:`~polyproj.sets.Projector` returns)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..solution import Status
+
+__all__ = ["ProjectionResult"]
+
+
+@dataclass(frozen=True)
+class ProjectionResult:
+    """Projections of a batch onto a set, with what the HS-Jacobian needs.
+
+    Arrays are in the namespace and on the device of the input. For a single point ``x`` of shape
+    ``(n,)`` the batch dimension is dropped from every array and ``status`` / ``polished`` are scalars.
+
+    Attributes
+    ----------
+    y : (batch, n)
+        The projections.
+    active : (batch, n_ineq) bool
+        Active inequality rows, numbered as in the set's :meth:`~polyproj.sets.Projector.as_polyhedron`
+        (rows of A, then finite lb, then finite ub).
+    multipliers : (batch, n_ineq + m_eq)
+        KKT multipliers: ``>= 0`` for inequality rows, free for the rows of B, with
+        ``y − x + A_Iᵀλ_I + Bᵀμ − λ_lb + λ_ub = 0``.
+    status : Status or tuple of Status
+    max_violation : float
+        Largest constraint violation over the batch.
+    violation : (batch,)
+    polished : bool or (batch,) bool
+        The KKT conditions were verified (the exact polish, or a closed form).
+    backend : str
+        The QP backend, or the name of the closed-form method.
+    solution : BatchSolution or Solution or None
+        What a QP backend returned (NumPy inputs).
+    degenerate : (batch,) bool or None
+        Samples where the HS element was chosen among several: a weakly active row (zero multiplier
+        on an active row) or dependent active rows (LICQ fails).
+    face : object
+        What the set's VJP needs (internal to the set).
+    """
+
+    y: Any
+    active: Any
+    multipliers: Any
+    status: Any
+    max_violation: float
+    violation: Any
+    polished: Any
+    backend: str
+    solution: Any = field(default=None, repr=False)
+    degenerate: Any = field(default=None, repr=False)
+    face: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def batched(self) -> bool:
+        """False for the result of a single point (no batch dimension)."""
+        return not isinstance(self.status, Status)
+
+    def single(self) -> ProjectionResult:
+        """The result of a batch of one as the result of a single point (batch dimension dropped)."""
+        sol = self.solution
+        if sol is not None and hasattr(sol, "solution"):
+            sol = sol.solution(0)
+        return replace(self, y=self.y[0], active=self.active[0], multipliers=self.multipliers[0],
+                       status=self.status[0], violation=self.violation, polished=bool(self.polished[0]),
+                       solution=sol, degenerate=None if self.degenerate is None else bool(self.degenerate[0]))

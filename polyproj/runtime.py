@@ -1,0 +1,133 @@
+"""The one thread / BLAS policy of polyproj.
+
+Every decision about threads lives here:
+
+* :func:`small_blas` — batched NumPy work on small matrices (the polish's faces, the IPM's per-element
+  systems) runs with one BLAS thread: multithreaded BLAS on many small matrices spends its time
+  synchronising threads. OpenMP is not limited, so a solver's own parallel batch keeps its threads.
+* :func:`torch_single_thread` / :func:`small_work_threads` — long sequences of small torch operations
+  run on one intra-op thread (each operation would otherwise pay a thread wake-up, which dominates on a
+  loaded machine); problems above :data:`LARGE_WORK` multiply-adds per sweep keep the user's setting.
+* :func:`keep_torch_threads` — OpenMP code called by polyproj (``omp_set_num_threads`` is shared with
+  torch) never changes torch's intra-op thread count as seen by the caller.
+* :func:`cpu_count`, :func:`batch_parts` and :func:`parallel_map` — independent samples of a large batch
+  are processed in parts, one thread per core (NumPy and torch kernels release the GIL).
+
+Measurements behind the thresholds are in ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+__all__ = [
+    "LARGE_WORK",
+    "batch_parts",
+    "cpu_count",
+    "keep_torch_threads",
+    "parallel_map",
+    "small_blas",
+    "small_work_threads",
+    "torch_single_thread",
+]
+
+#: multiply-adds per sweep above which torch work keeps the user's intra-op threads
+LARGE_WORK = 5e7
+
+
+def cpu_count() -> int:
+    """Cores polyproj may use for its own batch threads (the affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def _controller() -> Any:
+    """One ThreadpoolController per process (building one scans the loaded libraries)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return None
+    return ThreadpoolController()
+
+
+@contextlib.contextmanager
+def keep_torch_threads() -> Iterator[None]:
+    """Restore torch's intra-op thread count after the block, if torch is imported."""
+    torch = sys.modules.get("torch")
+    prev = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        if prev is not None and torch.get_num_threads() != prev:
+            torch.set_num_threads(prev)
+
+
+@contextlib.contextmanager
+def torch_single_thread() -> Iterator[None]:
+    """One torch intra-op thread inside the block (restored after); a no-op when torch is not imported."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    prev = torch.get_num_threads()
+    if prev == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+@contextlib.contextmanager
+def small_blas() -> Iterator[None]:
+    """One BLAS thread inside the block, and one torch intra-op thread when torch is loaded.
+
+    Torch counts too because :mod:`polyproj.linalg` uses torch's batched triangular solves on NumPy
+    memory when torch is loaded; the caller's torch thread count is restored after the block.
+    """
+    ctl = _controller()
+    with keep_torch_threads(), torch_single_thread():
+        if ctl is None:  # pragma: no cover
+            yield
+            return
+        with ctl.limit(limits=1, user_api="blas"):
+            yield
+
+
+@contextlib.contextmanager
+def small_work_threads(on_cpu: bool, work: float) -> Iterator[None]:
+    """One torch intra-op thread for small CPU work (``work`` multiply-adds per sweep below :data:`LARGE_WORK`)."""
+    if not on_cpu or work > LARGE_WORK:
+        yield
+        return
+    with torch_single_thread():
+        yield
+
+
+def batch_parts(batch: int, part: int) -> list[slice]:
+    """Split ``range(batch)`` into about ``batch // part`` equal slices (one slice when that is < 2)."""
+    count = batch // max(part, 1)
+    if count < 2:
+        return [slice(0, batch)]
+    bounds = [round(i * batch / count) for i in range(count + 1)]
+    return [slice(i, j) for i, j in itertools.pairwise(bounds)]
+
+
+def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """``[fn(i) for i in items]`` on up to :func:`cpu_count` threads (in order; one item: no thread)."""
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(min(len(items), cpu_count())) as pool:
+        return list(pool.map(fn, items))

@@ -1,0 +1,176 @@
+"""The :class:`Projector` interface: a closed convex set one projects onto and differentiates through.
+
+A Projector projects a batch ``(batch, n)`` in the input's array namespace (NumPy, PyTorch on any
+device, CuPy, ``array_api_strict``: tensors stay tensors) and returns a
+:class:`~polyproj.projection.result.ProjectionResult` that carries the active set; its :meth:`vjp` is the
+HS-Jacobian product at that result; :meth:`as_polyhedron` writes the set as a
+:class:`~polyproj.problem.Polyhedron`, so that any QP backend can cross-check it.
+
+Writing a set (see ``docs/architecture.md``)::
+
+    class HalfSpace(pp.Projector):
+        def __init__(self, w, c):
+            self.w, self.c = np.asarray(w, float), float(c)
+
+        @property
+        def n(self):
+            return self.w.size
+
+        def project_batch(self, X):                       # X (batch, n), any namespace
+            xp = array_api_compat.array_namespace(X)
+            w = xp.asarray(self.w, dtype=X.dtype, device=array_api_compat.device(X))
+            viol = xp.maximum(X @ w - self.c, 0.0)
+            Y = X - viol[:, None] * w / float(self.w @ self.w)
+            return self.result(X, Y, active=viol[:, None] > 0, multipliers=(viol / float(self.w @ self.w))[:, None])
+
+        def vjp(self, result, G):                          # J g: remove the normal where active
+            ...
+
+        def as_polyhedron(self):
+            return pp.Polyhedron(A=self.w[None, :], a=[self.c])
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
+
+from ..errors import ProblemError
+from ..problem import Polyhedron
+from ..projection.result import ProjectionResult
+from ..solution import Status
+
+__all__ = ["Projector", "as_array"]
+
+
+def as_array(X: Any) -> Any:
+    """``X`` as an array of its namespace (lists and scalars become NumPy), real and floating."""
+    if isinstance(X, (list, tuple, int, float)):
+        X = np.asarray(X, dtype=np.float64)
+    try:
+        xp = array_namespace(X)
+    except TypeError as exc:
+        raise ProblemError(f"X must be an array (NumPy, torch, CuPy, ...), got {type(X).__name__}") from exc
+    if xp.isdtype(X.dtype, "bool") or not xp.isdtype(X.dtype, ("real floating", "integral")):
+        raise ProblemError(f"X must hold real numbers, got dtype {X.dtype}")
+    if not xp.isdtype(X.dtype, "real floating"):
+        X = xp.astype(X, xp.float64)
+    return X
+
+
+class Projector(abc.ABC):
+    """A closed convex set with an exact projection and its HS-Jacobian (see the module docstring).
+
+    Subclasses implement :attr:`n`, :meth:`project_batch`, :meth:`vjp` and :meth:`as_polyhedron`;
+    :meth:`project` (validation, single points, shapes) is shared. Sets whose points have a shape (a
+    k × k matrix) set :attr:`event_shape`.
+    """
+
+    #: name reported as ``ProjectionResult.backend`` by closed-form projections
+    method: str = "closed form"
+
+    @property
+    @abc.abstractmethod
+    def n(self) -> int:
+        """Dimension of a (flattened) point."""
+
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        """Shape of one point (default ``(n,)``)."""
+        return (self.n,)
+
+    @abc.abstractmethod
+    def project_batch(self, X: Any) -> ProjectionResult:
+        """Project a batch ``X`` (batch, n) of a floating dtype; arrays of the result in X's namespace."""
+
+    @abc.abstractmethod
+    def vjp(self, result: ProjectionResult, G: Any) -> Any:
+        """``J g`` (batch, n) for ``G`` (batch, n): the HS-Jacobian at a result of :meth:`project_batch`."""
+
+    @abc.abstractmethod
+    def as_polyhedron(self) -> Polyhedron:
+        """The set as a :class:`~polyproj.problem.Polyhedron` (its rows number ``result.active``)."""
+
+    # ------------------------------------------------------------------ differentiable data
+    def parameters(self) -> dict[str, Any]:
+        """Arrays of the set's data that can receive gradients (none by default)."""
+        return {}
+
+    def with_parameters(self, **values: Any) -> Projector:
+        """The same set with some of :meth:`parameters` replaced (default: the set itself)."""
+        return self
+
+    def parameter_vjp(self, result: ProjectionResult, G: Any, names: tuple[str, ...]) -> dict[str, Any]:
+        """Gradients of ``⟨G, y⟩`` with respect to the parameters ``names`` at ``result``."""
+        return {}
+
+    # ------------------------------------------------------------------ shared entry point
+    def project(self, X: Any) -> ProjectionResult:
+        """Project ``X``: one point of shape :attr:`event_shape` (or ``(n,)``), or a batch of them.
+
+        Raises
+        ------
+        ProblemError
+            X of the wrong shape or dtype, or holding NaN/inf.
+        """
+        X = as_array(X)
+        X2, single, shape = self._as_batch(X)
+        xp = array_namespace(X2)
+        if X2.shape[0] and not bool(xp.all(xp.isfinite(X2))):
+            bad = xp.nonzero(~xp.all(xp.isfinite(X2), axis=1))[0]
+            first = int(bad[0])
+            raise ProblemError(f"X contains NaN or inf (first in {'the point' if single else f'sample {first}'})")
+        res = self.project_batch(X2) if X2.shape[0] else self.empty_result(X2)
+        if len(shape) > 1:  # points with a shape: y in the input's layout
+            from dataclasses import replace
+
+            res = replace(res, y=xp.reshape(res.y, (X2.shape[0], *shape)))
+        return res.single() if single else res
+
+    def _as_batch(self, X: Any) -> tuple[Any, bool, tuple[int, ...]]:
+        xp = array_namespace(X)
+        n, ev = self.n, tuple(self.event_shape)
+        shp = tuple(X.shape)
+        if shp == ev or shp == (n,):
+            return xp.reshape(X, (1, n)), True, shp
+        if len(shp) == len(ev) + 1 and shp[1:] == ev:
+            return xp.reshape(X, (shp[0], n)), False, ev
+        if len(shp) == 2 and shp[1] == n:
+            return X, False, (n,)
+        want = f"({n},) or (batch, {n})" if ev == (n,) else f"{ev}, (batch, *{ev}) or (batch, {n})"
+        raise ProblemError(f"X must have shape {want}, got {shp}")
+
+    def empty_result(self, X: Any) -> ProjectionResult:
+        """The result of an empty batch."""
+        xp = array_namespace(X)
+        dev = _device(X)
+        P = self.as_polyhedron()
+        return ProjectionResult(
+            xp.zeros((0, self.n), dtype=X.dtype, device=dev), xp.zeros((0, P.n_ineq), dtype=xp.bool, device=dev),
+            xp.zeros((0, P.n_ineq + P.m_eq), dtype=X.dtype, device=dev), (), 0.0,
+            xp.zeros((0,), dtype=X.dtype, device=dev), xp.zeros((0,), dtype=xp.bool, device=dev), self.method)
+
+    def result(self, X: Any, Y: Any, active: Any, multipliers: Any, *, violation: Any = None,
+               face: Any = None, degenerate: Any = None) -> ProjectionResult:
+        """A result for an exact (closed-form) projection: every sample SOLVED and verified."""
+        xp = array_namespace(Y)
+        batch = Y.shape[0]
+        if violation is None:
+            violation = self.violation(Y)
+        return ProjectionResult(Y, active, multipliers, (Status.SOLVED,) * batch,
+                                float(xp.max(violation)) if batch else 0.0, violation,
+                                xp.ones((batch,), dtype=xp.bool, device=_device(Y)), self.method,
+                                degenerate=degenerate, face=face)
+
+    def violation(self, Y: Any) -> Any:
+        """Largest constraint violation of each row of ``Y`` (batch, n), in Y's namespace."""
+        from ..polydata import PolyData
+
+        return PolyData.from_polyhedron(self.as_polyhedron(), like=Y).violation(Y)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n})"

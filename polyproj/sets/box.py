@@ -1,0 +1,72 @@
+"""The box ``{lb <= y <= ub}``: projection by clipping, in closed form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
+
+from ..problem import Polyhedron
+from ..projection.result import ProjectionResult
+from .base import Projector
+
+__all__ = ["Box"]
+
+
+class Box(Projector):
+    """``{y : lb <= y <= ub}`` (``±inf`` allowed).
+
+    ``Π(x) = clip(x, lb, ub)``; the active rows are the coordinates at a bound (a coordinate with
+    ``lb_i == ub_i`` has both rows active), the HS-Jacobian keeps the other coordinates: ``J g = f ⊙ g``.
+
+    Examples
+    --------
+    >>> import numpy as np, polyproj as pp
+    >>> res = pp.project(np.array([2.0, 0.5, -1.0]), pp.sets.Box(np.zeros(3), np.ones(3)))
+    >>> res.y, res.active
+    (array([1. , 0.5, 0. ]), array([False, False,  True,  True, False, False]))
+    """
+
+    def __init__(self, lb: Any = None, ub: Any = None, *, n: int | None = None) -> None:
+        self._polyhedron = Polyhedron(lb=lb, ub=ub, n=n)  # validates: shapes, NaN, lb <= ub
+        self.lb, self.ub = self._polyhedron.lb, self._polyhedron.ub
+
+    @property
+    def n(self) -> int:
+        """Number of variables."""
+        return self._polyhedron.n
+
+    def as_polyhedron(self) -> Polyhedron:
+        """The box as a Polyhedron (rows: finite lower bounds, then finite upper bounds)."""
+        return self._polyhedron
+
+    def _bounds(self, X: Any):
+        xp = array_namespace(X)
+        return (xp.asarray(self.lb, dtype=X.dtype, device=_device(X)),
+                xp.asarray(self.ub, dtype=X.dtype, device=_device(X)))
+
+    def project_batch(self, X: Any) -> ProjectionResult:
+        """Clip; active rows and multipliers in the Polyhedron's numbering."""
+        xp = array_namespace(X)
+        lb, ub = self._bounds(X)
+        Y = xp.minimum(xp.maximum(X, lb), ub)
+        P = self._polyhedron
+        li = xp.asarray(P.lb_idx, device=_device(X))
+        ui = xp.asarray(P.ub_idx, device=_device(X))
+        at_lb, at_ub = Y == lb, Y == ub
+        zero = xp.zeros_like(X)
+        lam_lb, lam_ub = xp.maximum(lb - X, zero), xp.maximum(X - ub, zero)
+        active = xp.concat([xp.take(at_lb, li, axis=1), xp.take(at_ub, ui, axis=1)], axis=1)
+        mult = xp.concat([xp.take(lam_lb, li, axis=1), xp.take(lam_ub, ui, axis=1)], axis=1)
+        viol = xp.zeros((X.shape[0],), dtype=X.dtype, device=_device(X))
+        return self.result(X, Y, active, mult, violation=viol, face=xp.astype(~(at_lb | at_ub), X.dtype))
+
+    def vjp(self, result: ProjectionResult, G: Any) -> Any:
+        """``J g``: the gradient of the coordinates not at a bound."""
+        return result.face * G
+
+    def __repr__(self) -> str:
+        fin = int(np.isfinite(self.lb).sum() + np.isfinite(self.ub).sum())
+        return f"Box(n={self.n}, finite bounds={fin})"

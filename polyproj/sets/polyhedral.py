@@ -1,0 +1,274 @@
+"""The generic :class:`~polyproj.sets.Projector`: a polyhedron projected by any QP backend, then polished.
+
+``P = {y : A y <= a, B y = b, lb <= y <= ub}`` given as a :class:`~polyproj.problem.Polyhedron` (validated
+NumPy / SciPy data, active sets in its compact numbering) or as arrays of any namespace — shared by the
+batch or per sample (input-dependent constraints; active sets then in the pipeline's numbering of
+:mod:`polyproj.polydata`). Projections go through the one pipeline (:mod:`polyproj.projection.pipeline`);
+the backward is the HS-Jacobian on the polished face (:mod:`polyproj.projection.backward`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
+
+from ..errors import InfeasibleError, ProblemError
+from ..polydata import PolyData, RowLayout
+from ..problem import Polyhedron
+from ..projection import backward
+from ..projection.pipeline import PolishOptions, run
+from ..projection.result import ProjectionResult
+from .base import Projector
+
+__all__ = ["Polyhedral", "polydata_from_arrays"]
+
+PARTS = ("A", "a", "B", "b", "lb", "ub")
+
+
+@dataclass(frozen=True)
+class FaceInfo:
+    """What the backward needs from a projection (float64, pipeline numbering)."""
+
+    data: PolyData
+    Y: Any
+    active: Any  # (b, m + 2n)
+    mult: Any  # (b, m + 2n)
+    mu: Any  # (b, p)
+    faces: list
+
+
+class Polyhedral(Projector):
+    """A polyhedron with a QP backend: the generic Projector.
+
+    Parameters
+    ----------
+    polyhedron : Polyhedron or PolyData
+    backend : str or QPSolver
+        Any registered backend; ``"auto"`` chooses by measurement (:mod:`polyproj.backends.defaults`).
+    polish : bool
+        Polish to the exact projection on the identified face (default True).
+    tol : float
+        Relative tolerance of the polish's KKT checks.
+    max_polish_iter : int, optional
+        Active-set corrections (default: 50; ``12 + n/20`` after a start-only backend's start).
+    polish_block_iter : int
+        First corrections that change every wrong row at once.
+    fallback : str
+        Backend for the points a start-only backend (``admm``) leaves to it (``"auto"``).
+    given : tuple of str
+        Names of the parts the user gave (the others have defaults; they receive no gradient).
+    **settings
+        Backend settings (unified and backend-specific), validated now.
+    """
+
+    def __init__(self, polyhedron: Polyhedron | PolyData, backend: Any = "auto", *, polish: bool = True,
+                 tol: float = 1e-9, max_polish_iter: int | None = None, polish_block_iter: int = 0,
+                 fallback: str = "auto", given: tuple[str, ...] = PARTS, batch_shape: tuple[int, ...] = (),
+                 **settings: Any) -> None:
+        from ..backends.defaults import auto_projection
+        from ..registry import get_backend
+
+        if isinstance(polyhedron, Polyhedron):
+            self.polyhedron, self.data, self.layout = polyhedron, PolyData.from_polyhedron(polyhedron), \
+                RowLayout.of(polyhedron)
+        elif isinstance(polyhedron, PolyData):
+            self.polyhedron, self.data, self.layout = None, polyhedron, None
+        else:
+            raise ProblemError(f"Polyhedral takes a Polyhedron or PolyData, got {type(polyhedron).__name__}")
+        if not (isinstance(tol, (int, float)) and np.isfinite(tol) and tol > 0):
+            raise ProblemError(f"tol must be a positive number, got {tol!r}")
+        if max_polish_iter is not None and (not isinstance(max_polish_iter, (int, np.integer)) or max_polish_iter < 0):
+            raise ProblemError(f"max_polish_iter must be an integer >= 0, got {max_polish_iter!r}")
+        name = auto_projection(self.data.shared_matrices) if backend == "auto" else backend
+        self.solver = get_backend(name, **settings)
+        self.options = PolishOptions(bool(polish), float(tol), max_polish_iter, int(polish_block_iter), str(fallback))
+        self.given, self.batch_shape = tuple(given), tuple(batch_shape)
+        self._like: dict[Any, PolyData] = {}
+
+    # ------------------------------------------------------------------ the Projector interface
+    @property
+    def n(self) -> int:
+        """Number of variables."""
+        return self.data.n
+
+    @property
+    def method(self) -> str:  # type: ignore[override]
+        """The backend's name."""
+        return self.solver.name
+
+    def as_polyhedron(self) -> Polyhedron:
+        """The Polyhedron (data shared by the batch only)."""
+        if self.polyhedron is not None:
+            return self.polyhedron
+        if self.data.batched:
+            raise ProblemError("per-sample constraint data are not one Polyhedron")
+        d = PolyData(*(_host(v) for v in self.data.parts()))
+        return Polyhedron(A=d.A, a=d.a, B=d.B, b=d.b, lb=d.lb, ub=d.ub, n=d.n)
+
+    def _data_like(self, X: Any) -> PolyData:
+        """The data in X's namespace and device, float64 (cached per namespace and device)."""
+        xp = array_namespace(X)
+        key = (xp.__name__, str(_device(X)))
+        hit = self._like.get(key)
+        if hit is not None:
+            return hit
+        try:
+            same = array_namespace(self.data.A) is xp and str(_device(self.data.A)) == str(_device(X))
+        except TypeError:
+            same = False
+        if same:
+            d = self.data.astype(xp.float64)
+        else:
+            d = PolyData(*(xp.asarray(np.ascontiguousarray(_host(v)), dtype=xp.float64, device=_device(X))
+                           for v in self.data.parts()))
+        self._like[key] = d
+        return d
+
+    def project_batch(self, X: Any, *, record: bool = False) -> ProjectionResult:
+        """Project a batch through the pipeline; ``record`` keeps the faces for :meth:`vjp`."""
+        xp = array_namespace(X)
+        data = self._data_like(X)
+        if data.batched and X.shape[0] != self._batch_size():
+            raise ProblemError(f"the constraint data carry a batch of {self._batch_size()} but X has "
+                               f"{X.shape[0]} points")
+        X64 = xp.astype(X, xp.float64)
+        out = run(X64, data, self.solver, replace(self.options, record=record))
+        viol = data.violation(out.Y)
+        info = FaceInfo(data, out.Y, out.active, out.mult, out.mu, out.faces)
+        active, mult = out.active, out.mult
+        if self.layout is not None:
+            active, mult = self.layout.to_compact(active), self.layout.to_compact(mult)
+        batch = X.shape[0]
+        return ProjectionResult(xp.astype(out.Y, X.dtype), active, xp.concat([mult, out.mu], axis=1), out.status,
+                                float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
+                                solution=out.start.solution, face=info)
+
+    def _batch_size(self) -> int:
+        return int(np.prod(self.batch_shape)) if self.batch_shape else 1
+
+    def vjp(self, result: ProjectionResult, G: Any) -> Any:
+        """``J g`` at the polished faces (their factorisation reused when the projection recorded it)."""
+        return backward.hs_vjp(result.face, G)
+
+    def parameters(self) -> dict[str, Any]:
+        """The given parts of the data (the arrays that can receive gradients)."""
+        return {k: getattr(self.data, k) for k in self.given}
+
+    def with_parameters(self, **values: Any) -> Polyhedral:
+        """The same polyhedron with some parts replaced (same backend and options)."""
+        new = object.__new__(Polyhedral)
+        new.__dict__.update(self.__dict__)
+        new.data = replace(self.data, **values)
+        new._like = {}
+        return new
+
+    def parameter_vjp(self, result: ProjectionResult, G: Any, names: tuple[str, ...]) -> dict[str, Any]:
+        """Gradients of ``⟨G, y⟩`` with respect to the parts ``names`` (summed over the batch when shared)."""
+        return backward.data_vjp(result.face, G, names, {k: getattr(self.data, k).ndim for k in names})
+
+    def __repr__(self) -> str:
+        d = self.data
+        return (f"Polyhedral(n={d.n}, inequalities={d.m}, equalities={d.p}, backend={self.solver.name!r}"
+                + (", per-sample data" if d.batched else "") + ")")
+
+
+def _host(v: Any) -> np.ndarray:
+    from ..backends.projection import to_host
+
+    return to_host(v)
+
+
+# ----------------------------------------------------------------------------- arrays -> PolyData
+def polydata_from_arrays(like: Any, A: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None,
+                         ub: Any = None, *, batch_shape: tuple[int, ...] = ()) -> tuple[PolyData, tuple[str, ...]]:
+    """Validate constraint arrays (namespace, device and dtype of ``like``) and fill in the missing parts.
+
+    Each part is shared (``A (m, n)``, ``a (m,)``, ``lb (n,)``) or carries ``batch_shape`` (flattened).
+    Returns the :class:`PolyData` and the names of the parts given.
+
+    Raises
+    ------
+    ProblemError
+        Shapes, NaN / forbidden infinities, a part without its partner (``A`` without ``a``).
+    InfeasibleError
+        ``lb > ub`` somewhere.
+    """
+    xp = array_namespace(like)
+    n = like.shape[-1]
+    N = int(np.prod(batch_shape)) if batch_shape else 1
+    vals = {k: _as_like(v, k, like) for k, v in zip(PARTS, (A, a, B, b, lb, ub), strict=True)}
+    out: dict[str, Any] = {}
+    for M, v in (("A", "a"), ("B", "b")):
+        out[M], out[v] = _matrix_pair(xp, vals[M], vals[v], M, v, n, batch_shape, N, like)
+    for k, sign in (("lb", -1), ("ub", 1)):
+        out[k] = _bound(xp, vals[k], k, sign, n, batch_shape, N, like)
+    if bool(xp.any(out["lb"] > out["ub"])):
+        raise InfeasibleError("lb > ub for some coordinate: the polyhedron is empty")
+    given = tuple(k for k in PARTS if vals[k] is not None)
+    return PolyData(*(out[k] for k in PARTS)), given
+
+
+def _as_like(v: Any, name: str, like: Any) -> Any:
+    if v is None:
+        return None
+    xp = array_namespace(like)
+    try:
+        same = array_namespace(v) is xp
+    except TypeError:
+        same = False
+    if not same:
+        arr = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float64)
+        return xp.asarray(arr, dtype=like.dtype, device=_device(like))
+    if str(_device(v)) != str(_device(like)):
+        raise ProblemError(f"{name} is on {_device(v)} but x is on {_device(like)}: move the constraint data to "
+                           "the device of x (ProjectionLayer.to(device) does it for its buffers)")
+    if v.dtype != like.dtype:
+        raise ProblemError(f"{name} has dtype {v.dtype} but x has {like.dtype}: use one dtype "
+                           "(float32 or float64) for x and the constraint data")
+    return v
+
+
+def _flat(xp, t: Any, name: str, tail: int, batch_shape: tuple[int, ...], N: int) -> Any:
+    """``t`` with its leading dimensions (the batch's) flattened; shared parts unchanged."""
+    if t.ndim == tail:
+        return t
+    if tuple(t.shape[:-tail]) != tuple(batch_shape):
+        raise ProblemError(f"{name} carries batch dimensions {tuple(t.shape[:-tail])} but x has {tuple(batch_shape)}")
+    return xp.reshape(t, (N, *t.shape[-tail:]))
+
+
+def _matrix_pair(xp, Mt, vt, M: str, v: str, n: int, batch_shape, N: int, like):
+    dt, dev = like.dtype, _device(like)
+    if (Mt is None) != (vt is None):
+        raise ProblemError(f"{M} and {v} must be given together")
+    if Mt is None:
+        return xp.zeros((0, n), dtype=dt, device=dev), xp.zeros((0,), dtype=dt, device=dev)
+    if Mt.ndim == 1 and Mt.shape[0] == n:
+        Mt = Mt[None, :]
+    if Mt.ndim < 2 or Mt.shape[-1] != n:
+        raise ProblemError(f"{M} must have shape (r, {n}) or (..., r, {n}) to match x, got {tuple(Mt.shape)}")
+    r = Mt.shape[-2]
+    if vt.ndim == 0 or vt.shape[-1] != r:
+        raise ProblemError(f"{v} must have shape ({r},) or (..., {r}) to match {M}, got {tuple(vt.shape)}")
+    Mt, vt = _flat(xp, Mt, M, 2, batch_shape, N), _flat(xp, vt, v, 1, batch_shape, N)
+    if not bool(xp.all(xp.isfinite(Mt))):
+        raise ProblemError(f"{M} contains NaN or inf")
+    bad = xp.isnan(vt) | (xp.isinf(vt) if v == "b" else (vt == -float("inf")))
+    if bool(xp.any(bad)):
+        raise ProblemError(f"{v} contains NaN" + (" or inf" if v == "b" else " or -inf"))
+    return Mt, vt
+
+
+def _bound(xp, t, k: str, sign: int, n: int, batch_shape, N: int, like):
+    if t is None:
+        return xp.full((n,), sign * float("inf"), dtype=like.dtype, device=_device(like))
+    if t.ndim == 0 or t.shape[-1] != n:
+        raise ProblemError(f"{k} must have shape ({n},) or (..., {n}), got {tuple(t.shape)}")
+    t = _flat(xp, t, k, 1, batch_shape, N)
+    if bool(xp.any(xp.isnan(t) | (t == -sign * float("inf")))):
+        raise ProblemError(f"{k} contains NaN or {'+' if sign < 0 else '-'}inf")
+    return t

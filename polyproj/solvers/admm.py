@@ -1,0 +1,426 @@
+"""Batched ADMM for convex QPs that share ``P`` and ``C``, on one factorisation, written against the array API.
+
+The problem ``min ½xᵀPx + qᵀx  s.t.  l <= C x <= u`` (variable bounds are rows of ``C``) is split as in
+OSQP: with the rows equilibrated to unit norm, a step size ``ρ`` per row (``1000 ρ`` on equality rows),
+``σ >= 0`` and ``K = P + σI + Cᵀ diag(ρ) C`` factored once, each iteration is, for the whole batch::
+
+    x̃ = K⁻¹(σ x − q + Cᵀρ (z − s))                         (s = w / ρ: the scaled multipliers)
+    v = α C x̃ + (1 − α) z,   x ← α x̃ + (1 − α) x          (over-relaxation α)
+    z ← clip(v + s, l, u),   s ← v + s − z
+
+``σ = 0`` when ``P`` is positive definite (projections: ``P = I``), so that ``x`` drops out of the update
+and ``K⁻¹q`` is computed once. Iterates are kept transposed, ``(rows, batch)``: the bound rows are then
+one contiguous block whose product with ``x̃`` is ``x̃`` itself, and the loop is five fused passes.
+
+Two stopping rules (:class:`Stop`):
+
+* ``"residuals"`` — primal ``‖Cx̃ − z‖∞`` and dual ``‖Px̃ + q + Cᵀw‖∞`` residuals below
+  ``eps_abs + eps_rel · scale`` (checked every ``check`` iterations), OSQP's infeasibility
+  certificates from the change of ``s`` and of ``x̃`` over a check window;
+* ``"faces"`` — for projections that the exact polish finishes: stop once no row has joined the
+  identified active set (the rows with ``s ≠ 0`` seen at a check) in two consecutive windows, in all
+  but a fraction ``stable`` of the samples. Rows leaving are not counted: ``s`` is exactly zero off the
+  active rows, while weakly active rows come and go long after the face is found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from array_api_compat import array_namespace, is_numpy_namespace, is_torch_namespace
+from array_api_compat import device as _device
+
+__all__ = ["ADMMResult", "ADMMSetup", "Stop", "setup", "solve"]
+
+#: ADMM codes (mapped to :class:`polyproj.Status` by the backend)
+SOLVED, MAX_ITER, PRIMAL_INFEASIBLE, DUAL_INFEASIBLE, TIME_LIMIT, INACCURATE = 0, 1, 2, 3, 4, 5
+
+
+@dataclass(frozen=True)
+class ADMMSetup:
+    """The factored problem: rows equilibrated, step sizes, ``K⁻¹`` products, bounds (transposed).
+
+    Rows ``[0, q)`` of ``C`` go through the matrix product; the last ``nb`` rows are the variable
+    bounds (identity rows, their product with x is x).
+    """
+
+    xp: Any
+    P: Any  # (n, n)
+    C: Any  # (q, n) the equilibrated non-bound rows
+    row_norm: Any  # (q + nb,) norms the rows were divided by (1 on bound rows)
+    rho: Any  # (q + nb,) step sizes
+    sigma: float
+    Kinv: Any  # (n, n)
+    KCr: Any  # (n, q + nb) K⁻¹ Cᵀ diag(ρ)
+    lo: Any  # (q + nb, N) equilibrated lower bounds
+    hi: Any  # (q + nb, N)
+    nb: int
+    alpha: float
+
+
+@dataclass(frozen=True)
+class Stop:
+    """When to stop: ``rule`` is ``"residuals"`` (``eps_abs``, ``eps_rel``) or ``"faces"`` (``stable``)."""
+
+    rule: str = "residuals"
+    eps_abs: float = 1e-6
+    eps_rel: float = 1e-6
+    max_iter: int = 4000
+    check: int = 25
+    stable: float = 0.0
+    deadline: float | None = None
+
+
+@dataclass
+class _Iterate:
+    """ADMM iterate (transposed): ``x`` (n, N) only with ``σ > 0``, ``z`` and ``s`` (rows, N)."""
+
+    x: Any
+    z: Any
+    s: Any
+
+
+@dataclass(frozen=True)
+class ADMMResult:
+    """Solutions (batch first): ``x`` (N, n), multipliers ``w`` (N, rows) of the original rows, codes, iterations."""
+
+    x: Any
+    w: Any
+    code: Any  # (N,) int
+    iterations: int
+    prim_res: Any
+    dual_res: Any
+
+
+def _factor(xp: Any, P: Any, Cs: Any, nb: int, rho_v: Any, sigma: float) -> tuple[Any, Any]:
+    """``K⁻¹`` and ``K⁻¹Cᵀdiag(ρ)`` for ``K = P + σI + Cᵀdiag(ρ)C`` (C with the bound rows)."""
+    n = P.shape[0]
+    dt, dev = P.dtype, _device(P)
+    Cfull = xp.concat([Cs, xp.eye(n, dtype=dt, device=dev)], axis=0) if nb else Cs
+    CtR = xp.matrix_transpose(Cfull) * rho_v[None, :]
+    K = P + sigma * xp.eye(n, dtype=dt, device=dev) + xp.matmul(CtR, Cfull)
+    Kinv = xp.linalg.inv(K)
+    return Kinv, xp.matmul(Kinv, CtR)
+
+
+def rescaled(S: ADMMSetup, factor: float) -> ADMMSetup:
+    """``S`` with every step size multiplied by ``factor`` (refactored)."""
+    from dataclasses import replace
+
+    rho_v = S.rho * factor
+    Kinv, KCr = _factor(S.xp, S.P, S.C, S.nb, rho_v, S.sigma)
+    return replace(S, rho=rho_v, Kinv=Kinv, KCr=KCr)
+
+
+def setup(P: Any, C: Any, l: Any, u: Any, nb: int, *, rho: float = 10.0, alpha: float = 1.6,
+          eq_tol: float = 0.0) -> ADMMSetup:
+    """Equilibrate, choose step sizes and factor ``K`` once.
+
+    Parameters
+    ----------
+    P : (n, n) array
+    C : (q, n) array
+        The rows that are not variable bounds.
+    l, u : (q + nb, N) arrays
+        Lower and upper bounds of the rows (batch last), the ``nb`` variable-bound rows last.
+    nb : int
+        ``0`` (no variable bound) or ``n`` (a bound row per variable, ±inf where there is none).
+    """
+    xp = array_namespace(P, C, l)
+    dt, dev = P.dtype, _device(P)
+    tiny = 1e-30
+    cn = xp.linalg.vector_norm(C, axis=1)
+    cn = xp.where(cn > tiny, cn, xp.ones_like(cn))
+    Cs = C / cn[:, None]
+    row_norm = xp.concat([cn, xp.ones((nb,), dtype=dt, device=dev)])
+    lo, hi = l / row_norm[:, None], u / row_norm[:, None]
+    eq = xp.all(xp.abs(hi - lo) <= eq_tol, axis=1)
+    rho_v = xp.where(eq, xp.full_like(row_norm, 1e3 * rho), xp.full_like(row_norm, rho))
+    diagP = xp.linalg.diagonal(P)
+    pd = bool(xp.all(diagP > 0)) and _positive_definite(xp, P)
+    sigma = 0.0 if pd else 1e-6
+    Kinv, KCr = _factor(xp, P, Cs, nb, rho_v, sigma)
+    return ADMMSetup(xp, P, Cs, row_norm, rho_v, sigma, Kinv, KCr, lo, hi, nb, float(alpha))
+
+
+def _positive_definite(xp: Any, P: Any) -> bool:
+    """P = I is the common case; otherwise a Cholesky factorisation tells."""
+    n = P.shape[0]
+    if bool(xp.all(P == xp.eye(n, dtype=P.dtype, device=_device(P)))):
+        return True
+    try:
+        L = xp.linalg.cholesky(P)
+    except Exception:
+        return False
+    return bool(xp.all(xp.isfinite(L)))
+
+
+class _Kernels:
+    """The loop's fused passes: in place with ``out=`` on torch and NumPy, plain array API elsewhere."""
+
+    def __init__(self, xp: Any) -> None:
+        import sys
+
+        import numpy as np
+
+        self.torch = sys.modules["torch"] if is_torch_namespace(xp) else None
+        self.np = np if is_numpy_namespace(xp) else None
+        self.inplace = self.torch is not None or self.np is not None
+
+    def addmm(self, base, M, v, out, beta: float = 1.0, alpha: float = 1.0):
+        """``out = β base + α M v``."""
+        if self.torch is not None:
+            return self.torch.addmm(base, M, v, beta=beta, alpha=alpha, out=out)
+        if self.np is not None:
+            self.np.matmul(M, v, out=out)
+            if alpha != 1.0:
+                out *= alpha
+            out += base if beta == 1.0 else beta * base
+            return out
+        return beta * base + alpha * (M @ v)
+
+    def lerp(self, z, x, alpha: float, out):
+        """``out = z + α (x − z)``."""
+        if self.torch is not None:
+            return self.torch.lerp(z, x, alpha, out=out)
+        if self.np is not None:
+            self.np.subtract(x, z, out=out)
+            out *= alpha
+            out += z
+            return out
+        return z + alpha * (x - z)
+
+    def sub(self, a, b, out):
+        """``out = a − b``."""
+        if self.torch is not None:
+            return self.torch.sub(a, b, out=out)
+        if self.np is not None:
+            return self.np.subtract(a, b, out=out)
+        return a - b
+
+    def add(self, a, b, out):
+        """``out = a + b``."""
+        if self.torch is not None:
+            return self.torch.add(a, b, out=out)
+        if self.np is not None:
+            return self.np.add(a, b, out=out)
+        return a + b
+
+    def clip(self, t, lo, hi, out):
+        """``out = clip(t, lo, hi)``."""
+        if self.torch is not None:
+            return self.torch.clamp(t, lo, hi, out=out)
+        if self.np is not None:
+            return self.np.minimum(self.np.maximum(t, lo, out=out), hi, out=out)
+        import array_api_compat
+
+        xp = array_api_compat.array_namespace(t)
+        return xp.minimum(xp.maximum(t, lo), hi)
+
+
+def _step(S: ADMMSetup, k: _Kernels, Kq: Any, it: _Iterate, buf: dict) -> None:
+    """One ADMM iteration on the whole batch (five fused passes; in place where the namespace allows)."""
+    xp = S.xp
+    nq = S.C.shape[0]
+    u = k.sub(it.z, it.s, buf.get("u"))
+    base = Kq if S.sigma == 0 else Kq + S.sigma * xp.matmul(S.Kinv, it.x)
+    xt = k.addmm(base, S.KCr, u, buf.get("x"))
+    if k.inplace:  # v = α C x̃ + (1 − α) z; the bound rows' product is x̃ itself
+        Cx = buf["Cx"]
+        k.addmm(it.z[:nq], S.C, xt, Cx[:nq], beta=1.0 - S.alpha, alpha=S.alpha)
+        if S.nb:
+            k.lerp(it.z[nq:], xt, S.alpha, Cx[nq:])
+    else:
+        C_x = xp.concat([xp.matmul(S.C, xt), xt], axis=0) if S.nb else xp.matmul(S.C, xt)
+        Cx = S.alpha * C_x + (1.0 - S.alpha) * it.z
+    t = k.add(Cx, it.s, buf.get("t"))
+    it.z = k.clip(t, S.lo, S.hi, it.z if k.inplace else None)
+    it.s = k.sub(t, it.z, it.s if k.inplace else None)
+    if S.sigma != 0:
+        it.x = S.alpha * xt + (1.0 - S.alpha) * it.x
+
+
+def _buffers(xp: Any, S: ADMMSetup, N: int, dt: Any, dev: Any) -> dict:
+    rows, n = S.lo.shape[0], S.P.shape[0]
+    return {name: xp.empty(shape, dtype=dt, device=dev)
+            for name, shape in (("u", (rows, N)), ("x", (n, N)), ("Cx", (rows, N)), ("t", (rows, N)))}
+
+
+def solve(S: ADMMSetup, q: Any, stop: Stop, *, z0: Any = None) -> ADMMResult:
+    """Run the ADMM on a batch ``q`` (N, n) until ``stop`` says so."""
+    import time
+
+    xp = S.xp
+    N = q.shape[0]
+    dt, dev = q.dtype, _device(q)
+    qT = xp.matrix_transpose(q)
+    qT = xp.asarray(qT, copy=True) if is_numpy_namespace(xp) else (qT.contiguous() if hasattr(qT, "contiguous") else qT)
+    Kq = -xp.matmul(S.Kinv, qT)
+    z = xp.minimum(xp.maximum(_rows_product(S, -qT) if z0 is None else z0, S.lo), S.hi)
+    it = _Iterate(Kq if S.sigma else None, z, xp.zeros_like(z))
+    k = _Kernels(xp)
+    buf = _buffers(xp, S, N, dt, dev) if k.inplace else {}
+    watch = _Watch(xp, S, stop, N)
+    done_at = stop.max_iter
+    for i in range(stop.max_iter):
+        _step(S, k, Kq, it, buf)
+        if (i + 1) % stop.check == 0:
+            if watch.update(it, qT, Kq, i + 1):
+                done_at = i + 1
+                break
+            factor = watch.rho_factor() if stop.rule == "residuals" else 1.0
+            if factor != 1.0:  # OSQP's adaptive step size: balance the relative residuals
+                it.s = it.s / factor  # keeps the multipliers w = ρ s
+                S = rescaled(S, factor)
+                Kq = -xp.matmul(S.Kinv, qT)
+                watch.S = S
+            if stop.deadline is not None and time.perf_counter() > stop.deadline:
+                watch.code = xp.where(watch.code == MAX_ITER, xp.full_like(watch.code, TIME_LIMIT), watch.code)
+                done_at = i + 1
+                break
+    return watch.result(it, qT, Kq, done_at)
+
+
+def _rows_product(S: ADMMSetup, xT: Any) -> Any:
+    """``C x`` for all rows (equilibrated), transposed."""
+    xp = S.xp
+    Cx = xp.matmul(S.C, xT)
+    return xp.concat([Cx, xT], axis=0) if S.nb else Cx
+
+
+def _primal_point(S: ADMMSetup, Kq: Any, it: _Iterate) -> Any:
+    """``x̃`` from the current ``z, s`` (transposed)."""
+    xp = S.xp
+    base = Kq if S.sigma == 0 else Kq + S.sigma * xp.matmul(S.Kinv, it.x)
+    return base + xp.matmul(S.KCr, it.z - it.s)
+
+
+class _Watch:
+    """The stopping rule's memory between checks (see the module docstring)."""
+
+    def __init__(self, xp: Any, S: ADMMSetup, stop: Stop, N: int) -> None:
+        self.xp, self.S, self.stop = xp, S, stop
+        dev = _device(S.lo)
+        self.code = xp.full((N,), MAX_ITER, dtype=xp.int64, device=dev)
+        self.pattern = None
+        self.clean = 0
+        self.prev_s = None
+        self.prev_x = None
+        self.prim = self.dual = None
+        self.ratio = None
+
+    def update(self, it: _Iterate, qT: Any, Kq: Any, iters: int) -> bool:
+        """True when the batch may stop."""
+        if self.stop.rule == "faces":
+            return self._faces(it)
+        return self._residuals(it, qT, Kq)
+
+    def _faces(self, it: _Iterate) -> bool:
+        xp = self.xp
+        new = it.s != 0
+        if self.pattern is None:
+            self.pattern = new
+            return False
+        N = new.shape[1]
+        joined = int(xp.sum(xp.astype(xp.any(new & ~self.pattern, axis=0), xp.int64)))
+        self.clean = self.clean + 1 if joined <= self.stop.stable * N else 0
+        self.pattern = self.pattern | new
+        if self.clean >= 2:
+            self.code = xp.full_like(self.code, INACCURATE)
+            return True
+        return False
+
+    def _residuals(self, it: _Iterate, qT: Any, Kq: Any) -> bool:
+        xp, S = self.xp, self.S
+        xt = _primal_point(S, Kq, it)
+        Cx = _rows_product(S, xt)
+        w = it.s * S.rho[:, None]  # multipliers of the equilibrated rows
+        rn = S.row_norm[:, None]
+        prim = _colmax(xp, xp.abs(Cx - it.z) * rn)
+        Cw = xp.matmul(xp.matrix_transpose(S.C), w[: S.C.shape[0]])
+        if S.nb:
+            Cw = Cw + w[S.C.shape[0]:]
+        Px = xp.matmul(S.P, xt)
+        dual = _colmax(xp, xp.abs(Px + qT + Cw))
+        scale_p = xp.maximum(_colmax(xp, xp.abs(Cx) * rn), _colmax(xp, xp.abs(it.z) * rn))
+        scale_d = xp.maximum(xp.maximum(_colmax(xp, xp.abs(Px)), _colmax(xp, xp.abs(Cw))), _colmax(xp, xp.abs(qT)))
+        gap, scale_g = _gap(xp, S, xt, Px, qT, w)
+        eps_a, eps_r = self.stop.eps_abs, self.stop.eps_rel
+        ok = (prim <= eps_a + eps_r * scale_p) & (dual <= eps_a + eps_r * scale_d) & (gap <= eps_a + eps_r * scale_g)
+        tiny = 1e-30
+        self.ratio = xp.sqrt((prim / (scale_p + tiny)) / (dual / (scale_d + tiny) + tiny))
+        running = self.code == MAX_ITER
+        self.code = xp.where(running & ok, xp.full_like(self.code, SOLVED), self.code)
+        self._certificates(it, xt, qT)
+        self.prim, self.dual = prim, dual
+        return not bool(xp.any(self.code == MAX_ITER))
+
+    def rho_factor(self) -> float:
+        """Step-size change suggested by the last residual check (1: keep), from the running samples."""
+        xp = self.xp
+        running = self.code == MAX_ITER
+        if self.ratio is None or not bool(xp.any(running)):
+            return 1.0
+        r = self.ratio[running]
+        r = float(xp.max(r)) if r.shape[0] == 1 else float(xp.sort(r)[r.shape[0] // 2])
+        if not (r > 0 and r < float("inf")) or 0.2 <= r <= 5.0:
+            return 1.0
+        return min(max(r, 1e-6), 1e6)
+
+    def _certificates(self, it: _Iterate, xt: Any, qT: Any) -> None:
+        """OSQP's primal / dual infeasibility tests on the change over one check window."""
+        xp, S = self.xp, self.S
+        s, prev_s, prev_x = it.s, self.prev_s, self.prev_x
+        self.prev_s, self.prev_x = s * 1.0, xt * 1.0
+        if prev_s is None:
+            return
+        eps = 1e-5
+        running = self.code == MAX_ITER
+        dw = (s - prev_s) * S.rho[:, None]  # change of the equilibrated multipliers
+        nw = _colmax(xp, xp.abs(dw))
+        Ctdw = xp.matmul(xp.matrix_transpose(S.C), dw[: S.C.shape[0]])
+        if S.nb:
+            Ctdw = Ctdw + dw[S.C.shape[0]:]
+        pos, neg = xp.where(dw > 0, dw, xp.zeros_like(dw)), xp.where(dw < 0, dw, xp.zeros_like(dw))
+        hi = xp.where(xp.isfinite(S.hi), S.hi, xp.zeros_like(S.hi))
+        lo = xp.where(xp.isfinite(S.lo), S.lo, xp.zeros_like(S.lo))
+        inf_hi = _colmax(xp, xp.where(xp.isfinite(S.hi), xp.zeros_like(pos), pos))
+        inf_lo = _colmax(xp, xp.where(xp.isfinite(S.lo), xp.zeros_like(neg), -neg))
+        support = xp.sum(hi * pos + lo * neg, axis=0)
+        pinf = (nw > 0) & (_colmax(xp, xp.abs(Ctdw)) <= eps * nw) & (support < -eps * nw) & \
+               (inf_hi <= eps * nw) & (inf_lo <= eps * nw)
+        self.code = xp.where(running & pinf, xp.full_like(self.code, PRIMAL_INFEASIBLE), self.code)
+        dx = xt - prev_x
+        nx = _colmax(xp, xp.abs(dx))
+        Cdx = _rows_product(S, dx)
+        rec = xp.all((xp.isfinite(S.hi) & (Cdx > eps * nx)) == 0, axis=0) & \
+              xp.all((xp.isfinite(S.lo) & (Cdx < -eps * nx)) == 0, axis=0)
+        dinf = (nx > 0) & (_colmax(xp, xp.abs(xp.matmul(S.P, dx))) <= eps * nx) & \
+               (xp.sum(qT * dx, axis=0) < -eps * nx) & rec
+        running = self.code == MAX_ITER
+        self.code = xp.where(running & dinf, xp.full_like(self.code, DUAL_INFEASIBLE), self.code)
+
+    def result(self, it: _Iterate, qT: Any, Kq: Any, iters: int) -> ADMMResult:
+        xp, S = self.xp, self.S
+        xt = _primal_point(S, Kq, it)
+        w = it.s * (S.rho / S.row_norm)[:, None]  # multipliers of the original rows
+        return ADMMResult(xp.matrix_transpose(xt), xp.matrix_transpose(w), self.code, iters, self.prim, self.dual)
+
+
+def _gap(xp: Any, S: ADMMSetup, xt: Any, Px: Any, qT: Any, w: Any) -> tuple[Any, Any]:
+    """Duality gap ``|xᵀPx + qᵀx + uᵀw⁺ − lᵀw⁻|`` per column (equilibrated rows) and its scale."""
+    pos, neg = xp.where(w > 0, w, xp.zeros_like(w)), xp.where(w < 0, -w, xp.zeros_like(w))
+    hi = xp.where(xp.isfinite(S.hi), S.hi, xp.zeros_like(S.hi))
+    lo = xp.where(xp.isfinite(S.lo), S.lo, xp.zeros_like(S.lo))
+    xPx, qx = xp.sum(xt * Px, axis=0), xp.sum(qT * xt, axis=0)
+    sup = xp.sum(hi * pos, axis=0) - xp.sum(lo * neg, axis=0)
+    scale = xp.maximum(xp.maximum(xp.abs(xPx), xp.abs(qx)), xp.abs(sup))
+    return xp.abs(xPx + qx + sup), scale
+
+
+def _colmax(xp: Any, v: Any) -> Any:
+    """Column-wise max (0 for no rows)."""
+    if v.shape[0] == 0:
+        return xp.zeros((v.shape[1],), dtype=v.dtype, device=_device(v))
+    return xp.max(v, axis=0)
