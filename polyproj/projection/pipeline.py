@@ -123,8 +123,8 @@ def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, roun
 
     def part(sl):
         d = data if not data.batched else data.take(xp.arange(sl.start, sl.stop, device=_device(X)))
-        return polish(X[sl], d, start.y[sl], start.mult[sl], cand_tol=cand_tol, dist_tol=dist_tol, tol=opts.tol,
-                      max_iter=rounds, block_iter=opts.block_rounds, record=opts.record)
+        return polish(X[sl, ...], d, start.y[sl, ...], start.mult[sl, ...], cand_tol=cand_tol, dist_tol=dist_tol,
+                      tol=opts.tol, max_iter=rounds, block_iter=opts.block_rounds, record=opts.record)
 
     if not is_numpy_namespace(xp):
         return part(slice(0, X.shape[0]))

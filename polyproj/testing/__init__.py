@@ -6,6 +6,7 @@ Importable without pytest; hypothesis is needed only when strategies are used. S
 - ``properties``  projection properties, conservativity and LICQ-equivalence checks
 - ``conformance`` the backend contract (KKT residuals, statuses, sign convention, agreement)
 - ``check``       :func:`check_backend` — what ``polyproj check`` runs
+- ``projector``   :func:`check_projector` — the property suites on any Projector
 
 Names are resolved lazily from these submodules: ``polyproj.testing.check_backend`` works
 without importing hypothesis until it is needed.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = ("check", "conformance", "properties", "strategies")
+_SUBMODULES = ("check", "conformance", "projector", "properties", "strategies")
 
 
 def __getattr__(name: str) -> Any:

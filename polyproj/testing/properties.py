@@ -68,11 +68,17 @@ def _arr(v: np.ndarray, digits: int = 6) -> str:
 
 
 def project_checked(X: np.ndarray, P: Polyhedron, backend: Any) -> ProjectionResult:
-    """``pp.project`` on a batch; a refused polish (unverifiable KKT) is an AssertionError."""
+    """``pp.project`` on a batch; a refused polish (unverifiable KKT) is an AssertionError.
+
+    ``backend`` is a QP backend (the projection onto ``P``) or a :class:`~polyproj.sets.Projector`
+    (its own projection; ``P`` is its ``as_polyhedron()``).
+    """
+    from ..sets.base import Projector
+
     X2 = np.atleast_2d(np.asarray(X, dtype=float))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = project(X2, P, backend=backend)
+        res = backend.project(X2) if isinstance(backend, Projector) else project(X2, P, backend=backend)
     if not np.all(res.polished):
         bad = int(np.flatnonzero(~np.asarray(res.polished))[0])
         raise AssertionError(

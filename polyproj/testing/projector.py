@@ -1,0 +1,184 @@
+"""``check_projector``: the projection and HS-Jacobian property suites on any :class:`~polyproj.sets.Projector`.
+
+What runs on a set ``S`` (``P = S.as_polyhedron()`` gives the rows the checks use), on seeded random
+points at several scales, points on the set, points with tied coordinates and points whose projection has a
+weakly active row (degenerate: several HS elements nearby):
+
+=====================  ===========================================================================
+property               what it checks
+=====================  ===========================================================================
+projection             KKT from scratch (stationarity, signs, complementarity, feasibility),
+                       idempotence, firm non-expansiveness, the variational inequality
+agreement              ``S.project`` equals the generic QP projection of ``P`` (``backend``, polished)
+vjp                    ``S.vjp`` equals the HS-Jacobian of ``P`` at the reported active set
+conservativity         along segments through degenerate points: the path integral of ``J d`` over
+                       the kinks equals the chord, and ``d/dt Π(x(t)) = J d`` a.e., for every HS element
+namespaces             torch (when installed) and ``array_api_strict`` give the NumPy answer
+=====================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from .check import CheckReport, PropertyResult
+
+__all__ = ["check_projector", "projector_points"]
+
+
+def _center_scale(S: Any) -> tuple[np.ndarray, float]:
+    """A point of the set and a length scale (from the projection of 0)."""
+    y0 = np.asarray(S.project(np.zeros(S.n)).y, dtype=float).reshape(-1)
+    return y0, 1.0 + float(np.abs(y0).max(initial=0.0))
+
+
+def projector_points(S: Any, rng: np.random.Generator, count: int) -> np.ndarray:
+    """Random points for the checks: several scales around the set, points on it, tied coordinates."""
+    y0, sc = _center_scale(S)
+    k = max(count // 4, 1)
+    X = [y0 + sc * s * rng.standard_normal((k, S.n)) for s in (0.1, 1.0, 5.0)]
+    Y = np.asarray(S.project(X[1]).y, dtype=float).reshape(k, S.n)
+    ties = np.round(X[1] * 2) / 2  # halves: many equal coordinates
+    return np.vstack([*X, Y, ties])
+
+
+def _degenerate(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Points ``y + Gᵀλ' + Bᵀμ`` with one positive multiplier of an active row set to zero (weakly active)."""
+    from .properties import ineq_form
+
+    res = S.project(X)
+    G, _ = ineq_form(P)
+    ni = P.n_ineq
+    out = []
+    for i in range(X.shape[0]):
+        lam, mu = np.asarray(res.multipliers[i][:ni]), np.asarray(res.multipliers[i][ni:])
+        pos = np.flatnonzero(lam > 1e-6)
+        if pos.size == 0:
+            continue
+        lam2 = lam.copy()
+        lam2[rng.choice(pos)] = 0.0
+        out.append(np.asarray(res.y[i]) + G.T @ lam2 + (P.B_dense.T @ mu if P.m_eq else 0.0))
+    return np.array(out).reshape(-1, S.n)
+
+
+def _run(name: str, group: str, fn, *args) -> PropertyResult:
+    t0 = time.perf_counter()
+    try:
+        counts = fn(*args)
+    except AssertionError as exc:
+        return PropertyResult(name, group, "failed", message=str(exc), seconds=time.perf_counter() - t0)
+    except Exception as exc:  # the check crashed: report, do not hide
+        return PropertyResult(name, group, "error", message=f"{type(exc).__name__}: {exc}",
+                              seconds=time.perf_counter() - t0)
+    if isinstance(counts, str):
+        return PropertyResult(name, group, "skipped", message=counts, seconds=time.perf_counter() - t0)
+    return PropertyResult(name, group, "passed", examples=int(next(iter(counts.values()), 0)), counts=counts,
+                          seconds=time.perf_counter() - t0)
+
+
+def _agreement(S: Any, P: Any, X: np.ndarray, backend: Any, tol: float) -> dict[str, int]:
+    from ..api import project
+
+    ref = project(X, P, backend=backend, eps_abs=1e-10)
+    got = np.asarray(S.project(X).y, dtype=float).reshape(X.shape)
+    scale = 1.0 + np.abs(X).max(axis=1)
+    err = np.abs(got - ref.y).max(axis=1) / scale
+    if np.any(err > tol):
+        i = int(np.argmax(err))
+        raise AssertionError(f"S.project differs from the QP projection ({ref.backend}) by {err[i]:.3g} (relative) "
+                             f"at x = {X[i].tolist()}: {got[i].tolist()} vs {ref.y[i].tolist()}")
+    return {"points": X.shape[0]}
+
+
+def _vjp(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator, tol: float) -> dict[str, int]:
+    from ..projection.hs_jacobian import hs_vjp
+
+    res = S.project_batch(X)
+    G = rng.standard_normal(X.shape)
+    got = np.asarray(S.vjp(res, G), dtype=float)
+    ref = hs_vjp(P, np.asarray(res.active), G)
+    err = np.abs(got - ref).max(axis=1)
+    if np.any(err > tol * (1.0 + np.abs(G).max(axis=1))):
+        i = int(np.argmax(err))
+        raise AssertionError(f"S.vjp differs from the HS-Jacobian of the active set by {err[i]:.3g} at x = "
+                             f"{X[i].tolist()} (active {np.flatnonzero(np.asarray(res.active[i])).tolist()})")
+    return {"points": X.shape[0]}
+
+
+def _conservativity(S: Any, P: Any, Xd: np.ndarray, rng: np.random.Generator) -> dict[str, int] | str:
+    from .properties import check_conservativity
+
+    if Xd.shape[0] == 0:
+        return "no point with an active row of positive multiplier among the samples"
+    total: dict[str, int] = {}
+    for x in Xd[:4]:
+        D = rng.standard_normal((4, S.n))
+        s = rng.uniform(0.2, 0.8, size=4)
+        case = SimpleNamespace(point=SimpleNamespace(polyhedron=P), directions=D, s=s,
+                               x0=x[None, :] - s[:, None] * D)
+        for k, v in check_conservativity(case, S, rng=rng).items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _namespaces(S: Any, X: np.ndarray) -> dict[str, int]:
+    ref = np.asarray(S.project(X).y, dtype=float)
+    checked = 0
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        y = S.project(torch.tensor(X)).y
+        if not isinstance(y, torch.Tensor):
+            raise AssertionError(f"a torch input gave {type(y).__name__}, not a tensor")
+        err = float(np.abs(y.numpy() - ref).max())
+        if err > 1e-12 * (1 + np.abs(X).max()):
+            raise AssertionError(f"torch and NumPy inputs differ by {err:.3g}")
+        checked += 1
+    try:
+        import array_api_strict as xps
+    except ImportError:
+        xps = None
+    if xps is not None:
+        y = S.project(xps.asarray(X)).y
+        err = float(np.abs(np.asarray(y) - ref).max())
+        if err > 1e-12 * (1 + np.abs(X).max()):
+            raise AssertionError(f"array_api_strict and NumPy inputs differ by {err:.3g}")
+        checked += 1
+    return {"namespaces": checked}
+
+
+def check_projector(S: Any, *, examples: int = 20, seed: int = 0, backend: Any = "proxsuite",
+                    tol: float = 1e-9) -> CheckReport:
+    """Run the property suites on a Projector (see the module docstring); never raises for a failure.
+
+    Parameters
+    ----------
+    S : Projector
+    examples : int
+        Random points per property (about).
+    seed : int
+    backend : str or QPSolver
+        The QP backend of the agreement check.
+    tol : float
+        Relative tolerance of the agreement and VJP checks.
+    """
+    from .properties import check_projection
+
+    rng = np.random.default_rng(seed)
+    P = S.as_polyhedron()
+    X = projector_points(S, rng, examples)
+    Xd = _degenerate(S, P, X, rng)
+    results = (
+        _run("projection", "projection", check_projection, P, X, S),
+        _run("agreement", "projection", _agreement, S, P, X, backend, tol),
+        _run("vjp", "hs-jacobian", _vjp, S, P, np.vstack([X, Xd]), rng, tol),
+        _run("conservativity", "hs-jacobian", _conservativity, S, P, Xd, rng),
+        _run("namespaces", "projection", _namespaces, S, X),
+    )
+    return CheckReport(repr(S), results, seed, examples)

@@ -1,0 +1,212 @@
+"""The Projector interface: every set through pp.project, every namespace, the torch layer, the property suite."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from array_api_compat import array_namespace, device
+
+import polyproj as pp
+from polyproj.testing import check_projector
+from tests.helpers import random_polytope
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- a user's set (docs/architecture.md)
+class HalfSpace(pp.Projector):
+    """{y : wᵀy <= c}."""
+
+    def __init__(self, w, c):
+        self.w, self.c = np.asarray(w, dtype=float), float(c)
+
+    @property
+    def n(self):
+        return self.w.size
+
+    def project_batch(self, X):
+        xp = array_namespace(X)
+        w = xp.asarray(self.w, dtype=X.dtype, device=device(X))
+        excess = X @ w - self.c  # (batch,)
+        step = xp.where(excess > 0, excess, xp.zeros_like(excess)) / float(self.w @ self.w)
+        Y = X - step[:, None] * w[None, :]
+        active = (excess >= 0)[:, None]  # on the hyperplane or beyond: the row is active
+        return self.result(X, Y, active=active, multipliers=step[:, None], face=active)
+
+    def vjp(self, result, G):
+        xp = array_namespace(G)
+        w = xp.asarray(self.w, dtype=G.dtype, device=device(G))
+        normal = w / float(self.w @ self.w) ** 0.5
+        coef = xp.sum(G * normal, axis=1, keepdims=True)
+        return xp.where(result.face, G - coef * normal, G)  # J = I − n nᵀ where active
+
+    def as_polyhedron(self):
+        return pp.Polyhedron(A=self.w[None, :], a=[self.c])
+
+
+def test_the_documented_example_is_this_one():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    here = Path(__file__).read_text()
+    block = here[here.index("class HalfSpace"):here.index("def test_the_documented_example_is_this_one")].strip()
+    assert block in doc, "docs/architecture.md must show the HalfSpace example exactly as tested here"
+
+
+def _sort_reference(X, total):
+    """Simplex projection by bisection on θ in Σ max(x − θ, 0) = total (independent of the sort formula)."""
+    out = np.empty_like(X)
+    for i, x in enumerate(X):
+        lo, hi = x.min() - total - 1.0, x.max()
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if np.maximum(x - mid, 0).sum() > total else (lo, mid)
+        out[i] = np.maximum(x - 0.5 * (lo + hi), 0.0)
+    return out
+
+
+# ----------------------------------------------------------------------------- the sets
+@pytest.mark.parametrize("total", [1.0, 3.5, 0.0])
+def test_simplex_matches_a_reference_and_the_qp_projection(rng, total):
+    S = pp.sets.Simplex(7, total=total)
+    X = np.vstack([3 * rng.normal(size=(20, 7)), np.round(rng.normal(size=(5, 7))), np.zeros((1, 7))])
+    res = pp.project(X, S)
+    np.testing.assert_allclose(res.y, _sort_reference(X, total), atol=1e-12)
+    assert res.polished.all() and res.status == (pp.Status.SOLVED,) * X.shape[0]
+    qp = pp.project(X, S.as_polyhedron(), eps_abs=1e-10)
+    np.testing.assert_allclose(res.y, qp.y, atol=1e-10)
+    assert res.max_violation <= 1e-12 * (1 + total)
+
+
+def test_box_clips_and_reports_both_bounds_of_a_fixed_coordinate(rng):
+    lb, ub = np.array([0.0, -np.inf, 1.0, -1.0]), np.array([1.0, 2.0, 1.0, np.inf])
+    S = pp.sets.Box(lb, ub)
+    X = 3 * rng.normal(size=(30, 4))
+    res = pp.project(X, S)
+    np.testing.assert_array_equal(res.y, np.clip(X, lb, ub))
+    P = S.as_polyhedron()
+    # compact rows: finite lb (coordinates 0, 2, 3), then finite ub (0, 1, 2); coordinate 2 has lb = ub
+    assert res.active.shape == (30, P.n_ineq) and res.active[:, [1, 5]].all()
+    np.testing.assert_allclose(res.y, pp.project(X, P).y, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda: pp.sets.Simplex(6), lambda: pp.sets.Simplex(5, total=2.0),
+                                  lambda: pp.sets.Box(-np.ones(5), np.r_[1.0, 2.0, np.inf, 0.5, 0.5]),
+                                  lambda: HalfSpace([1.0, -2.0, 0.5, 1.0], 0.7)])
+def test_property_suite_passes_on_every_set(make):
+    report = check_projector(make(), examples=12, seed=3)
+    assert report.passed, str(report)
+
+
+def test_property_suite_passes_on_a_polyhedron_with_every_backend(rng):
+    P = random_polytope(rng, 5, 8, 1)
+    for backend in ("proxsuite", "ipm", "admm"):
+        report = check_projector(pp.sets.Polyhedral(P, backend), examples=8, seed=1)
+        assert report.passed, (backend, str(report))
+
+
+def test_property_suite_catches_a_wrong_vjp():
+    class Wrong(HalfSpace):
+        def vjp(self, result, G):
+            return G  # ignores the active row
+
+    report = check_projector(Wrong([1.0, 1.0, 0.0], 0.2), examples=8)
+    assert not report.passed and report["vjp"].status == "failed"
+    assert report["conservativity"].status in ("failed", "passed")  # segments may all stay inside
+
+
+# ----------------------------------------------------------------------------- namespaces
+@pytest.mark.parametrize("backend", [None, "ipm", "admm"])
+def test_project_keeps_torch_tensors(rng, backend):
+    torch = pytest.importorskip("torch")
+    P = random_polytope(rng, 8, 14, 1)
+    X = 3 * rng.normal(size=(12, 8))
+    kw = {} if backend is None else {"backend": backend}
+    ref = pp.project(X, P, **kw)
+    res = pp.project(torch.tensor(X), P, **kw)
+    assert isinstance(res.y, torch.Tensor) and res.y.dtype == torch.float64
+    assert isinstance(res.active, torch.Tensor) and isinstance(res.multipliers, torch.Tensor)
+    np.testing.assert_allclose(res.y.numpy(), ref.y, atol=1e-12)
+    np.testing.assert_array_equal(res.active.numpy(), ref.active)
+    one = pp.project(torch.tensor(X[3]), P, **kw)
+    assert one.y.shape == (8,) and one.status is pp.Status.SOLVED
+    np.testing.assert_allclose(one.y.numpy(), ref.y[3], atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", [None, "ipm"])
+def test_project_through_array_api_strict(rng, backend):
+    xps = pytest.importorskip("array_api_strict")
+    P = random_polytope(rng, 6, 10, 1)
+    X = 3 * rng.normal(size=(9, 6))
+    kw = {} if backend is None else {"backend": backend}
+    ref = pp.project(X, P, **kw)
+    res = pp.project(xps.asarray(X), P, **kw)
+    assert type(res.y).__module__.startswith("array_api_strict")
+    np.testing.assert_allclose(np.asarray(res.y), ref.y, atol=1e-12)
+
+
+def test_float32_input_stays_float32(rng):
+    P = random_polytope(rng, 6, 10, 1)
+    X = (3 * rng.normal(size=(5, 6))).astype(np.float32)
+    res = pp.project(X, P)
+    assert res.y.dtype == np.float32
+    assert P.violation(res.y.astype(np.float64)).max() < 1e-5
+    s = pp.project(X, pp.sets.Simplex(6))
+    assert s.y.dtype == np.float32 and abs(float(s.y.sum(1).max()) - 1.0) < 1e-6
+
+
+# ----------------------------------------------------------------------------- the torch layer over any set
+@pytest.mark.parametrize("make", [lambda: pp.sets.Simplex(5), lambda: HalfSpace([1.0, -1.0, 2.0, 0.0, 1.0], 0.3),
+                                  lambda: pp.sets.Box(np.zeros(5), np.ones(5))])
+def test_layer_gradient_is_the_hs_jacobian_and_passes_gradcheck(make, rng):
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import ProjectionLayer, project
+
+    S = make()
+    X = 2 * rng.normal(size=(6, 5))
+    x = torch.tensor(X, requires_grad=True)
+    V = torch.tensor(rng.normal(size=X.shape))
+    (project(x, S) * V).sum().backward()
+    res = pp.project(X, S)
+    J = pp.hs_jacobian(S.as_polyhedron(), res.active)
+    np.testing.assert_allclose(x.grad.numpy(), np.einsum("bij,bj->bi", J, V.numpy()), atol=1e-12)
+    # away from kinks the projection is differentiable and the HS-Jacobian is its Jacobian
+    Y = res.y
+    P = S.as_polyhedron()
+    slack = P.ineq_slack(Y)
+    ok = ~np.any((np.abs(slack) < 1e-3) & ~res.active, axis=1) & ~np.any(res.active & (res.multipliers[:, :P.n_ineq]
+                                                                                      < 1e-3), axis=1)
+    xs = torch.tensor(X[ok], requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: project(t, S), (xs,), eps=1e-7, atol=1e-6)
+    layer = ProjectionLayer(S)
+    assert torch.allclose(layer(torch.tensor(X)), torch.tensor(res.y))
+    assert re.search(type(S).__name__, repr(layer))
+
+
+def test_layer_keeps_leading_dims_for_a_set(rng):
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    X = torch.tensor(rng.normal(size=(2, 3, 4)))
+    y = project(X, pp.sets.Simplex(4))
+    assert y.shape == (2, 3, 4)
+    np.testing.assert_allclose(y.sum(-1).numpy(), 1.0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- errors
+def test_bad_input_is_a_clear_error(rng):
+    S = pp.sets.Simplex(3)
+    with pytest.raises(pp.ProblemError, match="shape"):
+        pp.project(np.zeros((2, 4)), S)
+    with pytest.raises(pp.ProblemError, match="NaN"):
+        pp.project(np.array([1.0, np.nan, 0.0]), S)
+    with pytest.raises(pp.ProblemError, match="real numbers"):
+        pp.project(np.array(["a", "b", "c"]), S)
+    with pytest.raises(pp.ProblemError, match="closed form|own method"):
+        pp.project(np.zeros(3), S, backend="osqp")
+    with pytest.raises(pp.ProblemError, match="total"):
+        pp.sets.Simplex(3, total=-1.0)
+    with pytest.raises(pp.ProblemError, match="Polyhedron or a polyproj.Projector"):
+        pp.project(np.zeros(3), "simplex")
+    assert pp.project(np.zeros((0, 3)), S).y.shape == (0, 3)
