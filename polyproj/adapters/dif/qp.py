@@ -7,10 +7,9 @@ For a removal Zʳ and a KKT point (θ̄, λ̄) the directional derivative ω* = 
            ∇gⱼ(θ̄)ᵀω + rⱼ <= 0  (weakly active, λ̄ⱼ = 0 = gⱼ)
     H = ∇²f₀ + Σ λ̄ⱼ∇²gⱼ,   c = Σₖ wₖ Σ_{z∈Zʳₖ} Δεₖ(z) ∇ℓₖ(z, θ̄),   rⱼ = Σ_{z∈Zʳⱼ} Δεⱼ(z) ℓⱼ(z, θ̄)
 
-with w₀ = 1, wⱼ = λ̄ⱼ. The QP goes to any registered backend, then an exact active-set polish (the
-equality-constrained KKT system on the identified active rows, accepted when primal and dual
-feasible) makes the answer exact to rounding whatever the backend's tolerance, as in
-:func:`polyproj.project`.
+with w₀ = 1, wⱼ = λ̄ⱼ. The QP goes to any registered backend, then the exact active-set polish of the
+projections (the QP is a projection in the metric of H: :func:`_polish`) makes the answer exact to
+rounding whatever the backend's tolerance, as in :func:`polyproj.project`.
 """
 
 from __future__ import annotations
@@ -19,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy.linalg
 
 from ...errors import SolverError
 from ...problem import QP
 from ...registry import get_backend
 from ...solution import Status
 
-__all__ = ["QPResult", "kkt_solve", "solve_qp_exact", "solve_qp_exact_batch"]
+__all__ = ["QPResult", "solve_qp_exact", "solve_qp_exact_batch"]
 
 
 @dataclass(frozen=True)
@@ -45,53 +45,49 @@ class QPResult:
     backend: str
 
 
-def kkt_solve(P: np.ndarray, q: np.ndarray, C: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Solve ``[[P, Cᵀ], [C, 0]] [x; z] = [-q; u]`` (least squares when singular)."""
-    n, k = P.shape[0], C.shape[0]
-    K = np.zeros((n + k, n + k))
-    K[:n, :n], K[:n, n:], K[n:, :n] = P, C.T, C
-    rhs = np.concatenate([-q, u])
-    try:
-        sol = np.linalg.solve(K, rhs)
-        if not np.all(np.isfinite(sol)) or np.linalg.norm(K @ sol - rhs) > 1e-8 * (1 + np.linalg.norm(rhs)):
-            raise np.linalg.LinAlgError
-    except np.linalg.LinAlgError:
-        sol = np.linalg.lstsq(K, rhs, rcond=None)[0]
-    return sol[:n], sol[n:]
+def _metric_factor(P: np.ndarray) -> np.ndarray | None:
+    """Lower Cholesky factor of ``P`` (of ``P + δI``, ``δ = 1e-12 max(1, max|P|)``, when P is singular).
+
+    None when P is indefinite: the QP is not convex and there is nothing to polish.
+    """
+    for shift in (0.0, 1e-12 * max(1.0, float(np.max(np.abs(P), initial=0.0)))):
+        try:
+            return np.linalg.cholesky(P + shift * np.eye(P.shape[0]))
+        except np.linalg.LinAlgError:
+            continue
+    return None
 
 
 def _polish(P, q, C, u, eq, x, z, max_rounds: int = 50) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Exact active-set polish started from the backend's (x, z); None when it does not settle."""
-    m = C.shape[0]
-    scale = 1.0 + float(np.max(np.abs(u), initial=0.0)) + float(np.max(np.abs(q), initial=0.0))
-    slack = u - C @ x
-    zscale = 1.0 + float(np.max(np.abs(z), initial=0.0))
-    act = eq | (slack <= 1e-6 * scale) | (z > 1e-6 * zscale)
-    seen = set()
-    for _ in range(max_rounds):
-        key = act.tobytes()
-        if key in seen:
-            return None
-        seen.add(key)
-        xa, za = kkt_solve(P, q, C[act], u[act])
-        zf = np.zeros(m)
-        zf[act] = za
-        viol = C @ xa - u
-        viol[eq] = 0.0
-        viol[act] = 0.0
-        feas_tol = 1e-12 * (1.0 + float(np.max(np.abs(u), initial=0.0)) + float(np.max(np.abs(C @ xa), initial=0.0)))
-        neg = np.where(act & ~eq, -zf, 0.0)
-        dual_tol = 1e-12 * (1.0 + float(np.max(np.abs(zf), initial=0.0)))
-        worst_v, worst_d = float(np.max(viol, initial=0.0)), float(np.max(neg, initial=0.0))
-        if worst_v <= feas_tol and worst_d <= dual_tol:
-            zf[~eq] = np.maximum(zf[~eq], 0.0)
-            return xa, zf, act
-        act = act.copy()
-        if worst_d > dual_tol and (worst_d / dual_tol >= worst_v / feas_tol or worst_v <= feas_tol):
-            act[int(np.argmax(neg))] = False
-        else:
-            act[int(np.argmax(viol))] = True
-    return None
+    """The exact active-set polish of the projections (:func:`polyproj.projection.polish.polish`).
+
+    With ``P = L Lᵀ`` and ``v = Lᵀω`` the QP ``min ½ωᵀPω + qᵀω  s.t. C_eq ω = u_eq, C_in ω <= u_in`` is the
+    projection of ``−L⁻¹q`` onto ``{v : C_in L⁻ᵀ v <= u_in, C_eq L⁻ᵀ v = u_eq}``, whose KKT multipliers
+    are the QP's (``Pω + q + Cᵀz = 0``). Started from the backend's ``(x, z)``; None when the polish
+    cannot verify the KKT conditions (or P is not positive semidefinite).
+    """
+    from ...polydata import PolyData
+    from ...projection.polish import polish
+
+    L = _metric_factor(P)
+    if L is None:
+        return None
+    n, m = P.shape[0], C.shape[0]
+    Linv_t = scipy.linalg.solve_triangular(L, np.eye(n), lower=True).T  # L⁻ᵀ
+    ineq = np.flatnonzero(~eq)
+    data = PolyData(C[ineq] @ Linv_t, u[ineq], C[eq] @ Linv_t, u[eq], np.full(n, -np.inf), np.full(n, np.inf))
+    X = -scipy.linalg.solve_triangular(L, q, lower=True)[None, :]
+    Y0 = (L.T @ x)[None, :]
+    mult0 = np.concatenate([np.maximum(z[ineq], 0.0), np.zeros(2 * n)])[None, :]
+    out = polish(X, data, Y0, mult0, cand_tol=1e-6, dist_tol=1e-6, tol=1e-11, max_iter=max_rounds)
+    if not bool(out.accepted[0]):
+        return None
+    zf = np.zeros(m)
+    zf[ineq] = out.mult[0, : ineq.size]
+    zf[eq] = out.mu[0]
+    act = eq.copy()
+    act[ineq] = out.active[0, : ineq.size]
+    return Linv_t @ out.Y[0], zf, act
 
 
 def _scale(q: np.ndarray, u: np.ndarray) -> float:
