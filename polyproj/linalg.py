@@ -120,8 +120,7 @@ def _cho_solve_numpy(L: np.ndarray, R: np.ndarray) -> np.ndarray:
     solve_tri = getattr(getattr(torch, "linalg", None), "solve_triangular", None)
     if solve_tri is not None and L.dtype == R.dtype and L.dtype in (np.float32, np.float64):
         # torch is loaded already (never imported for this): its batched triangular solves on the same
-        # memory, one call each that releases the GIL (n 100, batch 512: 4.9 vs 7.1 ms with one
-        # right-hand side, 6.8 vs 12.2 ms with two)
+        # memory, one call each that releases the GIL (docs/performance.md)
         Lt, Rt = (torch.from_numpy(_own_contiguous(a)) for a in (L, R))
         return solve_tri(Lt.mT, solve_tri(Lt, Rt, upper=False), upper=True).numpy()
     # forward then backward substitution, one row at a time for all elements

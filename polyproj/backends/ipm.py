@@ -82,10 +82,8 @@ class IPMSolver(QPSolver):
         s = self.settings
         warm = {"x": self._to(x0)} if (x0 is not None and s["warm_start"]) else None
         t0 = time.perf_counter()
-        # one QP: one BLAS thread (its kernels are mostly matrix-vector products, where thread
-        # wake-ups cost more than they save: Maros-Meszaros sgm 1.18 vs 1.08 s); a batch: the thread
-        # policy of solve_qp_batch (one thread per kernel with batch threads or n <= 256; a blanket
-        # limit made n 400, batch 32 projections 2.2 instead of 1.55 s)
+        # one QP: one BLAS thread (its kernels are mostly matrix-vector products); a batch: the thread
+        # policy of solve_qp_batch (docs/performance.md)
         numpy = self.backend_options.get("namespace", "numpy") == "numpy"
         with small_blas() if numpy and q.shape[0] == 1 else nullcontext():
             res = solve_qp_batch(
