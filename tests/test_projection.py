@@ -302,3 +302,70 @@ def test_project_leaves_torch_thread_count_alone(rng):
             assert torch.get_num_threads() == k
     finally:
         torch.set_num_threads(prev)
+
+
+# ----------------------------------------------------------------------------- scale, memory, bad answers
+def test_tiny_scale_is_exact_and_relative(rng):
+    """Data at 1e-12: the KKT acceptance is relative to the problem's scale (an absolute tolerance accepted
+    [1e-12, 1e-12], which violates the sum row by 100 % of its scale, and called both bounds active)."""
+    P = pp.Polyhedron(A=[[1.0, 1.0]], a=[1e-12], lb=-1e-12 * np.ones(2), ub=1e-12 * np.ones(2))
+    r = pp.project(np.array([3e-12, 2e-12]), P)
+    assert r.polished
+    np.testing.assert_allclose(r.y, [1e-12, 0.0], atol=1e-26)
+    assert P.violation(r.y) <= 1e-26
+    # rows: A, lb 0, lb 1, ub 0, ub 1 — coordinate 0 is at its upper bound only
+    np.testing.assert_array_equal(r.active, [True, False, False, True, False])
+
+
+@pytest.mark.parametrize("scale", [1e8, 1e12, 1e16, 1e-9])
+def test_huge_and_tiny_scales_are_solved_quickly(rng, scale):
+    """Π_{sP}(s x) = s Π_P(x): far from unit scale the backend sees unit data; nothing hangs."""
+    import time
+
+    Pu = random_polytope(rng, 20, 40, 1)
+    P = pp.Polyhedron(A=Pu.A, a=scale * Pu.a, B=Pu.B, b=scale * Pu.b, lb=scale * Pu.lb, ub=scale * Pu.ub)
+    X = 3 * rng.normal(size=(6, 20))
+    ref = pp.project(X, Pu)
+    t0 = time.perf_counter()
+    r = pp.project(scale * X, P, time_limit=5.0)
+    assert time.perf_counter() - t0 < 10.0
+    assert r.polished.all()
+    np.testing.assert_allclose(r.y / scale, ref.y, atol=1e-9)
+    np.testing.assert_array_equal(r.active, ref.active)
+    box = pp.Polyhedron(lb=-1e8 * np.ones(2), ub=1e8 * np.ones(2))
+    np.testing.assert_array_equal(pp.project(np.array([3e8, -2e8]), box, time_limit=1.0).y, [1e8, -1e8])
+    np.testing.assert_array_equal(pp.project(np.array([3e20, -2e25]), box).y, [1e8, -1e8])  # finite |x| >= 1e20
+
+
+def test_large_batches_go_to_the_backend_in_chunks(rng, monkeypatch):
+    from polyproj.backends import projection as host
+
+    P = random_polytope(rng, 8, 12, 1)
+    X = 3 * rng.normal(size=(50, 8))
+    whole = pp.project(X, P, polish=False, eps_abs=1e-10)
+    monkeypatch.setattr(host, "CHUNK_BYTES", 16 * (8 + 13) ** 2 * 7)  # 7 elements a chunk
+    parts = pp.project(X, P, polish=False, eps_abs=1e-10)
+    np.testing.assert_allclose(parts.y, whole.y, atol=1e-12)
+    assert len(parts.solution) == 50 and parts.solution.solution(49).residuals()["primal"] < 1e-8
+
+
+def test_unpolished_answers_are_checked(rng, monkeypatch):
+    """project(polish=False) does not pass a SOLVED point that violates the constraints or is NaN."""
+    from dataclasses import replace
+
+    P = random_polytope(rng, 6, 10, 1)
+    X = 3 * rng.normal(size=(4, 6))
+    cls = type(pp.get_backend("ipm"))
+    real = cls.solve_projections
+
+    def broken(self, Xb, data, *, rough=False):
+        s = real(self, Xb, data, rough=rough)
+        y = np.array(s.y)
+        y[0] = np.nan
+        y[1] += 1e3
+        return replace(s, y=y)
+
+    monkeypatch.setattr(cls, "solve_projections", broken)
+    r = pp.project(X, P, backend="ipm", polish=False)
+    assert r.status[0] is pp.Status.NUMERICAL_ERROR and r.status[1] is pp.Status.SOLVED_INACCURATE
+    assert r.status[2] is pp.Status.SOLVED

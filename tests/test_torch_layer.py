@@ -439,3 +439,57 @@ def test_fallback_survives_a_false_infeasibility_report(rng, monkeypatch):
         y = project(torch.tensor(X), backend="admm", max_iter=2, check=1000, fallback="proxsuite", **_tensors(P))
     assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
     assert asked  # the fallback was asked first, then the IPM answered
+
+
+# ----------------------------------------------------------------------------- hardening
+def test_layer_copies_the_callers_data(rng):
+    P = _polytope(rng)
+    A = torch.tensor(P.A)
+    A0 = A.clone()
+    layer = ProjectionLayer(A, P.a, P.B, P.b, P.lb, P.ub, learn=("A",))
+    other = ProjectionLayer(A, P.a, P.B, P.b, P.lb, P.ub)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    layer(torch.tensor(2 * rng.normal(size=(4, P.n)))).sum().backward()
+    opt.step()
+    assert torch.equal(A, A0) and torch.equal(other.A, A0)  # neither the caller's tensor nor another layer moved
+    assert not torch.equal(layer.A.detach(), A0)
+    with pytest.raises(pp.ProblemError, match="not given"):
+        ProjectionLayer(A=P.A, a=P.a, learn=("lb",))
+
+
+def test_empty_batch_and_huge_points(rng):
+    P = _polytope(rng)
+    d = _tensors(P)
+    x = torch.zeros(0, P.n, dtype=torch.float64, requires_grad=True)
+    y = project(x, **d)
+    assert y.shape == (0, P.n)
+    y.sum().backward()
+    assert x.grad.shape == (0, P.n)
+    big = torch.tensor(np.full((2, P.n), 1e21) * np.sign(rng.normal(size=(2, P.n))))
+    y = project(big, **d)
+    ref = pp.project(big.numpy(), P).y
+    np.testing.assert_allclose(y.numpy(), ref, atol=1e-9)
+    # feasible to rounding at the problem's scale (|x| = 1e21: absolute errors of ~eps |x| are rounding)
+    assert P.violation(y.numpy()).max() < 1e-14 * 1e21
+
+
+@pytest.mark.parametrize("kind", ["polyhedron", "simplex"])
+def test_torch_func_transforms(kind, rng):
+    P = _polytope(rng, n=5, m=6) if kind == "polyhedron" else pp.sets.Simplex(5)
+    poly = P if kind == "polyhedron" else P.as_polyhedron()
+
+    def f(x):
+        return project(x, P)
+
+    X = torch.tensor(2 * rng.normal(size=(3, 4, 5)))
+    np.testing.assert_allclose(torch.func.vmap(f)(X).numpy(), f(X.reshape(12, 5)).reshape(3, 4, 5).numpy(),
+                               atol=1e-12)
+    x1 = X[1, 2]
+    J = pp.hs_jacobian(poly, pp.project(x1.numpy(), P).active)
+    np.testing.assert_allclose(torch.func.jacrev(f)(x1).numpy(), J, atol=1e-12)
+    np.testing.assert_allclose(torch.func.jacfwd(f)(x1).numpy(), J, atol=1e-12)
+    if kind == "polyhedron":
+        d = _tensors(P)
+        with pytest.raises(pp.ProblemError, match="vmap over constraint tensors"):
+            torch.func.vmap(lambda a: project(X[0], d["A"], a, d["B"], d["b"], d["lb"], d["ub"]))(
+                torch.stack([d["a"], d["a"]]))

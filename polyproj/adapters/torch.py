@@ -42,11 +42,19 @@ def _work(x: torch.Tensor, S: Projector) -> float:
 
 
 class _Project(torch.autograd.Function):
-    """``y = Π_S(x)`` with the set's HS-Jacobian backward; ``params`` are the set's differentiable data."""
+    """``y = Π_S(x)`` with the set's HS-Jacobian backward; ``params`` are the set's differentiable data.
+
+    Composable with ``torch.func``: ``vmap`` folds the mapped dimension into the batch (shared constraint
+    data), ``jacrev`` maps the backward (:class:`_VJP`), ``jacfwd`` uses :meth:`jvp` (``J`` is symmetric).
+    """
 
     @staticmethod
     def forward(x, S, names, *params):
         Sx = S.with_parameters(**{k: p.detach() for k, p in zip(names, params, strict=True)}) if names else S
+        if x.shape[0] == 0:  # an empty batch projects to an empty batch
+            return x.detach().clone(), Sx.empty_result(x.detach()), Sx
+        if not bool(torch.isfinite(x).all()):  # here, not in project(): under vmap x is a plain tensor only here
+            raise ProblemError("x contains NaN or inf")
         with torch.no_grad(), small_work_threads(x.device.type == "cpu", _work(x, Sx)):
             xd = x.detach()
             res = Sx.project_batch(xd, record=True) if isinstance(Sx, Polyhedral) else Sx.project_batch(xd)
@@ -61,13 +69,68 @@ class _Project(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, *_):
         need = ctx.needs_input_grad
-        S, res = ctx.set, ctx.result
+        wanted = tuple(k for k, nd in zip(ctx.names, need[3:], strict=True) if nd)
+        out = _VJP.apply(gy, ctx.set, ctx.result, wanted, bool(need[0]))
+        grads = dict(zip(wanted, out[1:], strict=True))
+        return (out[0] if need[0] else None, None, None, *[grads.get(k) for k in ctx.names])
+
+    @staticmethod
+    def jvp(ctx, x_t, *tangents):
+        if any(t is not None for t in tangents[2:]):
+            raise ProblemError("forward-mode derivatives with respect to constraint tensors are not supported; "
+                               "use reverse mode (backward, torch.func.jacrev) for them")
+        return _VJP.apply(x_t, ctx.set, ctx.result, (), True)[0], None, None  # J x_t (J is symmetric)
+
+    @staticmethod
+    def vmap(info, in_dims, x, S, names, *params):
+        if any(d is not None for d in in_dims[3:]):
+            raise ProblemError("torch.func.vmap over constraint tensors is not supported: give the tensors a "
+                               "batch dimension instead (per-sample constraints)")
+        if isinstance(S, Polyhedral) and S.data.batched:
+            raise ProblemError("torch.func.vmap with per-sample constraint data is not supported: project the "
+                               "whole batch at once")
+        xb = x.movedim(in_dims[0], 0)
+        V, N = xb.shape[0], xb.shape[1]
+        y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, names, *params)
+        return (y.reshape(V, N, -1), res, Sx), (0, None, None)
+
+
+def _vjp_x(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
+    g = g.contiguous()
+    if g.shape[0] == 0:
+        return torch.zeros_like(g)
+    with torch.no_grad(), small_work_threads(g.device.type == "cpu", _work(g, S)):
+        return S.vjp(res, g)
+
+
+class _VJP(torch.autograd.Function):
+    """The backward of :class:`_Project` as a function of the output gradient (so that it can be vmapped)."""
+
+    @staticmethod
+    def forward(gy, S, res, wanted, need_x):
         g = gy.contiguous()
+        if g.shape[0] == 0:
+            params = S.parameters()
+            return (torch.zeros_like(g), *[torch.zeros_like(params[k]) for k in wanted])
         with torch.no_grad(), small_work_threads(g.device.type == "cpu", _work(g, S)):
-            gx = S.vjp(res, g) if need[0] else None
-            wanted = tuple(k for k, nd in zip(ctx.names, need[3:], strict=True) if nd)
+            gx = S.vjp(res, g) if need_x else torch.zeros_like(g)
             gp = S.parameter_vjp(res, g, wanted) if wanted else {}
-        return (gx, None, None, *[gp.get(k) for k in ctx.names])
+        return (gx, *[gp[k] for k in wanted])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.set, ctx.result = inputs[1], inputs[2]
+
+    @staticmethod
+    def backward(ctx, *grads):  # J is symmetric: the derivative of g -> J g is J
+        return _vjp_x(ctx.set, ctx.result, grads[0]), None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, gy, S, res, wanted, need_x):
+        gb = gy.movedim(in_dims[0], 0)
+        outs = [_VJP.apply(gb[v], S, res, wanted, need_x) for v in range(gb.shape[0])]
+        stacked = tuple(torch.stack(parts) for parts in zip(*outs, strict=True))
+        return stacked, tuple(0 for _ in stacked)
 
 
 def _flatten(x: torch.Tensor, S: Projector) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
@@ -84,6 +147,11 @@ def _flatten(x: torch.Tensor, S: Projector) -> tuple[torch.Tensor, tuple[int, ..
     return x.reshape(N, S.n), bshape, tail
 
 
+def _vmapped(t: Any) -> bool:
+    """True for a tensor inside ``torch.func.vmap`` (a batched tensor)."""
+    return isinstance(t, torch.Tensor) and bool(torch._C._functorch.is_batchedtensor(t))
+
+
 def _check_x(x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise ProblemError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -91,8 +159,6 @@ def _check_x(x: Any) -> torch.Tensor:
         raise ProblemError(f"x must be float32 or float64, got {x.dtype}")
     if x.ndim < 1 or x.shape[-1] == 0:
         raise ProblemError(f"x must have shape (..., n) with n >= 1, got {tuple(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ProblemError("x contains NaN or inf")
     return x
 
 
@@ -158,7 +224,11 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
         x2, bshape, tail = _flatten(x, S)
     else:
         A = S if S is not None else A
-        S = _polyhedral_from_tensors(x, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), backend, settings)
+        parts = dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub)
+        if any(_vmapped(v) for v in parts.values()):
+            raise ProblemError("torch.func.vmap over constraint tensors is not supported: give the tensors a "
+                               "batch dimension instead (per-sample constraints)")
+        S = _polyhedral_from_tensors(x, parts, backend, settings)
         x2, bshape, tail = _flatten(x, S)
     params = {k: v for k, v in S.parameters().items() if isinstance(v, torch.Tensor)}
     names = tuple(params)

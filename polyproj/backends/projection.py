@@ -10,6 +10,7 @@ and the start comes back in the input's namespace and device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,16 +118,63 @@ def _sample(d: PolyData, i: int) -> tuple[np.ndarray, ...]:
     return pick(d.A, 3), pick(d.a, 2), pick(d.B, 3), pick(d.b, 2), pick(d.lb, 2), pick(d.ub, 2)
 
 
+#: bytes a native batch of projections may hold at once (solver workspaces grow with every element)
+CHUNK_BYTES = 2**28
+
+
+def chunk_size(n: int, rows: int) -> int:
+    """Elements per native batch call: solver workspaces take about ``16 (n + rows)²`` bytes an element."""
+    return max(1, CHUNK_BYTES // (16 * (n + rows) ** 2))
+
+
 def solve_qps(solver: QPSolver, X: np.ndarray, d: PolyData) -> BatchSolution:
-    """The projections of the rows of ``X`` (NumPy) onto host data ``d`` by ``solver``, as a batch."""
+    """The projections of the rows of ``X`` (NumPy) onto host data ``d`` by ``solver``, as a batch.
+
+    Shared matrices: the backend's ``solve_batch`` in chunks of :func:`chunk_size` elements, so that memory
+    stays bounded (about :data:`CHUNK_BYTES` of solver workspace) whatever the batch.
+    """
     N = X.shape[0]
     if d.shared_matrices:
         qp = projection_qp(*_sample(d, 0), X[0])
         if N == 1:
             return BatchSolution.stack([solver.solve(qp)], backend=solver.name)
-        return solver.solve_batch(qp, **_batch_vectors(d, X))
+        vecs = _batch_vectors(d, X)
+        step = chunk_size(d.n, d.m + d.p)
+        if N <= step:
+            return solver.solve_batch(qp, **vecs)
+        parts = [solver.solve_batch(qp, **{k: v[i: i + step] for k, v in vecs.items()}) for i in range(0, N, step)]
+        return _concat(parts, solver.name)
     sols = [solver.solve(projection_qp(*_sample(d, i), X[i])) for i in range(N)]
     return BatchSolution.stack(sols, backend=solver.name)
+
+
+class _Chain(Sequence):
+    """The element QPs of consecutive batches, one sequence (built on access)."""
+
+    def __init__(self, seqs: list) -> None:
+        self._seqs = seqs
+        self._starts = np.cumsum([0] + [len(q) for q in seqs])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"element {i} of a batch of {len(self)}")
+        i %= len(self)
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return self._seqs[k][i - int(self._starts[k])]
+
+
+def _concat(parts: list[BatchSolution], name: str) -> BatchSolution:
+    cat = {k: np.concatenate([np.atleast_2d(getattr(p, k)) for p in parts]) for k in ("x", "z", "z_box")}
+    qps = None if any(p.qps is None for p in parts) else _Chain([p.qps for p in parts])
+    return BatchSolution(**cat, status=tuple(s for p in parts for s in p.status),
+                         iterations=np.concatenate([np.asarray(p.iterations) for p in parts]),
+                         solve_time=sum(p.solve_time for p in parts), setup_time=sum(p.setup_time for p in parts),
+                         backend=name, qps=qps)
 
 
 def start_from_solution(sol: BatchSolution, like: Any, m: int, accuracy: float, *, rough: bool = False,

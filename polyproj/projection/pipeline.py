@@ -85,6 +85,11 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     """
     if rough is None:
         rough = opts.polish and solver.capabilities.early_stop
+    s = _unit_scale(X, data)
+    if s != 1.0:  # Π_{sP}(s x) = s Π_P(x): the backend sees data of unit size (s a power of 2: exact)
+        out = run(X / s, _scaled(data, 1.0 / s), solver, opts, rough=rough)
+        return replace(out, Y=out.Y * s, mult=out.mult * s, mu=out.mu * s, faces=out.faces,
+                       start=replace(out.start, y=out.start.y * s, mult=out.start.mult * s, mu=out.start.mu * s))
     start = solver.solve_projections(X, data, rough=rough)
     start, flagged, report = _recover(solver, X, data, start)
     if not opts.polish:
@@ -100,6 +105,30 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
         warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
                       + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
     return out
+
+
+#: the data's size (largest |x| or finite right-hand side) within [2^-SCALE_BAND, 2^SCALE_BAND] is left as it is
+SCALE_BAND = 8
+
+
+def _unit_scale(X: Any, data: PolyData) -> float:
+    """A power of 2 near the size of the batch and of the finite right-hand sides (1 when near 1)."""
+    xp = array_namespace(X)
+    sizes = [float(xp.max(xp.abs(X)))] if X.shape[0] and X.shape[1] else []
+    for v in (data.a, data.b, data.lb, data.ub):
+        fin = xp.where(xp.isfinite(v), xp.abs(v), xp.zeros_like(v))
+        if fin.shape[0] and (fin.ndim == 1 or fin.shape[1]):
+            sizes.append(float(xp.max(fin)))
+    size = max(sizes, default=0.0)
+    if not (0.0 < size < float("inf")):
+        return 1.0
+    e = int(np.round(np.log2(size)))
+    return 1.0 if abs(e) <= SCALE_BAND else float(2.0 ** e)
+
+
+def _scaled(data: PolyData, f: float) -> PolyData:
+    """The polyhedron ``f·P`` (right-hand sides and bounds times ``f``; the rows unchanged)."""
+    return PolyData(data.A, data.a * f, data.B, data.b * f, data.lb * f, data.ub * f)
 
 
 def _rounds(opts: PolishOptions, solver: Any, start: ProjectionStart, n: int) -> int:
@@ -254,7 +283,28 @@ def _unpolished_output(X, data: PolyData, start: ProjectionStart, name: str) -> 
     active = _both_signals(X, data, start.y, start.mult, start.accuracy)
     mult = xp.where(start.mult > 0, start.mult, xp.zeros_like(start.mult))
     polished = xp.zeros((X.shape[0],), dtype=xp.bool, device=_device(X))
-    return PipelineOutput(start.y, active, mult, start.mu, start.status, polished, name, [], start)
+    return PipelineOutput(start.y, active, mult, start.mu, _checked_status(X, data, start), polished, name, [],
+                          start)
+
+
+def _checked_status(X, data: PolyData, start: ProjectionStart) -> tuple[Status, ...]:
+    """The backend's statuses, a SOLVED demoted when its point is not finite or not feasible at its accuracy."""
+    xp = array_namespace(X)
+    viol = _host_floats(data.violation(start.y))
+    size = _host_floats(xp.maximum(xp.max(xp.abs(X), axis=1), xp.max(xp.abs(xp.where(
+        xp.isfinite(start.y), start.y, xp.zeros_like(start.y))), axis=1)))
+    out = []
+    for st, v, sz in zip(start.status, viol, size, strict=True):
+        if st is Status.SOLVED and not np.isfinite(v):
+            st = Status.NUMERICAL_ERROR
+        elif st is Status.SOLVED and v > max(1e-6, 100.0 * start.accuracy) * (1.0 + sz):
+            st = Status.SOLVED_INACCURATE
+        out.append(st)
+    return tuple(out)
+
+
+def _host_floats(v: Any) -> list[float]:
+    return [float(b) for b in (v.tolist() if hasattr(v, "tolist") else list(v))]
 
 
 def _keep_start(X, data: PolyData, out: PipelineOutput, refused) -> PipelineOutput:
