@@ -27,6 +27,33 @@ def backend(request) -> str:
     return request.param
 
 
+def _projectors() -> dict:
+    """Every set the Projector contract runs on (``polyproj.testing.check_projector``)."""
+    rng = np.random.default_rng(5)
+    A = rng.normal(size=(7, 5))
+    P = pp.Polyhedron(A=A, a=A @ rng.normal(size=5) + rng.uniform(0.2, 1.0, 7), B=rng.normal(size=(1, 5)),
+                      b=[0.3], lb=-2 * np.ones(5), ub=2 * np.ones(5))
+    sets = {
+        "simplex": lambda: pp.sets.Simplex(6),
+        "simplex-total": lambda: pp.sets.Simplex(5, total=2.5),
+        "box": lambda: pp.sets.Box(np.r_[-1.0, -np.inf, 0.0, 1.0], np.r_[1.0, 2.0, np.inf, 1.0]),
+    }
+    for name in ("proxsuite", "ipm", "admm"):
+        if name in CPU_BACKENDS:
+            sets[f"polyhedral-{name}"] = lambda name=name: pp.sets.Polyhedral(P, name)
+    return sets
+
+
+#: set name -> factory
+PROJECTORS = _projectors()
+
+
+@pytest.fixture(params=sorted(PROJECTORS))
+def projector(request) -> pp.Projector:
+    """Each set of :data:`PROJECTORS` in turn."""
+    return PROJECTORS[request.param]()
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A seeded generator (tests are deterministic)."""
