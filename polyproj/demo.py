@@ -37,7 +37,9 @@ def projection_section(console, quick: bool, seed: int) -> None:
     """Project a batch with every available backend; agreement, feasibility, HS-Jacobian check."""
     from rich.table import Table
 
-    from . import available_backends, hs_jacobian, hs_vjp, project
+    from .api import project
+    from .projection import hs_jacobian, hs_vjp
+    from .registry import available_backends
 
     rng = np.random.default_rng(seed)
     n, m, batch = (20, 40, 16) if quick else (50, 100, 128)

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..errors import ProblemError
 from ..problem import Polyhedron
-from ..runtime import small_work_threads
+from ..runtime import small_work
 from ..sets.base import Projector
 from ..sets.polyhedral import PARTS, Polyhedral, polydata_from_arrays
 
@@ -34,7 +34,7 @@ def choose_backend(x: torch.Tensor, shared: bool) -> str:
 
 # ----------------------------------------------------------------------------- the Function
 def _work(x: torch.Tensor, S: Projector) -> float:
-    """Multiply-adds of one sweep over the batch (the thread policy of :func:`polyproj.runtime.small_work_threads`)."""
+    """Multiply-adds of one sweep over the batch (the thread policy of :func:`polyproj.runtime.small_work`)."""
     rows = 2 * S.n
     if isinstance(S, Polyhedral):
         rows += S.data.m + S.data.p
@@ -55,7 +55,7 @@ class _Project(torch.autograd.Function):
             return x.detach().clone(), Sx.empty_result(x.detach()), Sx
         if not bool(torch.isfinite(x).all()):  # here, not in project(): under vmap x is a plain tensor only here
             raise ProblemError("x contains NaN or inf")
-        with torch.no_grad(), small_work_threads(x.device.type == "cpu", _work(x, Sx)):
+        with torch.no_grad(), small_work(x.device.type == "cpu", _work(x, Sx)):
             xd = x.detach()
             res = Sx.project_batch(xd, record=True) if isinstance(Sx, Polyhedral) else Sx.project_batch(xd)
         return res.y.to(x.dtype), res, Sx
@@ -99,7 +99,7 @@ def _vjp_x(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
     g = g.contiguous()
     if g.shape[0] == 0:
         return torch.zeros_like(g)
-    with torch.no_grad(), small_work_threads(g.device.type == "cpu", _work(g, S)):
+    with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
         return S.vjp(res, g)
 
 
@@ -112,7 +112,7 @@ class _VJP(torch.autograd.Function):
         if g.shape[0] == 0:
             params = S.parameters()
             return (torch.zeros_like(g), *[torch.zeros_like(params[k]) for k in wanted])
-        with torch.no_grad(), small_work_threads(g.device.type == "cpu", _work(g, S)):
+        with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
             gx = S.vjp(res, g) if need_x else torch.zeros_like(g)
             gp = S.parameter_vjp(res, g, wanted) if wanted else {}
         return (gx, *[gp[k] for k in wanted])

@@ -19,6 +19,7 @@ from array_api_compat import device as _device
 from ..errors import ProblemError, SettingsError
 from ..polydata import PolyData
 from ..problem import QP
+from ..runtime import small_work
 from ..solution import BatchSolution, ElementQPs, Solution, Status
 from .base import Capabilities, QPSolver
 from .convexity import is_nonconvex
@@ -98,7 +99,8 @@ class ADMMSolver(QPSolver):
                        rho=float(self._opt("rho")), alpha=float(self._opt("alpha")))
         stop = admm.Stop("residuals", float(self.settings["eps_abs"]), float(self.settings["eps_rel"]),
                          int(self.settings["max_iter"] or 4000), int(self._opt("check")), deadline=self._deadline())
-        res = admm.solve(S, np.ascontiguousarray(Q, dtype=np.float64), stop)
+        with small_work(True, float(size) * (qp.m + nb) * qp.n):
+            res = admm.solve(S, np.ascontiguousarray(Q, dtype=np.float64), stop)
         x, w = np.asarray(res.x), np.asarray(res.w)
         z, z_box = w[:, : qp.m], (w[:, qp.m:] if nb else np.zeros((size, qp.n)))
         status = tuple(_CODES[int(c)] for c in np.asarray(res.code))
@@ -130,7 +132,8 @@ class ADMMSolver(QPSolver):
         S = admm.setup(xp.eye(n, dtype=dt, device=_device(X)), C, lo, hi, nb,
                        rho=float(self._opt("rho")), alpha=float(self._opt("alpha")))
         stop = self._projection_stop(N, rough)
-        res = admm.solve(S, -xp.astype(X, dt), stop)
+        with small_work(_on_cpu(X), float(N) * (C.shape[0] + n) * n):
+            res = admm.solve(S, -xp.astype(X, dt), stop)
         y = xp.astype(res.x, X.dtype)
         w = xp.astype(res.w, X.dtype)
         mult = xp.concat([w[:, : d.m], -w[:, d.m + d.p:], w[:, d.m + d.p:]], axis=1) if nb else \
@@ -153,6 +156,11 @@ class ADMMSolver(QPSolver):
         stable = 0.03 * max(0, N - 256) / max(N, 1) if stable is None else float(stable)
         limit = int(self.settings["max_iter"] or self._opt("rough_iter"))
         return admm.Stop("faces", max_iter=limit, check=check, stable=stable, deadline=self._deadline())
+
+
+def _on_cpu(X: Any) -> bool:
+    dev = _device(X)
+    return str(getattr(dev, "type", dev)) == "cpu"
 
 
 def _start_dtype(xp: Any, name: Any) -> Any:
