@@ -547,14 +547,11 @@ class Polyhedron:
         return v if Y.ndim == 2 else v[0]
 
     def ineq_slack(self, Y: np.ndarray) -> np.ndarray:
-        """Slack ``rhs - row·y`` of every inequality-form row, shape (batch, n_ineq)."""
+        """Slack ``rhs - row·y`` of every inequality row (compact numbering), shape (batch, n_ineq)."""
+        from .polydata import RowLayout, ineq_slack
+
         Y2 = np.atleast_2d(np.asarray(Y, dtype=np.float64))
-        parts = []
-        if self.m_ineq:
-            parts.append(self.a - (self.A @ Y2.T).T)
-        parts.append(Y2[:, self.lb_idx] - self.lb[self.lb_idx])
-        parts.append(self.ub[self.ub_idx] - Y2[:, self.ub_idx])
-        return np.concatenate(parts, axis=1)
+        return ineq_slack(Y2, self.A_dense, self.a, self.lb, self.ub)[:, RowLayout.of(self).cols]
 
     def __repr__(self) -> str:
         return (f"Polyhedron(n={self.n}, inequalities={self.m_ineq}, equalities={self.m_eq}, "
