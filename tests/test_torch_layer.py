@@ -493,3 +493,23 @@ def test_torch_func_transforms(kind, rng):
         with pytest.raises(pp.ProblemError, match="vmap over constraint tensors"):
             torch.func.vmap(lambda a: project(X[0], d["A"], a, d["B"], d["b"], d["lb"], d["ub"]))(
                 torch.stack([d["a"], d["a"]]))
+
+
+def test_warm_start_from_the_previous_step_gives_the_same_projection(rng):
+    """A layer with warm_start=True starts its polish from the last call's active sets; the answer (and the
+    gradient) is the exact projection whatever the guess: close steps, a far step, another batch size."""
+    P = _polytope(rng, n=12, m=20, p=2)
+    layer = ProjectionLayer(P, warm_start=True)
+    cold = ProjectionLayer(P)
+    X = 2.5 * rng.normal(size=(32, P.n))
+    for step in (0.0, 1e-3, 1e-3, 3.0):
+        X = X + step * rng.normal(size=X.shape)
+        xw, xc = torch.tensor(X, requires_grad=True), torch.tensor(X, requires_grad=True)
+        yw, yc = layer(xw), cold(xc)
+        np.testing.assert_allclose(yw.detach().numpy(), yc.detach().numpy(), atol=1e-10)
+        V = torch.tensor(rng.normal(size=X.shape))
+        (yw * V).sum().backward()
+        (yc * V).sum().backward()
+        np.testing.assert_allclose(xw.grad.numpy(), xc.grad.numpy(), atol=1e-10)
+    y = layer(torch.tensor(X[:5]))  # another batch size: no guess, the cold path
+    np.testing.assert_allclose(y.numpy(), cold(torch.tensor(X[:5])).numpy(), atol=1e-10)

@@ -10,6 +10,7 @@ is conversion and autograd glue only: it holds no solver.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,14 @@ def _work(x: torch.Tensor, S: Projector) -> float:
     return float(x.shape[0]) * rows * S.n
 
 
+@dataclass(frozen=True)
+class _Config:
+    """What the Function needs besides tensors: the names of the set's differentiable data, a warm start."""
+
+    names: tuple[str, ...] = ()
+    warm: Any = None
+
+
 class _Project(torch.autograd.Function):
     """``y = Π_S(x)`` with the set's HS-Jacobian backward; ``params`` are the set's differentiable data.
 
@@ -49,7 +58,8 @@ class _Project(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(x, S, names, *params):
+    def forward(x, S, cfg, *params):
+        names = cfg.names
         Sx = S.with_parameters(**{k: p.detach() for k, p in zip(names, params, strict=True)}) if names else S
         if x.shape[0] == 0:  # an empty batch projects to an empty batch
             return x.detach().clone(), Sx.empty_result(x.detach()), Sx
@@ -57,14 +67,17 @@ class _Project(torch.autograd.Function):
             raise ProblemError("x contains NaN or inf")
         with torch.no_grad(), small_work(x.device.type == "cpu", _work(x, Sx)):
             xd = x.detach()
-            res = Sx.project_batch(xd, record=True) if isinstance(Sx, Polyhedral) else Sx.project_batch(xd)
+            if isinstance(Sx, Polyhedral):
+                res = Sx.project_batch(xd, record=True, warm_start=cfg.warm)
+            else:
+                res = Sx.project_batch(xd)
         return res.y.to(x.dtype), res, Sx
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, res, Sx = output
         ctx.result, ctx.set = res, Sx
-        ctx.names = inputs[2]
+        ctx.names = inputs[2].names
 
     @staticmethod
     def backward(ctx, gy, *_):
@@ -82,7 +95,7 @@ class _Project(torch.autograd.Function):
         return _VJP.apply(x_t, ctx.set, ctx.result, (), True)[0], None, None  # J x_t (J is symmetric)
 
     @staticmethod
-    def vmap(info, in_dims, x, S, names, *params):
+    def vmap(info, in_dims, x, S, cfg, *params):
         if any(d is not None for d in in_dims[3:]):
             raise ProblemError("torch.func.vmap over constraint tensors is not supported: give the tensors a "
                                "batch dimension instead (per-sample constraints)")
@@ -91,7 +104,7 @@ class _Project(torch.autograd.Function):
                                "whole batch at once")
         xb = x.movedim(in_dims[0], 0)
         V, N = xb.shape[0], xb.shape[1]
-        y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, names, *params)
+        y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, _Config(cfg.names), *params)
         return (y.reshape(V, N, -1), res, Sx), (0, None, None)
 
 
@@ -213,7 +226,14 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
     >>> y[0, 0].backward(); x.grad
     tensor([[ 0.5000, -0.5000,  0.0000]], dtype=torch.float64)
     """
+    y, _ = _project(x, S, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), backend, settings, None)
+    return y
+
+
+def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: Any) -> tuple[torch.Tensor, Any]:
+    """:func:`project` with a warm start; returns the projection and the result (for the next warm start)."""
     x = _check_x(x)
+    a, B, b, lb, ub, A = (parts[k] for k in ("a", "B", "b", "lb", "ub", "A"))
     if isinstance(S, (Projector, Polyhedron)):
         if any(v is not None for v in (a, B, b, lb, ub, A)):
             raise ProblemError("give either a set S or the constraint data A, a, B, b, lb, ub, not both")
@@ -230,10 +250,15 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
                                "batch dimension instead (per-sample constraints)")
         S = _polyhedral_from_tensors(x, parts, backend, settings)
         x2, bshape, tail = _flatten(x, S)
+    y, res = _apply(x2, S, warm)
+    return y.reshape(*bshape, *tail), res
+
+
+def _apply(x2: torch.Tensor, S: Projector, warm: Any) -> tuple[torch.Tensor, Any]:
+    """The Function on a (batch, n) tensor: the projection and its result (for a later warm start)."""
     params = {k: v for k, v in S.parameters().items() if isinstance(v, torch.Tensor)}
-    names = tuple(params)
-    y, _, _ = _Project.apply(x2, S, names, *params.values())
-    return y.reshape(*bshape, *tail)
+    y, res, _ = _Project.apply(x2, S, _Config(tuple(params), warm), *params.values())
+    return y, res
 
 
 # ----------------------------------------------------------------------------- the Module
@@ -253,6 +278,10 @@ class ProjectionLayer(nn.Module):
         Storage dtype of the constraint data (default float64).
     backend : str
         As in :func:`project` (polyhedra).
+    warm_start : bool
+        Polyhedra: start each call's polish from the previous call's active sets (a batch of the same size,
+        e.g. full-batch training or a fixed set of inputs); samples whose guess the polish cannot verify in
+        a few rounds go through the whole pipeline, so the answer is the same exact projection.
     **settings
         As in :func:`project`.
 
@@ -269,8 +298,9 @@ class ProjectionLayer(nn.Module):
 
     def __init__(self, S: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None, ub: Any = None,
                  *, A: Any = None, learn: tuple[str, ...] | list[str] = (), dtype: torch.dtype = torch.float64,
-                 backend: str = "auto", **settings: Any) -> None:
+                 backend: str = "auto", warm_start: bool = False, **settings: Any) -> None:
         super().__init__()
+        self.warm_start, self._last = bool(warm_start), None
         unknown = set(learn) - set(PARTS)
         if unknown:
             raise ProblemError(f"learn takes names among {PARTS}, got {sorted(unknown)}")
@@ -306,11 +336,16 @@ class ProjectionLayer(nn.Module):
                 self.register_buffer(k, t)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Project ``x`` (..., n)."""
+        """Project ``x`` (..., n); with ``warm_start`` the previous call's active sets start the polish."""
+        warm = self._last if self.warm_start else None
         if self.set is not None:
-            return project(x, self.set)
-        return project(x, A=self.A, a=self.a, B=self.B, b=self.b, lb=self.lb, ub=self.ub, backend=self.backend,
-                       **self.settings)
+            y, res = _project(x, self.set, dict.fromkeys(PARTS), "auto", {}, warm)
+        else:
+            parts = dict(A=self.A, a=self.a, B=self.B, b=self.b, lb=self.lb, ub=self.ub)
+            y, res = _project(x, None, parts, self.backend, self.settings, warm)
+        if self.warm_start:
+            self._last = res
+        return y
 
     def extra_repr(self) -> str:
         """Sizes of the constraint data and the backend."""

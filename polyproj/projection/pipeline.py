@@ -77,19 +77,24 @@ class PipelineOutput:
     start: ProjectionStart
 
 
-def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool | None = None) -> PipelineOutput:
+def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool | None = None,
+        warm: Any = None) -> PipelineOutput:
     """Project the rows of ``X`` onto ``data`` with ``solver`` (see the module docstring).
 
     ``rough`` (default: when the polish is on and the backend can stop early) asks the backend for a
-    rough start.
+    rough start. ``warm`` (b, m + 2n) bool: guessed active sets (a previous step's); the polish starts
+    from them without asking the backend, and only the samples it cannot verify in a few rounds go
+    through the whole pipeline.
     """
     if rough is None:
         rough = opts.polish and solver.capabilities.early_stop
     s = _unit_scale(X, data)
     if s != 1.0:  # Π_{sP}(s x) = s Π_P(x): the backend sees data of unit size (s a power of 2: exact)
-        out = run(X / s, _scaled(data, 1.0 / s), solver, opts, rough=rough)
+        out = run(X / s, _scaled(data, 1.0 / s), solver, opts, rough=rough, warm=warm)
         return replace(out, Y=out.Y * s, mult=out.mult * s, mu=out.mu * s, faces=out.faces,
                        start=replace(out.start, y=out.start.y * s, mult=out.start.mult * s, mu=out.start.mu * s))
+    if warm is not None and opts.polish:
+        return _warm(X, data, solver, opts, warm)
     start = solver.solve_projections(X, data, rough=rough)
     start, flagged, report = _recover(solver, X, data, start)
     if not opts.polish:
@@ -131,6 +136,27 @@ def _scaled(data: PolyData, f: float) -> PolyData:
     return PolyData(data.A, data.a * f, data.B, data.b * f, data.lb * f, data.ub * f)
 
 
+#: polish rounds a warm start may take before its samples go through the whole pipeline
+WARM_ROUNDS = 4
+
+
+def _warm(X, data: PolyData, solver, opts: PolishOptions, warm) -> PipelineOutput:
+    """The polish from guessed active sets; the samples it does not verify go through :func:`run`."""
+    xp = array_namespace(X)
+    batch = X.shape[0]
+    zeros = xp.zeros((batch, data.m + 2 * data.n), dtype=X.dtype, device=_device(X))
+    start = ProjectionStart(X, zeros, xp.zeros((batch, data.p), dtype=X.dtype, device=_device(X)),
+                            (Status.SOLVED_INACCURATE,) * batch, 1e-3, rough=True)
+    rounds = WARM_ROUNDS if opts.max_rounds is None else min(WARM_ROUNDS, int(opts.max_rounds))
+    # the guess is wrong on a few rows at most: the first correction changes all of them at once
+    pol = _polish(X, data, start, replace(opts, block_rounds=max(opts.block_rounds, 1)), rounds, candidates=warm)
+    out = _output(data, start, pol, solver.name)
+    if bool(xp.all(out.polished)):
+        return out
+    idx = xp.nonzero(~out.polished)[0]
+    return _merge(xp, out, idx, run(xp.take(X, idx, axis=0), data.take(idx), solver, opts))
+
+
 def _rounds(opts: PolishOptions, solver: Any, start: ProjectionStart, n: int) -> int:
     if opts.max_rounds is not None:
         return int(opts.max_rounds)
@@ -144,7 +170,8 @@ def _polish_part(n: int) -> int:
     return int(min(2048, max(POLISH_PART, POLISH_PART * (100.0 / max(n, 1)) ** 2)))
 
 
-def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, rounds: int) -> PolishResult:
+def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, rounds: int,
+            candidates: Any = None) -> PolishResult:
     """The polish from the backend's start; NumPy batches in parts on one BLAS thread, one part per core."""
     xp = array_namespace(X)
     cand_tol = max(1e-7, 10.0 * start.accuracy)
@@ -152,8 +179,10 @@ def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, roun
 
     def part(sl):
         d = data if not data.batched else data.take(xp.arange(sl.start, sl.stop, device=_device(X)))
+        cand = None if candidates is None else candidates[sl, ...]
         return polish(X[sl, ...], d, start.y[sl, ...], start.mult[sl, ...], cand_tol=cand_tol, dist_tol=dist_tol,
-                      tol=opts.tol, max_iter=rounds, block_iter=opts.block_rounds, record=opts.record)
+                      tol=opts.tol, max_iter=rounds, block_iter=opts.block_rounds, record=opts.record,
+                      candidates=cand)
 
     if not is_numpy_namespace(xp):
         return part(slice(0, X.shape[0]))

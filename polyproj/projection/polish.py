@@ -152,7 +152,7 @@ def _sample_scale(xp, sc: _Scales, sig):
 
 
 def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float, max_iter: int,
-           block_iter: int = 0, record: bool = False) -> PolishResult:
+           block_iter: int = 0, record: bool = False, candidates: Any = None) -> PolishResult:
     """Primal–dual active-set polish of a batch of projections (see the module docstring).
 
     Parameters
@@ -174,6 +174,9 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
         The first ``block_iter`` corrections change every wrong row at once.
     record : bool
         Keep the factored faces on which samples were accepted (:class:`FaceRecord`).
+    candidates : (batch, m + 2n) bool, optional
+        The first candidate rows (a warm start: e.g. the active sets of a previous step) instead of those
+        the start's distances and multipliers give.
     """
     xp = array_namespace(X, data.A)
     sc = _scales(xp, X, data)
@@ -183,7 +186,7 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     dist0 = ineq_slack(Ystart, *_ineq_parts(data)) / sc.rn2
     mult0_n = mult0 * sc.rn2  # multipliers of the normalised rows: the scale of x − y
     backed = mult0_n > cand_tol * (sig0 + _rmax(xp, mult0_n))
-    S = sc.fin & ((dist0 <= dist_tol * sig0) | backed)
+    S = sc.fin & (((dist0 <= dist_tol * sig0) | backed) if candidates is None else candidates)
     # how little the backend supports a candidate (an inconsistent face drops the least supported):
     # multiplier not clearly positive first, then farthest from its hyperplane
     weak = xp.where(backed, xp.full_like(dist0, -1e30), dist0)

@@ -128,15 +128,19 @@ class Polyhedral(Projector):
         self._like[key] = d
         return d
 
-    def project_batch(self, X: Any, *, record: bool = False) -> ProjectionResult:
-        """Project a batch through the pipeline; ``record`` keeps the faces for :meth:`vjp`."""
+    def project_batch(self, X: Any, *, record: bool = False, warm_start: Any = None) -> ProjectionResult:
+        """Project a batch through the pipeline.
+
+        ``record`` keeps the faces for :meth:`vjp`; ``warm_start`` (a previous :class:`ProjectionResult`
+        of a batch of the same size) starts the polish from its active sets instead of asking the backend.
+        """
         xp = array_namespace(X)
         data = self._data_like(X)
         if data.batched and X.shape[0] != self._batch_size():
             raise ProblemError(f"the constraint data carry a batch of {self._batch_size()} but X has "
                                f"{X.shape[0]} points")
         X64 = xp.astype(X, xp.float64)
-        out = run(X64, data, self.solver, replace(self.options, record=record))
+        out = run(X64, data, self.solver, replace(self.options, record=record), warm=self._warm(X, warm_start))
         viol = data.violation(out.Y)
         info = FaceInfo(data, out.Y, out.active, out.mult, out.mu, out.faces)
         active, mult = out.active, out.mult
@@ -146,6 +150,23 @@ class Polyhedral(Projector):
         return ProjectionResult(xp.astype(out.Y, X.dtype), active, xp.concat([mult, out.mu], axis=1), out.status,
                                 float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
                                 solution=out.start.solution, face=info)
+
+    def _warm(self, X: Any, warm_start: Any) -> Any:
+        """The active sets (pipeline numbering, X's namespace) of a previous result; None when unusable."""
+        if warm_start is None:
+            return None
+        info = getattr(warm_start, "face", None)
+        if not isinstance(info, FaceInfo):
+            raise ProblemError("warm_start must be a ProjectionResult of this kind of set (Polyhedral)")
+        act = info.active
+        if act.shape != (X.shape[0], self.data.m + 2 * self.data.n):
+            return None  # another batch size: no guess
+        xp = array_namespace(X)
+        try:
+            same = array_namespace(act) is xp
+        except TypeError:
+            same = False
+        return act if same else xp.asarray(np.asarray(_host(act) > 0), device=_device(X))
 
     def _batch_size(self) -> int:
         return int(np.prod(self.batch_shape)) if self.batch_shape else 1
