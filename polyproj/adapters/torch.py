@@ -18,7 +18,7 @@ dimension (``A (..., m, n)``); shared data receive the gradient summed over the 
 
 Backends: ``"torch"`` — a batched ADMM written in torch (shared factorisation, runs on the
 tensor's device) that only has to *identify* the active face, which the polish then solves exactly;
-``"ipm"`` — the batched interior-point method of :mod:`polyproj.ipm` when installed; any registered
+``"ipm"`` — the batched interior-point method of :mod:`polyproj.solvers.ipm` when installed; any registered
 CPU backend (``"proxsuite"``, ``"osqp"``, ``"highs"``, ...) through NumPy. ``"auto"`` (default):
 see :func:`choose_backend`.
 """
@@ -48,7 +48,7 @@ _POLISH_KEYS = ("tol", "max_polish_iter")
 # ----------------------------------------------------------------------------- backend choice
 def _ipm_available() -> bool:
     try:
-        from .. import ipm
+        from ..solvers import ipm
     except ImportError:
         return False
     return hasattr(ipm, "solve_qp_batch")
@@ -64,7 +64,7 @@ def choose_backend(x: torch.Tensor, shared: bool) -> str:
       batch 16: 28 / 452 / 234 ms; batch 128: 140 / 1160 / 865 ms; batch 1024: 1.4 / 3.7 / 4.9 s;
       batch 128, n = 200: 1.4 / 68 / 23 s.
     * per-sample matrices (input-dependent ``A`` / ``B``, no shared factorisation): ``"ipm"`` when
-      :mod:`polyproj.ipm` is installed (batched, on the tensor's device), else ``"proxsuite"``
+      :mod:`polyproj.solvers.ipm` is installed (batched, on the tensor's device), else ``"proxsuite"``
       (one solve per sample) on CPU and ``"torch"`` elsewhere (which then raises: it needs shared
       matrices).
     """
@@ -242,8 +242,8 @@ def _solve_registry(backend: str, X, A, a, B, b, lb, ub, settings):
 
 
 def _solve_ipm(X, A, a, B, b, lb, ub, settings):
-    """The batched interior-point method of :mod:`polyproj.ipm`, in torch on the tensor's device."""
-    from .. import ipm
+    """The batched interior-point method of :mod:`polyproj.solvers.ipm`, in torch on the tensor's device."""
+    from ..solvers import ipm
 
     N, n = X.shape
     m = A.shape[-2]

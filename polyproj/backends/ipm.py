@@ -1,7 +1,7 @@
-"""``ipm`` backend: the batched array-API interior-point method of :mod:`polyproj.ipm`.
+"""``ipm`` backend: the batched array-API interior-point method of :mod:`polyproj.solvers.ipm`.
 
 Glue only: the canonical :class:`~polyproj.problem.QP` (NumPy) is handed to
-:func:`polyproj.ipm.solve_qp_batch` in the chosen array namespace (NumPy by default, ``torch`` on
+:func:`polyproj.solvers.ipm.solve_qp_batch` in the chosen array namespace (NumPy by default, ``torch`` on
 request) and the result is mapped to :class:`~polyproj.solution.Solution`. The IPM already uses the
 polyproj sign convention, so multipliers are returned as they are. ``solve_batch`` is native: the
 whole batch is one batched IPM run, with P and C shared.
@@ -48,8 +48,7 @@ class IPMSolver(QPSolver):
     options = {"ruiz_iter": 10, "batch_chunk": None, "namespace": "numpy", "threads": None}
     #: :func:`polyproj.project` first solves to this relative tolerance (``eps_rel``) and lets the
     #: exact polish finish; points whose polish is refused are solved again with the settings asked
-    #: for. At 1e-4 the active set is identified for all points of bench_batch (n 100) in 7.4
-    #: iterations instead of 10.0 at eps_abs 1e-6.
+    #: for (docs/ipm.md).
     projection_stop_rel: float | None = 1e-4
 
     def __init__(self, **settings: Any) -> None:
@@ -72,7 +71,7 @@ class IPMSolver(QPSolver):
 
     def _run(self, qp: QP, q: np.ndarray, l: np.ndarray, u: np.ndarray, lb: np.ndarray, ub: np.ndarray,
              x0: np.ndarray | None):
-        from ..ipm import solve_qp_batch
+        from ..solvers.ipm import solve_qp_batch
 
         P = qp.P.toarray() if sp.issparse(qp.P) else qp.P
         C = qp.C.toarray() if sp.issparse(qp.C) else qp.C
@@ -80,9 +79,8 @@ class IPMSolver(QPSolver):
         warm = {"x": self._to(x0)} if (x0 is not None and s["warm_start"]) else None
         t0 = time.perf_counter()
         # one QP: one BLAS thread (its kernels are mostly matrix-vector products, where thread
-        # wake-ups cost more than they save: Maros-Meszaros sgm 1.18 vs 1.08 s); a batch: the thread
-        # policy of solve_qp_batch (one thread per kernel with batch threads or n <= 256; a blanket
-        # limit made n 400, batch 32 projections 2.2 instead of 1.55 s)
+        # wake-ups cost more than they save); a batch: the thread policy of solve_qp_batch (one
+        # thread per kernel with batch threads or n <= 256; large n keeps multithreaded BLAS)
         numpy = self.backend_options.get("namespace", "numpy") == "numpy"
         with small_blas() if numpy and q.shape[0] == 1 else nullcontext():
             res = solve_qp_batch(
