@@ -24,7 +24,7 @@ __all__ = ["Residuals", "corrector", "direction", "mean_complementarity", "resid
            "stationarity_error", "step_length"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Residuals:
     """Residuals of the scaled KKT conditions at an iterate.
 

@@ -18,7 +18,7 @@ from array_api_compat import device as _device
 from .direction import corrector, direction, mean_complementarity, residuals, rhs, stationarity_error, step_length
 from .kkt import KKTSystem
 from .problem import BatchQP, Numerics, Rows, numerics, stack_rows
-from .result import RUNNING, IPMResult, set_status
+from .result import RUNNING, IPMResult, StatusCodes
 from .scaling import ScaledQP, equality_pattern, ruiz, scale
 from .state import Iterate, KKTPoint, LoopState, ResumeState
 from .termination import Tolerances, certificates, finish, kkt_point, record, tolerances
@@ -49,6 +49,7 @@ class Setup:
     kkt: KKTSystem
     tol: Tolerances
     settings: Settings
+    codes: StatusCodes
 
 
 def init(xp: Any, qp: BatchQP, settings: Settings, resume: ResumeState | None = None) -> tuple[Setup, LoopState]:
@@ -60,13 +61,12 @@ def init(xp: Any, qp: BatchQP, settings: Settings, resume: ResumeState | None = 
     else:
         scaling, e_idx = resume.scaling, resume.e_idx
     sqp = scale(xp, qp, rows, scaling, e_idx, num)
+    codes = StatusCodes(xp, qp.b, num.device)
     s = Setup(xp, qp, num, rows, sqp, KKTSystem(xp, sqp, num, qp.b),
-              tolerances(xp, qp, rows, num, settings.eps_abs, settings.eps_rel), settings)
+              tolerances(xp, qp, rows, num, settings.eps_abs, settings.eps_rel), settings, codes)
     if resume is not None:
         return s, resume.loop
-    zero_i = xp.zeros((qp.b,), dtype=xp.int32, device=num.device)
-    status = xp.full((qp.b,), RUNNING, dtype=xp.int32, device=num.device)
-    return s, LoopState(0, start(s), None, status, zero_i, zero_i, zero_i)
+    return s, LoopState(0, start(s), None, codes.running, codes.zeros, codes.zeros, codes.zeros)
 
 
 def start(s: Setup) -> Iterate:
@@ -114,7 +114,7 @@ def _factorize(s: Setup, it: Iterate, res: Any, running: Any, status: Any):
     if reg.dmax > reg.dmax_lo and not bool(xp.all(fac.ok | ~running)):
         Dl, Du = _capped(s, Dl, Du, (~fac.ok)[:, None])
         fac = s.kkt.factorize(Dl + Du, running)
-    return fac, Dl, Du, set_status(xp, status, running & ~fac.ok, "NUMERICAL_ERROR")
+    return fac, Dl, Du, s.codes.set(status, running & ~fac.ok, "NUMERICAL_ERROR")
 
 
 def _search_direction(s: Setup, it: Iterate, point: KKTPoint, status: Any) -> tuple[Iterate, Any]:
@@ -137,7 +137,7 @@ def _search_direction(s: Setup, it: Iterate, point: KKTPoint, status: Any) -> tu
         if bool(xp.any(redo)):
             Dl, Du = _capped(s, Dl, Du, redo[:, None])
             fac = s.kkt.factorize(Dl + Du, running)
-            status = set_status(xp, status, running & ~fac.ok, "NUMERICAL_ERROR")
+            status = s.codes.set(status, running & ~fac.ok, "NUMERICAL_ERROR")
             dc = corrector(s.kkt, fac, it, res, mu_c, Dl, Du, s.num)
     return dc, status
 
@@ -153,11 +153,10 @@ def _certify(s: Setup, loop: LoopState, dc: Iterate, point: KKTPoint, status: An
     pinf, dinf = certificates(xp, s.qp, s.rows, s.num, s.tol, d, point)
     pinf = pinf & (point.pres > point.tp)
     dinf = dinf & ~pinf
-    zero_i = xp.zeros_like(loop.pin_cnt)
-    pin_cnt = xp.where(pinf, loop.pin_cnt + 1, zero_i)
-    din_cnt = xp.where(dinf, loop.din_cnt + 1, zero_i)
-    status = set_status(xp, status, running & (pin_cnt >= 1), "PRIMAL_INFEASIBLE")
-    status = set_status(xp, status, running & (din_cnt >= 1), "DUAL_INFEASIBLE")
+    pin_cnt = xp.where(pinf, loop.pin_cnt + 1, s.codes.zeros)
+    din_cnt = xp.where(dinf, loop.din_cnt + 1, s.codes.zeros)
+    status = s.codes.set(status, running & (pin_cnt >= 1), "PRIMAL_INFEASIBLE")
+    status = s.codes.set(status, running & (din_cnt >= 1), "DUAL_INFEASIBLE")
     return status, pin_cnt, din_cnt
 
 
@@ -176,6 +175,7 @@ def step(s: Setup, loop: LoopState, point: KKTPoint) -> LoopState:
 
     The step is 99 % of the way to the boundary (at most 1), the same for primal and dual; elements
     that stop (certified, failed) keep their iterate, and a non-finite new iterate is NUMERICAL_ERROR.
+    Returns the state of the next iteration (``it + 1``).
     """
     xp, it = s.xp, loop.iterate
     running = loop.status == RUNNING
@@ -187,11 +187,11 @@ def step(s: Setup, loop: LoopState, point: KKTPoint) -> LoopState:
     new = _advance(s, it, dc, xp.where(running, alpha, s.num.zero))
     fin = (xp.all(xp.isfinite(new.x), axis=1)
            & xp.all(xp.isfinite(new.sl * new.zl + new.su * new.zu), axis=1))
-    status = set_status(xp, status, running & ~fin, "NUMERICAL_ERROR")
+    status = s.codes.set(status, running & ~fin, "NUMERICAL_ERROR")
     keep = (status == RUNNING)[:, None]
     kept = Iterate(*(xp.where(keep, a, o) for a, o in
                      zip((new.x, new.sl, new.zl, new.su, new.zu, new.y), (it.x, it.sl, it.zl, it.su, it.zu, it.y))))
-    return LoopState(loop.it, kept, loop.best, status, iterations, pin_cnt, din_cnt)
+    return LoopState(loop.it + 1, kept, loop.best, status, iterations, pin_cnt, din_cnt)
 
 
 def terminate(s: Setup, loop: LoopState) -> tuple[LoopState, KKTPoint, int]:
@@ -200,7 +200,7 @@ def terminate(s: Setup, loop: LoopState) -> tuple[LoopState, KKTPoint, int]:
     it = loop.iterate
     x, z, z_box = s.sqp.unscale(it.x, it.zl, it.zu, it.y)
     point = kkt_point(xp, s.qp, s.rows, s.tol, s.num.zero, x, z, z_box)
-    loop = record(xp, point, loop)
+    loop = record(xp, s.codes, point, loop)
     n_run = int(xp.sum(xp.astype(loop.status == RUNNING, xp.int32)))
     return loop, point, n_run
 
@@ -216,14 +216,14 @@ def run(xp: Any, qp: BatchQP, settings: Settings, resume: ResumeState | None = N
     """
     s, loop = init(xp, qp, settings, resume)
     it0 = loop.it
-    for it in range(it0, settings.max_iter + 1):
-        loop, point, n_run = terminate(s, replace(loop, it=it))
-        if n_run == 0 or it == settings.max_iter:
+    while True:
+        loop, point, n_run = terminate(s, loop)
+        if n_run == 0 or loop.it >= settings.max_iter:
             break
-        if stop_frac is not None and it > it0 and n_run <= stop_frac * qp.b:
-            return finish(xp, loop, s.num, final=False), ResumeState(s.sqp.scaling, s.sqp.e_idx, loop)
+        if stop_frac is not None and loop.it > it0 and n_run <= stop_frac * qp.b:
+            return finish(xp, loop, s.num, s.codes, final=False), ResumeState(s.sqp.scaling, s.sqp.e_idx, loop)
         if settings.deadline is not None and time.perf_counter() > settings.deadline:
-            loop = replace(loop, status=set_status(xp, loop.status, loop.status == RUNNING, "TIME_LIMIT"))
+            loop = replace(loop, status=s.codes.set(loop.status, loop.status == RUNNING, "TIME_LIMIT"))
             break
         loop = step(s, loop, point)
-    return finish(xp, loop, s.num, final=True)
+    return finish(xp, loop, s.num, s.codes, final=True)

@@ -111,7 +111,7 @@ def regularisation(xp: Any, num: Numerics, la: Linalg) -> Regularisation:
     return Regularisation(1.0, rho, rho, dmax, dmax_lo)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Factorization:
     """The factors of one iteration's system.
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from array_api_compat import device as _device
-
 from ...solution import Status
 
-__all__ = ["CODES", "FIELDS", "RUNNING", "IPMResult", "code_to_status", "set_status"]
+__all__ = ["CODES", "FIELDS", "RUNNING", "IPMResult", "StatusCodes", "code_to_status"]
 
 #: integer status codes of :attr:`IPMResult.status`
 CODES: dict[str, int] = {
@@ -31,10 +29,26 @@ def code_to_status(code: int) -> Status:
     return _STATUS_OF_CODE.get(int(code), Status.NUMERICAL_ERROR)
 
 
-def set_status(xp: Any, status: Any, mask: Any, name: str) -> Any:
-    """``status`` with the code ``CODES[name]`` where ``mask`` (both (b,))."""
-    code = xp.full(status.shape, CODES[name], dtype=xp.int32, device=_device(status))
-    return xp.where(mask, code, status)
+class StatusCodes:
+    """The codes of :data:`CODES` (and :data:`RUNNING`) as (b,) int32 arrays of one batch.
+
+    Made once per run, so that setting a status is one ``where`` (no new constant arrays).
+    """
+
+    def __init__(self, xp: Any, b: int, dev: Any) -> None:
+        self.xp = xp
+        self._arrays = {v: xp.full((b,), v, dtype=xp.int32, device=dev) for v in (*CODES.values(), RUNNING)}
+        #: (b,) int32 zeros
+        self.zeros = xp.zeros((b,), dtype=xp.int32, device=dev)
+
+    @property
+    def running(self) -> Any:
+        """All elements :data:`RUNNING`."""
+        return self._arrays[RUNNING]
+
+    def set(self, status: Any, mask: Any, name: str) -> Any:
+        """``status`` with the code ``CODES[name]`` where ``mask`` (both (b,))."""
+        return self.xp.where(mask, self._arrays[CODES[name]], status)
 
 
 def _host_list(a: Any) -> list:

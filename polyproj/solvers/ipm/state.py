@@ -1,4 +1,9 @@
-"""The IPM's state as named structures: the iterate, the best point so far, the loop and its resumption."""
+"""The IPM's state as named structures: the iterate, the best point so far, the loop and its resumption.
+
+The structures built in every iteration (:class:`Iterate`, :class:`KKTPoint`, :class:`LoopState`)
+are slotted, not frozen, dataclasses (a frozen one costs several times more to build): they are
+never changed in place; every step builds new ones.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ def _map(obj: Any, f: Any) -> Any:
     return type(obj)(*(None if (v := getattr(obj, k.name)) is None else f(v) for k in fields(obj)))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Iterate:
     """A primal–dual point of the scaled problem, or a Newton direction (the same fields as increments).
 
@@ -43,7 +48,7 @@ class Iterate:
         return _map(self, lambda a: take_rows(xp, a, idx))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class KKTPoint:
     """An unscaled point with its residuals and tolerances (qpbenchmark's definitions, see :mod:`.termination`).
 
@@ -72,14 +77,14 @@ class KKTPoint:
 
     def update(self, xp: Any, mask: Any, new: KKTPoint) -> KKTPoint:
         """``new`` where ``mask`` (b,), else ``self``."""
+        m2 = mask[:, None]
+        return KKTPoint(xp.where(m2, new.x, self.x), xp.where(m2, new.z, self.z), xp.where(m2, new.z_box, self.z_box),
+                        *(xp.where(mask, a, o) for a, o in ((new.pres, self.pres), (new.dres, self.dres),
+                                                             (new.gap, self.gap), (new.tp, self.tp),
+                                                             (new.td, self.td), (new.tg, self.tg))))
 
-        def pick(a, old):
-            return xp.where(mask[:, None] if a.ndim == 2 else mask, a, old)
 
-        return KKTPoint(*(pick(getattr(new, k.name), getattr(self, k.name)) for k in fields(self)))
-
-
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LoopState:
     """The state of the iteration between two steps.
 

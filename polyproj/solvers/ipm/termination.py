@@ -18,12 +18,12 @@ values; a non-finite iterate ends NUMERICAL_ERROR; nothing non-finite is ever SO
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .arrays import inf_norm, mv, rmv
 from .problem import BatchQP, Numerics, Rows
-from .result import CODES, RUNNING, IPMResult, set_status
+from .result import CODES, RUNNING, IPMResult, StatusCodes
 from .state import KKTPoint, LoopState
 
 __all__ = ["Tolerances", "certificates", "finish", "kkt_point", "record", "tolerances"]
@@ -82,7 +82,7 @@ def kkt_point(xp: Any, qp: BatchQP, rows: Rows, tol: Tolerances, zero: Any, x: A
     return KKTPoint(x, z, z_box, pres, dres, gap, xp.maximum(tp, fl), xp.maximum(td, fl), xp.maximum(tg, fl))
 
 
-def record(xp: Any, point: KKTPoint, loop: LoopState) -> LoopState:
+def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState) -> LoopState:
     """The termination test at ``point``: converged elements SOLVED, non-finite ones NUMERICAL_ERROR.
 
     The best point of every running element with a finite ``point`` becomes ``point``.
@@ -91,10 +91,10 @@ def record(xp: Any, point: KKTPoint, loop: LoopState) -> LoopState:
               & xp.all(xp.isfinite(point.x), axis=1))
     conv = finite & (point.pres <= point.tp) & (point.dres <= point.td) & (point.gap <= point.tg)
     running = loop.status == RUNNING
-    status = set_status(xp, loop.status, running & conv, "SOLVED")
-    status = set_status(xp, status, running & ~finite, "NUMERICAL_ERROR")
+    status = codes.set(loop.status, running & conv, "SOLVED")
+    status = codes.set(status, running & ~finite, "NUMERICAL_ERROR")
     best = point if loop.best is None else loop.best.update(xp, running & finite, point)
-    return replace(loop, status=status, best=best)
+    return LoopState(loop.it, loop.iterate, best, status, loop.iterations, loop.pin_cnt, loop.din_cnt)
 
 
 def _primal_certificate(xp, qp, rows, num, tol, dzg_u, dzb_u, x1):
@@ -151,7 +151,7 @@ def certificates(xp: Any, qp: BatchQP, rows: Rows, num: Numerics, tol: Tolerance
     return pinf, _dual_certificate(xp, qp, rows, num, tol, dx, x1, z1)
 
 
-def finish(xp: Any, loop: LoopState, num: Numerics, final: bool) -> IPMResult:
+def finish(xp: Any, loop: LoopState, num: Numerics, codes: StatusCodes, final: bool) -> IPMResult:
     """The result from the best points; ``final``: unfinished elements become SOLVED_INACCURATE / MAX_ITER.
 
     An unfinished element is SOLVED_INACCURATE when its best point is within 1000 times every
@@ -161,8 +161,8 @@ def finish(xp: Any, loop: LoopState, num: Numerics, final: bool) -> IPMResult:
     if final:
         running = status == RUNNING
         loose = (bst.pres <= 1e3 * bst.tp) & (bst.dres <= 1e3 * bst.td) & (bst.gap <= 1e3 * bst.tg)
-        status = set_status(xp, status, running & loose & xp.isfinite(bst.pres), "SOLVED_INACCURATE")
-        status = set_status(xp, status, status == RUNNING, "MAX_ITER")
+        status = codes.set(status, running & loose & xp.isfinite(bst.pres), "SOLVED_INACCURATE")
+        status = codes.set(status, status == RUNNING, "MAX_ITER")
     bad = ((status == CODES["PRIMAL_INFEASIBLE"]) | (status == CODES["DUAL_INFEASIBLE"])
            | (status == CODES["NUMERICAL_ERROR"]))
     nan = xp.full((), math.nan, dtype=num.dtype, device=num.device)
