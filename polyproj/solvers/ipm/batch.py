@@ -26,6 +26,7 @@ from . import iteration
 from .iteration import Settings
 from .problem import BatchQP
 from .result import FIELDS, RUNNING, IPMResult
+from .state import ResumeState
 
 __all__ = ["COMPACT_FRAC", "COMPACT_MIN", "MIN_PER_THREAD", "PART_BYTES", "SMALL_N", "THREAD_MIN_N",
            "THREAD_MIN_SIZE", "on_cpu", "plan_parts", "single_threaded_kernels", "solve_batch", "solve_compacted",
@@ -124,7 +125,7 @@ def solve_batch(xp: Any, qp: BatchQP, settings: Settings, chunk: int, n_workers:
     return IPMResult(*[xp.concat([getattr(p, f) for p in parts], axis=0) for f in FIELDS])
 
 
-def solve_compacted(xp: Any, qp: BatchQP, settings: Settings, resume: Any = None) -> IPMResult:
+def solve_compacted(xp: Any, qp: BatchQP, settings: Settings, resume: ResumeState | None = None) -> IPMResult:
     """Run the IPM on a batch, compacting it as its elements finish (see the module docstring)."""
     b = qp.b
     out = iteration.run(xp, qp, settings, resume=resume, stop_frac=COMPACT_FRAC if b >= COMPACT_MIN else None)
