@@ -6,7 +6,7 @@ Grid: batch 1, 32, 256, 1024, 4096 × n 20, 100, 400.
 
 Solvers, all in this process on the same data, all asked for ``eps = 1e-8``:
 
-- ``ipm-numpy``   ``polyproj.ipm.solve_qp_batch`` on NumPy arrays (``threads=None``: the batch is
+- ``ipm-numpy``   ``polyproj.solvers.ipm.solve_qp_batch`` on NumPy arrays (``threads=None``: the batch is
   shared by one thread per core, as ProxSuite's ``solve_in_parallel`` shares it);
 - ``ipm-torch``   the same function on torch CPU tensors (the path of the torch projection layer);
 - ``project-ipm`` ``pp.project(X, polyhedron, backend="ipm", eps_abs=--project-eps)``: the IPM stopped
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json
 
 import polyproj as pp
-from polyproj.ipm import solve_qp_batch
+from polyproj.solvers.ipm import solve_qp_batch
 
 
 def make_problem(n: int, seed: int = 0):

@@ -42,7 +42,7 @@ def check(name, cond, detail=""):
 import cupy as cp
 import torch
 import polyproj as pp
-from polyproj.ipm import solve_qp_batch
+from polyproj.solvers.ipm import solve_qp_batch
 
 report["machine"]["gpu"] = torch.cuda.get_device_name(0)
 report["machine"]["cupy"] = cp.__version__

@@ -29,7 +29,9 @@ from typing import Any
 
 __all__ = [
     "LARGE_WORK",
+    "MIN_PER_THREAD",
     "batch_parts",
+    "batch_threads",
     "cpu_count",
     "keep_torch_threads",
     "parallel_map",
@@ -118,6 +120,35 @@ def small_work(on_cpu: bool, work: float) -> Iterator[None]:
         return
     with small_blas():
         yield
+
+
+#: smallest part of a batch a thread of its own is used for
+MIN_PER_THREAD = 64
+#: from this n a part's factorisations dominate, and batch threads pay from MIN_PER_THREAD elements ...
+THREAD_MIN_N = 64
+#: ... below it a part needs this many entries of its (part, m + n) arrays for a thread of its own
+THREAD_MIN_SIZE = 50_000
+
+
+def batch_threads(on_cpu: bool, batch: int, threads: int | None, n: int, m: int) -> int:
+    """Threads sharing the parts of a batch of ``batch`` problems of size ``n`` with ``m`` rows (CPU only).
+
+    ``threads=None`` means one per core, at most one per :data:`MIN_PER_THREAD` elements; below n
+    :data:`THREAD_MIN_N` a part pays for its thread only when its arrays hold at least
+    :data:`THREAD_MIN_SIZE` entries (smaller ones are dominated by per-operation costs that hold the GIL).
+    """
+    if threads == 1 or not on_cpu:
+        return 1
+    want = cpu_count() if threads is None else int(threads)
+    if want < 1:
+        from .errors import ProblemError
+
+        raise ProblemError(f"threads must be >= 1 or None, got {threads}")
+    w = max(1, min(want, batch // MIN_PER_THREAD))
+    if threads is None and n < THREAD_MIN_N:
+        while w > 1 and (batch // w) * (m + n) < THREAD_MIN_SIZE:
+            w -= 1
+    return w
 
 
 def batch_parts(batch: int, part: int) -> list[slice]:

@@ -1,4 +1,4 @@
-"""Tests of the batched array-API interior-point method (polyproj.ipm) and the ipm / cupy backends.
+"""Tests of the batched array-API interior-point method (polyproj.solvers.ipm) and the ipm / cupy backends.
 
 Namespaces: NumPy, torch (CPU) and array_api_strict (which proves only the standard is used, hence
 CuPy works). References: ProxSuite at tight tolerance (float64) and KKT conditions from scratch.
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import polyproj as pp
-from polyproj.ipm import CODES, code_to_status, solve_qp_batch
+from polyproj.solvers.ipm import CODES, code_to_status, solve_qp_batch
 
 torch = pytest.importorskip("torch")
 xps = pytest.importorskip("array_api_strict")
@@ -485,24 +485,24 @@ def test_numpy_path_without_torch_kernels(rng, monkeypatch):
 @pytest.mark.parametrize("ns", NAMESPACES)
 def test_adaptive_refinement_and_presolved_predictor(ns, rng, monkeypatch):
     """Refinement steps are taken only while a running element's Newton residual is above
-    _REFINE_TOL (relative), and with equality rows the predictor is solved in the factorisation's
+    REFINE_TOL (relative), and with equality rows the predictor is solved in the factorisation's
     pass. Both change rounding only: the same statuses and KKT points as refining always, in every
     namespace; and they save triangular solves (counted on NumPy)."""
-    import polyproj.ipm as ipm_mod
+    from polyproj.solvers.ipm import kkt
 
     P, q, C, l, u, lb, ub = random_qp(rng, n=14, m=20, b=24)
     args = [to_ns(ns, v) for v in (P, q, C, l, u, lb, ub)]
     calls = []
-    real = ipm_mod.cho_solve
+    real = kkt.cho_solve
 
     def counting(xp, L, R):
         calls.append(L.shape[-1])
         return real(xp, L, R)
 
-    monkeypatch.setattr(ipm_mod, "cho_solve", counting)
+    monkeypatch.setattr(kkt, "cho_solve", counting)
     out = {}
-    for tol in (0.0, ipm_mod._REFINE_TOL):
-        monkeypatch.setattr(ipm_mod, "_REFINE_TOL", tol)
+    for tol in (0.0, kkt.REFINE_TOL):
+        monkeypatch.setattr(kkt, "REFINE_TOL", tol)
         calls.clear()
         res = solve_qp_batch(*args, eps_abs=1e-9)
         out[tol] = (res, sum(1 for k in calls if k == 14))
@@ -523,7 +523,7 @@ def test_shared_start_by_one_eigendecomposition(ns, rng, monkeypatch):
     K of every element is S + c_i P: one eigendecomposition replaces the batch of Cholesky
     factorisations. Same statuses, iterations (in total) and KKT points as the Cholesky start; a
     per-element pattern (or a singular P) takes the Cholesky start."""
-    import polyproj.ipm as ipm_mod
+    from polyproj.solvers.ipm import kkt
 
     n, m, b = 10, 16, 40
     _, q, C, l, u, lb, ub = random_qp(rng, n=n, m=m, b=b)
@@ -531,15 +531,15 @@ def test_shared_start_by_one_eigendecomposition(ns, rng, monkeypatch):
     args = [to_ns(ns, v) for v in (P, q, C, l, u, lb, ub)]
     used = []
 
-    class Spy(ipm_mod._EigFactor):
+    class Spy(kkt.EigFactor):
         def __init__(self, *a):
             used.append(1)
             super().__init__(*a)
 
-    monkeypatch.setattr(ipm_mod, "_EigFactor", Spy)
+    monkeypatch.setattr(kkt, "EigFactor", Spy)
     eig = solve_qp_batch(*args, eps_abs=1e-9)
     assert used
-    monkeypatch.setattr(ipm_mod, "_EIG_MIN_BATCH", 10**9)
+    monkeypatch.setattr(kkt, "EIG_MIN_BATCH", 10**9)
     chol = solve_qp_batch(*args, eps_abs=1e-9)
     assert eig.statuses() == chol.statuses() == (pp.Status.SOLVED,) * b
     # rounding differences may cost an element near the precision floor an iteration or two
@@ -548,7 +548,7 @@ def test_shared_start_by_one_eigendecomposition(ns, rng, monkeypatch):
     for i in range(b):
         r = kkt_residuals(P, q[i], C, l, u, lb, ub, *(to_np(a)[i] for a in (eig.x, eig.z, eig.z_box)))
         assert max(r) <= 1e-8
-    monkeypatch.setattr(ipm_mod, "_EIG_MIN_BATCH", 32)
+    monkeypatch.setattr(kkt, "EIG_MIN_BATCH", 32)
     used.clear()
     u2 = np.tile(u, (b, 1))
     u2[0, 0] = np.inf  # element 0 has a different pattern
@@ -563,21 +563,21 @@ def test_shared_start_by_one_eigendecomposition(ns, rng, monkeypatch):
 def test_small_batches_are_compacted(ns, rng, monkeypatch):
     """Compaction goes down to batches of 2 (a few slow elements no longer drag the finished ones
     through their iterations), with the merge done on the device; answers as without compaction."""
-    import polyproj.ipm as ipm_mod
+    from polyproj.solvers.ipm import batch, iteration
 
     P, q, C, l, u, lb, ub = random_qp(rng, b=8)
     args = [to_ns(ns, v) for v in (P, q, C, l, u, lb, ub)]
     sizes = []
-    real = ipm_mod._solve
+    real = iteration.run
 
-    def spy(xp, P3, q_, *a, **k):
-        sizes.append(q_.shape[0])
-        return real(xp, P3, q_, *a, **k)
+    def spy(xp, qp, *a, **k):
+        sizes.append(qp.q.shape[0])
+        return real(xp, qp, *a, **k)
 
-    monkeypatch.setattr(ipm_mod, "_solve", spy)
+    monkeypatch.setattr(iteration, "run", spy)
     res = solve_qp_batch(*args, eps_abs=1e-9)
     assert sizes[0] == 8 and len(sizes) > 1 and sizes[-1] < 8
-    monkeypatch.setattr(ipm_mod, "_COMPACT_MIN", 10**9)
+    monkeypatch.setattr(batch, "COMPACT_MIN", 10**9)
     whole = solve_qp_batch(*args, eps_abs=1e-9)
     assert res.statuses() == whole.statuses() == (pp.Status.SOLVED,) * 8
     np.testing.assert_array_equal(to_np(res.iterations), to_np(whole.iterations))
@@ -585,14 +585,15 @@ def test_small_batches_are_compacted(ns, rng, monkeypatch):
 
 
 def test_automatic_thread_count_keeps_small_parts_on_one_thread(monkeypatch):
-    """threads=None: below n 64 a thread needs a part with at least _THREAD_MIN_SIZE array entries
+    """threads=None: below n 64 a thread needs a part with at least THREAD_MIN_SIZE array entries
     (small parts are dominated by per-operation costs that hold the GIL); explicit counts are kept."""
-    import polyproj.ipm as ipm_mod
+    from polyproj import runtime
+    from polyproj.solvers.ipm.batch import workers
 
-    monkeypatch.setattr(ipm_mod.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runtime, "cpu_count", lambda: 2)
     q = np.zeros((1, 1))
-    assert ipm_mod._workers(np, q, 1024, None, n=20, m=40) == 1  # parts of 512 x 60 entries
-    assert ipm_mod._workers(np, q, 2048, None, n=20, m=40) == 2
-    assert ipm_mod._workers(np, q, 128, None, n=100, m=200) == 2  # factorisations dominate
-    assert ipm_mod._workers(np, q, 1024, 2, n=20, m=40) == 2  # asked for
-    assert ipm_mod._workers(np, q, 100, None, n=100, m=200) == 1  # fewer than 64 a thread
+    assert workers(np, q, 1024, None, n=20, m=40) == 1  # parts of 512 x 60 entries
+    assert workers(np, q, 2048, None, n=20, m=40) == 2
+    assert workers(np, q, 128, None, n=100, m=200) == 2  # factorisations dominate
+    assert workers(np, q, 1024, 2, n=20, m=40) == 2  # asked for
+    assert workers(np, q, 100, None, n=100, m=200) == 1  # fewer than 64 a thread

@@ -1,4 +1,4 @@
-"""``cupy`` backend: the batched IPM of :mod:`polyproj.ipm` on a CUDA GPU through CuPy.
+"""``cupy`` backend: the batched IPM of :mod:`polyproj.solvers.ipm` on a CUDA GPU through CuPy.
 
 The same array-API code as the ``ipm`` backend, run on CuPy arrays: the problem data are copied to
 the device once, the whole batch is solved there, and the results are copied back to NumPy. On a

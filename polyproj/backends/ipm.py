@@ -1,7 +1,7 @@
-"""``ipm`` backend: the batched array-API interior-point method of :mod:`polyproj.ipm`.
+"""``ipm`` backend: the batched array-API interior-point method of :mod:`polyproj.solvers.ipm`.
 
 Glue only: the canonical :class:`~polyproj.problem.QP` (NumPy) is handed to
-:func:`polyproj.ipm.solve_qp_batch` in the chosen array namespace (NumPy by default, ``torch`` on
+:func:`polyproj.solvers.ipm.solve_qp_batch` in the chosen array namespace (NumPy by default, ``torch`` on
 request) and the result is mapped to :class:`~polyproj.solution.Solution`. The IPM already uses the
 polyproj sign convention, so multipliers are returned as they are. ``solve_batch`` is native: the
 whole batch is one batched IPM run, with P and C shared.
@@ -75,7 +75,7 @@ class IPMSolver(QPSolver):
 
     def _run(self, qp: QP, q: np.ndarray, l: np.ndarray, u: np.ndarray, lb: np.ndarray, ub: np.ndarray,
              x0: np.ndarray | None):
-        from ..ipm import solve_qp_batch
+        from ..solvers.ipm import solve_qp_batch
 
         P = qp.P.toarray() if sp.issparse(qp.P) else qp.P
         C = qp.C.toarray() if sp.issparse(qp.C) else qp.C
@@ -132,7 +132,7 @@ class IPMSolver(QPSolver):
 
     def solve_projections(self, X: Any, data: PolyData, *, rough: bool = False) -> ProjectionStart:
         """Native: one batched IPM run in the namespace and on the device of ``X`` (P = I, q = -x)."""
-        from ..ipm import solve_qp_batch
+        from ..solvers.ipm import solve_qp_batch
 
         xp = data.xp
         N, n = X.shape

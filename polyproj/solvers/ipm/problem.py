@@ -1,0 +1,254 @@
+"""The batch of QPs the IPM solves: validated inputs, the stacked constraint rows, float constants.
+
+The canonical QP (see ``docs/ipm.md``)::
+
+    minimize ½ xᵀPx + qᵀx   subject to   l <= C x <= u,   lb <= x <= ub
+
+is read with a leading batch dimension on ``q, l, u, lb, ub`` (and on ``P, C`` when given per
+element). The IPM works on the stacked rows ``G = [C; I]`` with bounds ``L = [l; lb]``,
+``U = [u; ub]`` (:class:`Rows`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, is_numpy_namespace
+from array_api_compat import device as _device
+
+from ...errors import ProblemError
+from ...problem import _INF_THRESHOLD
+from .arrays import take_rows
+
+__all__ = ["BatchQP", "Numerics", "Rows", "as_batch_qp", "numerics", "stack_rows"]
+
+# |bound| >= 1e20 means no bound, as everywhere in polyproj; the IPM also reads bounds within a
+# relative 1e-9 of it as absent (data files write -1e20 as -9.999999999999998e19): such a "finite"
+# side would give a slack of 1e20 that wrecks the starting point and mu, and it can never be active
+_INF = _INF_THRESHOLD * (1.0 - 1e-9)
+
+
+@dataclass(frozen=True)
+class BatchQP:
+    """A validated batch of QPs in one namespace, on one device, in one float dtype.
+
+    Attributes
+    ----------
+    P : (1|b, n, n)
+    q : (b, n)
+    C : (1|b, m, n)
+        A leading dimension of 1: shared by the batch.
+    l, u : (b, m)
+    lb, ub : (b, n)
+        ``±inf`` where there is no bound (possibly broadcast views).
+    x0 : (b, n) or None
+        Starting primal point (non-finite entries replaced by 0).
+    """
+
+    P: Any
+    q: Any
+    C: Any
+    l: Any
+    u: Any
+    lb: Any
+    ub: Any
+    x0: Any = None
+
+    @property
+    def b(self) -> int:
+        """Batch size."""
+        return self.q.shape[0]
+
+    @property
+    def n(self) -> int:
+        """Number of variables."""
+        return self.q.shape[1]
+
+    @property
+    def m(self) -> int:
+        """Number of rows of C."""
+        return self.C.shape[-2]
+
+    def part(self, i: int, j: int) -> BatchQP:
+        """Elements ``i:j`` (shared P and C stay shared)."""
+
+        def sl(M):
+            return M if M.shape[0] == 1 else M[i:j, ...]
+
+        return BatchQP(sl(self.P), self.q[i:j, ...], sl(self.C), self.l[i:j, ...], self.u[i:j, ...],
+                       self.lb[i:j, ...], self.ub[i:j, ...], None if self.x0 is None else self.x0[i:j, ...])
+
+    def take(self, xp: Any, idx: Any) -> BatchQP:
+        """Elements ``idx`` for a continued run (no starting point: the run resumes its own state)."""
+        return BatchQP(*(take_rows(xp, M, idx) for M in (self.P, self.q, self.C, self.l, self.u, self.lb, self.ub)))
+
+
+def _detach(a: Any) -> Any:
+    return a.detach() if hasattr(a, "detach") else a
+
+
+def _as3(M: Any, rows: int, n: int, name: str) -> Any:
+    """A matrix as (1|b, rows, n)."""
+    if M.ndim == 2:
+        if M.shape != (rows, n):
+            raise ProblemError(f"{name} must have shape ({rows}, {n}) or (batch, {rows}, {n}), got {tuple(M.shape)}")
+        return M[None, ...]
+    if M.ndim == 3 and M.shape[1:] == (rows, n):
+        return M
+    raise ProblemError(f"{name} must have shape ({rows}, {n}) or (batch, {rows}, {n}), got {tuple(M.shape)}")
+
+
+def _as_batch_vec(xp: Any, v: Any, b: int, size: int, name: str, fill: float, dtype: Any, dev: Any) -> Any:
+    """A vector as (b, size); None is ``fill`` everywhere."""
+    if v is None:
+        return xp.full((b, size), fill, dtype=dtype, device=dev)
+    v = xp.astype(v, dtype) if v.dtype != dtype else v
+    if v.ndim == 1 and v.shape[0] == size:
+        return xp.broadcast_to(v[None, :], (b, size))
+    if v.ndim == 2 and v.shape == (b, size):
+        return v
+    raise ProblemError(f"{name} must have shape ({size},) or ({b}, {size}), got {tuple(v.shape)}")
+
+
+def _float_dtype(xp: Any, P: Any, q: Any, C: Any) -> Any:
+    """float32 when every matrix given is float32, else float64; other dtypes must be real."""
+    dtypes = [a.dtype for a in (P, q, C) if a is not None and hasattr(a, "dtype")]
+    for a, name in ((P, "P"), (q, "q"), (C, "C")):
+        if a is not None and hasattr(a, "dtype") and not xp.isdtype(a.dtype, ("real floating", "integral", "bool")):
+            raise ProblemError(f"{name} must hold real numbers, got dtype {a.dtype}")
+    return xp.float32 if dtypes and all(d == xp.float32 for d in dtypes) else xp.float64
+
+
+def _start_point(conv: Any, xp: Any, warm_start: Any, b: int, n: int) -> Any:
+    """The primal point of ``warm_start`` (an object or dict with ``x``) as (b, n), or None."""
+    if warm_start is None:
+        return None
+    x0 = warm_start.get("x") if isinstance(warm_start, dict) else getattr(warm_start, "x", None)
+    if x0 is None:
+        return None
+    x0 = conv(x0)
+    x0 = x0[None, :] if x0.ndim == 1 else x0
+    if tuple(x0.shape) != (b, n):
+        raise ProblemError(f"warm_start x must have shape ({b}, {n}), got {tuple(x0.shape)}")
+    return xp.where(xp.isfinite(x0), x0, xp.zeros_like(x0))
+
+
+def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_start: Any) -> tuple[Any, BatchQP]:
+    """The array namespace of the inputs and the validated :class:`BatchQP`.
+
+    Raises
+    ------
+    ProblemError
+        Inconsistent shapes, non-real dtypes, NaN/inf in P, q or C, NaN in the bounds.
+    """
+    arrays = [a for a in (P, q, C, l, u, lb, ub) if a is not None and not isinstance(a, (list, tuple, float, int))]
+    xp = array_namespace(*arrays)
+    P, q = _detach(P), xp.asarray(_detach(q))
+    if q.ndim == 1:
+        q = q[None, :]
+    if q.ndim != 2:
+        raise ProblemError(f"q must have shape (batch, n), got {tuple(q.shape)}")
+    dev = _device(q)
+    dtype = _float_dtype(xp, P, q, C)
+    b, n = q.shape
+
+    def conv(a):
+        if a is None:
+            return None
+        a = xp.asarray(_detach(a), device=dev) if not hasattr(a, "shape") else _detach(a)
+        return xp.astype(a, dtype) if a.dtype != dtype else a
+
+    q, P = conv(q), conv(P)
+    C = conv(C) if C is not None else xp.zeros((0, n), dtype=dtype, device=dev)
+    m = C.shape[-2]
+    P3, C3 = _as3(P, n, n, "P"), _as3(C, m, n, "C")
+    for M, name in ((P3, "P"), (C3, "C"), (q, "q")):
+        if M.shape[0] not in (1, b) and name != "q":
+            raise ProblemError(f"{name} has batch size {M.shape[0]}, q has {b}")
+        if not bool(xp.all(xp.isfinite(M))):
+            raise ProblemError(f"{name} contains NaN or inf")
+    vecs = [_as_batch_vec(xp, conv(v), b, size, name, fill, dtype, dev)
+            for v, size, name, fill in ((l, m, "l", -math.inf), (u, m, "u", math.inf),
+                                        (lb, n, "lb", -math.inf), (ub, n, "ub", math.inf))]
+    for v, name in zip(vecs, ("l", "u", "lb", "ub")):
+        if bool(xp.any(xp.isnan(v))):
+            raise ProblemError(f"{name} contains NaN")
+    return xp, BatchQP(P3, q, C3, *vecs, _start_point(conv, xp, warm_start, b, n))
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Constants of a batch's float type: ``eps`` and 0-d arrays on its device."""
+
+    dtype: Any
+    device: Any
+    eps: float
+    zero: Any
+    one: Any
+    inf: Any
+
+
+def numerics(xp: Any, dtype: Any, dev: Any) -> Numerics:
+    """The :class:`Numerics` of ``dtype`` on ``dev``."""
+    eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
+    return Numerics(dtype, dev, eps, xp.zeros((), dtype=dtype, device=dev), xp.ones((), dtype=dtype, device=dev),
+                    xp.full((), math.inf, dtype=dtype, device=dev))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows of ``G = [C; I]`` (M = m + n per element) with their bounds, unscaled.
+
+    Rows with ``L_i == U_i`` are equalities (a free multiplier); every other finite side gets a
+    slack and a multiplier: ``G x − L = s_l ≥ 0`` (``z_l ≥ 0``), ``U − G x = s_u ≥ 0`` (``z_u ≥ 0``).
+
+    Attributes
+    ----------
+    L, U : (b, M)
+        ``[l; lb]`` and ``[u; ub]`` (infinite where absent).
+    finL, finU : (b, M) bool
+        Finite lower / upper side.
+    eq : (b, M) bool
+        Equality rows.
+    mlb, mub : (b, M) bool
+        Lower / upper sides with a slack (finite, not an equality); ``ml, mu``: the same as floats.
+    Lf, Uf : (b, M)
+        ``L, U`` with 0 where infinite.
+    ncomp : (b,)
+        Number of complementarity pairs (1 where there are none).
+    """
+
+    L: Any
+    U: Any
+    finL: Any
+    finU: Any
+    eq: Any
+    mlb: Any
+    mub: Any
+    ml: Any
+    mu: Any
+    Lf: Any
+    Uf: Any
+    ncomp: Any
+
+
+def stack_rows(xp: Any, qp: BatchQP, num: Numerics) -> Rows:
+    """The :class:`Rows` of a batch."""
+    L = xp.concat([qp.l, qp.lb], axis=1)
+    U = xp.concat([qp.u, qp.ub], axis=1)
+    if is_numpy_namespace(xp):  # NumPy concatenates broadcast (stride-0) rows in Fortran order: make them
+        L, U = np.ascontiguousarray(L), np.ascontiguousarray(U)  # C-ordered like everything else
+    finL = L > -_INF
+    finU = U < _INF
+    eq = finL & finU & (L == U)
+    mlb = finL & ~eq
+    mub = finU & ~eq
+    ml = xp.astype(mlb, num.dtype)
+    mu = xp.astype(mub, num.dtype)
+    ncomp = xp.sum(ml, axis=1) + xp.sum(mu, axis=1)
+    ncomp = xp.where(ncomp > 0, ncomp, num.one)
+    return Rows(L, U, finL, finU, eq, mlb, mub, ml, mu, xp.where(finL, L, num.zero), xp.where(finU, U, num.zero),
+                ncomp)

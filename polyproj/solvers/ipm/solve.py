@@ -1,0 +1,96 @@
+"""The public entry point :func:`solve_qp_batch`."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from .batch import SMALL_N, plan_parts, single_threaded_kernels, solve_batch
+from .iteration import Settings
+from .problem import as_batch_qp
+from .result import IPMResult
+
+__all__ = ["solve_qp_batch"]
+
+
+def solve_qp_batch(
+    P: Any,
+    q: Any,
+    C: Any,
+    l: Any,
+    u: Any,
+    lb: Any = None,
+    ub: Any = None,
+    *,
+    eps_abs: float = 1e-8,
+    eps_rel: float = 0.0,
+    max_iter: int = 100,
+    warm_start: Any = None,
+    time_limit: float | None = None,
+    ruiz_iter: int = 10,
+    batch_chunk: int | None = None,
+    threads: int | None = 1,
+) -> IPMResult:
+    """Solve a batch of convex QPs ``min ½xᵀPx + qᵀx s.t. l <= Cx <= u, lb <= x <= ub``.
+
+    Parameters
+    ----------
+    P : (n, n) or (b, n, n) array
+        Symmetric PSD (not checked here: the backend and :class:`polyproj.QP` check it).
+    q : (b, n) array
+        ``(n,)`` is read as a batch of one.
+    C : (m, n) or (b, m, n) array, or None (no rows)
+    l, u : (m,) or (b, m) arrays, or None (±inf)
+        ``±inf`` or ``|v| >= 1e20`` means no bound; ``l_i == u_i`` is an equality.
+    lb, ub : (n,) or (b, n) arrays, optional
+    eps_abs, eps_rel : float
+        Tolerances of the stopping rule (:mod:`polyproj.solvers.ipm.termination`). For float32 data
+        they are floored at ``1000 · eps(float32)`` times the scale of the data.
+    max_iter : int
+    warm_start : object or dict with ``x`` ((b, n) array), optional
+        Starting primal point (the interior-point start heuristic is applied from it).
+    time_limit : float, optional
+        Seconds; elements still running get code TIME_LIMIT.
+    ruiz_iter : int
+        Ruiz equilibration passes (0 disables scaling).
+    batch_chunk : int, optional
+        Largest batch solved at once (default: sized to keep the work arrays near 512 MB).
+    threads : int or None
+        CPU threads that solve parts of the batch concurrently (NumPy and torch CPU arrays; the
+        heavy kernels release the GIL). ``None``: one per core. Each part gets at least 64 elements.
+        With batch threads, or when n <= 256, BLAS and torch run single-threaded inside the call
+        (batched small matrices gain nothing from intra-op threads). Other namespaces and devices
+        ignore it.
+
+    Returns
+    -------
+    IPMResult
+        Arrays in the namespace and on the device of the inputs.
+
+    Raises
+    ------
+    ProblemError
+        Inconsistent shapes, non-real dtypes, or NaN/inf in P, q or C.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from polyproj.solvers.ipm import solve_qp_batch
+    >>> C = np.ones((1, 2))
+    >>> res = solve_qp_batch(np.eye(2), -np.array([[1.0, 1.0], [2.0, 0.0]]), C, [-np.inf], [1.0])
+    >>> np.round(res.x, 6)
+    array([[ 0.5,  0.5],
+           [ 1.5, -0.5]])
+    >>> [s.name for s in res.statuses()]
+    ['SOLVED', 'SOLVED']
+    """
+    xp, qp = as_batch_qp(P, q, C, l, u, lb, ub, warm_start)
+    settings = Settings(float(eps_abs), float(eps_rel), int(max_iter), int(ruiz_iter),
+                        None if time_limit is None else time.perf_counter() + float(time_limit))
+    chunk, n_workers = plan_parts(xp, qp, batch_chunk, threads)
+    # batched small matrices gain nothing from intra-op threads, and on a loaded machine OpenMP /
+    # OpenBLAS thread wake-ups cost more than the kernels
+    single = n_workers > 1 or qp.n <= SMALL_N
+    with single_threaded_kernels(xp, qp.q) if single else contextlib.nullcontext():
+        return solve_batch(xp, qp, settings, chunk, n_workers)

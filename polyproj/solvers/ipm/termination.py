@@ -1,0 +1,170 @@
+"""Termination: unscaled residuals and tolerances, infeasibility certificates, final statuses.
+
+Stopping (per element, on the *unscaled* problem, qpbenchmark's definitions)::
+
+    ‖max(Cx − u, l − Cx, x − ub, lb − x, 0)‖∞ <= ε_abs + ε_rel max(‖Cx‖∞, ‖x‖∞)
+    ‖Px + q + Cᵀz + z_box‖∞                   <= ε_abs + ε_rel max(‖Px‖∞, ‖q‖∞, ‖Cᵀz‖∞, ‖z_box‖∞)
+    |xᵀPx + qᵀx + uᵀz⁺ − lᵀz⁻ + ubᵀz_box⁺ − lbᵀz_box⁻| <= ε_abs + ε_rel max(|xᵀPx|, |qᵀx|, |support|)
+
+float32 data: every tolerance is floored at ``1000 · eps(float32) · (1 + data scale)``.
+
+Infeasibility: the Newton direction of a primal infeasible element converges to a Farkas
+certificate ``δz`` with ``Cᵀδz + δz_box ≈ 0`` and ``uᵀδz⁺ − lᵀδz⁻ + … < 0``; that of a dual
+infeasible (unbounded) one to ``δx`` with ``Pδx ≈ 0``, ``qᵀδx < 0`` and ``Cδx`` in the recession
+cone of ``[l, u]``. A certified element ends PRIMAL_INFEASIBLE / DUAL_INFEASIBLE with NaN primal
+values; a non-finite iterate ends NUMERICAL_ERROR; nothing non-finite is ever SOLVED.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .arrays import inf_norm, mv, rmv
+from .problem import BatchQP, Numerics, Rows
+from .result import CODES, RUNNING, IPMResult, StatusCodes
+from .state import KKTPoint, LoopState
+
+__all__ = ["Tolerances", "certificates", "finish", "kkt_point", "record", "tolerances"]
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Tolerances of a batch.
+
+    Attributes
+    ----------
+    eps_abs, eps_rel : float
+    floor : (b,)
+        Lower bound of every tolerance (0 in float64).
+    eps_inf : float
+        Tolerance of the infeasibility certificates (``1e-8`` in float64, ``1e-4`` in float32).
+    """
+
+    eps_abs: float
+    eps_rel: float
+    floor: Any
+    eps_inf: float
+
+
+def tolerances(xp: Any, qp: BatchQP, rows: Rows, num: Numerics, eps_abs: float, eps_rel: float) -> Tolerances:
+    """The :class:`Tolerances` of a batch (the float32 floor scales with ``q`` and the finite bounds)."""
+    finite_scale = xp.maximum(inf_norm(xp, qp.q), inf_norm(xp, xp.concat([rows.Lf, rows.Uf], axis=1)))
+    f32 = num.dtype == xp.float32
+    floor = 1e3 * num.eps * (1.0 + finite_scale) if f32 else 0.0 * finite_scale
+    return Tolerances(eps_abs, eps_rel, floor, 1e-4 if num.dtype != xp.float64 else 1e-8)
+
+
+def _support(xp: Any, rows: Rows, zall: Any, zero: Any) -> Any:
+    """``Σ U_i z_i⁺ − L_i z_i⁻`` over the finite sides."""
+    return xp.sum(rows.Uf * xp.maximum(zall, zero) - rows.Lf * xp.maximum(-zall, zero), axis=1)
+
+
+def kkt_point(xp: Any, qp: BatchQP, rows: Rows, tol: Tolerances, zero: Any, x: Any, z: Any, z_box: Any) -> KKTPoint:
+    """Residuals and tolerances of the unscaled point ``(x, z, z_box)``."""
+    Px = mv(qp.P, x)
+    Cx = mv(qp.C, x)
+    gx = xp.concat([Cx, x], axis=1)
+    pres = xp.max(xp.maximum(xp.maximum(gx - rows.U, rows.L - gx), zero), axis=1)
+    Ctz = rmv(qp.C, z)
+    dres = inf_norm(xp, Px + qp.q + Ctz + z_box)
+    xPx = xp.sum(x * Px, axis=1)
+    qx = xp.sum(qp.q * x, axis=1)
+    supp = _support(xp, rows, xp.concat([z, z_box], axis=1), zero)
+    gap = xp.abs(xPx + qx + supp)
+    ea, er = tol.eps_abs, tol.eps_rel
+    tp = ea + er * xp.maximum(inf_norm(xp, Cx), inf_norm(xp, x))
+    td = ea + er * xp.maximum(xp.maximum(inf_norm(xp, Px), inf_norm(xp, qp.q)),
+                              xp.maximum(inf_norm(xp, Ctz), inf_norm(xp, z_box)))
+    tg = ea + er * xp.maximum(xp.maximum(xp.abs(xPx), xp.abs(qx)), xp.abs(supp))
+    fl = tol.floor
+    return KKTPoint(x, z, z_box, pres, dres, gap, xp.maximum(tp, fl), xp.maximum(td, fl), xp.maximum(tg, fl))
+
+
+def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState) -> LoopState:
+    """The termination test at ``point``: converged elements SOLVED, non-finite ones NUMERICAL_ERROR.
+
+    The best point of every running element with a finite ``point`` becomes ``point``.
+    """
+    finite = (xp.isfinite(point.pres) & xp.isfinite(point.dres) & xp.isfinite(point.gap)
+              & xp.all(xp.isfinite(point.x), axis=1))
+    conv = finite & (point.pres <= point.tp) & (point.dres <= point.td) & (point.gap <= point.tg)
+    running = loop.status == RUNNING
+    status = codes.set(loop.status, running & conv, "SOLVED")
+    status = codes.set(status, running & ~finite, "NUMERICAL_ERROR")
+    best = point if loop.best is None else loop.best.update(xp, running & finite, point)
+    return LoopState(loop.it, loop.iterate, best, status, loop.iterations, loop.pin_cnt, loop.din_cnt)
+
+
+def _primal_certificate(xp, qp, rows, num, tol, dzg_u, dzb_u, x1):
+    """``δz`` (the multiplier direction, normalised) certifies ``l <= Cx <= u, lb <= x <= ub`` empty.
+
+    A feasible problem admits no ε-certificate beyond ``‖x̄‖₁·‖Cᵀδz + δz_box‖`` (``x̄`` feasible): the
+    margin uses the current iterate as ``x̄``. A direction beyond ``1/eps²`` is a numerical blow-up,
+    not a certificate: such elements end as MAX_ITER / NUMERICAL_ERROR instead.
+    """
+    eps, one, zero = num.eps, num.one, num.zero
+    nz = xp.maximum(inf_norm(xp, dzg_u), inf_norm(xp, dzb_u))
+    nz_safe = xp.where(nz > 0, nz, one)
+    zall = xp.concat([dzg_u, dzb_u], axis=1) / nz_safe[:, None]
+    stat = inf_norm(xp, rmv(qp.C, zall[:, :qp.m]) + zall[:, qp.m:])
+    supp = _support(xp, rows, zall, zero)
+    # rounding of the support function itself (huge finite bounds make it meaningless)
+    supp_err = 1e2 * eps * xp.sum(xp.abs(rows.Uf) * xp.maximum(zall, zero) + xp.abs(rows.Lf) * xp.maximum(-zall, zero),
+                                  axis=1)
+    margin_p = xp.maximum(1e3 * tol.eps_inf + 0.0 * stat, 10.0 * x1 * stat) + supp_err
+    return (nz > 0) & (nz < 1.0 / (eps * eps)) & (stat <= tol.eps_inf) & (supp < -margin_p)
+
+
+def _dual_certificate(xp, qp, rows, num, tol, dx, x1, z1):
+    """``δx`` certifies the QP unbounded: ``Pδx ≈ 0``, ``qᵀδx < 0``, ``Gδx`` in the recession cone.
+
+    A bounded problem admits none beyond ``‖z̄‖₁·rec + ‖x̄‖₁·‖Pδx‖`` (``z̄`` dual feasible): the margin
+    uses the current iterate as ``x̄, z̄``.
+    """
+    one, zero, inf = num.one, num.zero, num.inf
+    nx = inf_norm(xp, dx)
+    nx_safe = xp.where(nx > 0, nx, one)
+    dxn = dx / nx_safe[:, None]
+    Pdx = inf_norm(xp, mv(qp.P, dxn))
+    qdx = xp.sum(qp.q * dxn, axis=1)
+    gdx = xp.concat([mv(qp.C, dxn), dxn], axis=1)
+    up_bad = xp.where(rows.finU, gdx, -inf)  # finite upper side: G δx <= 0
+    lo_bad = xp.where(rows.finL, -gdx, -inf)  # finite lower side: G δx >= 0
+    rec = xp.max(xp.maximum(up_bad, lo_bad), axis=1)
+    rec = xp.maximum(rec, zero)
+    margin = xp.maximum(1e3 * tol.eps_inf + 0.0 * rec, 10.0 * (z1 * rec + x1 * Pdx))
+    return (nx > 0) & (Pdx <= tol.eps_inf) & (qdx < -margin) & (rec <= tol.eps_inf)
+
+
+def certificates(xp: Any, qp: BatchQP, rows: Rows, num: Numerics, tol: Tolerances, d: tuple[Any, Any, Any],
+                 point: KKTPoint) -> tuple[Any, Any]:
+    """Primal and dual infeasibility certificates, (b,) bool each.
+
+    ``d``: the unscaled direction ``(δx, δz, δz_box)``; ``point``: the current unscaled iterate.
+    """
+    dx, dzg_u, dzb_u = d
+    x1 = xp.sum(xp.abs(point.x), axis=1)
+    z1 = xp.sum(xp.abs(xp.concat([point.z, point.z_box], axis=1)), axis=1)
+    pinf = _primal_certificate(xp, qp, rows, num, tol, dzg_u, dzb_u, x1)
+    return pinf, _dual_certificate(xp, qp, rows, num, tol, dx, x1, z1)
+
+
+def finish(xp: Any, loop: LoopState, num: Numerics, codes: StatusCodes, final: bool) -> IPMResult:
+    """The result from the best points; ``final``: unfinished elements become SOLVED_INACCURATE / MAX_ITER.
+
+    An unfinished element is SOLVED_INACCURATE when its best point is within 1000 times every
+    tolerance, else MAX_ITER (TIME_LIMIT was set already). Infeasible and failed elements get NaN.
+    """
+    bst, status = loop.best, loop.status
+    if final:
+        running = status == RUNNING
+        loose = (bst.pres <= 1e3 * bst.tp) & (bst.dres <= 1e3 * bst.td) & (bst.gap <= 1e3 * bst.tg)
+        status = codes.set(status, running & loose & xp.isfinite(bst.pres), "SOLVED_INACCURATE")
+        status = codes.set(status, status == RUNNING, "MAX_ITER")
+    bad = ((status == CODES["PRIMAL_INFEASIBLE"]) | (status == CODES["DUAL_INFEASIBLE"])
+           | (status == CODES["NUMERICAL_ERROR"]))
+    nan = xp.full((), math.nan, dtype=num.dtype, device=num.device)
+    x, z, zb = (xp.where(bad[:, None], nan, a) for a in (bst.x, bst.z, bst.z_box))
+    return IPMResult(x, z, zb, status, loop.iterations, bst.pres, bst.dres, bst.gap)
