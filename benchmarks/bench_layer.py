@@ -54,7 +54,11 @@ NOTES: dict[str, dict] = {}
 # LinSATNet (tau, max_iter) settings: its defaults are (0.05, 100); its autograd graph grows with
 # max_iter x constraints x batch (100 iterations at batch 128 here: > 5.8 GB), so fewer iterations
 LINSAT = {"linsatnet_t0.05_i10": (0.05, 10), "linsatnet_t0.05_i50": (0.05, 50), "linsatnet_t0.01_i50": (0.01, 50)}
-METHODS = ["polyproj", "qpth", "proxsuite_qplayer", "cvxpylayers", "cvxpylayers_default", *LINSAT]
+# Moreau (moreau 0.4): its CPU dual active-set solver (its "auto" choice for QPs with n <= 500 and only
+# zero / non-negative cones) and its interior-point method; torch layer with autograd (enable_grad)
+MOREAU = {"moreau": "active_set", "moreau_ipm": "ipm"}
+METHODS = ["polyproj", "moreau", "moreau_ipm", "qpth", "proxsuite_qplayer", "cvxpylayers", "cvxpylayers_default",
+           *LINSAT]
 
 
 # ----------------------------------------------------------------------------- data
@@ -146,6 +150,8 @@ def build(method: str, d):
             (y,) = layer(x, solver_args=args)
             (y * t["V"]).sum().backward()
             return y.detach(), x.grad
+    elif method in MOREAU:
+        f = _moreau(method, d, t)
     elif method in LINSAT:
         from LinSATNet import linsat_layer
 
@@ -161,6 +167,36 @@ def build(method: str, d):
             return y.detach(), x.grad
     else:
         raise ValueError(method)
+    return f
+
+
+def _moreau(method: str, d, t):
+    """Moreau's torch layer as its docs show: min ½yᵀy − xᵀy s.t. A_m y + s = b_m, s in {0}^p x R_+^(m+2n)."""
+    import moreau
+    import torch
+    from moreau.torch import Solver
+
+    batch, n = d["X"].shape
+    rows = np.vstack([d["B"], d["A"], -np.eye(n), np.eye(n)])  # zero cone first, then the non-negative one
+    rhs = np.concatenate([d["b"], d["a"], -d["lb"], d["ub"]])
+    p = d["B"].shape[0]
+    csr = lambda M: (torch.tensor(np.r_[0, np.cumsum((M != 0).sum(1))]), torch.tensor(np.nonzero(M)[1]))  # noqa: E731
+    P_ro, P_ci = csr(np.eye(n))
+    A_ro, A_ci = csr(rows)
+    cones = moreau.Cones(num_zero_cones=p, num_nonneg_cones=rows.shape[0] - p)
+    settings = moreau.Settings(solver=MOREAU[method], device="cpu", batch_size=batch, enable_grad=True)
+    solver = Solver(n=n, m=rows.shape[0], P_row_offsets=P_ro, P_col_indices=P_ci, A_row_offsets=A_ro,
+                    A_col_indices=A_ci, cones=cones, settings=settings)
+    Pv = torch.ones(batch, n, dtype=torch.float64)
+    Av = torch.tensor(rows[rows != 0], dtype=torch.float64).expand(batch, -1).contiguous()
+    b = torch.tensor(rhs, dtype=torch.float64).expand(batch, -1).contiguous()
+
+    def f():
+        q = (-t["X"]).clone().requires_grad_()
+        y = solver.solve(Pv, Av, q, b).x
+        (y * t["V"]).sum().backward()
+        return y.detach(), -q.grad
+
     return f
 
 
@@ -411,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     THREADS = args.threads
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # Moreau's thread pool, read at its first use
     if not args.cold_heap:
         warm_heap()
     console = Console()
