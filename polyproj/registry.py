@@ -36,6 +36,9 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "proxsuite": ("polyproj.backends.proxsuite:ProxSuiteSolver", "proxsuite"),
     "osqp": ("polyproj.backends.osqp:OSQPSolver", "osqp"),
     "highs": ("polyproj.backends.highs:HiGHSSolver", "highs"),
+    "piqp": ("polyproj.backends.piqp:PIQPSolver", "piqp"),
+    "clarabel": ("polyproj.backends.clarabel:ClarabelSolver", "clarabel"),
+    "daqp": ("polyproj.backends.daqp:DAQPSolver", "daqp"),
     "ipm": ("polyproj.backends.ipm:IPMSolver", "ipm"),
     "cupy": ("polyproj.backends.cupy:CuPySolver", "cupy"),
 }
