@@ -96,8 +96,9 @@ def _resolve(name: str) -> tuple[type[QPSolver], str]:
     if name in eps:
         try:
             cls = eps[name].load()
-        except Exception as exc:
-            raise BackendUnavailable(f"entry point {name!r} ({eps[name].value}) failed to load: {exc}") from exc
+        except (Exception, SystemExit) as exc:  # a plugin calling sys.exit() at import must not end the caller
+            what = f"{type(exc).__name__}({exc})" if isinstance(exc, SystemExit) else str(exc)
+            raise BackendUnavailable(f"entry point {name!r} ({eps[name].value}) failed to load: {what}") from exc
         return _check_class(cls, name), "entry point"
     if ":" in name:
         return _check_class(_import_path(name), name), "path"

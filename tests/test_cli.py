@@ -27,3 +27,18 @@ def test_demo_quick_runs_and_checks():
                          timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "HS-Jacobian" in out.stdout
+    # quiet: no solver banner or log line (HiGHS printed its copyright on the first solve)
+    for noise in ("Running HiGHS", "Copyright", "OSQP", "Polishing", "ProxQP"):
+        assert noise not in out.stdout + out.stderr, noise
+
+
+def test_check_rejects_a_non_positive_example_count(capsys):
+    import pytest
+
+    for value in ("-1", "0"):
+        with pytest.raises(SystemExit) as info:
+            main(["check", "proxsuite", "--examples", value])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--examples must be a finite number > 0" in err and "Traceback" not in err
+

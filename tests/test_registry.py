@@ -131,7 +131,7 @@ def test_import_polyproj_imports_no_optional_package():
     out = _run("""
         import sys
         import polyproj
-        optional = ("torch", "proxsuite", "osqp", "highspy", "cupy", "hypothesis", "pytest")
+        optional = ("torch", "proxsuite", "osqp", "highspy", "piqp", "clarabel", "daqp", "cupy", "hypothesis", "pytest")
         heavy = [m for m in optional if m in sys.modules]
         print(heavy)
     """)
@@ -142,6 +142,44 @@ def test_backend_info_rows():
     rows = {r.name: r for r in pp.backend_info()}
     assert rows["proxsuite"].available and rows["proxsuite"].version
     assert "batch" in rows["proxsuite"].capabilities
-    for name in ("osqp", "highs", "ipm", "cupy"):
+    for name in ("osqp", "highs", "piqp", "clarabel", "daqp", "ipm", "cupy"):
         assert name in rows  # built-ins are always listed, available or with the reason
         assert rows[name].available or rows[name].reason
+
+
+class _EntryPoint:
+    """Stands in for an importlib.metadata entry point whose module misbehaves at import."""
+
+    def __init__(self, name, load):
+        self.name, self.value, self.load = name, f"broken_plugin_{name}:Solver", load
+
+
+@pytest.mark.parametrize("failure", [lambda: sys.exit(3), lambda: sys.exit("bye"), lambda: 1 / 0,
+                                     lambda: __import__("no_such_module_anywhere")])
+def test_a_plugin_failing_at_import_is_isolated(monkeypatch, failure):
+    """A plugin calling sys.exit() (or raising) at import is listed as unavailable with the reason; it does
+    not end `polyproj backends` or available_backends()."""
+    import polyproj.registry as registry
+    from polyproj.cli import main
+
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"broken": _EntryPoint("broken", failure)})
+    assert "broken" not in pp.available_backends() and "proxsuite" in pp.available_backends()
+    row = {r.name: r for r in pp.backend_info()}["broken"]
+    assert not row.available and "failed to load" in row.reason and row.source == "entry point"
+    with pytest.raises(pp.BackendUnavailable, match="failed to load"):
+        pp.get_backend("broken")
+    assert main(["backends"]) == 0
+
+
+@pytest.mark.parametrize("name", ["piqp", "clarabel", "daqp"])
+def test_new_backends_have_install_hints(name):
+    out = _run(f"""
+        import sys
+        sys.modules[{name!r}] = None
+        import polyproj as pp
+        try:
+            pp.get_backend({name!r})
+        except pp.BackendUnavailable as exc:
+            print(exc)
+    """)
+    assert f'pip install "polyproj[{name}]"' in out
