@@ -209,11 +209,14 @@ class HiGHSSolver(QPSolver):
         """HiGHS, and where it fails (NUMERICAL_ERROR), the retries of :meth:`_retries` in turn.
 
         A retry's answer is kept only when it is SOLVED (or inaccurate) on the problem as given; the
-        output check of :mod:`.validation` then holds it to the same residual test as any answer.
+        output check of :mod:`.validation` then holds it to the same residual test as any answer. No
+        retry starts once ``time_limit`` has passed.
         """
+        t0 = time.perf_counter()
         sol = self._run(qp)
+        limit = self.settings["time_limit"]
         for why, run in self._retries(qp):
-            if sol.status is not Status.NUMERICAL_ERROR:
+            if sol.status is not Status.NUMERICAL_ERROR or (limit is not None and time.perf_counter() - t0 > limit):
                 break
             again = run()
             if again is not None and again.status.ok:
