@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 import polyproj as pp
+from tests.helpers import solution_distance_bound
 
 
 def _feasible_qp(rng, n=10, m=8, p=2, sparse=False, bounds=True):
@@ -103,10 +104,12 @@ def test_solve_batch_native_matches_single_solves(rng):
     batch = solver.solve_batch(qp, q=Q)
     assert len(batch) == 7 and batch.ok.all()
     for i in range(7):
-        single = solver.solve(qp.with_vectors(q=Q[i]))
-        np.testing.assert_allclose(batch.x[i], single.x, atol=1e-7)
-        np.testing.assert_allclose(batch.z[i], single.z, atol=1e-6)
-        assert batch.solution(i).dual_residual() < 1e-8
+        qpi = qp.with_vectors(q=Q[i])
+        single = solver.solve(qpi)
+        el = batch.solution(i)
+        assert el.dual_residual() < 1e-8 and single.dual_residual() < 1e-8
+        # batch and single solves are both inexact: x agrees to the sum of the KKT distance bounds
+        assert np.linalg.norm(el.x - single.x) <= solution_distance_bound(qpi, el) + solution_distance_bound(qpi, single)
 
 
 def test_solve_batch_with_batched_bounds(rng):
@@ -115,8 +118,10 @@ def test_solve_batch_with_batched_bounds(rng):
     U[1] += 0.5
     batch = pp.get_backend("proxsuite", eps_abs=1e-10).solve_batch(qp, u=U)
     for i in range(3):
-        ref = pp.solve_qp(qp.with_vectors(u=U[i]), eps_abs=1e-10)
-        np.testing.assert_allclose(batch.x[i], ref.x, atol=1e-7)
+        qpi = qp.with_vectors(u=U[i])
+        ref = pp.solve_qp(qpi, eps_abs=1e-10)
+        el = batch.solution(i)
+        assert np.linalg.norm(el.x - ref.x) <= solution_distance_bound(qpi, el) + solution_distance_bound(qpi, ref)
 
 
 def test_solve_batch_rejects_bad_shapes(rng):
