@@ -70,6 +70,7 @@ def test_highs_array_model_equals_its_model_object(rng):
         np.testing.assert_array_equal(xs[0], xs[1])
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("name", [b for b in ("proxsuite", "ipm") if b in pp.available_backends()])
 @pytest.mark.parametrize("bounds", [True, False])
 def test_batch_of_q_matches_single_solves(rng, name, bounds):

@@ -153,6 +153,7 @@ def test_highs_solves_qps_with_fixed_variables(lb, ub):
     assert sol.x[0] == lb[0]  # x_1 has no cost: any feasible value is optimal
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_builtin_backend_passes_my_properties(backend):
     report = check_backend(backend, max_examples=3, seed=3, conformance=False, shrink_budget=0.0)
@@ -198,6 +199,7 @@ def test_cli_check_fails_on_a_broken_backend_given_as_module_path(capsys):
     assert "FAIL" in out and "wrong sign" in out and "Failing test case" in out
 
 
+@pytest.mark.core
 def test_cli_check_unknown_backend(capsys):
     assert main(["check", "proxsuitte"]) == 2
     assert "proxsuite" in capsys.readouterr().out  # the close match is suggested
@@ -237,6 +239,7 @@ def test_entry_point_backend_is_checkable_by_name(tmp_path, monkeypatch, capsys)
     assert code in (0, 1)  # the table is printed either way; the verdict follows the ProxSuite backend
 
 
+@pytest.mark.core
 def test_conformance_checks_for_missing_capabilities_are_skips_not_errors():
     """A backend without warm start passes `polyproj check` with that check marked skipped."""
     if "ipm" not in CPU_BACKENDS:

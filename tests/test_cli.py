@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from polyproj.cli import main
 
 
+@pytest.mark.core
 def test_backends_table(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
@@ -17,6 +20,7 @@ def test_backends_table(capsys):
         assert 'polyproj[cupy]' in out.replace("\n", "").replace("│", "").replace(" ", "")
 
 
+@pytest.mark.core
 def test_python_dash_m_runs_the_cli():
     out = subprocess.run([sys.executable, "-m", "polyproj", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("polyproj ")
@@ -32,9 +36,8 @@ def test_demo_quick_runs_and_checks():
         assert noise not in out.stdout + out.stderr, noise
 
 
+@pytest.mark.core
 def test_check_rejects_a_non_positive_example_count(capsys):
-    import pytest
-
     for value in ("-1", "0"):
         with pytest.raises(SystemExit) as info:
             main(["check", "proxsuite", "--examples", value])

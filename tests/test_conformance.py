@@ -10,14 +10,15 @@ import pytest
 import scipy.sparse as sp
 
 import polyproj as pp
-from tests.helpers import solution_distance_bound
 from polyproj.testing import conformance as cf
+from tests.helpers import solution_distance_bound
 
 # ProxQP 0.8 itself ends random_unbounded_qp(n=10, m=6) in MAX_ITER; the backend then checks the
 # diverging iterate as a dual-infeasibility certificate (QP.is_dual_infeasibility_certificate)
 KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("check", sorted(cf.CHECKS))
 def test_conformance(backend, check):
     if (backend, check) in KNOWN_FAILURES:
@@ -26,12 +27,14 @@ def test_conformance(backend, check):
     cf.CHECKS[check](solver, np.random.default_rng(2024))
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("check", ["feasible_dense", "sign_convention", "agreement"])
 def test_conformance_tight_tolerance(backend, check):
     solver = pp.get_backend(backend, eps_abs=1e-10)
     cf.CHECKS[check](solver, np.random.default_rng(7))
 
 
+@pytest.mark.core
 def test_backends_agree(rng):
     """All backends find the same x (unique: P positive definite) on dense and sparse random QPs."""
     names = [b for b in pp.available_backends() if b != "cupy"]
@@ -75,12 +78,14 @@ def test_flipped_signs_are_caught(check):
         cf.CHECKS[check](_FlippedSigns(), np.random.default_rng(0))
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("check", ["primal_infeasible", "nonconvex", "feasible_dense", "agreement"])
 def test_liar_is_caught(check):
     with pytest.raises(AssertionError, match=r"\[liar\]"):
         cf.CHECKS[check](_SaysSolved(), np.random.default_rng(0))
 
 
+@pytest.mark.core
 def test_missing_capability_skips():
     with pytest.raises(cf.CheckSkipped, match="warm_start"):
         cf.CHECKS["warm_start"](_SaysSolved(), np.random.default_rng(0))
@@ -108,6 +113,7 @@ def test_generators(seed):
     assert np.linalg.eigvalsh(nc.P).min() < -1
 
 
+@pytest.mark.core
 def test_reference_solution_matches_known_projection():
     # projection of (2, 2) onto x1 + x2 <= 1 is (0.5, 0.5)
     qp = pp.QP(P=np.eye(2), q=[-2.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])

@@ -37,6 +37,7 @@ def mm_dir(shared_dir):
     return path
 
 
+@pytest.mark.core
 def test_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(DataNotFound, match="maros_meszaros_qpbenchmark"):
         list_problems(tmp_path / "nope")
@@ -46,6 +47,7 @@ def test_missing_folder_is_a_clear_error(tmp_path):
         in_subset(1, 1, "tiny")
 
 
+@pytest.mark.core
 def test_subsets(mm_dir):
     dense, small, everything = (list_problems(mm_dir, s) for s in ("dense", "small", "all"))
     assert set(small) <= set(dense) <= set(everything)
@@ -70,6 +72,7 @@ def test_bound_rows_become_bounds_without_changing_the_problem(mm_dir, name, rng
         assert split.qp.primal_violation(x) == pytest.approx(raw.qp.primal_violation(x), abs=1e-12)
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("name", SMALL)
 def test_small_problem_solved_by_every_backend(mm_dir, name, backend):
     """n <= 100: every backend reaches primal, dual residual and duality gap <= 1e-6 (our residual code)."""
@@ -82,12 +85,14 @@ def test_small_problem_solved_by_every_backend(mm_dir, name, backend):
     assert max(res.values()) <= 1e-6, (name, backend, res)
 
 
+@pytest.mark.core
 def test_iter_problems(mm_dir):
     got = [mm.name for mm in iter_problems(mm_dir, names=["HS21", "HS35"])]
     assert got == ["HS21", "HS35"]
 
 
 # --------------------------------------------------------------------------- bench
+@pytest.mark.core
 def test_shifted_geometric_mean():
     assert bench.shifted_geometric_mean([1.0, 1.0]) == pytest.approx(1.0)
     # exp(mean(log([10, 1010]))) - 10 = sqrt(10 * 1010) - 10
@@ -102,6 +107,7 @@ def _args(mm_dir, out, **kw):
     return argparse.Namespace(**base)
 
 
+@pytest.mark.core
 def test_bench_cli_end_to_end(mm_dir, tmp_path):
     out = tmp_path / "res.json"
     rc = bench.cli_main(_args(mm_dir, out, backends=CPU_BACKENDS, problems=["HS21", "QAFIRO"]))
@@ -159,6 +165,7 @@ def test_bench_survives_hanging_crashing_and_raising_backends(mm_dir):
     assert summary["hangs"]["sgm_runtime"] == pytest.approx(0.5)  # failures charged the time limit
 
 
+@pytest.mark.core
 def test_bench_unknown_problem_and_backend(mm_dir, tmp_path, capsys):
     assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", problems=["NOPE"])) == 2
     assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", backends=["nope"])) == 2
@@ -169,6 +176,7 @@ def test_bench_unknown_problem_and_backend(mm_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize(("flag", "value"), [("--time-limit", "0"), ("--tol", "-1"), ("--tol", "nan"),
                                              ("--jobs", "0"), ("--time-limit", "inf"), ("--jobs", "two")])
+@pytest.mark.core
 def test_bench_rejects_bad_numbers(mm_dir, flag, value, capsys):
     from polyproj.cli import main
 

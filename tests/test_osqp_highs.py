@@ -10,13 +10,13 @@ import pytest
 import scipy.sparse as sp
 
 import polyproj as pp
-from tests.helpers import solution_distance_bound
 from polyproj.testing.conformance import (
     random_feasible_qp,
     random_infeasible_qp,
     random_nonconvex_qp,
     random_unbounded_qp,
 )
+from tests.helpers import solution_distance_bound
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -47,6 +47,7 @@ def _reference(X, A, a, B, b, lb, ub, S):
     return Y, np.concatenate([lamA, -z_box * at_lb, z_box * at_ub], axis=1), mu, np.max(np.abs(cons), axis=1)
 
 
+@pytest.mark.core
 def test_face_solve_matches_the_factor_formulation_and_the_svd(rng):
     data = _face_data(rng)
     ref = _reference(*data)
@@ -62,6 +63,7 @@ def test_face_solve_matches_the_factor_formulation_and_the_svd(rng):
     assert np.max(np.abs(r)) < 1e-10
 
 
+@pytest.mark.core
 def test_face_solve_with_empty_face(rng):
     X, A, a, B, b, lb, ub, S = _face_data(rng, p=0)
     B, b = np.zeros((0, X.shape[1])), np.zeros(0)

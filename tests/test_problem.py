@@ -8,6 +8,8 @@ import scipy.sparse as sp
 
 import polyproj as pp
 
+pytestmark = pytest.mark.core  # needs only the core dependencies (make test-min)
+
 
 def test_qp_shapes_and_defaults():
     qp = pp.QP(P=np.eye(3), q=np.zeros(3))

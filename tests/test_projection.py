@@ -103,6 +103,7 @@ def test_polish_off_keeps_backend_point(rng):
     assert np.allclose(res.y, res.solution.x)
 
 
+@pytest.mark.core
 def test_project_rejects_bad_points(rng):
     P = random_polytope(rng, 4, 6, 0)
     with pytest.raises(pp.ProblemError, match="NaN or inf"):
@@ -270,6 +271,7 @@ def test_ipm_early_stop_then_polish_is_exact(rng, monkeypatch, stop_rel):
     assert calls == [(stop_rel, 64)]
 
 
+@pytest.mark.core
 def test_polish_in_parts_matches_one_part(rng, monkeypatch):
     """A large batch is polished in one part per core: the samples are independent, so the result
     is that of one part (to rounding)."""

@@ -19,6 +19,7 @@ def _eq_qp(rng, n=5, m=2):
     return pp.QP(P=np.eye(n) * 2.0, q=rng.normal(size=n), C=B, l=b, u=b), B, b
 
 
+@pytest.mark.core
 def test_unknown_name_names_close_matches():
     with pytest.raises(pp.BackendNotFound, match=r"no backend named 'proxsuit'.*Did you mean 'proxsuite'"):
         pp.get_backend("proxsuit")
@@ -68,6 +69,7 @@ def test_runtime_registration_solves_end_to_end(rng):
     assert "toy" not in pp.available_backends()
 
 
+@pytest.mark.core
 def test_register_rejects_non_solvers():
     with pytest.raises(pp.PolyprojError, match="subclass of polyproj.QPSolver"):
         pp.register_backend("bad", object)
@@ -80,6 +82,7 @@ Version: 0.0.1
 """
 
 
+@pytest.mark.core
 def test_entry_point_backend_is_discovered_and_solves(tmp_path, rng, monkeypatch):
     """A fake distribution on sys.path declaring the entry point group polyproj.backends."""
     pkg = tmp_path / "fake_polyproj_solver"
@@ -97,6 +100,7 @@ def test_entry_point_backend_is_discovered_and_solves(tmp_path, rng, monkeypatch
     assert sol.status is pp.Status.SOLVED and sol.primal_residual() < 1e-12
 
 
+@pytest.mark.core
 def test_module_class_path_is_accepted(rng):
     qp, _, _ = _eq_qp(rng)
     sol = pp.solve_qp(qp, backend="tests.toy_backend:ToyKKTSolver")
@@ -108,6 +112,7 @@ def _run(code: str) -> str:
     return out.stdout
 
 
+@pytest.mark.core
 def test_missing_package_gives_install_hint_and_import_still_works():
     out = _run("""
         import sys
@@ -127,6 +132,7 @@ def test_missing_package_gives_install_hint_and_import_still_works():
     assert 'pip install "polyproj[proxsuite]"' in out.split("error:")[1]
 
 
+@pytest.mark.core
 def test_import_polyproj_imports_no_optional_package():
     out = _run("""
         import sys
@@ -171,6 +177,7 @@ def test_a_plugin_failing_at_import_is_isolated(monkeypatch, failure):
     assert main(["backends"]) == 0
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("name", ["piqp", "clarabel", "daqp"])
 def test_new_backends_have_install_hints(name):
     out = _run(f"""

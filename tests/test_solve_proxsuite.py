@@ -109,7 +109,8 @@ def test_solve_batch_native_matches_single_solves(rng):
         el = batch.solution(i)
         assert el.dual_residual() < 1e-8 and single.dual_residual() < 1e-8
         # batch and single solves are both inexact: x agrees to the sum of the KKT distance bounds
-        assert np.linalg.norm(el.x - single.x) <= solution_distance_bound(qpi, el) + solution_distance_bound(qpi, single)
+        bound = solution_distance_bound(qpi, el) + solution_distance_bound(qpi, single)
+        assert np.linalg.norm(el.x - single.x) <= bound
 
 
 def test_solve_batch_with_batched_bounds(rng):
