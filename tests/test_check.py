@@ -142,15 +142,24 @@ def test_highs_solves_a_strongly_convex_projection_qp():
 
 
 @pytest.mark.skipif("highs" not in CPU_BACKENDS, reason="highspy not installed")
-@pytest.mark.parametrize(("lb", "ub"), [([0, 0], [0, 0]), ([0, 0], [0, 1]), ([1, -1], [1, np.inf])])
-def test_highs_solves_qps_with_fixed_variables(lb, ub):
-    """HiGHS 1.16 ends these in 'Solve error' (the first shrunk by `polyproj check highs --examples 20`); the glue
-    substitutes the fixed variables and recovers their multipliers from stationarity."""
-    qp = pp.QP(P=[[1.0, 0.0], [0.0, 0.0]], q=[1.0, 0.0], C=[[1.0, 1.0]], l=[-5.0], u=[5.0], lb=lb, ub=ub)
+@pytest.mark.parametrize("case", [
+    # shrunk by `polyproj check highs --examples 20`: every variable fixed
+    dict(P=[[1.0, 0.0], [0.0, 0.0]], q=[1.0, 0.0], lb=[0.0, 0.0], ub=[0.0, 0.0]),
+    # `--examples 50`, seed 0: a singular Hessian with one fixed variable
+    dict(P=np.diag([0.0, 1.0, 0.0]), q=[0.0, 1.0, 0.0], lb=[0.0, 0.0, 0.0], ub=[0.0, 1.0, 1.0]),
+    dict(P=np.diag([1.0, 0.0]), q=[1.0, 0.0], lb=[0.0, 0.0], ub=[1.0, 1.0]),  # no fixed variable, same defect
+    dict(P=[[1.0, 0.0], [0.0, 0.0]], q=[1.0, 0.0], C=[[1.0, 1.0]], l=[-5.0], u=[5.0], lb=[1.0, -1.0],
+         ub=[1.0, np.inf]),
+])
+def test_highs_solves_qps_with_fixed_variables_and_singular_hessians(case):
+    """HiGHS 1.16 ends these in 'Solve error'; the glue substitutes fixed variables (their multipliers from
+    stationarity) and retries a solve error with more regularisation."""
+    qp = pp.QP(**case)
     sol = pp.get_backend("highs", eps_abs=1e-9).solve(qp)
-    assert sol.status is pp.Status.SOLVED
+    assert sol.status is pp.Status.SOLVED, sol.info
     assert max(sol.residuals().values()) <= 1e-9
-    assert sol.x[0] == lb[0]  # x_1 has no cost: any feasible value is optimal
+    fixed = qp.lb == qp.ub
+    np.testing.assert_array_equal(sol.x[fixed], qp.lb[fixed])
 
 
 @pytest.mark.core
