@@ -12,14 +12,15 @@ from .solution import Solution
 __all__ = ["solve_qp"]
 
 
-def solve_qp(qp: QP, backend: Any = "proxsuite", *, warm_start: Any = None, **settings: Any) -> Solution:
+def solve_qp(qp: QP, backend: Any = None, *, warm_start: Any = None, **settings: Any) -> Solution:
     """Solve a convex QP with the chosen backend.
 
     Parameters
     ----------
     qp : QP
-    backend : str, QPSolver or QPSolver subclass
-        Default ``"proxsuite"``; see :func:`polyproj.available_backends`.
+    backend : str, QPSolver or QPSolver subclass, optional
+        Default ``polyproj.registry.DEFAULT_BACKEND`` (``"clarabel"``, chosen on the Maros–Meszaros
+        benchmark: README); see :func:`polyproj.available_backends`.
     warm_start : Solution or dict with ``x`` (and ``z``, ``z_box``), optional
     **settings
         ``eps_abs``, ``eps_rel``, ``max_iter``, ``time_limit``, ``verbose``, ``warm_start`` and

@@ -21,6 +21,7 @@ from .backends.base import QPSolver
 from .errors import BackendNotFound, BackendUnavailable, PolyprojError, close_matches
 
 __all__ = [
+    "DEFAULT_BACKEND",
     "BackendInfo",
     "available_backends",
     "backend_info",
@@ -30,6 +31,11 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "polyproj.backends"
+
+#: the backend of :func:`get_backend` and :func:`polyproj.solve_qp` when none is named: the best of the
+#: built-ins on the Maros–Meszaros dense subset (most problems solved at 1e-6, fastest shifted
+#: geometric mean at both 1e-6 and 1e-9; README "Solvers on Maros–Meszaros", docs/solvers.md)
+DEFAULT_BACKEND = "clarabel"
 
 #: name -> (import path, extra that installs it)
 _BUILTIN: dict[str, tuple[str, str]] = {
@@ -129,14 +135,14 @@ def unregister_backend(name: str) -> None:
     _RUNTIME.pop(name, None)
 
 
-def get_backend(backend: str | QPSolver | type[QPSolver] = "proxsuite", **settings: Any) -> QPSolver:
+def get_backend(backend: str | QPSolver | type[QPSolver] | None = None, **settings: Any) -> QPSolver:
     """Return a ready solver.
 
     Parameters
     ----------
-    backend : str, QPSolver instance or QPSolver subclass
+    backend : str, QPSolver instance or QPSolver subclass, optional
         A registered name, ``"module:Class"``, an instance (returned as is when no settings are
-        given, else a copy with the settings merged) or a class.
+        given, else a copy with the settings merged) or a class; default :data:`DEFAULT_BACKEND`.
     **settings
         Unified settings and backend-specific options.
 
@@ -149,6 +155,8 @@ def get_backend(backend: str | QPSolver | type[QPSolver] = "proxsuite", **settin
     SettingsError
         Unknown setting.
     """
+    if backend is None:
+        backend = DEFAULT_BACKEND
     if isinstance(backend, QPSolver):
         if not settings:
             return backend

@@ -190,3 +190,15 @@ def test_new_backends_have_install_hints(name):
             print(exc)
     """)
     assert f'pip install "polyproj[{name}]"' in out
+
+
+def test_the_default_backend_is_the_measured_best(rng):
+    """solve_qp and get_backend default to registry.DEFAULT_BACKEND (Clarabel, chosen on Maros–Meszaros)."""
+    from polyproj.registry import DEFAULT_BACKEND
+
+    assert DEFAULT_BACKEND == "clarabel"
+    if DEFAULT_BACKEND not in pp.available_backends():
+        pytest.skip("clarabel not installed")
+    qp, _, _ = _eq_qp(rng)
+    assert pp.solve_qp(qp).backend == DEFAULT_BACKEND
+    assert pp.get_backend().name == DEFAULT_BACKEND
