@@ -229,3 +229,16 @@ def test_default_batch_loop_stops_at_the_time_limit(rng):
     assert elapsed < 20 * 0.2 / 2  # the loop stopped instead of running all 20 solves
     assert set(bs.status) == {pp.Status.TIME_LIMIT}  # finished late or not started
     assert np.isnan(bs.x[-1]).all()
+
+
+def test_backends_are_quiet_unless_verbose(backend, capfd, rng):
+    """Nothing reaches the process's stdout/stderr from a solver library (HiGHS printed its banner on the first
+    construction, OSQP 1.1 'Polishing not needed ...' whenever no constraint was active)."""
+    import polyproj.backends.highs as highs_glue
+
+    highs_glue._banner_shown.cache_clear()  # as in a fresh process
+    inactive = pp.QP(P=2 * np.eye(2), q=[1.0, -1.0], lb=-5 * np.ones(2), ub=5 * np.ones(2))
+    for qp in (inactive, _qp(rng)):
+        assert pp.solve_qp(qp, backend=backend).status.ok
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""

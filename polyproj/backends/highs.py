@@ -11,8 +11,6 @@ silent answer); ``time_limit`` and ``max_iter`` map to HiGHS's ``time_limit`` an
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import time
 from typing import Any, ClassVar
 
@@ -25,6 +23,7 @@ from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex, is_strictly_convex
 from .presolve import fixed_variables
+from .quiet import c_stdout_silenced
 from .validation import empty_solution
 
 __all__ = ["HiGHSSolver"]
@@ -102,15 +101,8 @@ def _banner_shown() -> bool:
     """Construct one ``Highs`` with the C-level stdout silenced: HiGHS prints its banner there once per process."""
     import highspy
 
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+    with c_stdout_silenced():
+        highspy.Highs()
     return True
 
 
