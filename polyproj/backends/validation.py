@@ -266,7 +266,7 @@ def _guard_solve(fn: Callable) -> Callable:
         if qp.n == 0:
             return empty_solution(qp, name)
         t0 = time.perf_counter()
-        scale = scaling.plan(qp, float(self.settings.get("eps_abs") or 0.0))
+        scale = scaling.plan(qp)
         if scale is None:
             sol = _call(self, fn, qp, warm_start)
         else:
@@ -293,7 +293,7 @@ def _guard_solve_batch(fn: Callable) -> Callable:
             qps = ElementQPs(qp, vecs, size)
             return BatchSolution.stack([empty_solution(qps[i], name) for i in range(size)], backend=name)
         t0 = time.perf_counter()
-        scale = scaling.plan(qp, float(self.settings.get("eps_abs") or 0.0), **vecs)
+        scale = scaling.plan(qp, **vecs)
         if scale is None:
             bs = _call(self, fn, qp, warm_start=warm_start, **vecs)
         else:
