@@ -32,6 +32,7 @@ import scipy.sparse as sp
 
 from ..problem import QP
 from ..solution import BatchSolution, Solution
+from .cache import converted
 
 __all__ = ["HIGH", "IGNORE", "LOW", "Scaling", "plan"]
 
@@ -145,6 +146,15 @@ class Scaling:
                        info=self._info(bs.info))
 
 
+def _matrix_part(qp: QP) -> tuple[float, np.ndarray, np.ndarray, bool]:
+    """``(max|P|, row norms of C, their inverses (1 for zero rows), whether they lie in [LOW, HIGH])``."""
+    norms = _row_norms(qp.C)
+    nonzero = norms[norms > 0]
+    rows = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 1.0)
+    rows_ok = nonzero.size == 0 or (LOW <= float(nonzero.min()) and float(nonzero.max()) <= HIGH)
+    return _absmax(qp.P), norms, rows, rows_ok
+
+
 def plan(qp: QP, **batched: np.ndarray) -> Scaling | None:
     """The normalisation for ``qp`` (and batched vectors replacing its own), or None when not needed.
 
@@ -154,14 +164,12 @@ def plan(qp: QP, **batched: np.ndarray) -> Scaling | None:
     QFFFFF80, whose rows span 1 to 1e5, made Clarabel fail a problem it solves to 1e-10 as given.)
     """
     vec = {k: batched.get(k, getattr(qp, k)) for k in _VECTORS}
-    p_max, q_max = _absmax(qp.P), float(np.max(np.abs(vec["q"]), initial=0.0))
-    norms = _row_norms(qp.C)
-    nonzero = norms[norms > 0]
-    rows = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 1.0)
+    # the matrix part is computed once per (P, C): projections and batches share them
+    p_max, _, rows, rows_ok = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
+    q_max = float(np.max(np.abs(vec["q"]), initial=0.0))
     sigma = max(_finite_absmax(vec["l"] * rows, vec["u"] * rows, vec["lb"], vec["ub"]),
                 q_max / p_max if p_max > 0 else 0.0)
     sigma = sigma if sigma > 0 else 1.0
-    rows_ok = nonzero.size == 0 or (LOW <= float(nonzero.min()) and float(nonzero.max()) <= HIGH)
     if LOW <= sigma <= HIGH and rows_ok:
         return None
     objective = max(p_max * sigma**2, q_max * sigma)
