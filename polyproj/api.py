@@ -19,7 +19,7 @@ def solve_qp(qp: QP, backend: Any = None, *, warm_start: Any = None, **settings:
     ----------
     qp : QP
     backend : str, QPSolver or QPSolver subclass, optional
-        Default ``polyproj.registry.DEFAULT_BACKEND`` (``"clarabel"``, chosen on the Maros–Meszaros
+        Default ``polyproj.registry.DEFAULT_BACKEND`` (``"piqp"``, chosen on the Maros–Meszaros
         benchmark: README); see :func:`polyproj.available_backends`.
     warm_start : Solution or dict with ``x`` (and ``z``, ``z_box``), optional
     **settings

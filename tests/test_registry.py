@@ -193,12 +193,12 @@ def test_new_backends_have_install_hints(name):
 
 
 def test_the_default_backend_is_the_measured_best(rng):
-    """solve_qp and get_backend default to registry.DEFAULT_BACKEND (Clarabel, chosen on Maros–Meszaros)."""
+    """solve_qp and get_backend default to registry.DEFAULT_BACKEND (PIQP, chosen on Maros–Meszaros)."""
     from polyproj.registry import DEFAULT_BACKEND
 
-    assert DEFAULT_BACKEND == "clarabel"
+    assert DEFAULT_BACKEND == "piqp"
     if DEFAULT_BACKEND not in pp.available_backends():
-        pytest.skip("clarabel not installed")
+        pytest.skip("piqp not installed")
     qp, _, _ = _eq_qp(rng)
     assert pp.solve_qp(qp).backend == DEFAULT_BACKEND
     assert pp.get_backend().name == DEFAULT_BACKEND

@@ -1,4 +1,4 @@
-"""PIQP backend: proximal interior-point method, dense and sparse.
+"""PIQP backend: proximal interior-point method, dense and sparse; the default of ``solve_qp``.
 
 PIQP solves ``min ½xᵀPx + cᵀx  s.t.  Ax = b,  h_l <= Gx <= h_u,  x_l <= x <= x_u`` with
 stationarity ``Px + c + Aᵀy + Gᵀ(z_u − z_l) + (z_bu − z_bl) = 0`` and ``z_l, z_u, z_bl, z_bu >= 0``,
