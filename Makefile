@@ -4,8 +4,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.polyproj-installed
 MM_DIR ?= ../shared/data/maros_meszaros
+# test-min: the declared floors of the core dependencies, in an environment of their own
+VENV_MIN  ?= .venv-min
+PY_MIN    := $(VENV_MIN)/bin/python
+STAMP_MIN := $(VENV_MIN)/.polyproj-min-installed
 
-.PHONY: demo test test-dev lint bench clean
+.PHONY: demo test test-min test-dev lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +28,18 @@ test: $(STAMP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check polyproj tests benchmarks
 
+$(STAMP_MIN): pyproject.toml .ci/min_requirements.py
+	test -x $(PY_MIN) || $(PYTHON) -m venv $(VENV_MIN)
+	$(PY_MIN) -m pip install -q --upgrade pip
+	$(PY_MIN) -m pip install -q $$($(PYTHON) .ci/min_requirements.py pyproject.toml) pytest pytest-timeout hypothesis
+	$(PY_MIN) -m pip install -q --no-deps -e .
+	touch $(STAMP_MIN)
+
+# the core tests (marker `core`: no optional package needed) on the minimum versions polyproj declares
+test-min: $(STAMP_MIN)
+	$(PY_MIN) -m pip freeze | grep -i -E "^(numpy|scipy|array.api.compat|rich|threadpoolctl)="
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY_MIN) -m pytest -q -p no:cacheprovider -m core
+
 test-dev: $(STAMP)
 	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -q
 
@@ -34,4 +50,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_projection.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_MIN) build *.egg-info .pytest_cache .hypothesis

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backends.defaults import PROJECTION_DEFAULT, QP_DEFAULT
+from .backends.defaults import PROJECTION_DEFAULT
 from .errors import ProblemError
 from .problem import QP, Polyhedron
 from .projection.result import ProjectionResult
@@ -18,14 +18,15 @@ __all__ = ["project", "solve_qp"]
 _UNSET: Any = object()
 
 
-def solve_qp(qp: QP, backend: Any = QP_DEFAULT, *, warm_start: Any = None, **settings: Any) -> Solution:
+def solve_qp(qp: QP, backend: Any = None, *, warm_start: Any = None, **settings: Any) -> Solution:
     """Solve a convex QP with the chosen backend.
 
     Parameters
     ----------
     qp : QP
-    backend : str, QPSolver or QPSolver subclass
-        Default ``"proxsuite"``; see :func:`polyproj.available_backends`.
+    backend : str, QPSolver or QPSolver subclass, optional
+        Default ``polyproj.registry.DEFAULT_BACKEND`` (``"piqp"``, chosen on the Maros–Meszaros
+        benchmark: README); see :func:`polyproj.available_backends`.
     warm_start : Solution or dict with ``x`` (and ``z``, ``z_box``), optional
     **settings
         ``eps_abs``, ``eps_rel``, ``max_iter``, ``time_limit``, ``verbose``, ``warm_start`` and

@@ -167,38 +167,43 @@ def run_suite(data: str, backends: Sequence[str], names: Sequence[str], tol: flo
         if progress is not None:
             progress(rec)
 
-    while tasks or running:
-        while tasks and len(running) < max(1, jobs):
-            name, b = tasks.pop(0)
-            if name not in cache:
-                try:
-                    cache[name] = _load(data, name, dense)
-                except Exception as exc:
-                    finish(name, fail(name, b, "load_error", f"{type(exc).__name__}: {exc}"[:300]))
+    try:
+        while tasks or running:
+            while tasks and len(running) < max(1, jobs):
+                name, b = tasks.pop(0)
+                if name not in cache:
+                    try:
+                        cache[name] = _load(data, name, dense)
+                    except Exception as exc:
+                        finish(name, fail(name, b, "load_error", f"{type(exc).__name__}: {exc}"[:300]))
+                        continue
+                parent, child = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_child, args=(child, cache[name], b, tol, time_limit), daemon=True)
+                proc.start()
+                child.close()
+                running[parent] = (proc, name, b, time.monotonic() + hard)
+            ready = wait(list(running), timeout=0.05)
+            now = time.monotonic()
+            for conn in list(running):
+                proc, name, b, deadline = running[conn]
+                if conn in ready:
+                    try:
+                        rec = SolveRecord(**conn.recv())
+                    except (EOFError, OSError):
+                        rec = fail(name, b, "crashed", f"child exited with code {proc.join(1) or proc.exitcode}")
+                elif now > deadline:
+                    proc.kill()
+                    rec = fail(name, b, "killed", f"no answer after {hard:.1f} s")
+                else:
                     continue
-            parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(child, cache[name], b, tol, time_limit), daemon=True)
-            proc.start()
-            child.close()
-            running[parent] = (proc, name, b, time.monotonic() + hard)
-        ready = wait(list(running), timeout=0.05)
-        now = time.monotonic()
-        for conn in list(running):
-            proc, name, b, deadline = running[conn]
-            if conn in ready:
-                try:
-                    rec = SolveRecord(**conn.recv())
-                except (EOFError, OSError):
-                    rec = fail(name, b, "crashed", f"child exited with code {proc.join(1) or proc.exitcode}")
-            elif now > deadline:
-                proc.kill()
-                rec = fail(name, b, "killed", f"no answer after {hard:.1f} s")
-            else:
-                continue
+                proc.join(1)
+                conn.close()
+                del running[conn]
+                finish(name, rec)
+    finally:  # interrupted (KeyboardInterrupt) or failed: no child outlives the run
+        for proc, *_ in running.values():
+            proc.kill()
             proc.join(1)
-            conn.close()
-            del running[conn]
-            finish(name, rec)
     order = {(n, b): i for i, (n, b) in enumerate((n, b) for n in names for b in backends)}
     return sorted(records, key=lambda r: order[(r.problem, r.backend)])
 
@@ -235,64 +240,101 @@ def _default_backends() -> list[str]:
     return [b for b in available_backends() if b != "cupy"]
 
 
-def cli_main(args: argparse.Namespace) -> int:
-    """Run ``polyproj bench solvers`` (see the module docstring)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+class _ResultsFile:
+    """The JSON results file, rewritten as records come (at most every 2 s) and once at the end.
+
+    An interrupted run (Ctrl-C) keeps every finished solve: the file then says ``"complete": false``.
+    """
+
+    def __init__(self, path: str, header: dict[str, Any], backends: Sequence[str], time_limit: float) -> None:
+        self.path, self.header, self.backends, self.time_limit = path, header, list(backends), time_limit
+        self.records: list[SolveRecord] = []
+        self._last = 0.0
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def add(self, rec: SolveRecord) -> None:
+        self.records.append(rec)
+        if time.monotonic() - self._last > 2.0:
+            self.write(complete=False)
+
+    def write(self, complete: bool, records: Sequence[SolveRecord] | None = None) -> dict[str, dict]:
+        recs = list(self.records if records is None else records)
+        summary = summarize(recs, self.backends, self.time_limit)
+        payload = {**self.header, "complete": complete, "summary": summary, "records": [asdict(r) for r in recs]}
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(_finite(payload), fh, indent=1)
+        os.replace(tmp, self.path)
+        self._last = time.monotonic()
+        return summary
+
+
+def _print_summary(console: Any, summary: dict[str, dict], subset: str, tol: float) -> None:
     from rich.table import Table
 
-    from .maros_meszaros import DataNotFound, list_problems
-    from .registry import get_backend
-
-    console = Console()
-    backends = list(args.backends or _default_backends())
-    for b in backends:  # fail early and clearly on an unknown or unavailable name
-        get_backend(b)
-    try:
-        names = list_problems(args.data, args.subset)
-    except DataNotFound as exc:
-        console.print(f"[red]{exc}[/red]")
-        return 2
-    if args.problems:
-        missing = sorted(set(args.problems) - set(list_problems(args.data, "all")))
-        if missing:
-            console.print(f"[red]unknown problem(s) {missing} in {args.data}[/red]")
-            return 2
-        names = [n for n in args.problems]
-    jobs = int(getattr(args, "jobs", None) or min(2, os.cpu_count() or 1))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per solve: jobs solves share the cores
-    tol, tl = float(args.tol), float(args.time_limit)
-    console.print(f"Maros–Meszaros ({args.subset}, {len(names)} problems) x {backends}: tol={tol:g}, "
-                  f"time limit {tl:g} s, {jobs} parallel solve(s)")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
-        task = bar.add_task("solving", total=len(names) * len(backends))
-
-        def tick(rec: SolveRecord) -> None:
-            bar.update(task, advance=1, description=f"{rec.problem:>10} {rec.backend:>9} "
-                       f"{'ok' if rec.success else rec.status}")
-
-        records = run_suite(args.data, backends, names, tol, tl, jobs=jobs, progress=tick,
-                            dense=args.subset == "dense")
-    summary = summarize(records, backends, tl)
-    table = Table(title=f"Maros–Meszaros {args.subset} subset, tol {tol:g} (qpbenchmark methodology)")
+    table = Table(title=f"Maros–Meszaros {subset} subset, tol {tol:g} (qpbenchmark methodology)")
     for col in ("backend", "solved", "success rate (%)", "sgm runtime (s)", "sgm rel (1 = best)"):
         table.add_column(col, justify="right")
     for b, v in summary.items():
         table.add_row(b, f"{v['solved']}/{v['problems']}", f"{v['success_rate']:.1f}",
                       f"{v['sgm_runtime']:.4f}", f"{v['sgm_runtime_rel']:.3f}")
     console.print(table)
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    """Run ``polyproj bench solvers`` (see the module docstring); 2 on bad input, 130 when interrupted."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .errors import PolyprojError
+    from .maros_meszaros import DataNotFound, list_problems
+    from .registry import get_backend
+
+    console = Console()
+    backends = list(args.backends or _default_backends())
+    try:
+        for b in backends:  # fail early and clearly on an unknown or unavailable name
+            get_backend(b)
+        names = list_problems(args.data, args.subset)
+    except (PolyprojError, DataNotFound) as exc:
+        console.print(f"[red]polyproj bench solvers: {exc}[/red]", markup=True, highlight=False)
+        return 2
+    if args.problems:
+        missing = sorted(set(args.problems) - set(list_problems(args.data, "all")))
+        if missing:
+            console.print(f"[red]unknown problem(s) {missing} in {args.data}[/red]")
+            return 2
+        names = list(args.problems)
+    jobs = int(getattr(args, "jobs", None) or min(2, os.cpu_count() or 1))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per solve: jobs solves share the cores
+    tol, tl = float(args.tol), float(args.time_limit)
     out = args.out
     if out is None:
         suffix = "" if args.backends is None else "_" + "-".join(backends)
         out = os.path.join("benchmarks", "results", f"solvers_{tol:g}{suffix}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    payload = {"suite": "maros_meszaros", "subset": args.subset, "matrices": "dense" if args.subset == "dense"
-               else "sparse", "tol": tol, "time_limit": tl,
-               "shift": SHIFT, "jobs": jobs, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-               "machine": machine_description(), "summary": summary,
-               "records": [asdict(r) for r in records]}
-    with open(out, "w") as fh:
-        json.dump(_finite(payload), fh, indent=1)
+    header = {"suite": "maros_meszaros", "subset": args.subset,
+              "matrices": "dense" if args.subset == "dense" else "sparse", "tol": tol, "time_limit": tl,
+              "shift": SHIFT, "jobs": jobs, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "machine": machine_description()}
+    results = _ResultsFile(out, header, backends, tl)
+    console.print(f"Maros–Meszaros ({args.subset}, {len(names)} problems) x {backends}: tol={tol:g}, "
+                  f"time limit {tl:g} s, {jobs} parallel solve(s); results in {out}")
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task("solving", total=len(names) * len(backends))
+
+            def tick(rec: SolveRecord) -> None:
+                results.add(rec)
+                bar.update(task, advance=1, description=f"{rec.problem:>10} {rec.backend:>9} "
+                           f"{'ok' if rec.success else rec.status}")
+
+            records = run_suite(args.data, backends, names, tol, tl, jobs=jobs, progress=tick,
+                                dense=args.subset == "dense")
+    except KeyboardInterrupt:
+        results.write(complete=False)
+        console.print(f"[yellow]interrupted: {len(results.records)} finished solve(s) kept in {out}[/yellow]")
+        return 130
+    _print_summary(console, results.write(complete=True, records=records), args.subset, tol)
     console.print(f"results written to {out}")
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from collections.abc import Sequence
 
@@ -41,6 +42,21 @@ def _delegate(path: str, args: argparse.Namespace) -> int:
     return int(getattr(mod, fn)(args) or 0)
 
 
+def _positive(kind: type, what: str):
+    """An argparse type: a finite number of ``kind`` greater than 0 (a clear error otherwise)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{what} must be a finite number > 0, got {text}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``polyproj`` command."""
     from ._version import __version__
@@ -59,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="run the property and conformance suites on a backend")
     p.add_argument("backend", help="registered name or module:Class")
-    p.add_argument("--examples", type=int, default=None, help="hypothesis examples per property")
+    p.add_argument("--examples", type=_positive(int, "--examples"), default=None,
+                   help="hypothesis examples per property (>= 1)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=lambda a: _delegate("polyproj.testing.check:cli_main", a))
 
@@ -68,12 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = bsub.add_parser("solvers", help="Maros–Meszaros suite (qpbenchmark methodology)")
     s.add_argument("--data", required=True, help="folder of Maros–Meszaros .mat files")
     s.add_argument("--backends", nargs="+", default=None)
-    s.add_argument("--tol", type=float, default=1e-6)
-    s.add_argument("--time-limit", type=float, default=10.0)
+    s.add_argument("--tol", type=_positive(float, "--tol"), default=1e-6, help="residual tolerance (> 0)")
+    s.add_argument("--time-limit", type=_positive(float, "--time-limit"), default=10.0, help="seconds per solve (> 0)")
     s.add_argument("--subset", choices=["dense", "all", "small"], default="dense")
     s.add_argument("--problems", nargs="+", default=None, help="only these problem names")
     s.add_argument("--out", default=None, help="JSON results file")
-    s.add_argument("--jobs", type=int, default=None, help="parallel solves (default min(2, cores))")
+    s.add_argument("--jobs", type=_positive(int, "--jobs"), default=None,
+                   help="parallel solves (>= 1; default min(2, cores))")
     s.set_defaults(func=lambda a: _delegate("polyproj.bench:cli_main", a))
     return parser
 

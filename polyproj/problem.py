@@ -35,9 +35,9 @@ _RANK_CHECK_LIMIT = 20_000_000  # entries of B beyond which the rank check is sk
 
 # --------------------------------------------------------------------------- helpers
 def _check_numeric(arr: Any, name: str) -> None:
-    kind = np.asarray(arr.data if sp.issparse(arr) else arr).dtype.kind
-    if kind not in "biuf":
-        raise ProblemError(f"{name} must hold real numbers, got dtype {np.asarray(arr).dtype}")
+    dtype = arr.dtype if sp.issparse(arr) else np.asarray(arr).dtype
+    if dtype.kind not in "biuf":
+        raise ProblemError(f"{name} must hold real numbers, got dtype {dtype}")
 
 
 def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
@@ -46,9 +46,9 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
         if allow_none:
             return None
         raise ProblemError(f"{name} is required")
-    if sp.issparse(M):
+    if sp.issparse(M):  # any format (csr, coo, dok, lil, ...): checked on its dtype, stored as CSC
         _check_numeric(M, name)
-        M = sp.csc_matrix(M, dtype=np.float64)
+        M = sp.csc_matrix(M, dtype=np.float64, copy=True)
         vals = M.data
     else:
         if hasattr(M, "detach"):  # torch tensor given to the NumPy-level API
@@ -163,17 +163,23 @@ def smallest_eigenvalue(P, *, iterative: bool = False) -> float | None:
         return None
 
 
-def _check_psd(P, name: str = "P") -> None:
-    scale = matrix_scale(P)
+def _check_symmetric(P, name: str = "P") -> None:
+    """Raise unless ``|P - Pᵀ| <= 1e-9 max(1, max|P|)`` entrywise (checked always: O(nnz))."""
+    if P.shape[0] == 0:
+        return
     diff = abs(P - P.T)
-    asym = float(diff.max()) if P.shape[0] else 0.0
-    if asym > 1e-9 * scale:
+    asym = float(diff.max())
+    if asym > 1e-9 * matrix_scale(P):
         dense_diff = diff.toarray() if sp.issparse(diff) else diff
         i, j = np.unravel_index(np.argmax(dense_diff), dense_diff.shape)
         raise ProblemError(
             f"{name} is not symmetric: |{name}[{i},{j}] - {name}[{j},{i}]| = {asym:.3g}; "
             f"pass (P + P.T) / 2 if you meant the symmetric part"
         )
+
+
+def _check_psd(P, name: str = "P") -> None:
+    scale = matrix_scale(P)
     diag = P.diagonal() if sp.issparse(P) else np.diag(P)
     if np.any(diag < -1e-9 * scale):
         i = int(np.argmin(diag))
@@ -218,7 +224,8 @@ class QP:
     lb, ub : (n,) arrays, optional
         Variable bounds.
     check_psd : bool
-        Check symmetry and positive semidefiniteness of P (default True).
+        Check positive semidefiniteness of P (default True; symmetry is always checked: solvers read
+        one triangle or the other, so a non-symmetric P would mean different problems to them).
 
     Examples
     --------
@@ -255,6 +262,7 @@ class QP:
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1)
         check_order(lb, ub, "lb", "ub")
+        _check_symmetric(P)  # always: solvers read one triangle each, so a non-symmetric P is ambiguous
         if self.check_psd:
             _check_psd(P)
         for k, v in dict(P=P, q=q, C=C, l=l, u=u, lb=lb, ub=ub).items():
@@ -440,6 +448,10 @@ class Polyhedron:
 
     def __post_init__(self) -> None:
         n = self.n
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+                raise ProblemError(f"n must be a positive integer (the number of variables), got {n!r}")
+            n = int(n)
         for M in (self.A, self.B):
             if M is not None and n is None:
                 shp = M.shape if sp.issparse(M) else np.shape(M)

@@ -18,9 +18,11 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from .backends.base import QPSolver
+from .backends.defaults import QP_DEFAULT
 from .errors import BackendNotFound, BackendUnavailable, PolyprojError, close_matches
 
 __all__ = [
+    "DEFAULT_BACKEND",
     "BackendInfo",
     "available_backends",
     "backend_info",
@@ -31,11 +33,19 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "polyproj.backends"
 
+#: the backend of :func:`get_backend` and :func:`polyproj.solve_qp` when none is named: the best of the
+#: built-ins on the Maros–Meszaros dense subset at the default tolerance 1e-8 and at 1e-9 (most
+#: problems solved, fastest shifted geometric mean; README "Solvers on Maros–Meszaros", docs/solvers.md)
+DEFAULT_BACKEND = QP_DEFAULT  # chosen by measurement (polyproj.backends.defaults)
+
 #: name -> (import path, extra that installs it)
 _BUILTIN: dict[str, tuple[str, str]] = {
     "proxsuite": ("polyproj.backends.proxsuite:ProxSuiteSolver", "proxsuite"),
     "osqp": ("polyproj.backends.osqp:OSQPSolver", "osqp"),
     "highs": ("polyproj.backends.highs:HiGHSSolver", "highs"),
+    "piqp": ("polyproj.backends.piqp:PIQPSolver", "piqp"),
+    "clarabel": ("polyproj.backends.clarabel:ClarabelSolver", "clarabel"),
+    "daqp": ("polyproj.backends.daqp:DAQPSolver", "daqp"),
     "ipm": ("polyproj.backends.ipm:IPMSolver", "ipm"),
     "admm": ("polyproj.backends.admm:ADMMSolver", "ipm"),
     "cupy": ("polyproj.backends.cupy:CuPySolver", "cupy"),
@@ -94,8 +104,9 @@ def _resolve(name: str) -> tuple[type[QPSolver], str]:
     if name in eps:
         try:
             cls = eps[name].load()
-        except Exception as exc:
-            raise BackendUnavailable(f"entry point {name!r} ({eps[name].value}) failed to load: {exc}") from exc
+        except (Exception, SystemExit) as exc:  # a plugin calling sys.exit() at import must not end the caller
+            what = f"{type(exc).__name__}({exc})" if isinstance(exc, SystemExit) else str(exc)
+            raise BackendUnavailable(f"entry point {name!r} ({eps[name].value}) failed to load: {what}") from exc
         return _check_class(cls, name), "entry point"
     if ":" in name:
         return _check_class(_import_path(name), name), "path"
@@ -126,14 +137,14 @@ def unregister_backend(name: str) -> None:
     _RUNTIME.pop(name, None)
 
 
-def get_backend(backend: str | QPSolver | type[QPSolver] = "proxsuite", **settings: Any) -> QPSolver:
+def get_backend(backend: str | QPSolver | type[QPSolver] | None = None, **settings: Any) -> QPSolver:
     """Return a ready solver.
 
     Parameters
     ----------
-    backend : str, QPSolver instance or QPSolver subclass
+    backend : str, QPSolver instance or QPSolver subclass, optional
         A registered name, ``"module:Class"``, an instance (returned as is when no settings are
-        given, else a copy with the settings merged) or a class.
+        given, else a copy with the settings merged) or a class; default :data:`DEFAULT_BACKEND`.
     **settings
         Unified settings and backend-specific options.
 
@@ -146,6 +157,8 @@ def get_backend(backend: str | QPSolver | type[QPSolver] = "proxsuite", **settin
     SettingsError
         Unknown setting.
     """
+    if backend is None:
+        backend = DEFAULT_BACKEND
     if isinstance(backend, QPSolver):
         if not settings:
             return backend

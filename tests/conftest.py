@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -16,6 +17,9 @@ settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True
 settings.register_profile("dev", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+#: modules that import torch at the top: not collected where torch is absent (make test-min)
+collect_ignore = [] if importlib.util.find_spec("torch") else ["test_dif.py", "test_dif_errors.py"]
 
 #: CPU backends every test runs on (cupy needs a GPU and is tested by benchmarks/gpu_check.sh)
 CPU_BACKENDS = [name for name in pp.available_backends() if name != "cupy"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import polyproj as pp
+from tests.helpers import solution_distance_bound
 
 GLUE_BACKENDS = [b for b in ("osqp", "highs", "proxsuite") if b in pp.available_backends()]
 
@@ -35,9 +36,12 @@ def test_repeated_solves_reuse_the_conversion_and_agree(rng, name, bounds):
     other = qp.with_vectors(q=-qp.q, l=qp.l - 0.5)
     assert not other.memo
     sol = solver.solve(other)
-    fresh = pp.get_backend(name, eps_abs=1e-9).solve(pp.QP(P=qp.P, q=-qp.q, C=qp.C, l=qp.l - 0.5, u=qp.u,
-                                                            lb=qp.lb, ub=qp.ub))
-    np.testing.assert_allclose(sol.x, fresh.x, atol=1e-9)
+    fresh_qp = pp.QP(P=qp.P, q=-qp.q, C=qp.C, l=qp.l - 0.5, u=qp.u, lb=qp.lb, ub=qp.ub)
+    fresh = pp.get_backend(name, eps_abs=1e-9).solve(fresh_qp)
+    assert sol.status is fresh.status is pp.Status.SOLVED
+    # two inexact solves: they agree to what their KKT residuals guarantee, not to eps_abs
+    dist = np.linalg.norm(sol.x - fresh.x)
+    assert dist <= solution_distance_bound(other, sol) + solution_distance_bound(fresh_qp, fresh)
 
 
 def test_memo_is_not_pickled(rng):
@@ -66,6 +70,7 @@ def test_highs_array_model_equals_its_model_object(rng):
         np.testing.assert_array_equal(xs[0], xs[1])
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("name", [b for b in ("proxsuite", "ipm") if b in pp.available_backends()])
 @pytest.mark.parametrize("bounds", [True, False])
 def test_batch_of_q_matches_single_solves(rng, name, bounds):
@@ -79,12 +84,13 @@ def test_batch_of_q_matches_single_solves(rng, name, bounds):
     for i in range(7):
         one = solver.solve(qp.with_vectors(q=Q[i]))
         assert batch.status[i] == one.status == pp.Status.SOLVED
-        np.testing.assert_allclose(batch.x[i], one.x, atol=1e-7)
-        np.testing.assert_allclose(batch.z[i], one.z, atol=1e-6)
-        np.testing.assert_allclose(batch.z_box[i], one.z_box, atol=1e-6)
         el = batch.solution(i)
         np.testing.assert_array_equal(el.qp.q, Q[i])
         assert el.primal_residual() <= 1e-8 and el.dual_residual() <= 1e-7
+        # batch and single solves are different code paths, both inexact: x agrees to the sum of the KKT
+        # distance bounds; the multipliers are held to the residuals above, not to each other
+        dist = np.linalg.norm(batch.x[i] - one.x)
+        assert dist <= solution_distance_bound(el.qp, el) + solution_distance_bound(el.qp, one)
     with pytest.raises(IndexError):
         batch.qps[7]
 

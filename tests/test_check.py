@@ -129,37 +129,41 @@ def test_projection_polish_repairs_a_slightly_infeasible_backend_so_raw_checks_a
     assert report["batch_contract"].status == "failed"
 
 
-HIGHS_BUG = pytest.mark.xfail(
-    strict=False,
-    reason="HiGHS answers 'Unbounded' (DUAL_INFEASIBLE) on some strongly convex projection QPs (P = I); "
-    "found by the conservativity property, reproducer in docs/checking_a_backend.md",
-)
-
-
 @pytest.mark.skipif("highs" not in CPU_BACKENDS, reason="highspy not installed")
-@HIGHS_BUG
 def test_highs_solves_a_strongly_convex_projection_qp():
-    # shrunk by `polyproj check highs` (conservativity, seed 3)
+    """HiGHS 1.16 answers 'Unbounded' here (shrunk by `polyproj check highs`, conservativity, seed 3); the glue
+    retries with the free variables boxed and keeps the answer because the box is inactive."""
     P = pp.Polyhedron(A=[[2, 4, 0], [3, -3, 3]], a=[0, 11], B=[[1, 4, 0]], b=[-2], lb=[-np.inf, -3, -np.inf],
                       ub=[2, 1, np.inf])
     sol = pp.get_backend("highs").solve(P.projection_qp(np.array([7.550969, 14.92142, 0.664342])))
-    assert sol.status is pp.Status.SOLVED
+    assert sol.status is pp.Status.SOLVED and "retry" in sol.info
     np.testing.assert_allclose(sol.x, [2.0, -1.0, 0.664342], atol=1e-6)
+    assert max(sol.residuals().values()) <= 1e-7
 
 
 @pytest.mark.skipif("highs" not in CPU_BACKENDS, reason="highspy not installed")
-def test_highs_never_reports_a_strictly_convex_qp_unbounded():
-    """Where HiGHS answers 'Unbounded' on P = I, the glue reports a failure, never DUAL_INFEASIBLE."""
-    P = pp.Polyhedron(A=[[2, 4, 0], [3, -3, 3]], a=[0, 11], B=[[1, 4, 0]], b=[-2], lb=[-np.inf, -3, -np.inf],
-                      ub=[2, 1, np.inf])
-    sol = pp.get_backend("highs").solve(P.projection_qp(np.array([7.550969, 14.92142, 0.664342])))
-    assert sol.status is not pp.Status.DUAL_INFEASIBLE
-    if not sol.ok:
-        assert sol.status is pp.Status.NUMERICAL_ERROR
+@pytest.mark.parametrize("case", [
+    # shrunk by `polyproj check highs --examples 20`: every variable fixed
+    dict(P=[[1.0, 0.0], [0.0, 0.0]], q=[1.0, 0.0], lb=[0.0, 0.0], ub=[0.0, 0.0]),
+    # `--examples 50`, seed 0: a singular Hessian with one fixed variable
+    dict(P=np.diag([0.0, 1.0, 0.0]), q=[0.0, 1.0, 0.0], lb=[0.0, 0.0, 0.0], ub=[0.0, 1.0, 1.0]),
+    dict(P=np.diag([1.0, 0.0]), q=[1.0, 0.0], lb=[0.0, 0.0], ub=[1.0, 1.0]),  # no fixed variable, same defect
+    dict(P=[[1.0, 0.0], [0.0, 0.0]], q=[1.0, 0.0], C=[[1.0, 1.0]], l=[-5.0], u=[5.0], lb=[1.0, -1.0],
+         ub=[1.0, np.inf]),
+])
+def test_highs_solves_qps_with_fixed_variables_and_singular_hessians(case):
+    """HiGHS 1.16 ends these in 'Solve error'; the glue substitutes fixed variables (their multipliers from
+    stationarity) and retries a solve error with more regularisation."""
+    qp = pp.QP(**case)
+    sol = pp.get_backend("highs", eps_abs=1e-9).solve(qp)
+    assert sol.status is pp.Status.SOLVED, sol.info
+    assert max(sol.residuals().values()) <= 1e-9
+    fixed = qp.lb == qp.ub
+    np.testing.assert_array_equal(sol.x[fixed], qp.lb[fixed])
 
 
-# highs is left out until the bug above is fixed: its failing run costs minutes of shrinking
-@pytest.mark.parametrize("backend", [b for b in CPU_BACKENDS if b != "highs"])
+@pytest.mark.core
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_builtin_backend_passes_my_properties(backend):
     report = check_backend(backend, max_examples=3, seed=3, conformance=False, shrink_budget=0.0)
     assert report.passed, str(report)
@@ -204,6 +208,7 @@ def test_cli_check_fails_on_a_broken_backend_given_as_module_path(capsys):
     assert "FAIL" in out and "wrong sign" in out and "Failing test case" in out
 
 
+@pytest.mark.core
 def test_cli_check_unknown_backend(capsys):
     assert main(["check", "proxsuitte"]) == 2
     assert "proxsuite" in capsys.readouterr().out  # the close match is suggested
@@ -243,6 +248,7 @@ def test_entry_point_backend_is_checkable_by_name(tmp_path, monkeypatch, capsys)
     assert code in (0, 1)  # the table is printed either way; the verdict follows the ProxSuite backend
 
 
+@pytest.mark.core
 def test_conformance_checks_for_missing_capabilities_are_skips_not_errors():
     """A backend without warm start passes `polyproj check` with that check marked skipped."""
     if "ipm" not in CPU_BACKENDS:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from polyproj.cli import main
 
 
+@pytest.mark.core
 def test_backends_table(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
@@ -17,6 +20,7 @@ def test_backends_table(capsys):
         assert 'polyproj[cupy]' in out.replace("\n", "").replace("│", "").replace(" ", "")
 
 
+@pytest.mark.core
 def test_python_dash_m_runs_the_cli():
     out = subprocess.run([sys.executable, "-m", "polyproj", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("polyproj ")
@@ -27,3 +31,17 @@ def test_demo_quick_runs_and_checks():
                          timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "HS-Jacobian" in out.stdout
+    # quiet: no solver banner or log line (HiGHS printed its copyright on the first solve)
+    for noise in ("Running HiGHS", "Copyright", "OSQP", "Polishing", "ProxQP"):
+        assert noise not in out.stdout + out.stderr, noise
+
+
+@pytest.mark.core
+def test_check_rejects_a_non_positive_example_count(capsys):
+    for value in ("-1", "0"):
+        with pytest.raises(SystemExit) as info:
+            main(["check", "proxsuite", "--examples", value])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--examples must be a finite number > 0" in err and "Traceback" not in err
+

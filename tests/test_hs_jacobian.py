@@ -95,6 +95,7 @@ def test_licq_failure_leaves_the_jacobian_unchanged(kind):
     np.testing.assert_allclose(pp.hs_vjp(P2, act2, V), pp.hs_vjp(P, act1, V), atol=1e-12)
 
 
+@pytest.mark.core
 def test_bad_active_mask_is_rejected(rng):
     P = random_polytope(rng, 4, 6, 0)
     with pytest.raises(pp.ProblemError, match="active must have"):

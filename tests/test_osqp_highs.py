@@ -16,6 +16,7 @@ from polyproj.testing.conformance import (
     random_nonconvex_qp,
     random_unbounded_qp,
 )
+from tests.helpers import solution_distance_bound
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -226,7 +227,8 @@ def test_matrix_cache_never_mixes_problems(name, rng):
         qp = random_feasible_qp(rng, 10, 8, 1)
         ref = pp.get_backend("proxsuite", eps_abs=1e-10).solve(qp)
         for q in (qp, qp.with_vectors(q=qp.q)):  # with_vectors shares P and C: a cache hit
-            assert np.allclose(solver.solve(q).x, ref.x, atol=1e-6)
+            sol = solver.solve(q)  # inexact, like ref: they agree to the sum of their KKT distance bounds
+            assert np.linalg.norm(sol.x - ref.x) <= solution_distance_bound(qp, sol) + solution_distance_bound(qp, ref)
 
 
 @pytest.mark.parametrize("name", ["osqp", "highs"])
@@ -246,6 +248,6 @@ def test_random_small_qps_match_exact_reference(name):
         sol = solver.solve(qp)
         assert sol.status is pp.Status.SOLVED
         assert max(sol.residuals().values()) < 1e-6
-        assert np.max(np.abs(sol.x - reference_solution(qp))) < 1e-5
+        assert np.linalg.norm(sol.x - reference_solution(qp)) <= solution_distance_bound(qp, sol)
 
     prop()

@@ -68,6 +68,7 @@ def _reference(X, d: PolyData, S):
     return np.array(Ys), np.array(mults), np.array(mus), np.array(conss)
 
 
+@pytest.mark.core
 def test_face_solve_matches_an_independent_kkt_solve(rng):
     X, d, S = _face_data(rng)
     ref = _reference(X, d, S)
@@ -83,6 +84,7 @@ def test_face_solve_matches_an_independent_kkt_solve(rng):
     assert np.max(np.abs(r)) < 1e-10
 
 
+@pytest.mark.core
 def test_face_solve_with_empty_face(rng):
     X, d, S = _face_data(rng, p=0)
     d = PolyData(d.A, d.a, np.zeros((0, X.shape[1])), np.zeros(0), d.lb, d.ub)

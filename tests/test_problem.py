@@ -8,6 +8,8 @@ import scipy.sparse as sp
 
 import polyproj as pp
 
+pytestmark = pytest.mark.core  # needs only the core dependencies (make test-min)
+
 
 def test_qp_shapes_and_defaults():
     qp = pp.QP(P=np.eye(3), q=np.zeros(3))
@@ -92,6 +94,33 @@ def test_shape_mismatch_A_B_columns():
 def test_non_symmetric_P_rejected():
     with pytest.raises(pp.ProblemError, match="P is not symmetric"):
         pp.QP(P=[[1.0, 2.0], [0.0, 1.0]], q=np.zeros(2))
+
+
+def test_non_symmetric_P_rejected_without_the_psd_check():
+    """Solvers read one triangle or the other: with check_psd=False four backends gave four answers."""
+    with pytest.raises(pp.ProblemError, match="P is not symmetric"):
+        pp.QP(P=[[2.0, 1.0], [0.0, 2.0]], q=np.zeros(2), check_psd=False)
+    pp.QP(P=[[2.0, 1.0], [1.0 + 1e-12, 2.0]], q=np.zeros(2), check_psd=False)  # rounding is not asymmetry
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dok", "lil", "bsr", "dia"])
+def test_every_sparse_format_is_accepted(fmt):
+    P = sp.random(4, 4, density=0.5, random_state=0)
+    P = (P @ P.T + sp.identity(4)).asformat(fmt)
+    C = sp.csr_matrix(np.ones((1, 4))).asformat(fmt)
+    qp = pp.QP(P=P, q=np.ones(4), C=C, l=[-1.0], u=[1.0])
+    assert sp.issparse(qp.P) and qp.P.format == "csc" and qp.C.format == "csc"
+    poly = pp.Polyhedron(A=C, a=[1.0], B=sp.identity(4, format="csr")[:1].asformat(fmt), b=[0.0])
+    assert poly.A.format == "csc"
+    with pytest.raises(pp.ProblemError, match="real numbers, got dtype complex"):
+        pp.QP(P=sp.identity(2, dtype=complex, format=fmt), q=np.zeros(2))
+
+
+@pytest.mark.parametrize("n", [2.5, "3", True, 2.0])
+def test_polyhedron_n_must_be_an_integer(n):
+    with pytest.raises(pp.ProblemError, match="n must be a positive integer"):
+        pp.Polyhedron(n=n)
+    assert pp.Polyhedron(n=np.int64(3)).n == 3
 
 
 def test_indefinite_P_rejected():

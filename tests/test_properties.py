@@ -18,6 +18,7 @@ CPU_BACKENDS = [name for name in pp.available_backends() if name != "cupy"]
 
 
 # ----------------------------------------------------------------------------- strategies
+@pytest.mark.core
 @given(case=ps.polyhedron_cases(licq=True))
 def test_licq_cases_have_independent_active_rows(case):
     G, _ = pr.ineq_form(case.polyhedron)
@@ -27,6 +28,7 @@ def test_licq_cases_have_independent_active_rows(case):
     assert case.polyhedron.violation(case.y_star) == 0.0
 
 
+@pytest.mark.core
 @given(case=ps.polyhedron_cases(licq=False))
 def test_nonlicq_cases_have_dependent_active_rows(case):
     G, _ = pr.ineq_form(case.polyhedron)
@@ -44,12 +46,14 @@ def test_degenerate_points_project_to_y_star_with_a_weakly_active_row(pt):
     assert np.all(pt.lam[~pt.case.active] == 0)
 
 
+@pytest.mark.core
 @given(case=ps.feasible_qps())
 def test_feasible_qps_contain_their_witness(case):
     assert case.qp.primal_violation(case.x_feasible) == 0.0
     assert np.linalg.eigvalsh(case.qp.P).min() > 0.5 or np.all(np.isfinite(case.qp.lb) & np.isfinite(case.qp.ub))
 
 
+@pytest.mark.core
 @given(case=ps.infeasible_qps())
 def test_infeasible_qps_carry_a_farkas_certificate(case):
     w, qp = case.certificate, case.qp
@@ -58,6 +62,7 @@ def test_infeasible_qps_carry_a_farkas_certificate(case):
     assert qp.u @ w < 0
 
 
+@pytest.mark.core
 def test_falsifying_examples_print_compactly():
     P = pp.Polyhedron(A=[[1.0, 0.0]], a=[1.0], lb=[0.0, 0.0])
     case = ps.PolyhedronCase(P, np.array([1.0, 0.0]), np.array([True, False, True]), licq=True)
@@ -65,6 +70,7 @@ def test_falsifying_examples_print_compactly():
 
 
 # ----------------------------------------------------------------------------- HS set and kinks, by hand
+@pytest.mark.core
 def test_hs_set_at_a_corner_of_the_orthant():
     # P = {y <= 0}, x = (1, 0): y = 0, both rows active, multiplier (1, 0): K ∈ {{0}, {0, 1}}
     P = pp.Polyhedron(ub=np.zeros(2))
@@ -121,6 +127,7 @@ def test_b_subdifferential_within_hs_set_without_licq():
     assert res.counts["points"] >= 10
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_conservativity_and_licq_on_every_backend(backend):
     for name in ("conservativity", "licq_equivalence"):
@@ -147,6 +154,7 @@ def test_nonlicq_example_hs_set_strictly_larger_than_b_subdifferential():
     assert "B-subdifferential" in doc
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @given(batch=ps.projection_batches())
 def test_projection_properties(backend, batch):

@@ -19,6 +19,7 @@ def _eq_qp(rng, n=5, m=2):
     return pp.QP(P=np.eye(n) * 2.0, q=rng.normal(size=n), C=B, l=b, u=b), B, b
 
 
+@pytest.mark.core
 def test_unknown_name_names_close_matches():
     with pytest.raises(pp.BackendNotFound, match=r"no backend named 'proxsuit'.*Did you mean 'proxsuite'"):
         pp.get_backend("proxsuit")
@@ -68,6 +69,7 @@ def test_runtime_registration_solves_end_to_end(rng):
     assert "toy" not in pp.available_backends()
 
 
+@pytest.mark.core
 def test_register_rejects_non_solvers():
     with pytest.raises(pp.PolyprojError, match="subclass of polyproj.QPSolver"):
         pp.register_backend("bad", object)
@@ -80,6 +82,7 @@ Version: 0.0.1
 """
 
 
+@pytest.mark.core
 def test_entry_point_backend_is_discovered_and_solves(tmp_path, rng, monkeypatch):
     """A fake distribution on sys.path declaring the entry point group polyproj.backends."""
     pkg = tmp_path / "fake_polyproj_solver"
@@ -97,6 +100,7 @@ def test_entry_point_backend_is_discovered_and_solves(tmp_path, rng, monkeypatch
     assert sol.status is pp.Status.SOLVED and sol.primal_residual() < 1e-12
 
 
+@pytest.mark.core
 def test_module_class_path_is_accepted(rng):
     qp, _, _ = _eq_qp(rng)
     sol = pp.solve_qp(qp, backend="tests.toy_backend:ToyKKTSolver")
@@ -108,6 +112,7 @@ def _run(code: str) -> str:
     return out.stdout
 
 
+@pytest.mark.core
 def test_missing_package_gives_install_hint_and_import_still_works():
     out = _run("""
         import sys
@@ -127,11 +132,12 @@ def test_missing_package_gives_install_hint_and_import_still_works():
     assert 'pip install "polyproj[proxsuite]"' in out.split("error:")[1]
 
 
+@pytest.mark.core
 def test_import_polyproj_imports_no_optional_package():
     out = _run("""
         import sys
         import polyproj
-        optional = ("torch", "proxsuite", "osqp", "highspy", "cupy", "hypothesis", "pytest")
+        optional = ("torch", "proxsuite", "osqp", "highspy", "piqp", "clarabel", "daqp", "cupy", "hypothesis", "pytest")
         heavy = [m for m in optional if m in sys.modules]
         print(heavy)
     """)
@@ -142,6 +148,57 @@ def test_backend_info_rows():
     rows = {r.name: r for r in pp.backend_info()}
     assert rows["proxsuite"].available and rows["proxsuite"].version
     assert "batch" in rows["proxsuite"].capabilities
-    for name in ("osqp", "highs", "ipm", "cupy"):
+    for name in ("osqp", "highs", "piqp", "clarabel", "daqp", "ipm", "cupy"):
         assert name in rows  # built-ins are always listed, available or with the reason
         assert rows[name].available or rows[name].reason
+
+
+class _EntryPoint:
+    """Stands in for an importlib.metadata entry point whose module misbehaves at import."""
+
+    def __init__(self, name, load):
+        self.name, self.value, self.load = name, f"broken_plugin_{name}:Solver", load
+
+
+@pytest.mark.parametrize("failure", [lambda: sys.exit(3), lambda: sys.exit("bye"), lambda: 1 / 0,
+                                     lambda: __import__("no_such_module_anywhere")])
+def test_a_plugin_failing_at_import_is_isolated(monkeypatch, failure):
+    """A plugin calling sys.exit() (or raising) at import is listed as unavailable with the reason; it does
+    not end `polyproj backends` or available_backends()."""
+    import polyproj.registry as registry
+    from polyproj.cli import main
+
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"broken": _EntryPoint("broken", failure)})
+    assert "broken" not in pp.available_backends() and "proxsuite" in pp.available_backends()
+    row = {r.name: r for r in pp.backend_info()}["broken"]
+    assert not row.available and "failed to load" in row.reason and row.source == "entry point"
+    with pytest.raises(pp.BackendUnavailable, match="failed to load"):
+        pp.get_backend("broken")
+    assert main(["backends"]) == 0
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("name", ["piqp", "clarabel", "daqp"])
+def test_new_backends_have_install_hints(name):
+    out = _run(f"""
+        import sys
+        sys.modules[{name!r}] = None
+        import polyproj as pp
+        try:
+            pp.get_backend({name!r})
+        except pp.BackendUnavailable as exc:
+            print(exc)
+    """)
+    assert f'pip install "polyproj[{name}]"' in out
+
+
+def test_the_default_backend_is_the_measured_best(rng):
+    """solve_qp and get_backend default to registry.DEFAULT_BACKEND (PIQP, chosen on Maros–Meszaros)."""
+    from polyproj.registry import DEFAULT_BACKEND
+
+    assert DEFAULT_BACKEND == "piqp"
+    if DEFAULT_BACKEND not in pp.available_backends():
+        pytest.skip("piqp not installed")
+    qp, _, _ = _eq_qp(rng)
+    assert pp.solve_qp(qp).backend == DEFAULT_BACKEND
+    assert pp.get_backend().name == DEFAULT_BACKEND

@@ -18,6 +18,14 @@ Writing a backend::
             return pp.Solution(x=x, z=z, z_box=z_box, status=pp.Status.SOLVED, backend=self.name, qp=qp)
 
     pp.register_backend("mysolver", MySolver)
+
+What polyproj does around every backend (:mod:`polyproj.backends.validation`): the ``solve`` and
+``solve_batch`` of every subclass are wrapped when the class is created (``__init_subclass__``),
+so a backend writes only the mapping. The wrapper answers ``n = 0`` itself, solves data far from
+unit scale in normalised units (:mod:`polyproj.backends.scaling`), turns a backend's exception into
+:class:`~polyproj.errors.SolverError` naming the backend, checks the shapes of the answer and
+demotes a SOLVED whose residuals say otherwise, and reports TIME_LIMIT for an answer that came
+after ``time_limit``.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import numpy as np
 from ..errors import BackendUnavailable, SettingsError, close_matches
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
+from .validation import guard
 
 __all__ = ["SETTINGS", "Capabilities", "QPSolver"]
 
@@ -98,6 +107,14 @@ class QPSolver(abc.ABC):
     extra: ClassVar[str | None] = None
     #: backend-specific option names (passed through to the solver)
     options: ClassVar[Mapping[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wrap the subclass's own ``solve`` / ``solve_batch`` with polyproj's checks (module docstring)."""
+        super().__init_subclass__(**kwargs)
+        for meth in ("solve", "solve_batch"):
+            fn = cls.__dict__.get(meth)
+            if fn is not None and callable(fn):
+                setattr(cls, meth, guard(meth, fn))
 
     def __init__(self, **settings: Any) -> None:
         unknown = [k for k in settings if k not in SETTINGS and k not in self.options]
@@ -169,13 +186,19 @@ class QPSolver(abc.ABC):
         """Solve many QPs that share ``P`` and ``C``; the given vectors carry a batch dimension.
 
         The default loops over :meth:`solve`; backends with a native batch path override it.
+        ``time_limit`` bounds the whole call: elements not started by then are TIME_LIMIT.
         """
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
         sols = []
         t0 = time.perf_counter()
+        limit = self.settings.get("time_limit")
         for i in range(size):
             qpi = qp.with_vectors(validate=False, **{k: v[i] for k, v in vecs.items()})
+            if limit is not None and time.perf_counter() - t0 > limit:
+                sols.append(self._nan_solution(qpi, Status.TIME_LIMIT, self.name,
+                                               info={"note": "not started: the batch reached time_limit"}))
+                continue
             ws = warm_start.solution(i) if warm_start is not None else None
             sols.append(self.solve(qpi, warm_start=ws))
         return BatchSolution.stack(sols, backend=self.name, solve_time=time.perf_counter() - t0)
@@ -259,3 +282,7 @@ class QPSolver(abc.ABC):
         changed = {k: v for k, v in self.settings.items() if SETTINGS.get(k, object()) != v}
         args = ", ".join(f"{k}={v!r}" for k, v in changed.items())
         return f"{type(self).__name__}({args})"
+
+
+# the default batch loop is held to the same checks as a subclass's own solve_batch
+QPSolver.solve_batch = guard("solve_batch", QPSolver.solve_batch)  # type: ignore[method-assign]

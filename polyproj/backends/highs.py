@@ -22,6 +22,9 @@ from ..solution import Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex, is_strictly_convex
+from .presolve import fixed_variables
+from .quiet import c_stdout_silenced
+from .validation import empty_solution
 
 __all__ = ["HiGHSSolver"]
 
@@ -93,6 +96,24 @@ def _status_map() -> dict[Any, Status]:
     }
 
 
+@functools.cache
+def _banner_shown() -> bool:
+    """Construct one ``Highs`` with the C-level stdout silenced: HiGHS prints its banner there once per process."""
+    import highspy
+
+    with c_stdout_silenced():
+        highspy.Highs()
+    return True
+
+
+def _new_highs() -> Any:
+    """A ``highspy.Highs`` without the banner (polyproj is quiet unless ``verbose``)."""
+    import highspy
+
+    _banner_shown()
+    return highspy.Highs()
+
+
 class HiGHSSolver(QPSolver):
     """HiGHS through highspy (``pip install "polyproj[highs]"``).
 
@@ -111,9 +132,7 @@ class HiGHSSolver(QPSolver):
                "presolve": None, "threads": None, "qp_regularization_value": None}
 
     def _highs(self) -> Any:
-        import highspy
-
-        h = highspy.Highs()
+        h = _new_highs()
         s = self.settings
         h.setOptionValue("output_flag", bool(s["verbose"]))
         tol = max(float(s["eps_abs"]), 1e-10)  # HiGHS rejects tolerances below 1e-10
@@ -164,13 +183,79 @@ class HiGHSSolver(QPSolver):
         return h.passModel(model)
 
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
-        """Solve one QP with HiGHS (warm starts are not used: HiGHS's QP solver has none here)."""
+        """Solve one QP with HiGHS (warm starts are not used: HiGHS's QP solver has none here).
+
+        Fixed variables are substituted first (HiGHS 1.16 fails on them, :mod:`.presolve`).
+        """
+        red = fixed_variables(qp)
+        if red is None:
+            return self._solve(qp)
+        sub = red.problem(qp)
+        sol = self._solve(sub) if sub.n else empty_solution(sub, self.name)
+        if not sol.status.ok and sol.status not in (Status.TIME_LIMIT, Status.MAX_ITER):
+            return self._nan_solution(qp, sol.status, self.name, iterations=sol.iterations,
+                                      solve_time=sol.solve_time, info=sol.info)
+        return red.solution(sol, qp)
+
+    def _solve(self, qp: QP) -> Solution:
+        """HiGHS, and where it fails (NUMERICAL_ERROR), the retries of :meth:`_retries` in turn.
+
+        A retry's answer is kept only when it is SOLVED (or inaccurate) on the problem as given; the
+        output check of :mod:`.validation` then holds it to the same residual test as any answer. No
+        retry starts once ``time_limit`` has passed.
+        """
+        t0 = time.perf_counter()
+        sol = self._run(qp)
+        limit = self.settings["time_limit"]
+        for why, run in self._retries(qp):
+            if sol.status is not Status.NUMERICAL_ERROR or (limit is not None and time.perf_counter() - t0 > limit):
+                break
+            again = run()
+            if again is not None and again.status.ok:
+                again.info["retry"] = f"{why} after HiGHS answered {sol.info.get('raw_status')!r}"
+                return again
+        return sol
+
+    def _retries(self, qp: QP):
+        """``(why, run)`` pairs for the defects of HiGHS 1.16 that polyproj works around.
+
+        - "Solve error" with a singular Hessian at our small regularisation (``P = diag(1, 0)``,
+          ``0 <= x <= 1``): again with regularisation 1e-9;
+        - "Unbounded" on some strongly convex projections (docs/solvers.md): again with a box of radius
+          ``R`` (10⁴ × the data's magnitude) on the free variables, kept only when no side of the box
+          is active (then it is a KKT point of the original problem, with zero box multipliers).
+        """
+        if self.backend_options.get("qp_regularization_value") is None:
+            yield "regularisation 1e-9", lambda: self._run(qp, regularization=1e-9)
+        free = np.flatnonzero(np.isneginf(qp.lb) & np.isposinf(qp.ub))
+        if free.size:
+            yield "free variables boxed", lambda: self._boxed(qp, free)
+
+    def _boxed(self, qp: QP, free: np.ndarray) -> Solution | None:
+        finite = [np.abs(v[np.isfinite(v)]) for v in (qp.l, qp.u, qp.lb, qp.ub)]
+        radius = 1e4 * max(1.0, float(np.max(np.abs(qp.q), initial=0.0)),
+                           *(float(np.max(v[v < 1e15], initial=0.0)) for v in finite))
+        lb, ub = qp.lb.copy(), qp.ub.copy()
+        lb[free], ub[free] = -radius, radius
+        again = self._run(qp.with_vectors(validate=False, lb=lb, ub=ub))
+        if not again.status.ok or np.max(np.abs(again.x[free])) > 0.5 * radius:
+            return None
+        z_box = np.array(again.z_box)
+        z_box[free] = 0.0
+        return Solution(x=again.x, z=again.z, z_box=z_box, status=again.status, iterations=again.iterations,
+                        solve_time=again.solve_time, setup_time=again.setup_time, backend=self.name, qp=qp,
+                        info=dict(again.info))
+
+    def _run(self, qp: QP, regularization: float | None = None) -> Solution:
+        """One HiGHS run on ``qp`` (optionally with another QP regularisation), mapped to a Solution."""
         import highspy
 
         if is_nonconvex(qp):
             return self._nan_solution(qp, Status.NON_CONVEX, self.name, info={"error": "P is not PSD"})
         t0 = time.perf_counter()
         h = self._highs()
+        if regularization is not None:
+            h.setOptionValue("qp_regularization_value", float(regularization))
         pass_status = self._pass(h, qp)
         setup = time.perf_counter() - t0
         if pass_status == highspy.HighsStatus.kError:
@@ -179,6 +264,11 @@ class HiGHSSolver(QPSolver):
         t1 = time.perf_counter()
         run_status = h.run()
         solve_time = time.perf_counter() - t1
+        return self._collect(h, qp, run_status, solve_time, setup)
+
+    def _collect(self, h: Any, qp: QP, run_status: Any, solve_time: float, setup: float) -> Solution:
+        import highspy
+
         ms = h.getModelStatus()
         status = _status_map().get(ms, Status.NUMERICAL_ERROR)
         if status is Status.NUMERICAL_ERROR and is_nonconvex(qp, always=True):
@@ -207,4 +297,3 @@ class HiGHSSolver(QPSolver):
             info["warning"] = "HiGHS returned a warning"
         return Solution(x=x, z=z, z_box=z_box, status=status, iterations=iters, solve_time=solve_time,
                         setup_time=setup, backend=self.name, qp=qp, info=info)
-

@@ -19,6 +19,7 @@ from ..problem import QP
 from ..solution import BatchSolution, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
+from .quiet import c_stdout_silenced
 
 __all__ = ["OSQPSolver"]
 
@@ -176,7 +177,9 @@ class OSQPSolver(QPSolver):
             x, y = self._warm_vectors(qp, box, warm_start)
             if x is not None or y is not None:
                 solver.warm_start(x=x, y=y)
-        return self._collect(qp, solver.solve(raise_error=False), box, setup)
+        with c_stdout_silenced(not self.settings["verbose"]):  # OSQP 1.1 prints a polish note regardless
+            res = solver.solve(raise_error=False)
+        return self._collect(qp, res, box, setup)
 
     def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None) -> BatchSolution:
         """Native batch: one factorisation, then ``update(q, l, u)`` and a warm-started solve per element.
@@ -212,5 +215,7 @@ class OSQPSolver(QPSolver):
                 ws = warm_start.solution(i) if warm_start is not None else (sols[-1] if sols else None)
                 if ws is not None and ws.ok:
                     solver.warm_start(*self._warm_vectors(qpi, box, ws))
-            sols.append(self._collect(qpi, solver.solve(raise_error=False), box, 0.0))
+            with c_stdout_silenced(not self.settings["verbose"]):
+                res = solver.solve(raise_error=False)
+            sols.append(self._collect(qpi, res, box, 0.0))
         return BatchSolution.stack(sols, backend=self.name, solve_time=time.perf_counter() - t1, setup_time=setup)

@@ -228,8 +228,16 @@ def _describe(qp: QP) -> str:
     return f"{qp!r} (n={qp.n}, m={qp.m}, bounded vars={int(np.sum(np.isfinite(qp.lb) | np.isfinite(qp.ub)))})"
 
 
+def _assert_not_demoted(solver: QPSolver, sol: Solution, what: str) -> None:
+    """The backend's own answer held: polyproj's output check did not have to change its status."""
+    note = sol.info.get("validation")
+    assert not note, (f"[{solver.name}] {what}: the backend claimed {sol.info.get('claimed_status')}, "
+                      f"polyproj's output check made it {sol.status.name}: {note}")
+
+
 def _assert_kkt(solver: QPSolver, qp: QP, sol: Solution, what: str) -> None:
     tol = kkt_tolerance(solver)
+    _assert_not_demoted(solver, sol, what)
     assert sol.status is Status.SOLVED, (
         f"[{solver.name}] {what}: expected status SOLVED on {_describe(qp)}, got {sol.status.name} "
         f"({sol.info.get('raw_status', '')})")
@@ -340,6 +348,7 @@ def _expect_status(solver: QPSolver, rng: np.random.Generator, make: Callable[..
     for n, m in ((5, 3), (10, 6)):
         qp = make(rng, n, m)
         sol = solver.solve(qp)
+        _assert_not_demoted(solver, sol, what)
         assert sol.status is expected, (
             f"[{solver.name}] {what} {_describe(qp)}: got {sol.status.name}, expected {expected.name}")
 
@@ -360,6 +369,7 @@ def check_nonconvex(solver: QPSolver, rng: np.random.Generator) -> None:
     """An indefinite P (QP built with check_psd=False) is never reported as solved."""
     qp = random_nonconvex_qp(rng, 6, 3)
     sol = solver.solve(qp)
+    _assert_not_demoted(solver, sol, "non-convex QP")
     assert not sol.status.ok, (
         f"[{solver.name}] non-convex QP (eigenvalue -3 in P, n=6, m=3): got {sol.status.name}, expected "
         "NON_CONVEX (or another failure status), never a silent answer")

@@ -1,0 +1,122 @@
+"""Clarabel backend: interior-point conic solver, used here for QPs (zero and nonnegative cones).
+
+Clarabel solves ``min ½xᵀPx + qᵀx  s.t.  Ax + s = b,  s ∈ K`` with ``P`` its upper triangle (CSC)
+and stationarity ``Px + q + Aᵀz = 0``, ``z ∈ K*``. polyproj's rows are written as: equalities
+``Cᵢx + s = uᵢ``, ``s = 0`` (zero cone, ``z`` free), then each finite side as a nonnegative-cone
+row — ``Cᵢx <= uᵢ`` as ``(Cᵢ, uᵢ)``, ``Cᵢx >= lᵢ`` as ``(−Cᵢ, −lᵢ)``, likewise ``eⱼ`` for the bounds.
+A row's multiplier is then ``zᵢ = z_upper − z_lower`` (``z_box`` the same for the bounds), polyproj's
+convention. Infinite sides are left out (Clarabel wants finite ``b``). ``eps_abs`` maps to
+``tol_gap_abs`` and ``tol_feas``, ``eps_rel`` to ``tol_gap_rel`` (Clarabel's feasibility test is
+relative to ``max(1, ‖b‖ + ‖x‖ + ‖s‖)``); ``time_limit`` and ``max_iter`` to its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..problem import QP
+from ..solution import Solution, Status
+from .base import Capabilities, QPSolver
+from .convexity import is_nonconvex
+
+__all__ = ["ClarabelSolver"]
+
+
+@functools.cache
+def _status_map() -> dict[str, Status]:
+    return {"Solved": Status.SOLVED, "AlmostSolved": Status.SOLVED_INACCURATE,
+            "PrimalInfeasible": Status.PRIMAL_INFEASIBLE, "AlmostPrimalInfeasible": Status.PRIMAL_INFEASIBLE,
+            "DualInfeasible": Status.DUAL_INFEASIBLE, "AlmostDualInfeasible": Status.DUAL_INFEASIBLE,
+            "MaxIterations": Status.MAX_ITER, "MaxTime": Status.TIME_LIMIT}
+
+
+def _rows(qp: QP) -> tuple[Any, np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
+    """``(A, b, n_eq, eq, side_row, side_sign)``: the stacked conic rows and where each came from.
+
+    ``side_row`` indexes ``[rows of C, then the n variables]``; ``side_sign`` is +1 for an upper side
+    and -1 for a lower side.
+    """
+    C = sp.csr_matrix(qp.C)
+    full = sp.vstack([C, sp.identity(qp.n, format="csr")], format="csr")
+    lo, hi = np.concatenate([qp.l, qp.lb]), np.concatenate([qp.u, qp.ub])
+    eq = np.flatnonzero(qp.eq_mask)
+    ineq = np.ones(qp.m + qp.n, dtype=bool)
+    ineq[eq] = False
+    upper = np.flatnonzero(ineq & np.isfinite(hi))
+    lower = np.flatnonzero(ineq & np.isfinite(lo))
+    A = sp.vstack([full[eq], full[upper], -full[lower]], format="csc")
+    b = np.concatenate([hi[eq], hi[upper], -lo[lower]])
+    side_row = np.concatenate([upper, lower])
+    side_sign = np.concatenate([np.ones(upper.size), -np.ones(lower.size)])
+    return A, b, eq.size, eq, side_row, side_sign
+
+
+class ClarabelSolver(QPSolver):
+    """Clarabel (``pip install "polyproj[clarabel]"``).
+
+    Backend-specific options (Clarabel settings, passed as they are): ``tol_ktratio``,
+    ``tol_infeas_abs``, ``tol_infeas_rel``, ``equilibrate_enable``, ``presolve_enable``,
+    ``static_regularization_enable``, ``dynamic_regularization_enable``, ``iterative_refinement_enable``,
+    ``max_step_fraction``, ``direct_solve_method``, ``max_threads``.
+    """
+
+    name = "clarabel"
+    capabilities = Capabilities(dense=True, sparse=True, infeasibility=True)
+    requires = ("clarabel",)
+    extra = "clarabel"
+    options: ClassVar[dict[str, Any]] = {
+        "tol_ktratio": None, "tol_infeas_abs": None, "tol_infeas_rel": None, "equilibrate_enable": None,
+        "presolve_enable": None, "static_regularization_enable": None, "dynamic_regularization_enable": None,
+        "iterative_refinement_enable": None, "max_step_fraction": None, "direct_solve_method": None,
+        "max_threads": None}
+
+    def _settings(self) -> Any:
+        import clarabel
+
+        st, s = clarabel.DefaultSettings(), self.settings
+        st.verbose = bool(s["verbose"])
+        st.tol_gap_abs = st.tol_feas = float(s["eps_abs"])
+        st.tol_gap_rel = float(s["eps_rel"])
+        if s["max_iter"] is not None:
+            st.max_iter = int(s["max_iter"])
+        if s["time_limit"] is not None:
+            st.time_limit = float(s["time_limit"])
+        for k, v in self.backend_options.items():
+            if v is not None:
+                setattr(st, k, v)
+        return st
+
+    def solve(self, qp: QP, warm_start: Any = None) -> Solution:
+        """Solve one QP with Clarabel (no warm start: Clarabel has none)."""
+        import clarabel
+
+        if is_nonconvex(qp):  # QP(check_psd=False): Clarabel assumes a PSD P
+            return self._nan_solution(qp, Status.NON_CONVEX, self.name)
+        t0 = time.perf_counter()
+        hit = qp.memo.get("clarabel")
+        if hit is None:
+            hit = qp.memo["clarabel"] = _rows(qp)
+        A, b, n_eq, eq, side_row, side_sign = hit
+        P = sp.triu(sp.csc_matrix(qp.P), format="csc")
+        cones = ([clarabel.ZeroConeT(n_eq)] if n_eq else []) + (
+            [clarabel.NonnegativeConeT(side_row.size)] if side_row.size else [])
+        solver = clarabel.DefaultSolver(P, qp.q, A, b, cones, self._settings())
+        setup = time.perf_counter() - t0
+        res = solver.solve()
+        raw = str(res.status).split(".")[-1]
+        status = _status_map().get(raw, Status.NUMERICAL_ERROR)
+        zc = np.asarray(res.z, dtype=np.float64)
+        mult = np.zeros(qp.m + qp.n)
+        mult[eq] = zc[:n_eq]
+        np.add.at(mult, side_row, side_sign * zc[n_eq:])
+        x = np.array(res.x, dtype=np.float64)
+        if not (status.ok or status in (Status.MAX_ITER, Status.TIME_LIMIT)):
+            x = np.full(qp.n, np.nan)
+        return Solution(x=x, z=mult[:qp.m], z_box=mult[qp.m:], status=status, iterations=int(res.iterations),
+                        solve_time=float(res.solve_time), setup_time=setup, backend=self.name, qp=qp,
+                        info={"raw_status": raw, "pri_res": float(res.r_prim), "dua_res": float(res.r_dual)})

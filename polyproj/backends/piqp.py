@@ -1,0 +1,111 @@
+"""PIQP backend: proximal interior-point method, dense and sparse; the default of ``solve_qp``.
+
+PIQP solves ``min ½xᵀPx + cᵀx  s.t.  Ax = b,  h_l <= Gx <= h_u,  x_l <= x <= x_u`` with
+stationarity ``Px + c + Aᵀy + Gᵀ(z_u − z_l) + (z_bu − z_bl) = 0`` and ``z_l, z_u, z_bl, z_bu >= 0``,
+so polyproj's multipliers are ``z = y`` on the equality rows, ``z = z_u − z_l`` on the others and
+``z_box = z_bu − z_bl``. ``eps_abs`` / ``eps_rel`` map to PIQP's ``eps_abs`` / ``eps_rel`` and, with
+its duality-gap check on, to ``eps_duality_gap_abs`` / ``_rel``. PIQP has no time limit and no warm
+start: ``time_limit`` is held by polyproj's check after the solve (an answer past it is TIME_LIMIT).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import SettingsError
+from ..problem import QP
+from ..solution import Solution, Status
+from .base import Capabilities, QPSolver
+from .convexity import is_nonconvex
+
+__all__ = ["PIQPSolver"]
+
+
+@functools.cache
+def _status_map() -> dict[Any, Status]:
+    import piqp
+
+    S = piqp.Status
+    return {S.PIQP_SOLVED: Status.SOLVED, S.PIQP_MAX_ITER_REACHED: Status.MAX_ITER,
+            S.PIQP_PRIMAL_INFEASIBLE: Status.PRIMAL_INFEASIBLE, S.PIQP_DUAL_INFEASIBLE: Status.DUAL_INFEASIBLE}
+
+
+class PIQPSolver(QPSolver):
+    """PIQP (``pip install "polyproj[piqp]"``).
+
+    Backend-specific options (PIQP settings, passed as they are): ``rho_init``, ``delta_init``,
+    ``check_duality_gap`` (default True), ``reg_lower_limit``, ``reg_finetune_lower_limit``,
+    ``preconditioner_iter``, ``preconditioner_scale_cost``, ``iterative_refinement_always_enabled``,
+    ``eps_primal_inf``, ``eps_dual_inf``, ``tau``.
+    """
+
+    name = "piqp"
+    capabilities = Capabilities(dense=True, sparse=True, infeasibility=True)
+    requires = ("piqp",)
+    extra = "piqp"
+    options: ClassVar[dict[str, Any]] = {
+        "rho_init": None, "delta_init": None, "check_duality_gap": True, "reg_lower_limit": None,
+        "reg_finetune_lower_limit": None, "preconditioner_iter": None, "preconditioner_scale_cost": None,
+        "iterative_refinement_always_enabled": None, "eps_primal_inf": None, "eps_dual_inf": None, "tau": None}
+
+    def _configure(self, solver: Any) -> None:
+        st, s = solver.settings, self.settings
+        st.eps_abs, st.eps_rel = float(s["eps_abs"]), max(float(s["eps_rel"]), 0.0)
+        st.verbose = bool(s["verbose"])
+        if s["max_iter"] is not None:
+            st.max_iter = int(s["max_iter"])
+        if self.backend_options.get("check_duality_gap", True):
+            st.check_duality_gap = True
+            st.eps_duality_gap_abs, st.eps_duality_gap_rel = st.eps_abs, st.eps_rel
+        for k, v in self.backend_options.items():
+            if v is not None and k != "check_duality_gap":
+                setattr(st, k, v)
+
+    @staticmethod
+    def _data(qp: QP) -> tuple[Any, ...]:
+        """``(P, A, b, G, h_l, h_u, eq, ineq)`` in PIQP's layout (dense or sparse CSC, P's upper triangle)."""
+        eq = np.flatnonzero(qp.eq_mask)
+        ineq = np.flatnonzero(~qp.eq_mask)
+        if qp.is_sparse:
+            C = sp.csr_matrix(qp.C)
+            P = sp.triu(sp.csc_matrix(qp.P), format="csc")
+            A, G = sp.csc_matrix(C[eq]), sp.csc_matrix(C[ineq])
+        else:
+            P, A, G = (np.asfortranarray(M) for M in (qp.P, qp.C[eq], qp.C[ineq]))
+        return P, A, qp.u[eq], G, qp.l[ineq], qp.u[ineq], eq, ineq
+
+    def solve(self, qp: QP, warm_start: Any = None) -> Solution:
+        """Solve one QP with PIQP (its dense solver for dense data, the sparse one otherwise)."""
+        import piqp
+
+        if is_nonconvex(qp):  # QP(check_psd=False): an interior-point method would not notice
+            return self._nan_solution(qp, Status.NON_CONVEX, self.name)
+        t0 = time.perf_counter()
+        P, A, b, G, h_l, h_u, eq, ineq = self._data(qp)
+        solver = piqp.SparseSolver() if qp.is_sparse else piqp.DenseSolver()
+        self._configure(solver)
+        solver.setup(P, qp.q, A if eq.size else None, b if eq.size else None, G if ineq.size else None,
+                     h_l if ineq.size else None, h_u if ineq.size else None, qp.lb, qp.ub)
+        setup = time.perf_counter() - t0
+        raw = solver.solve()
+        if raw == piqp.Status.PIQP_INVALID_SETTINGS:
+            raise SettingsError(f"PIQP rejected the settings {self.settings} {self.backend_options}")
+        res, info = solver.result, solver.result.info
+        status = _status_map().get(raw, Status.NUMERICAL_ERROR)
+        z = np.zeros(qp.m)
+        z[eq] = res.y if eq.size else 0.0
+        if ineq.size:
+            z[ineq] = np.asarray(res.z_u) - np.asarray(res.z_l)
+        z_box = np.asarray(res.z_bu, dtype=np.float64) - np.asarray(res.z_bl, dtype=np.float64)
+        x = np.array(res.x, dtype=np.float64)
+        if status in (Status.PRIMAL_INFEASIBLE, Status.DUAL_INFEASIBLE, Status.NUMERICAL_ERROR):
+            x = np.full(qp.n, np.nan)
+        return Solution(x=x, z=z, z_box=z_box, status=status, iterations=int(info.iter),
+                        solve_time=time.perf_counter() - t0 - setup, setup_time=setup, backend=self.name, qp=qp,
+                        info={"raw_status": str(raw), "pri_res": float(info.primal_res),
+                              "dua_res": float(info.dual_res), "duality_gap": float(info.duality_gap)})

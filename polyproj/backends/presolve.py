@@ -1,0 +1,71 @@
+"""Small exact reductions a backend can apply before handing a QP to a solver that mishandles them.
+
+Fixed variables (``lb_j == ub_j``): HiGHS 1.16 ends ``P = diag(1, 0), q = (1, 0), lb = ub = 0`` in
+"Solve error". Substituting ``x_F = lb_F`` leaves the QP in the free variables ``f``
+
+    min ½ x_fᵀ P_ff x_f + (q_f + P_fF x_F)ᵀ x_f   s.t.  l − C_F x_F <= C_f x_f <= u − C_F x_F,
+                                                      lb_f <= x_f <= ub_f,
+
+whose multipliers ``z`` and ``z_box_f`` are those of the original problem; the fixed variables'
+bound multipliers follow from stationarity, ``z_box_F = −(P x + q + Cᵀz)_F``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..problem import QP
+from ..solution import Solution
+
+__all__ = ["FixedVariables", "fixed_variables"]
+
+
+def _columns(M, idx: np.ndarray):
+    return sp.csc_matrix(M)[:, idx] if sp.issparse(M) else M[:, idx]
+
+
+@dataclass(frozen=True)
+class FixedVariables:
+    """The substitution ``x_F = lb_F`` (module docstring)."""
+
+    free: np.ndarray
+    fixed: np.ndarray
+    values: np.ndarray
+
+    def problem(self, qp: QP) -> QP:
+        """The QP in the free variables (``n`` may be 0)."""
+        f, F, v = self.free, self.fixed, self.values
+        P = qp.P.tocsr() if sp.issparse(qp.P) else qp.P
+        P_ff = P[f][:, f]
+        shift_q = np.asarray(P[f][:, F] @ v).reshape(-1)
+        shift_c = np.asarray(_columns(qp.C, F) @ v).reshape(-1) if qp.m else np.zeros(0)
+        with np.errstate(invalid="ignore"):  # inf - finite stays inf
+            l, u = qp.l - shift_c, qp.u - shift_c
+        sub = QP(P=sp.csc_matrix(P_ff) if sp.issparse(qp.P) else P_ff, q=qp.q[f] + shift_q,
+                 C=_columns(qp.C, f), l=l, u=u, lb=qp.lb[f], ub=qp.ub[f], check_psd=False)
+        object.__setattr__(sub, "check_psd", qp.check_psd)  # a principal submatrix of a PSD P is PSD
+        return sub
+
+    def solution(self, sol: Solution, qp: QP) -> Solution:
+        """The reduced problem's Solution in the original variables."""
+        x = np.empty(qp.n)
+        x[self.free], x[self.fixed] = sol.x, self.values
+        z = np.asarray(sol.z, dtype=np.float64)
+        z_box = np.empty(qp.n)
+        z_box[self.free] = sol.z_box
+        grad = qp.P @ x + qp.q + (qp.C.T @ z if qp.m else 0.0)
+        z_box[self.fixed] = -np.asarray(grad).reshape(-1)[self.fixed]
+        return replace(sol, x=x, z=z, z_box=z_box, qp=qp,
+                       info={**sol.info, "presolve": f"{self.fixed.size} fixed variable(s) substituted"})
+
+
+def fixed_variables(qp: QP) -> FixedVariables | None:
+    """The substitution of the variables with ``lb == ub``, or None when there are none."""
+    fixed = np.flatnonzero(qp.lb == qp.ub)
+    if not fixed.size:
+        return None
+    free = np.flatnonzero(qp.lb != qp.ub)
+    return FixedVariables(free=free, fixed=fixed, values=qp.lb[fixed].copy())

@@ -1,0 +1,337 @@
+"""What polyproj checks around every backend call: the guard of ``QPSolver.solve`` / ``solve_batch``.
+
+:class:`~polyproj.backends.base.QPSolver` wraps the ``solve`` and ``solve_batch`` of every subclass
+(built-in or third party, in ``__init_subclass__``) with :func:`guard`, so no backend repeats it:
+
+1. **Input**: ``solve`` takes a :class:`~polyproj.problem.QP`; a problem with no variables
+   (``n = 0``) is answered here (SOLVED when ``l <= 0 <= u``, else PRIMAL_INFEASIBLE), never handed
+   to a solver.
+2. **Scale**: data far from unit scale is solved in normalised units (:mod:`.scaling`).
+3. **Exceptions**: anything a backend raises that is not a :class:`~polyproj.errors.PolyprojError`
+   becomes a :class:`~polyproj.errors.SolverError` naming the backend (the original is chained).
+4. **Output**: the result must be a :class:`~polyproj.solution.Solution` (``BatchSolution`` for a
+   batch, one element per problem) with ``x``, ``z``, ``z_box`` of shapes ``(n,)``, ``(m,)``,
+   ``(n,)``, else SolverError. Then a cheap scale-relative residual test (below) decides whether a
+   claimed SOLVED stands.
+5. **Time**: an answer that comes later than ``time_limit`` (wall clock around the whole call) is
+   TIME_LIMIT, never SOLVED (its ``x`` is kept).
+
+The residual test: ``r_p`` is the largest constraint violation and ``S_p`` the largest of ``|x|``,
+``|Cx|`` and the finite bounds (below 1e15); ``r_d = ‖Px + q + Cᵀz + z_box‖∞`` and ``S_d`` the
+largest of ``|Px|``, ``|q|``, ``|Cᵀz|``, ``|z_box|`` (the dual part only for backends that return
+multipliers). What the solver promised is about ``t = eps_abs · unit + eps_rel · S`` (``unit`` is 1,
+or the factor back from normalised units; both tolerances floored at 1e-12). For each of the two:
+
+- a non-finite ``x`` (or multipliers) with status SOLVED / SOLVED_INACCURATE → NUMERICAL_ERROR;
+- ``r > max(GROSS · S, 10 · INACCURATE_FACTOR · t)`` (x is not a solution at any tolerance) →
+  NUMERICAL_ERROR;
+- SOLVED with ``r > INACCURATE_FACTOR · t`` → SOLVED_INACCURATE.
+
+It catches broken answers, not solver-level inaccuracy: ``polyproj check`` tests the contract at the
+requested tolerance. What was changed is said in ``info["validation"]`` (``info["elements"][i]``
+for a batch), with the status the backend claimed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import PolyprojError, ProblemError, SolverError
+from ..problem import QP
+from ..solution import BatchSolution, ElementQPs, Solution, Status
+from . import scaling
+
+__all__ = ["GROSS", "INACCURATE_FACTOR", "Promise", "check_batch", "check_solution", "guard", "residuals"]
+
+GROSS = 1e-2
+INACCURATE_FACTOR = 1e3
+_HUGE = scaling.IGNORE
+
+#: ids of the solver instances whose call is being guarded in this context: a backend calling its
+#: own ``solve`` (the default ``solve_batch`` loop, ``super().solve``) is checked once, by the outer call
+_INSIDE: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("polyproj_guarded", default=frozenset())
+
+
+# --------------------------------------------------------------------------- residual test
+def _finite_bound_max(*arrays: np.ndarray) -> np.ndarray:
+    """Row-wise largest finite |bound| below 1e15 of 2-D arrays (batch, k) -> (batch,)."""
+    out = None
+    for a in arrays:
+        v = np.where(np.isfinite(a) & (np.abs(a) < _HUGE), np.abs(a), 0.0)
+        m = np.max(v, axis=1, initial=0.0)
+        out = m if out is None else np.maximum(out, m)
+    return out
+
+
+def _matmul_rows(M: Any, X: np.ndarray) -> np.ndarray:
+    """Rows of ``X @ Mᵀ`` for dense or sparse M."""
+    if sp.issparse(M):
+        return np.asarray((M @ X.T).T)
+    return X @ M.T
+
+
+def residuals(qp: QP, X: np.ndarray, Z: np.ndarray, ZB: np.ndarray, vecs: dict[str, np.ndarray],
+              duals: bool) -> tuple[np.ndarray, ...]:
+    """``(r_p, S_p, r_d, S_d)`` per element of a batch (module docstring); ``r_d = 0`` without duals."""
+    b = X.shape[0]
+
+    def vec(k):
+        v = vecs.get(k)
+        return np.broadcast_to(getattr(qp, k) if v is None else v, (b, getattr(qp, k).shape[0]))
+
+    q, l, u, lb, ub = (vec(k) for k in ("q", "l", "u", "lb", "ub"))
+    zeros = np.zeros(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        CX = _matmul_rows(qp.C, X) if qp.m else np.zeros((b, 0))
+        r_p = np.maximum(np.max(np.maximum(CX - u, l - CX), axis=1, initial=0.0),
+                         np.max(np.maximum(X - ub, lb - X), axis=1, initial=0.0))
+        s_p = np.maximum.reduce([np.max(np.abs(X), axis=1, initial=0.0), np.max(np.abs(CX), axis=1, initial=0.0),
+                                 _finite_bound_max(l, u, lb, ub)])
+        if not duals:
+            return r_p, s_p, zeros, zeros
+        PX = _matmul_rows(qp.P, X)
+        CZ = np.asarray(Z @ qp.C) if qp.m else np.zeros_like(X)
+        r_d = np.max(np.abs(PX + q + CZ + ZB), axis=1, initial=0.0)
+        s_d = np.maximum.reduce([np.max(np.abs(a), axis=1, initial=0.0) for a in (PX, q, CZ, ZB)])
+    return r_p, s_p, r_d, s_d
+
+
+def _bound_scale(qp: QP) -> float:
+    """Largest finite |bound| below 1e15 of one QP, kept in ``qp.memo`` (the QP never changes)."""
+    hit = qp.memo.get("validation_bound_scale")
+    if hit is None:
+        hit = qp.memo["validation_bound_scale"] = float(
+            _finite_bound_max(*(v[None] for v in (qp.l, qp.u, qp.lb, qp.ub)))[0])
+    return hit
+
+
+def _single_residuals(qp: QP, x: np.ndarray, z: np.ndarray, zb: np.ndarray, duals: bool) -> tuple[float, ...]:
+    """:func:`residuals` for one finite answer, in 1-D (a few µs on small problems, where it matters)."""
+    cx = qp.C @ x if qp.m else x[:0]
+    r_p = max(float(np.max(cx - qp.u, initial=0.0)), float(np.max(qp.l - cx, initial=0.0)),
+              float(np.max(x - qp.ub, initial=0.0)), float(np.max(qp.lb - x, initial=0.0)))
+    s_p = max(float(np.max(np.abs(x), initial=0.0)), float(np.max(np.abs(cx), initial=0.0)), _bound_scale(qp))
+    if not duals:
+        return r_p, s_p, 0.0, 0.0
+    px = qp.P @ x
+    cz = qp.C.T @ z if qp.m else px * 0.0
+    r_d = float(np.max(np.abs(px + qp.q + cz + zb), initial=0.0))
+    s_d = max(float(np.max(np.abs(v), initial=0.0)) for v in (px, qp.q, cz, zb))
+    return r_p, s_p, r_d, s_d
+
+
+@dataclass(frozen=True)
+class Promise:
+    """What a backend promised: tolerances and the units of the residuals (1 unless normalised)."""
+
+    eps_abs: float
+    eps_rel: float
+    unit_p: float = 1.0
+    unit_d: float = 1.0
+
+    @classmethod
+    def of(cls, settings: dict[str, Any], scale: scaling.Scaling | None = None) -> Promise:
+        """From a backend's settings (and the normalisation its problem was solved in)."""
+        eps_abs = max(float(settings.get("eps_abs") or 0.0), 1e-12)
+        eps_rel = max(float(settings.get("eps_rel") or 0.0), 1e-12)
+        if scale is None:
+            return cls(eps_abs, eps_rel)
+        row_max = float(np.max(1.0 / scale.rows, initial=1.0))
+        return cls(eps_abs, eps_rel, scale.sigma * max(1.0, row_max), 1.0 / (scale.gamma * scale.sigma))
+
+
+def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Promise) -> tuple[Status, str]:
+    """The status that stands after the residual test, and why it changed ('' if it did not)."""
+    if not status.ok:
+        return status, ""
+    if not finite:
+        return Status.NUMERICAL_ERROR, f"the backend said {status.name} but returned non-finite values"
+    r_p, s_p, r_d, s_d = res
+    inaccurate = False
+    for what, r, s, unit in (("the constraints", r_p, s_p, promise.unit_p), ("stationarity", r_d, s_d, promise.unit_d)):
+        t = promise.eps_abs * unit + promise.eps_rel * s
+        if not r <= max(GROSS * s, 10 * INACCURATE_FACTOR * t):
+            return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but x violates {what} by {r:.3g} "
+                                            f"(the data's scale there: {s:.3g}): not a solution")
+        inaccurate |= r > INACCURATE_FACTOR * t
+    if status is Status.SOLVED and inaccurate:
+        return Status.SOLVED_INACCURATE, (f"the backend said SOLVED but its residuals (primal {r_p:.3g}, dual "
+                                          f"{r_d:.3g}) exceed {INACCURATE_FACTOR:g} x the tolerance")
+    return status, ""
+
+
+def _as_float(a: Any, shape: tuple[int, ...], what: str, backend: str) -> np.ndarray:
+    try:
+        arr = np.asarray(a, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise SolverError(f"backend {backend!r} returned {what} that is not numeric: {exc}") from exc
+    if arr.shape != shape:
+        raise SolverError(f"backend {backend!r} returned {what} of shape {arr.shape}; expected {shape}")
+    return arr
+
+
+def check_solution(qp: QP, sol: Any, backend: str, settings: dict[str, Any], duals: bool = True,
+                   elapsed: float | None = None, scale: scaling.Scaling | None = None) -> Solution:
+    """Hold one backend answer to the contract (module docstring); return the Solution that stands."""
+    if not isinstance(sol, Solution):
+        raise SolverError(f"backend {backend!r} returned {type(sol).__name__} from solve(); "
+                          "expected a polyproj.Solution")
+    if not isinstance(sol.status, Status):
+        raise SolverError(f"backend {backend!r} returned status {sol.status!r}; expected a polyproj.Status")
+    x = _as_float(sol.x, (qp.n,), "x", backend)
+    z = _as_float(sol.z, (qp.m,), "z", backend)
+    zb = _as_float(sol.z_box, (qp.n,), "z_box", backend)
+    status, note = sol.status, ""
+    if status.ok:
+        finite = bool(np.isfinite(x).all() and (not duals or (np.isfinite(z).all() and np.isfinite(zb).all())))
+        res = _single_residuals(qp, x, z, zb, duals) if finite else (0.0,) * 4
+        status, note = _verdict(status, finite, res, Promise.of(settings, scale))
+    status, note = _time_verdict(status, note, settings, elapsed)
+    info = sol.info if not note else {**sol.info, "validation": note, "claimed_status": sol.status.name}
+    if (status is sol.status and x is sol.x and z is sol.z and zb is sol.z_box and sol.qp is qp
+            and sol.backend):
+        return sol
+    return replace(sol, x=x, z=z, z_box=zb, status=status, qp=qp, info=info, backend=sol.backend or backend)
+
+
+def _time_verdict(status: Status, note: str, settings: dict[str, Any], elapsed: float | None) -> tuple[Status, str]:
+    limit = settings.get("time_limit")
+    if status.ok and limit is not None and elapsed is not None and elapsed > float(limit):
+        return Status.TIME_LIMIT, (note + "; " if note else "") + (
+            f"the answer came after {elapsed:.3g} s, past time_limit = {float(limit):g} s")
+    return status, note
+
+
+def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend: str, settings: dict[str, Any],
+                duals: bool = True, elapsed: float | None = None, scale: scaling.Scaling | None = None
+                ) -> BatchSolution:
+    """Hold a backend's batch answer to the contract, element by element (vectorised)."""
+    if not isinstance(bs, BatchSolution):
+        raise SolverError(f"backend {backend!r} returned {type(bs).__name__} from solve_batch(); "
+                          "expected a polyproj.BatchSolution")
+    if len(bs.status) != size or not all(isinstance(s, Status) for s in bs.status):
+        raise SolverError(f"backend {backend!r} returned {len(bs.status)} statuses for a batch of {size}")
+    X = _as_float(bs.x, (size, qp.n), "batch x", backend)
+    Z = _as_float(bs.z, (size, qp.m), "batch z", backend)
+    ZB = _as_float(bs.z_box, (size, qp.n), "batch z_box", backend)
+    ok = np.array([s.ok for s in bs.status], dtype=bool)
+    statuses, notes = list(bs.status), {}
+    if ok.any():
+        idx = np.flatnonzero(ok)
+        sub = {k: v[idx] for k, v in vecs.items()}
+        finite = np.isfinite(X[idx]).all(axis=1)
+        if duals:
+            finite &= np.isfinite(Z[idx]).all(axis=1) & np.isfinite(ZB[idx]).all(axis=1)
+        res = residuals(qp, X[idx], Z[idx], ZB[idx], sub, duals)
+        promise = Promise.of(settings, scale)
+        for j, i in enumerate(idx):
+            statuses[i], note = _verdict(statuses[i], bool(finite[j]), tuple(float(a[j]) for a in res), promise)
+            if note:
+                notes[int(i)] = note
+    for i in range(size):
+        statuses[i], note = _time_verdict(statuses[i], notes.get(i, ""), settings, elapsed)
+        if note:
+            notes[i] = note
+    qps = bs.qps if bs.qps is not None and len(bs.qps) == size else ElementQPs(qp, vecs, size)
+    if not notes and X is bs.x and Z is bs.z and ZB is bs.z_box and bs.qps is qps:
+        return bs
+    info = dict(bs.info)
+    if notes:
+        elements = list(info.get("elements") or [{} for _ in range(size)])
+        for i, note in notes.items():
+            elements[i] = {**(elements[i] if i < len(elements) else {}), "validation": note,
+                           "claimed_status": bs.status[i].name}
+        info["elements"] = elements
+    return replace(bs, x=X, z=Z, z_box=ZB, status=tuple(statuses), qps=qps, info=info,
+                   backend=bs.backend or backend)
+
+
+# --------------------------------------------------------------------------- problems answered here
+def empty_solution(qp: QP, backend: str, vecs: dict[str, np.ndarray] | None = None) -> Solution:
+    """The answer for ``n = 0``: ``Cx = 0``, so SOLVED when ``l <= 0 <= u``, else PRIMAL_INFEASIBLE."""
+    feasible = bool(np.all(qp.l <= 0.0) and np.all(qp.u >= 0.0))
+    return Solution(x=np.zeros(0), z=np.zeros(qp.m), z_box=np.zeros(0),
+                    status=Status.SOLVED if feasible else Status.PRIMAL_INFEASIBLE, backend=backend, qp=qp,
+                    info={"note": "no variables: answered by polyproj without calling the solver"})
+
+
+# --------------------------------------------------------------------------- the guard
+def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
+    name = solver.name or type(solver).__name__
+    token = _INSIDE.set(_INSIDE.get() | {id(solver)})
+    try:
+        return fn(solver, *args, **kw)
+    except PolyprojError:
+        raise
+    except Exception as exc:
+        raise SolverError(f"backend {name!r} raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        _INSIDE.reset(token)
+
+
+def _guard_solve(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def solve(self: Any, qp: QP, warm_start: Any = None) -> Solution:
+        if id(self) in _INSIDE.get():
+            return fn(self, qp, warm_start)
+        if not isinstance(qp, QP):
+            raise ProblemError(f"solve() takes a polyproj.QP, got {type(qp).__name__}")
+        name = self.name or type(self).__name__
+        if qp.n == 0:
+            return empty_solution(qp, name)
+        t0 = time.perf_counter()
+        if "scaling_plan" not in qp.memo:  # a QP never changes: planned once per problem
+            qp.memo["scaling_plan"] = scaling.plan(qp)
+        scale = qp.memo["scaling_plan"]
+        if scale is None:
+            sol = _call(self, fn, qp, warm_start)
+        else:
+            raw = _call(self, fn, scale.problem(qp), scale.warm_start(warm_start))
+            sol = scale.solution(raw, qp) if isinstance(raw, Solution) else raw
+        return check_solution(qp, sol, name, self.settings, self.capabilities.duals, time.perf_counter() - t0, scale)
+
+    solve._polyproj_guarded = True  # type: ignore[attr-defined]
+    return solve
+
+
+def _guard_solve_batch(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def solve_batch(self: Any, qp: QP, q: Any = None, l: Any = None, u: Any = None, lb: Any = None,
+                    ub: Any = None, warm_start: Any = None) -> BatchSolution:
+        if id(self) in _INSIDE.get():
+            return fn(self, qp, q=q, l=l, u=u, lb=lb, ub=ub, warm_start=warm_start)
+        if not isinstance(qp, QP):
+            raise ProblemError(f"solve_batch() takes a polyproj.QP, got {type(qp).__name__}")
+        name = self.name or type(self).__name__
+        vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
+        size = self._batch_size(vecs)
+        if qp.n == 0:
+            qps = ElementQPs(qp, vecs, size)
+            return BatchSolution.stack([empty_solution(qps[i], name) for i in range(size)], backend=name)
+        t0 = time.perf_counter()
+        scale = scaling.plan(qp, **vecs)
+        if scale is None:
+            bs = _call(self, fn, qp, warm_start=warm_start, **vecs)
+        else:
+            raw = _call(self, fn, scale.problem(qp), **scale.vectors(**vecs))
+            bs = scale.batch(raw, ElementQPs(qp, vecs, size)) if isinstance(raw, BatchSolution) else raw
+        return check_batch(qp, vecs, size, bs, name, self.settings, self.capabilities.duals,
+                           time.perf_counter() - t0, scale)
+
+    solve_batch._polyproj_guarded = True  # type: ignore[attr-defined]
+    return solve_batch
+
+
+def guard(name: str, fn: Callable) -> Callable:
+    """``fn`` (a ``solve`` or ``solve_batch`` method) wrapped with the checks of this module."""
+    if getattr(fn, "_polyproj_guarded", False):
+        return fn
+    return _guard_solve(fn) if name == "solve" else _guard_solve_batch(fn)

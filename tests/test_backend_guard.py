@@ -1,0 +1,244 @@
+"""What polyproj checks around every backend (polyproj.backends.validation), on built-in and third-party
+backends alike: broken answers never stand as SOLVED, exceptions name the backend, n = 0 and data far from
+unit scale are handled, late answers are TIME_LIMIT."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import polyproj as pp
+from polyproj.testing import conformance as cf
+
+pytestmark = pytest.mark.core
+
+# --------------------------------------------------------------------------- third-party backends that misbehave
+
+
+class _Answers(pp.QPSolver):
+    """Answers every QP with what ``make(qp)`` returns (the class attribute is set per test)."""
+
+    name = "answers"
+    capabilities = pp.Capabilities(dense=True, sparse=True)
+
+    def make(self, qp):  # pragma: no cover - replaced per test
+        raise NotImplementedError
+
+    def solve(self, qp, warm_start=None):
+        return self.make(qp)
+
+
+def _solver(make, **settings):
+    solver = _Answers(**settings)
+    solver.make = make
+    return solver
+
+
+def _qp(rng):
+    return cf.random_feasible_qp(rng, 6, 4, 1)
+
+
+REFERENCE = "proxsuite" if "proxsuite" in pp.available_backends() else "ipm"  # ipm needs only the core
+
+
+def _true(qp):
+    return pp.get_backend(REFERENCE, eps_abs=1e-10).solve(qp)
+
+
+def _claiming(x, qp, z=None, zb=None):
+    return pp.Solution(x=x, z=np.zeros(qp.m) if z is None else z, z_box=np.zeros(qp.n) if zb is None else zb,
+                       status=pp.Status.SOLVED, backend="answers", qp=qp)
+
+
+def test_nan_claimed_solved_is_a_numerical_error(rng):
+    qp = _qp(rng)
+    sol = pp.solve_qp(qp, backend=_solver(lambda q: _claiming(np.full(q.n, np.nan), q)))
+    assert sol.status is pp.Status.NUMERICAL_ERROR
+    assert sol.info["claimed_status"] == "SOLVED" and "non-finite" in sol.info["validation"]
+
+
+def test_infeasible_x_claimed_solved_is_a_numerical_error(rng):
+    qp = _qp(rng)
+
+    def far(q):
+        t = _true(q)
+        return _claiming(t.x + 2e6, q, t.z, t.z_box)
+
+    sol = pp.solve_qp(qp, backend=_solver(far))
+    assert sol.status is pp.Status.NUMERICAL_ERROR and "violates the constraints" in sol.info["validation"]
+    # the same answer through solve_batch (the default loop) and through a native solve_batch
+    bs = _solver(far).solve_batch(qp, q=np.stack([qp.q, 2 * qp.q]))
+    assert bs.status == (pp.Status.NUMERICAL_ERROR,) * 2
+    assert "violates" in bs.info["elements"][0]["validation"]
+
+
+def test_slightly_wrong_answer_is_inaccurate_not_solved(rng):
+    qp = _qp(rng)
+
+    def shifted(q):
+        t = _true(q)
+        return _claiming(t.x, q, t.z, t.z_box + 1e-3 * np.abs(t.z_box).max())
+
+    sol = pp.solve_qp(qp, backend=_solver(shifted, eps_abs=1e-9))
+    assert sol.status is pp.Status.SOLVED_INACCURATE and "exceed" in sol.info["validation"]
+
+
+def test_a_correct_answer_stands(rng):
+    qp = _qp(rng)
+    sol = pp.solve_qp(qp, backend=_solver(_true, eps_abs=1e-9))
+    assert sol.status is pp.Status.SOLVED and "validation" not in sol.info
+
+
+class _NativeBatch(pp.QPSolver):
+    """A native solve_batch that returns NaN rows with status SOLVED for odd elements."""
+
+    name = "native_batch"
+    capabilities = pp.Capabilities(dense=True, batch=True)
+
+    def solve(self, qp, warm_start=None):
+        return _true(qp)
+
+    def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None):
+        sols = [_true(qp.with_vectors(q=qi)) for qi in q]
+        X = np.stack([s.x for s in sols])
+        X[1::2] = np.nan
+        return pp.BatchSolution(x=X, z=np.stack([s.z for s in sols]), z_box=np.stack([s.z_box for s in sols]),
+                                status=(pp.Status.SOLVED,) * len(sols), iterations=np.zeros(len(sols), int))
+
+
+def test_native_batch_answers_are_checked_element_by_element(rng):
+    qp = _qp(rng)
+    bs = _NativeBatch().solve_batch(qp, q=np.stack([qp.q * s for s in (1.0, 0.5, 2.0, 3.0)]))
+    assert bs.status == (pp.Status.SOLVED, pp.Status.NUMERICAL_ERROR) * 2
+    assert bs.solution(2).primal_residual() <= 1e-8  # per-element problems attached for the residual methods
+
+
+@pytest.mark.parametrize(("answer", "match"), [
+    (lambda qp: None, "returned NoneType from solve"),
+    (lambda qp: {"x": np.zeros(qp.n)}, "returned dict from solve"),
+    (lambda qp: pp.Solution(x=np.zeros(qp.n + 1), z=np.zeros(qp.m), z_box=np.zeros(qp.n), status=pp.Status.SOLVED),
+     r"x of shape \(7,\); expected \(6,\)"),
+    (lambda qp: pp.Solution(x=np.zeros(qp.n), z=np.zeros(3), z_box=np.zeros(qp.n), status=pp.Status.SOLVED),
+     "z of shape"),
+    (lambda qp: pp.Solution(x=np.zeros(qp.n), z=np.zeros(qp.m), z_box=np.zeros(qp.n), status="solved"),
+     "status 'solved'"),
+])
+def test_broken_contract_is_a_solver_error_naming_the_backend(rng, answer, match):
+    qp = _qp(rng)
+    with pytest.raises(pp.SolverError, match="'answers'") as info:
+        pp.solve_qp(qp, backend=_solver(answer))
+    assert info.match(match)
+
+
+def test_backend_exceptions_are_solver_errors_naming_the_backend(rng):
+    def boom(qp):
+        raise ValueError("bad things")
+
+    with pytest.raises(pp.SolverError, match=r"backend 'answers' raised ValueError: bad things") as info:
+        pp.solve_qp(_qp(rng), backend=_solver(boom))
+    assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(pp.SolverError, match="'answers' raised ValueError"):
+        _solver(boom).solve_batch(_qp(rng), q=np.ones((2, 6)))
+
+    def refuse(qp):  # errors raised on purpose by a backend keep their type
+        raise pp.SettingsError("no")
+
+    with pytest.raises(pp.SettingsError):
+        pp.solve_qp(_qp(rng), backend=_solver(refuse))
+
+
+def test_solve_takes_a_qp():
+    with pytest.raises(pp.ProblemError, match="takes a polyproj.QP"):
+        pp.get_backend(REFERENCE).solve({"P": np.eye(2)})
+
+
+# --------------------------------------------------------------------------- every built-in backend
+def test_no_variables(backend):
+    solver = pp.get_backend(backend)
+    sol = solver.solve(pp.QP(P=np.zeros((0, 0)), q=np.zeros(0)))
+    assert sol.status is pp.Status.SOLVED and sol.x.shape == (0,)
+    rows = pp.QP(P=np.zeros((0, 0)), q=np.zeros(0), C=np.zeros((2, 0)), l=[-1.0, 0.0], u=[1.0, np.inf])
+    assert solver.solve(rows).status is pp.Status.SOLVED
+    empty = pp.QP(P=np.zeros((0, 0)), q=np.zeros(0), C=np.zeros((1, 0)), l=[1.0], u=[2.0])  # 1 <= 0: empty
+    assert solver.solve(empty).status is pp.Status.PRIMAL_INFEASIBLE
+    bs = solver.solve_batch(rows, l=np.array([[-1.0, 0.0], [0.5, 0.0]]))
+    assert bs.status == (pp.Status.SOLVED, pp.Status.PRIMAL_INFEASIBLE)
+
+
+def test_non_symmetric_P_is_refused_for_every_backend(backend):
+    P = np.array([[2.0, 1.0], [0.0, 2.0]])
+    with pytest.raises(pp.ProblemError, match="not symmetric"):
+        pp.solve_qp(pp.QP(P=P, q=[1.0, -1.0], lb=-5 * np.ones(2), ub=5 * np.ones(2), check_psd=False),
+                    backend=backend)
+    for M in (sp.csr_matrix(P), sp.dok_matrix(P)):
+        with pytest.raises(pp.ProblemError, match="not symmetric"):
+            pp.QP(P=M, q=[1.0, -1.0], check_psd=False)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scale", [1e8, 1e12, 1e-12])
+def test_data_far_from_unit_scale_is_solved(backend, scale):
+    """Projection QPs with bounds, right-hand sides and x at 1e8, 1e12 and 1e-12 (the 1e8 box took ProxSuite
+    10 million iterations; at 1e12 OSQP, HiGHS and the IPM ended in MAX_ITER): SOLVED, with residuals small
+    relative to the data, and the box projection exact to rounding at that scale."""
+    rng = np.random.default_rng(0)
+    box = pp.Polyhedron(lb=-scale * np.ones(2), ub=scale * np.ones(2))
+    sol = pp.solve_qp(box.projection_qp(np.array([3.0, -2.0]) * scale), backend=backend, time_limit=5)
+    assert sol.status is pp.Status.SOLVED, sol.info
+    np.testing.assert_allclose(sol.x, [scale, -scale], rtol=1e-6)
+    A = rng.standard_normal((40, 20))
+    x0 = rng.standard_normal(20)
+    poly = pp.Polyhedron(A=A, a=(A @ x0 + rng.uniform(0.05, 1.0, 40)) * scale, lb=(x0 - 2) * scale,
+                         ub=(x0 + 2) * scale)
+    qp = poly.projection_qp(3 * rng.standard_normal(20) * scale)
+    sol = pp.solve_qp(qp, backend=backend, time_limit=5, max_iter=2000)
+    assert sol.status is pp.Status.SOLVED, sol.info
+    assert sol.primal_residual() <= 1e-6 * scale and sol.dual_residual() <= 1e-6 * scale
+    assert "scaling" in sol.info
+
+
+# --------------------------------------------------------------------------- time limits
+class _Slow(pp.QPSolver):
+    """ProxSuite after a pause of ``delay`` seconds (a solver that ignores time_limit)."""
+
+    name = "slow"
+    capabilities = pp.Capabilities(dense=True)
+    delay = 0.2
+
+    def solve(self, qp, warm_start=None):
+        time.sleep(self.delay)
+        return _true(qp)
+
+
+def test_late_answers_are_time_limit(rng):
+    qp = _qp(rng)
+    sol = pp.solve_qp(qp, backend=_Slow(time_limit=0.05))
+    assert sol.status is pp.Status.TIME_LIMIT and np.all(np.isfinite(sol.x))
+    assert "past time_limit" in sol.info["validation"]
+    assert pp.solve_qp(qp, backend=_Slow(time_limit=5)).status is pp.Status.SOLVED
+
+
+def test_default_batch_loop_stops_at_the_time_limit(rng):
+    qp = _qp(rng)
+    t0 = time.perf_counter()
+    bs = _Slow(time_limit=0.3).solve_batch(qp, q=np.tile(qp.q, (20, 1)))
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 20 * 0.2 / 2  # the loop stopped instead of running all 20 solves
+    assert set(bs.status) == {pp.Status.TIME_LIMIT}  # finished late or not started
+    assert np.isnan(bs.x[-1]).all()
+
+
+def test_backends_are_quiet_unless_verbose(backend, capfd, rng):
+    """Nothing reaches the process's stdout/stderr from a solver library (HiGHS printed its banner on the first
+    construction, OSQP 1.1 'Polishing not needed ...' whenever no constraint was active)."""
+    import polyproj.backends.highs as highs_glue
+
+    highs_glue._banner_shown.cache_clear()  # as in a fresh process
+    inactive = pp.QP(P=2 * np.eye(2), q=[1.0, -1.0], lb=-5 * np.ones(2), ub=5 * np.ones(2))
+    for qp in (inactive, _qp(rng)):
+        assert pp.solve_qp(qp, backend=backend).status.ok
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
