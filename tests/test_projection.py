@@ -378,3 +378,19 @@ def test_unpolished_answers_are_checked(rng, monkeypatch):
     r = pp.project(X, P, backend="ipm", polish=False)
     assert r.status[0] is pp.Status.NUMERICAL_ERROR and r.status[1] is pp.Status.SOLVED_INACCURATE
     assert r.status[2] is pp.Status.SOLVED
+
+
+def test_far_points_are_never_silently_wrong(rng):
+    """x far outside a small polytope (|x| / |y| up to 1e19): an answer called polished holds its
+    constraints to rounding at the scale of y (a feasibility test at the scale of x accepted a point 1.4
+    outside); an answer that cannot be verified says so."""
+    A = rng.normal(size=(8, 3))
+    P = pp.Polyhedron(A=A, a=np.ones(8), lb=-np.ones(3), ub=np.ones(3))
+    for x in ([1e19, -3.3e18, 0.0], [1e19, 1e19, 1e19], [1e9, -3.3e8, 0.0], [1e12, 5.0, 0.0], [1e6, -3.3e5, 0.0]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = pp.project(np.array(x), P)
+        if r.polished:
+            assert r.max_violation <= 1e-9, (x, r.y, r.max_violation)
+        else:
+            assert any("polish refused" in str(w.message) for w in caught), x

@@ -63,11 +63,29 @@ def face_solve(X, data: PolyData, S, *, method: str = "auto"):
     c = face_rhs(xp, A, a, b, sA, R)
     face = Face.of_rows(R, method=method)
     lam_c, step, Mt_lam = face.project_residual(R.dot(Z) - c)
-    Y = Z - step
+    Y = _refined(xp, face, Z - step, Z, c)
     lamA, mu = expand_rows(R, lam_c)
     z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
     mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
     return Y, mult, mu, _rmax(xp, R.dot(Y) - c)[:, 0], face
+
+
+#: ``|z| / |y|`` beyond which the face point gets one step of iterative refinement
+CANCELLATION = 64.0
+
+
+def _refined(xp, face: Face, Y, Z, c):
+    """``y`` refined by ``y ← y − M_F⁺(M y − c)`` where ``|z| ≫ |y|`` (a far point).
+
+    ``y = z − M_F⁺(M z − c)`` loses ``eps |z|`` to cancellation when ``|z| ≫ |y|``; the refinement removes
+    the error's component in the rows' span, so that the face's equations hold to rounding at the scale
+    of ``y`` (on a vertex that is the whole error).
+    """
+    big = _rmax(xp, Z)[:, 0] > CANCELLATION * _rmax(xp, Y)[:, 0]
+    if not bool(xp.any(big)):
+        return Y
+    _, corr, _ = face.project_residual(face.rows.dot(Y) - c)
+    return xp.where(big[:, None], Y - corr, Y)
 
 
 @dataclass
@@ -244,17 +262,19 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     mask, Xt, dt, st, St, ft, wt = _select(xp, state, X, data, sc, weak)
     Yt, mt, mut, cons, face = face_solve(Xt, dt, St)
     slack = ineq_slack(Yt, *_ineq_parts(dt))
-    sig = xp.maximum(_rmax(xp, Yt), _rmax(xp, Xt))
-    feas_tol = _row_tol(xp, st, sig, tol)
-    mt_n = mt * st.rn2  # multipliers of the normalised rows: the scale of x − y
-    mtol = tol * (sig + _rmax(xp, mt_n))
+    # feasibility and the face's equations at the scale of y and of the rows (not of x: a far point's
+    # y must hold its constraints to rounding at its own scale); multipliers at the scale of x − y
+    sig_y = _rmax(xp, Yt)
+    feas_tol = _row_tol(xp, st, sig_y, tol)
+    mt_n = mt * st.rn2  # multipliers of the normalised rows
+    mtol = tol * (xp.maximum(sig_y, _rmax(xp, Xt)) + _rmax(xp, mt_n))
     neg = St & ((mt_n < -mtol) | (slack > feas_tol))  # drop: negative multiplier, or left slack
     viol = (~St) & st.fin & (slack < -feas_tol)
-    incons = cons > tol * _sample_scale(xp, st, sig)
+    incons = cons > tol * _sample_scale(xp, st, sig_y)
     eq_ok = ~incons
     if dt.p:
         eq_res = xp.abs(matvec(xp, dt.B, Yt) - dt.b)
-        eq_ok = eq_ok & xp.all(eq_res <= tol * (st.bsum + st.bn1 * sig), axis=1)
+        eq_ok = eq_ok & xp.all(eq_res <= tol * (st.bsum + st.bn1 * sig_y), axis=1)
     done = ~xp.any(neg, axis=1) & ~xp.any(viol, axis=1) & eq_ok
     add, drop = _changes(xp, St, slack, st, mt_n, neg, viol, incons, ft, wt, block)
     Snew = xp.where(done[:, None], St, (St | add) & ~drop)
@@ -299,8 +319,7 @@ def _finish(xp, state: _State, X, data: PolyData, sc: _Scales, tol: float, faces
     """Final active sets: the accepted face plus rows at zero slack (weakly active), relative to scale."""
     mult = xp.where(state.mult > 0, state.mult, xp.zeros_like(state.mult))
     slack = ineq_slack(state.Y, *_ineq_parts(data))
-    sig = xp.maximum(_rmax(xp, state.Y), _rmax(xp, X))
-    at_zero = sc.fin & (xp.abs(slack) <= _row_tol(xp, sc, sig, tol))
+    at_zero = sc.fin & (xp.abs(slack) <= _row_tol(xp, sc, _rmax(xp, state.Y), tol))
     active = state.accepted[:, None] & (state.S | at_zero)
     if faces:  # a recorded face serves the samples whose final active set it is (no weakly active extra)
         exact = state.accepted & ~xp.any(active != state.S, axis=1)
