@@ -351,9 +351,9 @@ def test_large_batches_go_to_the_backend_in_chunks(rng, monkeypatch):
 
     P = random_polytope(rng, 8, 12, 1)
     X = 3 * rng.normal(size=(50, 8))
-    whole = pp.project(X, P, polish=False, eps_abs=1e-10)
+    whole = pp.project(X, P, "proxsuite", polish=False, eps_abs=1e-10)
     monkeypatch.setattr(host, "CHUNK_BYTES", 16 * (8 + 13) ** 2 * 7)  # 7 elements a chunk
-    parts = pp.project(X, P, polish=False, eps_abs=1e-10)
+    parts = pp.project(X, P, "proxsuite", polish=False, eps_abs=1e-10)
     np.testing.assert_allclose(parts.y, whole.y, atol=1e-12)
     assert len(parts.solution) == 50 and parts.solution.solution(49).residuals()["primal"] < 1e-8
 

@@ -292,8 +292,10 @@ def test_errors(rng):
 
 
 def test_auto_rule():
-    x = torch.zeros(3, 4, dtype=torch.float64)
+    x = torch.zeros(64, 4, dtype=torch.float64)
     assert choose_backend(x, shared=True) == "admm"
+    few = torch.zeros(3, 4, dtype=torch.float64)
+    assert choose_backend(few, shared=True) == ("daqp" if "daqp" in pp.available_backends() else "admm")
     assert choose_backend(x, shared=False) in ("ipm", "proxsuite")
 
 

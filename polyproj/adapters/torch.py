@@ -27,10 +27,11 @@ __all__ = ["ProjectionLayer", "choose_backend", "project"]
 
 
 def choose_backend(x: torch.Tensor, shared: bool) -> str:
-    """The ``backend="auto"`` rule (:func:`polyproj.backends.defaults.auto_projection`)."""
+    """The ``backend="auto"`` rule for ``x`` (:func:`polyproj.backends.defaults.auto_projection`)."""
     from ..backends.defaults import auto_projection
 
-    return auto_projection(shared)
+    batch = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
+    return auto_projection(shared, batch, x.device.type == "cpu")
 
 
 # ----------------------------------------------------------------------------- the Function

@@ -14,10 +14,13 @@ __all__ = ["PROJECTION_DEFAULT", "QP_DEFAULT", "auto_projection", "fallback_for"
 
 #: default backend of :func:`polyproj.solve_qp` (best at 1e-8 and 1e-9 on the Maros–Meszaros dense subset)
 QP_DEFAULT = "piqp"
-#: default backend of :func:`polyproj.project` for a Polyhedron
-PROJECTION_DEFAULT = "proxsuite"
-#: the ``backend="auto"`` rule for projections: shared matrices → one factorisation for the batch
-AUTO_SHARED, AUTO_PER_SAMPLE = "admm", "ipm"
+#: default backend of :func:`polyproj.project` for a Polyhedron: chosen per call by :func:`auto_projection`
+PROJECTION_DEFAULT = "auto"
+#: the ``backend="auto"`` rule for projections: shared matrices → one factorisation for the batch (the
+#: ADMM start); fewer than AUTO_SMALL_BATCH points on the CPU → a dual active-set solver per point;
+#: per-sample matrices → the batched IPM
+AUTO_SHARED, AUTO_SMALL, AUTO_PER_SAMPLE = "admm", "daqp", "ipm"
+AUTO_SMALL_BATCH = 8
 #: order in which an independent second opinion is asked (a false infeasibility report)
 INDEPENDENT = ("ipm", "highs", "proxsuite", "osqp")
 
@@ -32,9 +35,18 @@ def _available(name: str, **settings: Any) -> bool:
     return True
 
 
-def auto_projection(shared_matrices: bool) -> str:
-    """``backend="auto"``: the ADMM start + polish for shared matrices, the batched IPM for per-sample ones."""
-    return AUTO_SHARED if shared_matrices else AUTO_PER_SAMPLE
+def auto_projection(shared_matrices: bool, batch: int | None = None, on_cpu: bool = True,
+                    settings: dict | None = None) -> str:
+    """The ``backend="auto"`` rule for projections.
+
+    The ADMM start + polish for shared matrices (DAQP, when installed and the settings are unified ones,
+    for batches of fewer than :data:`AUTO_SMALL_BATCH` CPU points), the batched IPM for per-sample matrices.
+    """
+    if not shared_matrices:
+        return AUTO_PER_SAMPLE
+    if batch is not None and batch < AUTO_SMALL_BATCH and on_cpu and _available(AUTO_SMALL, **(settings or {})):
+        return AUTO_SMALL
+    return AUTO_SHARED
 
 
 def fallback_for(on_cpu: bool, n: int, count: int, settings: dict) -> str:

@@ -83,8 +83,10 @@ class Polyhedral(Projector):
             raise ProblemError(f"tol must be a positive number, got {tol!r}")
         if max_polish_iter is not None and (not isinstance(max_polish_iter, (int, np.integer)) or max_polish_iter < 0):
             raise ProblemError(f"max_polish_iter must be an integer >= 0, got {max_polish_iter!r}")
-        name = auto_projection(self.data.shared_matrices) if backend == "auto" else backend
-        self.solver = get_backend(name, **settings)
+        self.auto = backend == "auto"
+        self.settings = dict(settings)
+        self.solver = get_backend(auto_projection(self.data.shared_matrices) if self.auto else backend, **settings)
+        self._solvers: dict[str, Any] = {self.solver.name: self.solver}
         self.options = PolishOptions(bool(polish), float(tol), max_polish_iter, int(polish_block_iter), str(fallback))
         self.given, self.batch_shape = tuple(given), tuple(batch_shape)
         self._like: dict[Any, PolyData] = {}
@@ -140,7 +142,7 @@ class Polyhedral(Projector):
             raise ProblemError(f"the constraint data carry a batch of {self._batch_size()} but X has "
                                f"{X.shape[0]} points")
         X64 = xp.astype(X, xp.float64)
-        out = run(X64, data, self.solver, replace(self.options, record=record), warm=self._warm(X, warm_start))
+        out = run(X64, data, self._solver_for(X), replace(self.options, record=record), warm=self._warm(X, warm_start))
         viol = data.violation(out.Y)
         info = FaceInfo(data, out.Y, out.active, out.mult, out.mu, out.faces)
         active, mult = out.active, out.mult
@@ -150,6 +152,20 @@ class Polyhedral(Projector):
         return ProjectionResult(xp.astype(out.Y, X.dtype), active, xp.concat([mult, out.mu], axis=1), out.status,
                                 float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
                                 solution=out.start.solution, face=info)
+
+    def _solver_for(self, X: Any):
+        """The backend of this call: the given one, or the ``"auto"`` choice for this batch and device."""
+        if not self.auto:
+            return self.solver
+        from ..backends.defaults import auto_projection
+        from ..registry import get_backend
+
+        dev = _device(X)
+        name = auto_projection(self.data.shared_matrices, X.shape[0], str(getattr(dev, "type", dev)) == "cpu",
+                               self.settings)
+        if name not in self._solvers:
+            self._solvers[name] = get_backend(name, **self.settings)
+        return self._solvers[name]
 
     def _warm(self, X: Any, warm_start: Any) -> Any:
         """The active sets (pipeline numbering, X's namespace) of a previous result; None when unusable."""
@@ -193,7 +209,8 @@ class Polyhedral(Projector):
 
     def __repr__(self) -> str:
         d = self.data
-        return (f"Polyhedral(n={d.n}, inequalities={d.m}, equalities={d.p}, backend={self.solver.name!r}"
+        name = "auto" if self.auto else self.solver.name
+        return (f"Polyhedral(n={d.n}, inequalities={d.m}, equalities={d.p}, backend={name!r}"
                 + (", per-sample data" if d.batched else "") + ")")
 
 
