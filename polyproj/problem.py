@@ -1,6 +1,6 @@
 """Problem model: :class:`QP` (canonical form) and :class:`Polyhedron` (the papers' form).
 
-QP (DESIGN §2)::
+QP (docs/architecture.md, "Conventions")::
 
     minimize ½ xᵀPx + qᵀx   subject to   l <= C x <= u,   lb <= x <= ub
 

@@ -1,6 +1,6 @@
 """Solver results: the :class:`Status` enum and the :class:`Solution` / :class:`BatchSolution` records.
 
-Sign convention (DESIGN §2): with ``z`` one multiplier per row of ``C`` and ``z_box`` one per
+Sign convention (docs/architecture.md, "Conventions"): with ``z`` one multiplier per row of ``C`` and ``z_box`` one per
 variable bound, stationarity reads ``P x + q + Cᵀ z + z_box = 0``; ``z_i > 0`` means the upper side
 ``u_i`` is active, ``z_i < 0`` the lower side ``l_i``. Every backend maps its multipliers to this.
 """
@@ -82,7 +82,7 @@ class Solution:
     x : ndarray (n,)
         Primal solution (NaN when the solver produced none).
     z : ndarray (m,)
-        Multipliers of ``l <= C x <= u`` (DESIGN §2 sign convention).
+        Multipliers of ``l <= C x <= u`` (the sign convention above).
     z_box : ndarray (n,)
         Multipliers of ``lb <= x <= ub``.
     status : Status

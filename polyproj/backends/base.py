@@ -3,7 +3,7 @@
 A backend is glue: it maps the canonical :class:`~polyproj.problem.QP` to its solver's API,
 maps the unified settings (``eps_abs``, ``eps_rel``, ``max_iter``, ``time_limit``, ``verbose``,
 ``warm_start``) and returns a :class:`~polyproj.solution.Solution` in the single sign convention
-of DESIGN §2. Backend-specific options are listed in ``options``; an unknown name raises
+of docs/architecture.md ("Conventions"). Backend-specific options are listed in ``options``; an unknown name raises
 :class:`~polyproj.errors.SettingsError`.
 
 Writing a backend::

@@ -9,7 +9,7 @@ Notation: ``G`` (``n_ineq × n``) and ``h`` are the inequality form of a polyhed
 then ``-e_j`` for finite lower bounds, then ``e_j`` for finite upper bounds), ``B y = b`` the
 equalities, ``I(x)`` the active rows at ``y = Π_P(x)``.
 
-The HS set (DESIGN §6, Han & Sun 1997)::
+The HS set (Han & Sun 1997; polyproj/projection/faces.py)::
 
     ∂_HS Π_P(x) = { I − M_Kᵀ(M_K M_Kᵀ)⁻¹M_K :  K ⊆ I(x),  M_K = [G_K; B] has independent rows,
                     ∃ multiplier λ >= 0 of the projection with supp(λ) ⊆ K }

@@ -3,7 +3,7 @@
 All data are small integers, so every constructed point is *exact* in floating point (a row that
 is meant to be active has slack exactly 0) and a shrunk falsifying example is short and readable.
 
-Construction (DESIGN §9)
+Construction (docs/checking_a_backend.md)
 ------------------------
 *Polyhedron with LICQ at y*.*  Pick an integer point ``y*`` and ``k`` active inequality-form rows
 (rows of ``A`` or variable bounds) plus ``p`` equality rows.  Each active/equality row gets its own
