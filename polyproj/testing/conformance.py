@@ -15,7 +15,8 @@ capability the backend does not declare (``solver.capabilities``) raises :class:
         except CheckSkipped as why:
             print(name, "skipped:", why)
 
-What is checked (docs/architecture.md "Conventions", docs/checking_a_backend.md): KKT residuals (primal, dual — which fixes the multiplier sign
+What is checked (docs/architecture.md "Conventions", docs/checking_a_backend.md):
+KKT residuals (primal, dual — which fixes the multiplier sign
 convention ``Px + q + Cᵀz + z_box = 0`` — and duality gap) on feasible random QPs, dense and
 sparse, equality-only, bounds-only and degenerate (redundant rows); the sign of the multipliers of
 rows known to be active on their upper / lower side; PRIMAL_INFEASIBLE / DUAL_INFEASIBLE statuses on
