@@ -69,6 +69,16 @@ class KKTPoint:
         """The KKT residual: max of stationarity, feasibility, complementarity and dual residuals."""
         return max(self.residuals.values(), default=0.0)
 
+    @property
+    def suggested_damping(self) -> float:
+        """A damping floor sized by the stationarity residual ‖∇θL‖∞ (0 at an exact KKT point).
+
+        At an approximately stationary point θ̄ with ∇L(θ̄) = e, H is known only up to curvature of
+        the order of ‖e‖ (θ̄ sits O(‖e‖/λ) away from the KKT point it approximates), so eigenvalues
+        below ‖e‖ are not trusted; ``DIF(damping="auto")`` starts from this value.
+        """
+        return float(self.residuals.get("stationarity", 0.0))
+
     def _idx(self, *kinds: str) -> np.ndarray:
         return np.array([j for j, s in enumerate(self.status) if s in kinds], dtype=np.int64)
 
