@@ -80,7 +80,7 @@ def train(args, cache: Path):
     frozen = FrozenHessian(H)
     if not tfile.exists():
         th, lam, info = newton_kkt(prob, th, lam, tol=args.tol, hessian=frozen, chunk_size=args.chunk, max_iter=60)
-        log(f"chord polish: residuals {['%.1e' % r for r in info.residuals]}")
+        log(f"chord polish: residuals {[f'{r:.1e}' for r in info.residuals]}")
         np.savez(tfile, theta=th.numpy(), lam=lam)
     kkt = KKTPoint.from_params(prob, th, lam, tol=max(args.tol * 10, 1e-9), polish=False, warn=False)
     return S, kkt, frozen, H
@@ -120,7 +120,7 @@ def removals_for(S, args) -> list[dict]:
 
     n = len(client)
     singles = [rem([int(i)]) for i in rng.choice(n, size=args.singles, replace=False)]
-    size = max(2, int(round(0.01 * n)))
+    size = max(2, round(0.01 * n))
     groups = [rem(rng.choice(n, size=size, replace=False)) for _ in range(args.groups)]
     return singles + groups
 
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     klog = [(what, info.iterations, info.residual) for what, info in dif.krylov_log]
     log(f"DIF scores of {len(R)} removals in {t_dif:.1f} s; Krylov: {klog}")
     t = time.perf_counter()
-    pred["classic IF"], iflog = if_scores(prob, kkt, F, R, kind="classic", rtol=1e-10, maxiter=5000)
+    pred["classic IF"], _ = if_scores(prob, kkt, F, R, kind="classic", rtol=1e-10, maxiter=5000)
     t_if = time.perf_counter() - t
     sweep = []
     for pen, rhos in RHOS.items():

@@ -17,7 +17,6 @@ from polyproj.adapters.dif.qp import kkt_solve
 from polyproj.adapters.dif.scores import per_sample_grads_vmap
 from polyproj.adapters.dif.study import make_regression_study
 
-
 pytestmark = pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning")
 
 
