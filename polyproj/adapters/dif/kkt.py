@@ -188,6 +188,40 @@ class KKTPoint:
         return cls(theta=th.clone(), lambdas=torch.as_tensor(lam.copy()), g=gval, status=status, names=names,
                    residuals=res, active_tol=active_tol, mult_tol=mult_tol, info={"polished_multipliers": polished})
 
+    @classmethod
+    def from_cooper(cls, problem: ConstrainedProblem, cmp: Any, model: Any, *, tol: float = 1e-6,
+                    refine: bool = False, **kwargs: Any) -> KKTPoint:
+        """The KKT point of a model trained with Cooper (``cooper-optim``).
+
+        Parameters
+        ----------
+        problem : ConstrainedProblem
+            The same problem on the full data, its constraints named as Cooper's (a Cooper
+            constraint with n multipliers: ``name[0]`` … ``name[n-1]``).
+        cmp : cooper.ConstrainedMinimizationProblem
+            Its multipliers are read by constraint name.
+        model : nn.Module or 1-D tensor
+            The trained parameters, in the layout of ``problem``.
+        tol : float
+            Accepted KKT residual after the multiplier polish (see :meth:`from_params`).
+        refine : bool
+            Re-solve from Cooper's point with :func:`solve` to ``tol`` first (for an exact KKT
+            point when Cooper stopped early or trained on mini-batches).
+        **kwargs
+            Passed to :meth:`from_params` (``active_tol``, ``mult_tol``, ``polish``, ``warn``).
+        """
+        from .cooper import cooper_multipliers
+
+        lam = cooper_multipliers(problem, cmp)
+        if refine:
+            k = solve(problem, theta0=_flat_theta(problem, model), lambdas0=lam, tol=tol,
+                      warn=kwargs.get("warn", True))
+            k.info["from_cooper"] = {"lambdas": lam.tolist(), "refined": True}
+            return k
+        k = cls.from_params(problem, model, lam, tol=tol, **kwargs)
+        k.info["from_cooper"] = {"lambdas": lam.tolist(), "refined": False}
+        return k
+
 
 def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
     if isinstance(theta, nn.Module):
