@@ -75,8 +75,19 @@ class NewtonInfo:
 
 def augmented_lagrangian(problem: ConstrainedProblem, theta: torch.Tensor, lam: np.ndarray, *, tol: float = 1e-7,
                          rho: float = 10.0, max_outer: int = 40, inner_maxiter: int = 2000,
-                         chunk_size: int = DEFAULT_CHUNK) -> tuple[torch.Tensor, np.ndarray, NewtonInfo]:
-    """PHR augmented Lagrangian with L-BFGS-B inner solves, to KKT residual ``tol`` (or ``max_outer``)."""
+                         chunk_size: int = DEFAULT_CHUNK,
+                         time_limit: float | None = None) -> tuple[torch.Tensor, np.ndarray, NewtonInfo]:
+    """PHR augmented Lagrangian with L-BFGS-B inner solves, to KKT residual ``tol`` (or ``max_outer``).
+
+    ``time_limit`` (seconds) stops the iteration, inner solves included, once exceeded.
+    """
+    import time
+
+    t_end = np.inf if time_limit is None else time.perf_counter() + float(time_limit)
+
+    def stop(intermediate_result) -> None:
+        if time.perf_counter() > t_end:
+            raise StopIteration
     eq = problem.eq_mask
     lam = np.where(eq, lam, np.maximum(lam, 0.0)).astype(np.float64)
     x = theta.detach().numpy().astype(np.float64).copy()
@@ -97,7 +108,9 @@ def augmented_lagrangian(problem: ConstrainedProblem, theta: torch.Tensor, lam: 
             info.converged = True
             break
         gtol = max(0.1 * tol, 1e-3 * res)
-        out = scipy.optimize.minimize(phi, x, args=(lam, rho), jac=True, method="L-BFGS-B",
+        if time.perf_counter() > t_end:
+            break
+        out = scipy.optimize.minimize(phi, x, args=(lam, rho), jac=True, method="L-BFGS-B", callback=stop,
                                       options={"maxiter": inner_maxiter, "gtol": gtol, "ftol": 0.0, "maxcor": 30})
         x = out.x
         info.krylov_iterations.append(int(out.nit))
