@@ -16,7 +16,7 @@ import scipy.sparse.linalg as spla
 
 from ...errors import SolverError
 
-__all__ = ["KRYLOV_METHODS", "IndefiniteHessianError", "KrylovInfo", "solve_hessian"]
+__all__ = ["KRYLOV_METHODS", "IndefiniteHessianError", "KrylovInfo", "check_converged", "solve_hessian"]
 
 KRYLOV_METHODS = ("cg", "minres")
 

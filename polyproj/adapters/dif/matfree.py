@@ -74,38 +74,34 @@ class DualQP:
 
     def solve_batch(self, Hd: np.ndarray) -> np.ndarray:
         """μ (n, k) for each row of h (n, k)."""
-        from .qp import solve_qp_exact_batch
-
         Hd = np.atleast_2d(Hd)
         if Hd.shape[0] == 0:
             return np.zeros((0, self.k))
         if not self.reduced:
-            P, Q = self.S, Hd
-        else:
-            P, Q, B, W, SBBinv_SBW, SBBinv = self._reduction(Hd)
-        Wn = int(P.shape[0]) if not self.reduced else W.size
-        rows = ~self.eq if not self.reduced else np.ones(Wn, bool)
-        Cd = -np.eye(P.shape[0])[rows]
-        Ud = np.zeros((Q.shape[0], Cd.shape[0]))
-        if P.shape[0] == 0:
-            mu_red = np.zeros((Q.shape[0], 0))
-        elif Cd.shape[0] == 0:
-            mu_red = -np.linalg.solve(P, Q.T).T
-        else:
-            sols = solve_qp_exact_batch(P, Q, Cd, Ud, np.zeros(Cd.shape[0], bool), backend=self.backend,
-                                        **self.settings)
-            bad = [i for i, s in enumerate(sols) if not s.status.ok]
-            if bad:
-                s = sols[bad[0]]
-                raise SolverError(f"the DIF dual QP failed for {len(bad)} of {len(sols)} removals "
-                                  f"(first #{bad[0]}: {s.status.name}, {s.status.message})")
-            mu_red = np.array([s.x for s in sols]).reshape(Q.shape[0], -1)
-        if not self.reduced:
-            return mu_red
+            return self._sign_constrained_qp(self.S, Hd, ~self.eq)
+        P, Q, B, W, SBBinv_SBW, SBBinv = self._reduction(Hd)
         mu = np.zeros((Hd.shape[0], self.k))
-        mu[:, W] = mu_red
-        mu[:, B] = -(SBBinv @ Hd[:, B].T).T - mu_red @ SBBinv_SBW.T
+        mu[:, W] = self._sign_constrained_qp(P, Q, np.ones(W.size, bool))
+        mu[:, B] = -(SBBinv @ Hd[:, B].T).T - mu[:, W] @ SBBinv_SBW.T
         return mu
+
+    def _sign_constrained_qp(self, P: np.ndarray, Q: np.ndarray, signed: np.ndarray) -> np.ndarray:
+        """``min ½μᵀPμ + qᵀμ s.t. μ_signed >= 0`` for each row q of Q, by the backend + exact polish."""
+        from .qp import solve_qp_exact_batch
+
+        if P.shape[0] == 0:
+            return np.zeros((Q.shape[0], 0))
+        if not signed.any():
+            return -np.linalg.solve(P, Q.T).T
+        Cd = -np.eye(P.shape[0])[signed]
+        sols = solve_qp_exact_batch(P, Q, Cd, np.zeros((Q.shape[0], Cd.shape[0])), np.zeros(Cd.shape[0], bool),
+                                    backend=self.backend, **self.settings)
+        bad = [i for i, s in enumerate(sols) if not s.status.ok]
+        if bad:
+            s = sols[bad[0]]
+            raise SolverError(f"the DIF dual QP failed for {len(bad)} of {len(sols)} removals "
+                              f"(first #{bad[0]}: {s.status.name}, {s.status.message})")
+        return np.array([s.x for s in sols]).reshape(Q.shape[0], -1)
 
     def _reduction(self, Hd: np.ndarray):
         B, W = np.flatnonzero(self.eq), np.flatnonzero(~self.eq)
