@@ -180,12 +180,13 @@ def _projected_terms(problem, kkt, lin, basis: np.ndarray, removals: list[Remova
 def if_scores(problem: ConstrainedProblem, kkt: KKTPoint, test_fn, removals: Sequence[Removal] | None = None, *,
               kind: str = "classic", rho: float = 1.0, penalty: str = "quadratic", damping: float = 0.0,
               krylov: str = "cg", rtol: float = 1e-8, maxiter: int | None = None,
-              chunk_size: int = 1024, renormalize: bool = True) -> tuple[np.ndarray, list]:
+              chunk_size: int = 1024, renormalize: bool = True, preconditioner=None) -> tuple[np.ndarray, list]:
     """Matrix-free test-loss scores ∇Fᵀω of classic IF (``kind="classic"``) or Penalty-IF (``"penalty"``).
 
     ω = −H⁻¹c as in :func:`classic_if` / :func:`penalty_if`, with H applied by Hessian-vector
     products and s = H⁻¹∇F solved once (CG or MINRES), so a score is −sᵀc, linear in the removed
-    samples' gradients. Returns (scores (n,), Krylov log).
+    samples' gradients. ``preconditioner`` (≈ H⁻¹, SPD) is passed to the Krylov method.
+    Returns (scores (n,), Krylov log).
     """
     from .engine import _test_grad
     from .hvp import HessianOperator
@@ -203,7 +204,7 @@ def if_scores(problem: ConstrainedProblem, kkt: KKTPoint, test_fn, removals: Seq
                              chunk_size=chunk_size)
     else:
         op = HessianOperator(problem, kkt.theta, rho * act.astype(float), damping=damping, chunk_size=chunk_size)
-    inv = KrylovInverse(op, krylov, rtol, maxiter)
+    inv = KrylovInverse(op, krylov, rtol, maxiter, preconditioner)
     s = inv.solve(_test_grad(problem, test_fn, kkt.theta).numpy(), "s = H⁻¹∇F")
     rems = _single_removals(problem, removals)
     plain = _projected_terms(problem, kkt, lin, s[:, None], rems, chunk_size, renormalize=False)

@@ -127,6 +127,8 @@ class KrylovInverse:
     rtol : float
         Relative residual of every solve.
     maxiter : int, optional
+    preconditioner : LinearOperator or callable, optional
+        ≈ H⁻¹, symmetric positive definite (passed to SciPy as ``M``).
 
     Attributes
     ----------
@@ -134,15 +136,18 @@ class KrylovInverse:
         One entry per solve: what it was for, iterations, true residual.
     """
 
-    def __init__(self, op, method: str = "cg", rtol: float = 1e-10, maxiter: int | None = None) -> None:
+    def __init__(self, op, method: str = "cg", rtol: float = 1e-10, maxiter: int | None = None,
+                 preconditioner=None) -> None:
         self.op, self.method, self.rtol, self.maxiter = op, method, float(rtol), maxiter
+        self.preconditioner = preconditioner
         self.log: list = []
 
     def solve(self, b: np.ndarray, what: str) -> np.ndarray:
         """H⁻¹b; raises :class:`SolverError` when the Krylov method does not reach ``rtol``."""
         from .krylov import check_converged, solve_hessian
 
-        x, info = solve_hessian(self.op, b, method=self.method, rtol=self.rtol, maxiter=self.maxiter)
+        x, info = solve_hessian(self.op, b, method=self.method, rtol=self.rtol, maxiter=self.maxiter,
+                                M=self.preconditioner)
         self.log.append((what, info))
         check_converged(info, what, self.rtol)
         return x
