@@ -146,7 +146,7 @@ class DIF:
         self._dual: DualQP | None = None
 
     def _setup_matrix_free(self, damping: float, auto: bool, krylov: str, rtol: float, maxiter: int | None) -> None:
-        for _ in range(8):
+        for _ in range(20):
             op = HessianOperator(self.problem, self.kkt.theta, self.lin.lam, damping=damping,
                                  chunk_size=self.chunk_size)
             self._inv = KrylovInverse(op, krylov, rtol, maxiter)
@@ -156,9 +156,10 @@ class DIF:
             except IndefiniteHessianError as err:
                 if not auto:
                     raise
-                damping = max(2.0 * damping, 1.5 * -err.curvature + 1e-12)
-        else:  # pragma: no cover - eight doublings past the curvature CG reports
-            raise SolverError("damping='auto' could not make H positive definite in 8 rounds")
+                # the curvature is that of H + damping·I: lift past it, at least doubling
+                damping = max(2.0 * damping, damping + 1.5 * -err.curvature + 1e-12)
+        else:  # pragma: no cover - twenty rounds, each at least doubling
+            raise SolverError("damping='auto' could not make H positive definite in 20 rounds")
         self.damping, self.op = damping, op
 
     # ------------------------------------------------------------------ shared pieces
