@@ -2,7 +2,7 @@
 
 An MLP 64 → 320 → 256 → 10 (tanh, d = 105,546) on N = 10,000 digit images (sklearn's 1,797, each
 replicated with pixel noise), 10 client-risk constraints (the three worst clients active by
-construction). Trained by Adam (float32, mini-batches) then full-batch L-BFGS (float64); the KKT
+construction), objective mean CE + (wd/2)‖θ‖². Trained by Adam (float32, mini-batches) then full-batch L-BFGS (float64); the KKT
 point is ``KKTPoint.from_params`` of that approximately stationary net (its residual reported and
 used as the damping floor, ``damping="auto"``). Then one call ``DIF(...).influence(F)`` scores
 every training sample: matrix-free (CG on Hessian-vector products in data chunks, vmapped
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import polyproj as pp
 from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss
+from polyproj.adapters.dif.digits import cross_entropy_loss
 from polyproj.adapters.dif.newton import augmented_lagrangian, first_order
 
 
@@ -62,10 +63,10 @@ def ce(model, batch):
     return nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none")
 
 
-def pretrain(net: nn.Module, X, y, epochs: int, seed: int) -> None:
+def pretrain(net: nn.Module, X, y, epochs: int, seed: int, wd: float) -> None:
     torch.manual_seed(seed)
     net32 = net.float()
-    opt = torch.optim.Adam(net32.parameters(), lr=2e-3)
+    opt = torch.optim.Adam(net32.parameters(), lr=2e-3, weight_decay=wd)
     X32 = X.float()
     for _ in range(epochs):
         perm = torch.randperm(len(y))
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--widths", type=int, nargs=2, default=(320, 256))
     ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--wd", type=float, default=1e-3, help="weight decay in the objective")
     ap.add_argument("--lbfgs", type=int, default=100, help="full-batch L-BFGS iterations after Adam")
     ap.add_argument("--chunk", type=int, default=128, help="samples per chunk of per-sample gradients")
     ap.add_argument("--rtol", type=float, default=1e-6, help="CG relative residual")
@@ -106,7 +108,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     net = nn.Sequential(nn.Linear(64, a), nn.Tanh(), nn.Linear(a, b), nn.Tanh(), nn.Linear(b, 10))
     t = time.perf_counter()
-    pretrain(net, X, y, args.epochs, args.seed)
+    pretrain(net, X, y, args.epochs, args.seed, args.wd)
     t_adam = time.perf_counter() - t
 
     # constraints: the three worst clients at their current risk (active), the others loose
@@ -120,7 +122,8 @@ def main(argv=None) -> int:
 
     cons = [Constraint(ce, cdata(j), tau=float(risks[j]) * (1.0 if j in worst else 1.5), name=f"client{j}")
             for j in range(10)]
-    prob = ConstrainedProblem(net, Loss(ce, (X, y)), cons)
+    objective = Loss(cross_entropy_loss(args.wd), (X, y))  # CE + (wd/2)‖θ‖²: the net does not interpolate
+    prob = ConstrainedProblem(net, objective, cons)
     log(f"{prob}")
     t = time.perf_counter()
     th, _, _ = augmented_lagrangian(prob, prob.theta0, np.zeros(10), tol=1e-9, max_outer=2,
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
     _, _, g, _ = first_order(prob, th, 4096)
     for j in worst:  # keep the worst clients active at the trained point
         cons[j] = Constraint(ce, cdata(j), tau=float(g[j] + cons[j].tau), name=f"client{j}")
-    prob = ConstrainedProblem(net, Loss(ce, (X, y)), cons)
+    prob = ConstrainedProblem(net, objective, cons)
     kkt = KKTPoint.from_params(prob, th, None, tol=1.0, active_tol=1e-9, warn=False)
     log(f"trained (Adam {t_adam:.0f} s, L-BFGS {t_lbfgs:.0f} s): {kkt}")
     rss0 = peak_rss_mb()

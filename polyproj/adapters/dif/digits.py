@@ -25,7 +25,8 @@ from .kkt import KKTPoint
 from .newton import augmented_lagrangian, first_order
 from .problem import ConstrainedProblem, Constraint, Loss
 
-__all__ = ["DigitsClients", "FairnessStudy", "allconv_net", "load_digits_clients", "make_fairness_study"]
+__all__ = ["DigitsClients", "FairnessStudy", "allconv_net", "cross_entropy_loss", "load_digits_clients",
+           "make_fairness_study"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,7 +79,8 @@ def allconv_net(widths: tuple[int, int, int] = (16, 32, 40), seed: int = 0) -> n
                          nn.Conv2d(b, c, 2), nn.Tanh(), nn.Conv2d(c, 10, 1), nn.Flatten()).double()
 
 
-def _ce_factory(wd: float):
+def cross_entropy_loss(wd: float = 0.0):
+    """Per-sample ``CE(model(x), y) + (wd/2)‖θ‖²`` for ``Loss(fn, (X, y))`` (θ: the module's parameters)."""
     def per_sample(model, batch):
         logits = model(batch[0])
         ce = nn.functional.cross_entropy(logits, batch[1], reduction="none")
@@ -132,7 +134,7 @@ def make_fairness_study(seed: int = 0, *, tau: float | None = None, wd: float = 
     """
     D = load_digits_clients(seed, n_clients=n_clients, n_train=n_train)
     net = allconv_net(widths, seed)
-    obj = Loss(_ce_factory(wd), (D.X, D.y))
+    obj = Loss(cross_entropy_loss(wd), (D.X, D.y))
     p0 = ConstrainedProblem(net, obj)
     checkpoints: list = []
     th0, _, info0 = augmented_lagrangian(p0, p0.theta0, np.zeros(0), tol=tol, chunk_size=chunk_size)
