@@ -7,17 +7,18 @@ Two globally used pieces:
   minimised over θ by SciPy's L-BFGS-B on the full batch (chunked), then
   λ ← max(0, λ + ρg) (free for equalities) and ρ ← 10ρ when the violation does not fall by 4.
   Globally convergent to a KKT point from a poor start, but only linearly.
-* :func:`newton_kkt` — Newton's method on the KKT system of a working set A (binding, weakly
-  active and violated constraints)::
+* :func:`newton_kkt` — Newton's method on the KKT system. Matrix-free, on a working set A (binding,
+  weakly active and violated constraints)::
 
       [H  G_Aᵀ] [dθ ]   = − [∇f₀]          H = ∇²L(θ, λ)
       [G_A  0 ] [λ_A⁺]      [g_A]
 
-  solved either matrix-free by MINRES on Hessian-vector products (quadratic convergence), or with
-  a frozen factorised H̄ (:class:`FrozenHessian`, the chord method: exact gradients and constraint
-  Jacobians each step, H̄ fixed; linear convergence with a small rate near θ̄, one triangular solve
-  per step — the cheap way to re-solve many nearby problems). A working-set row whose multiplier
-  turns negative is dropped; an inactive constraint that becomes violated is added.
+  by MINRES on Hessian-vector products (quadratic convergence; a working-set row whose multiplier
+  turns negative is dropped, an inactive constraint that becomes violated is added). Or with a
+  frozen factorised H̄ (:class:`FrozenHessian`): SQP steps whose QP has H̄ and the exact gradients
+  and constraint Jacobians of the current point, every constraint in it (so the QP finds active-set
+  changes); linear convergence with a small rate near θ̄, triangular solves per step — the cheap way
+  to re-solve many nearby problems (leave-one-out ground truth).
 """
 
 from __future__ import annotations
@@ -148,14 +149,9 @@ class FrozenHessian:
         return scipy.linalg.cho_solve(self.factor, B, check_finite=False)
 
 
-def _kkt_step(H: Any, grad: np.ndarray, GA: np.ndarray, gA: np.ndarray, problem, theta, lam, chunk_size, rtol):
-    """(dθ, λ_A⁺, Krylov iterations) of one Newton step on the working set."""
+def _kkt_step(grad: np.ndarray, GA: np.ndarray, gA: np.ndarray, problem, theta, lam, chunk_size, rtol):
+    """(dθ, λ_A⁺, MINRES iterations) of one Newton step on the working set, H by Hessian-vector products."""
     k, d = GA.shape[0], grad.size
-    if isinstance(H, FrozenHessian):
-        y = H.solve(np.column_stack([grad, GA.T]))
-        S = GA @ y[:, 1:]
-        lamA = np.linalg.solve(S, gA - GA @ y[:, 0]) if k else np.zeros(0)
-        return -(y[:, 0] + y[:, 1:] @ lamA), lamA, 0
     op = HessianOperator(problem, theta, lam, chunk_size=chunk_size)
     count = [0]
 
@@ -208,7 +204,7 @@ def newton_kkt(problem: ConstrainedProblem, theta: torch.Tensor, lam: np.ndarray
             its = 0
         else:
             A = np.flatnonzero(work)
-            dth, lamA, its = _kkt_step(None, gf, G[A], g[A], problem, th, lam, chunk_size, rtol)
+            dth, lamA, its = _kkt_step(gf, G[A], g[A], problem, th, lam, chunk_size, rtol)
             neg = A[(lamA < 0) & ~eq[A]]
             if neg.size:  # a working-set row wants to leave: drop the most negative, re-solve
                 work[neg[np.argmin(lamA[np.isin(A, neg)])]] = False
