@@ -94,10 +94,56 @@ def hessian_float32(S, theta: torch.Tensor, lam: np.ndarray, block: int = 64) ->
     return 0.5 * (H + H.T)
 
 
+def rebuild(args, cache: Path):
+    """The study's problem at the cached θ̄ without training again (``--resume``).
+
+    The levels are read off θ̄: a binding or weakly active client has Rⱼ(θ̄) = τⱼ (to the KKT
+    residual), every other client has the common level R̄ + τ of the binding ones. TracIn then has
+    only the final checkpoint.
+    """
+    from polyproj.adapters.dif import ConstrainedProblem, Constraint, Loss
+    from polyproj.adapters.dif.digits import (
+        FairnessStudy,
+        _ce,
+        _test_fn,
+        allconv_net,
+        cross_entropy_loss,
+        load_digits_clients,
+    )
+
+    z = np.load(cache / "kkt.npz")
+    th, status = torch.as_tensor(z["theta"]), z["status"]
+    D = load_digits_clients(args.seed, n_train=args.n_train)
+    net = allconv_net(tuple(args.widths), args.seed)
+    obj = Loss(cross_entropy_loss(args.wd), (D.X, D.y))
+
+    def cdata(j):
+        i = torch.as_tensor(np.flatnonzero(D.client == j))
+        return (D.X[i], D.y[i])
+
+    p0 = ConstrainedProblem(net, obj)
+    risks = np.array([float(_ce(p0.wrap(th), cdata(j)).mean()) for j in range(D.n_clients)])
+    level = float(np.mean(risks[status == "binding"]))
+    taus = [float(risks[j]) if status[j] in ("binding", "weakly_active") else level for j in range(D.n_clients)]
+    prob = ConstrainedProblem(net, obj, [Constraint(_ce, cdata(j), tau=taus[j], name=f"client{j}")
+                                         for j in range(D.n_clients)])
+    tc = int(np.argmax(risks))
+    it = torch.as_tensor(np.flatnonzero(D.client_test == tc))
+    S = FairnessStudy(problem=prob, kkt=None, data=D, test_loss=_test_fn(D.X_test, D.y_test),
+                      client_test_loss=_test_fn(D.X_test[it], D.y_test[it]), level=level,
+                      unconstrained_risks=np.full(D.n_clients, np.nan), checkpoints=[],
+                      info={"tau": float("nan"), "weak": [int(j) for j in np.flatnonzero(status == "weakly_active")],
+                            "target_client": tc, "wd": args.wd, "resumed": True})
+    return S
+
+
 def train(args, cache: Path):
     """The study at a KKT point polished to ``args.tol`` (cached: θ̄, λ̄, H)."""
-    S = make_fairness_study(args.seed, widths=args.widths, n_train=args.n_train, wd=args.wd, tol=1e-6,
-                            chunk_size=args.chunk)
+    if args.resume:
+        S = rebuild(args, cache)
+    else:
+        S = make_fairness_study(args.seed, widths=args.widths, n_train=args.n_train, wd=args.wd, tol=1e-6,
+                                chunk_size=args.chunk)
     prob = S.problem
     hfile, tfile = cache / "H.npy", cache / "kkt.npz"
     if tfile.exists():
@@ -107,6 +153,7 @@ def train(args, cache: Path):
     else:
         th, lam = S.kkt.theta, S.kkt.lambdas.numpy()
     if hfile.exists():
+        log("loading H from the cache")
         H = np.load(hfile)
     else:
         log(f"forming H in float32 (d = {prob.dim}: {prob.dim} Hessian-vector products, vmapped)")
@@ -118,8 +165,9 @@ def train(args, cache: Path):
     if not tfile.exists():
         th, lam, info = newton_kkt(prob, th, lam, tol=args.tol, hessian=frozen, chunk_size=args.chunk, max_iter=60)
         log(f"chord polish: residuals {[f'{r:.1e}' for r in info.residuals]}")
-        np.savez(tfile, theta=th.numpy(), lam=lam)
     kkt = KKTPoint.from_params(prob, th, lam, tol=max(args.tol * 10, 1e-9), polish=False, warn=False)
+    if not tfile.exists():
+        np.savez(tfile, theta=th.numpy(), lam=lam, status=np.array(kkt.status))
     return S, kkt, frozen, H
 
 
@@ -167,7 +215,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--singles", type=int, default=100)
+    ap.add_argument("--singles", type=int, default=80)
     ap.add_argument("--groups", type=int, default=20)
     ap.add_argument("--tol", type=float, default=1e-10, help="KKT residual of θ̄ and of every re-solve")
     ap.add_argument("--wd", type=float, default=1e-2)
@@ -176,11 +224,14 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: shared 2-core machine)")
     ap.add_argument("--cache", default="/tmp/polyproj_dif_fairness")
-    ap.add_argument("--noise-seeds", type=int, default=3)
-    ap.add_argument("--agree", type=int, default=10, help="removals re-solved from a second perturbed start")
+    ap.add_argument("--noise-seeds", type=int, default=2)
+    ap.add_argument("--agree", type=int, default=6, help="removals re-solved from a second perturbed start")
     ap.add_argument("--quick", action="store_true", help="widths 4 8 8, 200 samples, 10 + 3 removals")
     ap.add_argument("--name", default="dif_fairness")
     ap.add_argument("--train-only", action="store_true", help="stop after stage 1 (θ̄ and H cached)")
+    ap.add_argument("--resume", action="store_true", help="rebuild the problem at the cached θ̄ (no training)")
+    ap.add_argument("--precondition", action="store_true",
+                    help="DIF's CG preconditioned by the chord's factorised H̄ (same answers, fewer iterations)")
     args = ap.parse_args(argv)
     if args.quick:
         args.widths, args.n_train, args.singles, args.groups = (2, 4, 4), 120, 6, 3
@@ -205,12 +256,14 @@ def main(argv=None) -> int:
 
     # ---- predictions
     t = time.perf_counter()
+    M = frozen.solve if args.precondition else None
     try:
-        dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8)
+        dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, preconditioner=M)
     except IndefiniteHessianError as err:
         log(f"CG: {err}; MINRES instead")
-        dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, krylov="minres")
+        dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, krylov="minres", preconditioner=M)
     pred = {"DIF": dif.influence(F, R).numpy()}
+    np.save(cache / f"dif_scores_{len(R)}.npy", pred["DIF"])
     t_dif = time.perf_counter() - t
     klog = [(what, info.iterations, info.residual) for what, info in dif.krylov_log]
     log(f"DIF scores of {len(R)} removals in {t_dif:.1f} s; Krylov: {klog}")
@@ -227,26 +280,32 @@ def main(argv=None) -> int:
         return lambda v: frozen.solve(v) - HU @ (K @ (HU.T @ v))   # Woodbury: (H̄ + UᵀU)⁻¹
 
     def scores(**kw):
-        try:
-            return if_scores(prob, kkt, F, R, rtol=1e-8, maxiter=1500, **kw)
-        except IndefiniteHessianError:
-            return if_scores(prob, kkt, F, R, rtol=1e-8, maxiter=1500, krylov="minres", **kw)
+        """CG; where the Hessian is indefinite (∇²f₀ alone may be), the smallest damping that CG accepts."""
+        damping = 0.0
+        for _ in range(12):
+            try:
+                sc, lg = if_scores(prob, kkt, F, R, rtol=1e-8, maxiter=1500, damping=damping, **kw)
+                return sc, lg, damping
+            except IndefiniteHessianError as err:
+                damping = max(2 * damping, damping + 1.5 * -err.curvature)
+        raise pp.SolverError("no damping made the baseline's Hessian positive definite")
 
     t = time.perf_counter()
-    pred["classic IF"], lg = scores(kind="classic", preconditioner=precond())
+    pred["classic IF"], lg, if_damping = scores(kind="classic", preconditioner=precond())
     t_if = time.perf_counter() - t
-    log(f"classic IF: {lg[0][1]}")
+    log(f"classic IF: damping {if_damping:.1e}, {lg[0][1]}")
     sweep = []
     for pen, rhos in RHOS.items():
         for rho in rhos:
             try:
-                sc, lg = scores(kind="penalty", rho=rho, penalty=pen,
-                                preconditioner=precond(rho if pen == "quadratic" else 0.0))
+                sc, lg, dmp = scores(kind="penalty", rho=rho, penalty=pen,
+                                     preconditioner=precond(rho if pen == "quadratic" else 0.0))
                 sweep.append({"penalty": pen, "rho": rho, "scores": sc, "cg_iterations": lg[0][1].iterations,
-                              "residual": lg[0][1].residual})
+                              "residual": lg[0][1].residual, "damping": dmp})
             except pp.PolyprojError as err:
                 sweep.append({"penalty": pen, "rho": rho, "error": str(err)[:200]})
     pred["TracIn"] = tracin_scores(prob, [*S.checkpoints, (kkt.theta, kkt.lambdas.numpy())], F, R)
+    np.savez(cache / f"baseline_scores_{len(R)}.npz", **{k.replace(" ", "_"): v for k, v in pred.items()})
     log("baselines done")
 
     # ---- ground truth, appended line by line
@@ -342,6 +401,7 @@ def main(argv=None) -> int:
             "n": len(second), "max_abs_diff": float(np.max(np.abs(second - actual[:len(second)]))),
             "pearson": pearson(second, actual[:len(second)]) if len(second) > 2 else None},
         "violations_at_theta_plus_omega": {"removals": pick, **viol},
+        "classic_if_damping": if_damping,
         "timing": {"train_s": t_train, "dif_scores_s": t_dif, "classic_if_s": t_if,
                    "dif_krylov": [{"what": a, "iterations": b, "residual": c} for a, b, c in klog]},
         "paper": {"DIF": 0.90, "Penalty-IF": 0.62},
