@@ -22,11 +22,12 @@ import torch
 
 from ...errors import ProblemError
 from .calculus import lagrangian_hessian
-from .engine import Linearisation, _as_removals
+from .engine import _as_removals
 from .kkt import INACTIVE, KKTPoint, solve
+from .linearisation import Linearisation
 from .problem import ConstrainedProblem, Removal
 
-__all__ = ["classic_if", "penalty_if", "retrain"]
+__all__ = ["classic_if", "if_scores", "penalty_if", "retrain", "tracin_scores"]
 
 
 def _solve_sym(H: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -156,3 +157,96 @@ def retrain(problem: ConstrainedProblem, removal: Removal | Sequence[Removal], w
     else:
         out = [job(r) for r in removals]
     return out[0] if single else out
+
+
+# ----------------------------------------------------------------------------- matrix-free scores
+def _single_removals(problem: ConstrainedProblem, removals: Sequence[Removal] | None) -> list[Removal]:
+    return list(removals) if removals is not None else \
+        [{"objective": [i]} for i in range(problem.objective.n_samples)]
+
+
+def _projected_terms(problem, kkt, lin, basis: np.ndarray, removals: list[Removal], chunk_size: int,
+                     renormalize: bool):
+    """Per removal: (c₀, c_constraints, r) projected on the columns of ``basis``."""
+    from .linearisation import removal_terms
+    from .scores import ProjectedGradients
+
+    checked = [problem.check_removal(r) for r in removals]
+    src = ProjectedGradients(problem, kkt.theta, basis, lin.grad_f0 @ basis, lin.G @ basis, chunk_size)
+    src.fill(checked)
+    return [removal_terms(problem, lin.g, src, rem, renormalize=renormalize) for rem in checked]
+
+
+def if_scores(problem: ConstrainedProblem, kkt: KKTPoint, test_fn, removals: Sequence[Removal] | None = None, *,
+              kind: str = "classic", rho: float = 1.0, penalty: str = "quadratic", damping: float = 0.0,
+              krylov: str = "cg", rtol: float = 1e-8, maxiter: int | None = None,
+              chunk_size: int = 1024, renormalize: bool = True, preconditioner=None) -> tuple[np.ndarray, list]:
+    """Matrix-free test-loss scores ∇Fᵀω of classic IF (``kind="classic"``) or Penalty-IF (``"penalty"``).
+
+    ω = −H⁻¹c as in :func:`classic_if` / :func:`penalty_if`, with H applied by Hessian-vector
+    products and s = H⁻¹∇F solved once (CG or MINRES), so a score is −sᵀc, linear in the removed
+    samples' gradients. ``preconditioner`` (≈ H⁻¹, SPD) is passed to the Krylov method.
+    Returns (scores (n,), Krylov log).
+    """
+    from .engine import _test_grad
+    from .hvp import HessianOperator
+    from .matfree import KrylovInverse
+
+    if kind not in ("classic", "penalty"):
+        raise ProblemError(f"kind must be 'classic' or 'penalty', got {kind!r}")
+    lin = Linearisation(problem, kkt, hessian="objective")
+    act = np.array([s != INACTIVE for s in kkt.status], dtype=bool)
+    g = np.where(act, lin.g, 0.0)
+    if kind == "classic":
+        op = HessianOperator(problem, kkt.theta, np.zeros(problem.m), damping=damping, chunk_size=chunk_size)
+    elif penalty == "quadratic":
+        op = HessianOperator(problem, kkt.theta, rho * g, damping=damping, low_rank=np.sqrt(rho) * lin.G[act],
+                             chunk_size=chunk_size)
+    else:
+        op = HessianOperator(problem, kkt.theta, rho * act.astype(float), damping=damping, chunk_size=chunk_size)
+    inv = KrylovInverse(op, krylov, rtol, maxiter, preconditioner)
+    s = inv.solve(_test_grad(problem, test_fn, kkt.theta).numpy(), "s = H⁻¹∇F")
+    rems = _single_removals(problem, removals)
+    plain = _projected_terms(problem, kkt, lin, s[:, None], rems, chunk_size, renormalize=False)
+    out = np.empty(len(rems))
+    if kind == "classic":
+        out[:] = [-(c0[0]) for c0, _, _ in plain]
+        return out, inv.log
+    ren = _projected_terms(problem, kkt, lin, s[:, None], rems, chunk_size, renormalize=renormalize)
+    Gs = lin.G @ s
+    for i, ((c0, _, _), (_, cc, r)) in enumerate(zip(plain, ren, strict=True)):
+        c = c0[0] + rho * (g @ cc[:, 0] + (r * act) @ Gs) if penalty == "quadratic" else \
+            c0[0] + rho * (act.astype(float) @ cc[:, 0])
+        out[i] = -c
+    return out, inv.log
+
+
+def tracin_scores(problem: ConstrainedProblem, checkpoints: Sequence[tuple[Any, Any]], test_fn,
+                  removals: Sequence[Removal] | None = None, *, weights: Sequence[float] | None = None,
+                  chunk_size: int = 1024) -> np.ndarray:
+    """Constrained TracIn: Σ_c η_c ∇F(θ_c)ᵀ ∇_θ[removed samples' share of L(θ_c, λ_c)].
+
+    For a removal R: Σ_c η_c ∇F(θ_c)ᵀ (Σ_{z∈R₀} ∇ℓ₀(z)/N₀ + Σⱼ λ_cⱼ Σ_{z∈Rⱼ} ∇ℓⱼ(z)/Nⱼ) — the first-order
+    change of F that the removed samples' gradient steps caused along training (Pruthi et al., with
+    the Lagrangian's gradient), signed as a predicted change of F on removal. ``checkpoints`` are
+    (θ_c, λ_c) pairs; ``weights`` the learning rates η_c (default 1).
+    """
+    from .engine import _test_grad
+    from .linearisation import loss_weights
+    from .scores import ProjectedGradients
+
+    rems = [problem.check_removal(r) for r in _single_removals(problem, removals)]
+    w = np.ones(len(checkpoints)) if weights is None else np.asarray(weights, dtype=np.float64)
+    out = np.zeros(len(rems))
+    for eta, (th, lam) in zip(w, checkpoints, strict=True):
+        th = torch.as_tensor(th, dtype=torch.float64)
+        lam = np.zeros(problem.m) if lam is None else np.asarray(lam, dtype=np.float64)
+        gF = _test_grad(problem, test_fn, th).numpy()[:, None]
+        src = ProjectedGradients(problem, th, gF, np.zeros(1), np.zeros((problem.m, 1)), chunk_size)
+        src.fill(rems)
+        coef = {"objective": 1.0, **{c.name: float(lam[j]) for j, c in enumerate(problem.constraints)}}
+        for i, rem in enumerate(rems):
+            for name, idx in rem.items():
+                wts, W = loss_weights(problem, name)
+                out[i] += eta * coef[name] * float(wts[idx] @ src.sample_data(name, idx)[0][:, 0]) / W
+    return out

@@ -2,8 +2,9 @@
 
 These are the dense building blocks of the exact path: gradients, constraint Jacobians, the
 Hessian of the Lagrangian ``∇²f₀ + Σ λⱼ∇²gⱼ`` and per-sample gradients (``jacrev`` of the
-per-sample losses). A matrix-free path would replace :func:`lagrangian_hessian` by
-Hessian-vector products.
+per-sample losses). The matrix-free path uses :mod:`polyproj.adapters.dif.hvp` (Hessian-vector
+products in data chunks) and :mod:`polyproj.adapters.dif.scores` (vmapped per-sample gradients)
+instead.
 """
 
 from __future__ import annotations

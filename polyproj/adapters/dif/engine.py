@@ -1,14 +1,20 @@
-"""The DIF engine: directional influence functions by the exact (dense) path of DESIGN §10.
+"""The DIF engine: directional influence functions, by the exact (dense) or the matrix-free path.
 
-``DIF(problem, kkt)`` forms H = ∇²f₀ + Σ λ̄ⱼ∇²gⱼ by ``torch.func`` once; each removal then costs the
-gradients of the removed samples and one small QP solved by any registered backend (then polished
-exactly). All-point scores (:meth:`DIF.influence`) stack per-sample gradients (``jacrev``) and send
-one batch of QPs sharing H and the active constraint rows to the backend's ``solve_batch``.
+``DIF(problem, kkt, method=...)``:
+
+* ``"dense"`` forms H = ∇²f₀ + Σ λ̄ⱼ∇²gⱼ by ``torch.func`` once; each removal is one QP in ω
+  solved by any registered backend (then polished exactly); all-point scores send one batch of QPs
+  sharing H and the active rows to the backend's ``solve_batch``.
+* ``"matrix-free"`` never forms H: H·v by forward-over-reverse, H⁻¹ by CG/MINRES, the QP by its
+  Schur complement over the active rows (:mod:`polyproj.adapters.dif.matfree`); all-point scores
+  project vmapped per-sample gradients on [H⁻¹∇F, H⁻¹C_Aᵀ] (:mod:`polyproj.adapters.dif.scores`).
+* ``"auto"`` (default): dense for d <= ``DENSE_MAX_DIM``, matrix-free above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +23,15 @@ import torch
 
 from ...errors import ProblemError, SolverError
 from ...solution import Status
-from .calculus import constraint_jacobian, lagrangian_hessian, objective_grad, per_sample, per_sample_grads
+from .hvp import DEFAULT_CHUNK, HessianOperator
 from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
+from .krylov import KRYLOV_METHODS, IndefiniteHessianError
+from .linearisation import Linearisation
+from .matfree import DenseInverse, DualQP, KrylovInverse
 from .problem import ConstrainedProblem, Removal
+from .scores import ScoreJob
 
-__all__ = ["DIF", "DIFResult", "Linearisation"]
+__all__ = ["DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation"]
 
 
 @dataclass(frozen=True)
@@ -48,85 +58,6 @@ class DIFResult:
     multipliers: np.ndarray
 
 
-class Linearisation:
-    """First-order data of a problem at a KKT point: H, ∇g, g, per-loss means (shared by DIF and baselines)."""
-
-    def __init__(self, problem: ConstrainedProblem, kkt: KKTPoint, *, hessian: str = "lagrangian") -> None:
-        if not isinstance(problem, ConstrainedProblem):
-            raise ProblemError(f"problem must be a ConstrainedProblem, got {type(problem).__name__}")
-        if not isinstance(kkt, KKTPoint):
-            raise ProblemError(f"kkt must be a KKTPoint (dif.solve or KKTPoint.from_params), got {type(kkt).__name__}")
-        if kkt.theta.numel() != problem.dim or kkt.names != tuple(c.name for c in problem.constraints):
-            raise ProblemError("kkt does not belong to this problem (parameter count or constraint names differ)")
-        self.problem, self.kkt = problem, kkt
-        self.theta = kkt.theta
-        self.lam = kkt.lambdas.numpy().astype(np.float64)
-        lam_h = self.lam if hessian == "lagrangian" else np.zeros_like(self.lam)
-        self.H = lagrangian_hessian(problem, self.theta, lam_h)
-        self.f0, self.grad_f0 = objective_grad(problem, self.theta)
-        self.g, self.G = constraint_jacobian(problem, self.theta)
-        self._cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-    def precompute(self) -> None:
-        """Cache per-sample gradients and losses of every loss with data (for many removals)."""
-        for loss in (self.problem.objective, *self.problem.constraints):
-            if loss.data is not None and loss.name not in self._cache:
-                self._cache[loss.name] = (per_sample_grads(self.problem, loss.name, self.theta),
-                                          per_sample(self.problem, loss.name, self.theta))
-
-    def _sample_data(self, name: str, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        if name in self._cache:
-            grads, vals = self._cache[name]
-            return grads[idx], vals[idx]
-        vals = None if name == "objective" else per_sample(self.problem, name, self.theta, idx)
-        return per_sample_grads(self.problem, name, self.theta, idx), vals
-
-    def _weights(self, name: str) -> tuple[np.ndarray, float]:
-        loss = self.problem.loss(name)
-        w = np.ones(loss.n_samples) if loss.weights is None else loss.weights.numpy().astype(np.float64)
-        W = float(w.sum()) if loss.renormalize else float(w.size)
-        return w, W
-
-    def removal_terms(self, removal: Removal, *, renormalize: bool = True,
-                      weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For one removal: (c₀, c_constraints (m, d), r (m,)) with c = c₀ + Σ wⱼ c_constraintsⱼ.
-
-        ``c₀`` is the objective's term, row j of ``c_constraints`` constraint j's term before its
-        weight (λ̄ⱼ for DIF), ``r`` the shift of each constraint value.
-        """
-        rem = self.problem.check_removal(removal)
-        d, m = self.problem.dim, self.problem.m
-        c0, cc, r = np.zeros(d), np.zeros((m, d)), np.zeros(m)
-        for name, idx in rem.items():
-            w, W = self._weights(name)
-            wi = w[idx]
-            grads, vals = self._sample_data(name, idx)
-            gterm = -(wi @ grads) / W
-            if name == "objective":
-                if renormalize:
-                    gterm = gterm + wi.sum() / W * self.grad_f0
-                c0 += gterm
-            else:
-                j = self.problem.names.index(name) - 1
-                rj = -(wi @ vals) / W
-                if renormalize:
-                    mean_j = self.g[j] + self.problem.constraints[j].tau
-                    rj += wi.sum() / W * mean_j
-                    gterm = gterm + wi.sum() / W * self.G[j]
-                cc[j] += gterm
-                r[j] += rj
-        return c0, cc, r
-
-    def objective_terms(self, idx: np.ndarray | None = None, *, renormalize: bool = True) -> np.ndarray:
-        """Linear terms c for removing each single objective sample, (k, d) (rows: -∇ℓ₀(zᵢ)/N₀ + renormalisation)."""
-        w, W = self._weights("objective")
-        idx = np.arange(w.size) if idx is None else np.asarray(idx, dtype=np.int64)
-        C = -(w[idx, None] * per_sample_grads(self.problem, "objective", self.theta, idx)) / W
-        if renormalize:
-            C = C + (w[idx, None] / W) * self.grad_f0[None, :]
-        return C
-
-
 def _as_removals(removal: Removal | Sequence[Removal]) -> tuple[list[Removal], bool]:
     if isinstance(removal, Mapping):
         return [removal], True
@@ -136,20 +67,43 @@ def _as_removals(removal: Removal | Sequence[Removal]) -> tuple[list[Removal], b
                        f"got {type(removal).__name__}")
 
 
+#: largest d for which ``method="auto"`` forms H (a d × d float64 matrix and its factor)
+DENSE_MAX_DIM = 1000
+
+METHODS = ("auto", "dense", "matrix-free")
+
+
 class DIF:
-    """Directional influence functions at a KKT point (exact path: H formed, QP by a backend).
+    """Directional influence functions at a KKT point.
 
     Parameters
     ----------
     problem : ConstrainedProblem
     kkt : KKTPoint
     backend : str or QPSolver
-        Any registered backend (default ``"proxsuite"``); the QP answer is then polished exactly.
-    damping : float
-        Adds ``damping·I`` to H (for singular or ill-conditioned Hessians).
+        Any registered backend (default ``"proxsuite"``) for the DIF QP (dense path) or its small
+        dual QP (matrix-free path); the answer is then polished exactly.
+    damping : float or "auto"
+        Adds ``damping·I`` to H (singular, ill-conditioned or indefinite Hessians). ``"auto"``: the
+        KKT point's stationarity residual as a floor, raised above the most negative curvature that
+        CG meets (matrix-free) or the most negative eigenvalue (dense); the value used is
+        ``self.damping``. See docs/dif.md, "Damping".
+    method : {"auto", "dense", "matrix-free"}
+        ``"auto"``: dense for d <= ``DENSE_MAX_DIM`` (1000), matrix-free above.
     renormalize : bool
         Default True: a removal means what retraining means (every loss stays a mean over what
         remains; rⱼ includes ℓ̄ⱼ − ℓⱼ(z)). False: the paper's plain Δε = −1/Nⱼ (a τ-shifted problem).
+    krylov : {"cg", "minres"}
+        Matrix-free solves with H. CG stops with :class:`IndefiniteHessianError` on a direction of
+        non-positive curvature; MINRES accepts an indefinite non-singular H.
+    rtol, maxiter : float, int
+        Relative residual and iteration cap of every Krylov solve (``self.krylov_log`` has the
+        residuals and iteration counts).
+    chunk_size : int, optional
+        Samples per chunk of Hessian-vector products and per-sample gradients (bounds memory).
+    preconditioner : LinearOperator or callable, optional
+        Matrix-free: an SPD approximation of H⁻¹ for the Krylov solves (same answers, fewer
+        iterations), e.g. a factorised Hessian of a nearby point.
     **settings
         QP solver settings (default ``eps_abs=1e-10``).
 
@@ -161,22 +115,76 @@ class DIF:
     """
 
     def __init__(self, problem: ConstrainedProblem, kkt: KKTPoint, backend: Any = "proxsuite",
-                 damping: float = 0.0, *, renormalize: bool = True, **settings: Any) -> None:
-        if not np.isfinite(damping) or damping < 0:
-            raise ProblemError(f"damping must be a finite number >= 0, got {damping}")
+                 damping: float | str = 0.0, *, method: str = "auto", renormalize: bool = True, krylov: str = "cg",
+                 rtol: float = 1e-10, maxiter: int | None = None, chunk_size: int | None = None,
+                 preconditioner: Any = None, **settings: Any) -> None:
+        if method not in METHODS:
+            raise ProblemError(f"method must be one of {METHODS}, got {method!r}")
+        if krylov not in KRYLOV_METHODS:
+            raise ProblemError(f"krylov must be one of {KRYLOV_METHODS}, got {krylov!r}")
+        auto_damping = isinstance(damping, str)
+        if auto_damping and damping != "auto":
+            raise ProblemError(f"damping must be a number >= 0 or 'auto', got {damping!r}")
+        if not auto_damping and (not np.isfinite(damping) or damping < 0):
+            raise ProblemError(f"damping must be a finite number >= 0 or 'auto', got {damping}")
         self.lin = Linearisation(problem, kkt)
         self.problem, self.kkt = problem, kkt
-        self.backend, self.damping, self.renormalize = backend, float(damping), bool(renormalize)
-        self.settings = settings
-        self.H = self.lin.H + self.damping * np.eye(problem.dim)
+        self.backend, self.renormalize, self.settings = backend, bool(renormalize), settings
+        self.method = ("dense" if problem.dim <= DENSE_MAX_DIM else "matrix-free") if method == "auto" else method
+        self.chunk_size = int(chunk_size) if chunk_size else DEFAULT_CHUNK
         st = kkt.status
         self.rows = np.array([j for j, s in enumerate(st) if s in (BINDING, EQUALITY, WEAK)], dtype=np.int64)
         self.row_eq = np.array([st[j] != WEAK for j in self.rows], dtype=bool)
         self.C = self.lin.G[self.rows]
+        floor = kkt.suggested_damping if auto_damping else float(damping)
+        if self.method == "dense":
+            self.damping = floor
+            if auto_damping:
+                w0 = float(np.linalg.eigvalsh(self.lin.H)[0])
+                self.damping = max(floor, 1.1 * -w0) if w0 <= 0 else floor
+            self.H = self.lin.H + self.damping * np.eye(problem.dim)
+            self._inv = DenseInverse(self.H)
+        else:
+            self._setup_matrix_free(floor, auto_damping, krylov, rtol, maxiter, preconditioner)
+        self._dual: DualQP | None = None
 
-    # ------------------------------------------------------------------ one removal
+    def _setup_matrix_free(self, damping: float, auto: bool, krylov: str, rtol: float, maxiter: int | None,
+                           preconditioner: Any) -> None:
+        for _ in range(20):
+            op = HessianOperator(self.problem, self.kkt.theta, self.lin.lam, damping=damping,
+                                 chunk_size=self.chunk_size)
+            self._inv = KrylovInverse(op, krylov, rtol, maxiter, preconditioner)
+            try:
+                self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A")
+                break
+            except IndefiniteHessianError as err:
+                if not auto:
+                    raise
+                # the curvature is that of H + damping·I: lift past it, at least doubling
+                damping = max(2.0 * damping, damping + 1.5 * -err.curvature + 1e-12)
+        else:  # pragma: no cover - twenty rounds, each at least doubling
+            raise SolverError("damping='auto' could not make H positive definite in 20 rounds")
+        self.damping, self.op = damping, op
+
+    # ------------------------------------------------------------------ shared pieces
+    @property
+    def krylov_log(self) -> list:
+        """``[(what, KrylovInfo), ...]``: every Krylov solve (iterations, true relative residual)."""
+        return list(self._inv.log)
+
+    @property
+    def dual(self) -> DualQP:
+        """The dual QP over the active rows, S = C H⁻¹ Cᵀ (formed on first use)."""
+        if self._dual is None:
+            V = self.V if self.method == "matrix-free" else self._inv.solve_many(self.C, "H⁻¹∇g_A")
+            self.V = V
+            self._dual = DualQP.build(self.C @ V, self.row_eq, self.backend, self.settings)
+        return self._dual
+
     def qp_data(self, removal: Removal) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(H, c, C, u, eq) of the DIF QP ``min cᵀω + ½ωᵀHω s.t. Cω = u (eq), Cω <= u`` (u = −r)."""
+        """(H, c, C, u, eq) of the DIF QP ``min cᵀω + ½ωᵀHω s.t. Cω = u (eq), Cω <= u`` (u = −r); dense only."""
+        if self.method != "dense":
+            raise ProblemError("qp_data forms H: use method='dense'")
         c, r = self._terms(removal)
         return self.H, c, self.C, -r[self.rows], self.row_eq
 
@@ -184,23 +192,37 @@ class DIF:
         c0, cc, r = self.lin.removal_terms(removal, renormalize=self.renormalize)
         return c0 + self.lin.lam @ cc, r
 
+    # ------------------------------------------------------------------ one removal
     def result(self, removal: Removal) -> DIFResult:
         """The full :class:`DIFResult` for one removal (subset of samples, possibly of several losses)."""
+        c, r = self._terms(removal)
+        if self.method == "matrix-free":
+            return self._result_schur(c, r)
         from .qp import solve_qp_exact
 
-        c, r = self._terms(removal)
         sol = solve_qp_exact(self.H, c, self.C, -r[self.rows], self.row_eq, backend=self.backend, **self.settings)
-        return self._pack(sol, r)
-
-    def _pack(self, sol, r) -> DIFResult:
-        m = self.problem.m
-        omega = np.nan_to_num(sol.x, nan=np.nan)
-        mult = np.zeros(m)
-        mult[self.rows] = sol.z
-        change = (self.lin.G @ omega + r) if m else np.zeros(0)
         names = tuple(self.kkt.names[j] for j, a in zip(self.rows, sol.active, strict=True) if a)
-        return DIFResult(omega=torch.as_tensor(omega), status=sol.status, constraint_change=change,
-                         active=names, multipliers=mult)
+        return self._pack(np.nan_to_num(sol.x, nan=np.nan), sol.z, sol.status, r, names)
+
+    def _result_schur(self, c: np.ndarray, r: np.ndarray) -> DIFResult:
+        y = self._inv.solve(c, "H⁻¹c")
+        u = -r[self.rows]
+        mu = self.dual.solve(self.C @ y + u) if self.rows.size else np.zeros(0)
+        omega = -(y + self.V @ mu)
+        slack = u - self.C @ omega
+        tol = 1e-8 * (1.0 + float(np.max(np.abs(u), initial=0.0)))
+        # a rounding-level positive multiplier on a row left with slack is not an active row
+        act = self.row_eq | (mu > 1e-10 * (1.0 + float(np.max(np.abs(mu), initial=0.0)))) | (np.abs(slack) <= tol)
+        names = tuple(self.kkt.names[j] for j, a in zip(self.rows, act, strict=True) if a)
+        return self._pack(omega, mu, Status.SOLVED, r, names)
+
+    def _pack(self, omega: np.ndarray, z: np.ndarray, status: Status, r: np.ndarray, names) -> DIFResult:
+        m = self.problem.m
+        mult = np.zeros(m)
+        mult[self.rows] = z
+        change = (self.lin.G @ omega + r) if m else np.zeros(0)
+        return DIFResult(omega=torch.as_tensor(omega), status=status, constraint_change=change, active=names,
+                         multipliers=mult)
 
     def delta_theta(self, removal: Removal | Sequence[Removal]) -> torch.Tensor:
         """Predicted parameter change Δθ for a removal (d,), or for a list of removals (k, d).
@@ -213,7 +235,7 @@ class DIF:
         ProblemError
             Unknown loss name, index out of range, removal from a data-free constraint.
         SolverError
-            The QP could not be solved (the status says why).
+            The QP (or a Krylov solve) could not be solved (the message says why).
         """
         removals, single = _as_removals(removal)
         out = []
@@ -226,28 +248,79 @@ class DIF:
                                                                               dtype=torch.float64)
 
     # ------------------------------------------------------------------ all points
-    def influence(self, test_fn: Callable[[Any], Any] | None = None,
-                  removals: Sequence[Removal] | None = None) -> torch.Tensor:
-        """Predicted change of ``test_fn`` when each objective sample is removed (first order).
+    def influence(self, test_fn: Callable[[Any], Any] | None = None, removals: Sequence[Removal] | None = None, *,
+                  executor: Executor | None = None, chunk_size: int | None = None,
+                  progress: bool | None = None) -> torch.Tensor:
+        """Predicted change of ``test_fn`` when each objective sample (or each removal) is removed.
 
         Parameters
         ----------
         test_fn : callable, optional
             ``test_fn(params_or_model)`` -> scalar (e.g. a test loss). ``None`` returns the
-            parameter changes themselves, shape (N₀, d).
+            parameter changes themselves, shape (N₀, d) (matrix-free: one Krylov solve per removal).
         removals : list of removals, optional
             Score these removals instead of the single objective samples (e.g. a training point
-            that also sits in a constraint's data: ``{"objective": [i], "group": [k]}``).
+            that also sits in a constraint's data: ``{"objective": [i], "group": [k]}``, or groups).
+        executor : concurrent.futures.Executor, optional
+            Score chunks of removals on it (threads, processes, a Dask ``Client.get_executor()``);
+            the answers equal the in-process ones. The problem must be picklable for processes.
+        chunk_size : int, optional
+            Removals per chunk (default: the engine's ``chunk_size``); per-sample gradients are
+            formed one chunk at a time, so memory is ``chunk_size × d`` floats plus one chunk's
+            activations.
+        progress : bool, optional
+            Progress bar over chunks (default: for 8 or more chunks without an executor).
 
         Returns
         -------
         torch.Tensor
             (N₀,) or (len(removals),): ∇F(θ̄)ᵀω for each removal.
         """
-        omegas = self._all_omegas(removals)
+        rems = list(removals) if removals is not None else \
+            [{"objective": [i]} for i in range(self.problem.objective.n_samples)]
         if test_fn is None:
-            return omegas
-        return omegas @ _test_grad(self.problem, test_fn, self.kkt.theta)
+            return self._all_omegas(removals) if self.method == "dense" else self.delta_theta(rems)
+        if self.method == "dense" and executor is None:
+            return self._all_omegas(removals) @ _test_grad(self.problem, test_fn, self.kkt.theta)
+        job = self.score_job(test_fn, chunk_size)
+        step = int(chunk_size) if chunk_size else self.chunk_size
+        chunks = [rems[s:s + step] for s in range(0, len(rems), step)]
+        if executor is not None:
+            parts = list(executor.map(job, chunks))
+        elif progress or (progress is None and len(chunks) >= 8):
+            from rich.progress import track
+
+            parts = [job(ch) for ch in track(chunks, description="DIF scores", transient=True)]
+        else:
+            parts = [job(ch) for ch in chunks]
+        scores = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
+        return torch.as_tensor(scores)
+
+    def score_job(self, test_fn: Callable[[Any], Any], chunk_size: int | None = None) -> ScoreJob:
+        """The self-contained scoring job for ``test_fn`` (s_test = H⁻¹∇F solved once, here)."""
+        gF = _test_grad(self.problem, test_fn, self.kkt.theta).numpy()
+        s = self._inv.solve(gF, "s_test = H⁻¹∇F")
+        dual = self.dual if self.rows.size else None
+        M = np.column_stack([s, self.V]) if self.rows.size else s[:, None]
+        b = self.V.T @ gF if self.rows.size else np.zeros(0)
+        return ScoreJob(problem=self.problem, theta=self.kkt.theta, lam=self.lin.lam, g=self.lin.g, basis=M,
+                        grad_f0=self.lin.grad_f0 @ M, G=self.lin.G @ M, rows=self.rows, b=b, dual=dual,
+                        renormalize=self.renormalize,
+                        chunk_size=int(chunk_size) if chunk_size else self.chunk_size)
+
+    def top_k(self, test_fn: Callable[[Any], Any], k: int, *, largest: bool = False,
+              candidates: Sequence[int] | None = None) -> tuple[np.ndarray, float]:
+        """The k objective samples whose single removal most decreases (``largest``: increases) ``test_fn``.
+
+        Returns the indices and the predicted change of removing them *together* (the group's own
+        dual QP, not the sum of the single scores).
+        """
+        cand = np.arange(self.problem.objective.n_samples) if candidates is None else np.asarray(candidates)
+        scores = self.influence(test_fn, [{"objective": [int(i)]} for i in cand]).numpy()
+        order = np.argsort(-scores if largest else scores, kind="stable")[:k]
+        idx = np.sort(cand[order])
+        joint = float(self.influence(test_fn, [{"objective": idx}])[0])
+        return idx, joint
 
     def _all_omegas(self, removals: Sequence[Removal] | None) -> torch.Tensor:
         from .qp import solve_qp_exact_batch

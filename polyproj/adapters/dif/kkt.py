@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ...errors import PolyprojWarning, ProblemError, SolverError
+from ...solution import Status
 from .calculus import constraint_jacobian, lagrangian_hessian, objective_grad
 from .problem import ConstrainedProblem
 from .qp import solve_qp_exact
@@ -68,6 +69,16 @@ class KKTPoint:
     def residual(self) -> float:
         """The KKT residual: max of stationarity, feasibility, complementarity and dual residuals."""
         return max(self.residuals.values(), default=0.0)
+
+    @property
+    def suggested_damping(self) -> float:
+        """A damping floor sized by the stationarity residual ‖∇θL‖∞ (0 at an exact KKT point).
+
+        At an approximately stationary point θ̄ with ∇L(θ̄) = e, H is known only up to curvature of
+        the order of ‖e‖ (θ̄ sits O(‖e‖/λ) away from the KKT point it approximates), so eigenvalues
+        below ‖e‖ are not trusted; ``DIF(damping="auto")`` starts from this value.
+        """
+        return float(self.residuals.get("stationarity", 0.0))
 
     def _idx(self, *kinds: str) -> np.ndarray:
         return np.array([j for j, s in enumerate(self.status) if s in kinds], dtype=np.int64)
@@ -177,6 +188,40 @@ class KKTPoint:
         return cls(theta=th.clone(), lambdas=torch.as_tensor(lam.copy()), g=gval, status=status, names=names,
                    residuals=res, active_tol=active_tol, mult_tol=mult_tol, info={"polished_multipliers": polished})
 
+    @classmethod
+    def from_cooper(cls, problem: ConstrainedProblem, cmp: Any, model: Any, *, tol: float = 1e-6,
+                    refine: bool = False, **kwargs: Any) -> KKTPoint:
+        """The KKT point of a model trained with Cooper (``cooper-optim``).
+
+        Parameters
+        ----------
+        problem : ConstrainedProblem
+            The same problem on the full data, its constraints named as Cooper's (a Cooper
+            constraint with n multipliers: ``name[0]`` … ``name[n-1]``).
+        cmp : cooper.ConstrainedMinimizationProblem
+            Its multipliers are read by constraint name.
+        model : nn.Module or 1-D tensor
+            The trained parameters, in the layout of ``problem``.
+        tol : float
+            Accepted KKT residual after the multiplier polish (see :meth:`from_params`).
+        refine : bool
+            Re-solve from Cooper's point with :func:`solve` to ``tol`` first (for an exact KKT
+            point when Cooper stopped early or trained on mini-batches).
+        **kwargs
+            Passed to :meth:`from_params` (``active_tol``, ``mult_tol``, ``polish``, ``warn``).
+        """
+        from .cooper import cooper_multipliers
+
+        lam = cooper_multipliers(problem, cmp)
+        if refine:
+            k = solve(problem, theta0=_flat_theta(problem, model), lambdas0=lam, tol=tol,
+                      warn=kwargs.get("warn", True))
+            k.info["from_cooper"] = {"lambdas": lam.tolist(), "refined": True}
+            return k
+        k = cls.from_params(problem, model, lam, tol=tol, **kwargs)
+        k.info["from_cooper"] = {"lambdas": lam.tolist(), "refined": False}
+        return k
+
 
 def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
     if isinstance(theta, nn.Module):
@@ -213,6 +258,32 @@ def _nnls_multipliers(grad, G, active, eq) -> np.ndarray:
     return lam
 
 
+def _convexified(H: np.ndarray, grad: np.ndarray, G: np.ndarray, g: np.ndarray, work: np.ndarray,
+                 shift: float) -> tuple[np.ndarray, np.ndarray]:
+    """The SQP subproblem's (P, q), made strictly convex without moving its solution when possible.
+
+    First the augmented-Lagrangian term ρ/2‖G_W d + g_W‖² on the working rows W (it vanishes on
+    the linearised constraints that the QP keeps at equality, so it leaves that QP's solution
+    alone, and by Debreu's lemma it makes P positive definite when H is positive definite on
+    null(G_W)); then, if P still has an eigenvalue below ``shift``·‖H‖, every eigenvalue is replaced
+    by its absolute value floored there (negative curvature becomes descent of a sensible length;
+    ``shift`` grows when line searches cut the step and shrinks when full steps are taken).
+    """
+    w = np.linalg.eigvalsh(H)
+    scale = max(1.0, float(np.max(np.abs(w))))
+    P, q = H, grad
+    if w[0] < shift * scale and np.any(work):
+        Gw = G[work]
+        rho = scale / max(float(np.linalg.norm(Gw, 2)) ** 2, 1e-300)
+        P = H + rho * Gw.T @ Gw
+        q = grad + rho * Gw.T @ g[work]
+        w = np.linalg.eigvalsh(P)
+    if w[0] < shift * scale:  # saddle-free modification: |eigenvalues|, floored at shift·‖H‖
+        w, Q = np.linalg.eigh(P)
+        P = (Q * np.maximum(np.abs(w), shift * scale)) @ Q.T
+    return P, q
+
+
 def _merit(problem, th, nu, eq) -> float:
     with torch.no_grad():
         f = float(problem.objective_value(th))
@@ -220,15 +291,25 @@ def _merit(problem, th, nu, eq) -> float:
     return f + nu * float(np.sum(np.where(eq, np.abs(g), np.maximum(g, 0.0))))
 
 
+#: largest d for which ``solve(method="auto")`` uses the dense SQP
+SQP_MAX_DIM = 500
+
+
 def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None, *, tol: float = 1e-10,
           max_iter: int = 100, backend: Any = "proxsuite", active_tol: float = 1e-6, mult_tol: float = 1e-7,
-          warn: bool = True, **settings: Any) -> KKTPoint:
-    """Train to a KKT point by sequential quadratic programming (exact Hessian of the Lagrangian).
+          warn: bool = True, method: str = "auto", chunk_size: int | None = None, **settings: Any) -> KKTPoint:
+    """Train to a KKT point (full batch), globalised so that non-convex models (networks) converge.
 
-    Each iteration solves ``min ½dᵀ∇²L d + ∇f₀ᵀd  s.t.  gⱼ + ∇gⱼᵀd <= 0`` (``= 0`` for equalities)
-    with ``backend`` (exact polish), takes the QP multipliers as the new λ, and a step on the ℓ₁
-    merit function. Quadratic convergence near a KKT point satisfying SOSC, so a warm start from a
-    nearby KKT point (leave-one-out retraining) converges in a few iterations.
+    ``method="sqp"`` (default for d <= ``SQP_MAX_DIM``): each iteration solves
+    ``min ½dᵀPd + qᵀd  s.t.  gⱼ + ∇gⱼᵀd <= 0`` (``= 0`` for equalities) with ``backend`` (exact
+    polish), P the Hessian of the Lagrangian made strictly convex (augmented-Lagrangian term on the
+    working rows, then |eigenvalues| floored by an adaptive shift: see ``_convexified``), takes the
+    QP multipliers as the new λ, and a line search on the ℓ₁ merit function. Quadratic convergence
+    near a KKT point satisfying SOSC, so warm starts (leave-one-out retraining) take few iterations.
+
+    ``method="auglag"`` (default above): the PHR augmented Lagrangian with L-BFGS inner solves to
+    residual 1e-7, then Newton on the working set's KKT system by MINRES on Hessian-vector products
+    to ``tol`` (:mod:`polyproj.adapters.dif.newton`); H is never formed.
 
     Parameters
     ----------
@@ -241,6 +322,9 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     max_iter : int
     backend : str or QPSolver
     active_tol, mult_tol, warn : as :meth:`KKTPoint.from_params`
+    method : {"auto", "sqp", "auglag"}
+    chunk_size : int, optional
+        Samples per chunk of gradients and Hessian-vector products (``"auglag"``).
     **settings : QP solver settings
 
     Returns
@@ -258,8 +342,13 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
         lambdas0.detach().cpu() if isinstance(lambdas0, torch.Tensor) else lambdas0, dtype=np.float64).copy()
     if lam.shape != (problem.m,):
         raise ProblemError(f"lambdas0 must have shape ({problem.m},), got {lam.shape}")
+    if method not in ("auto", "sqp", "auglag"):
+        raise ProblemError(f"method must be 'auto', 'sqp' or 'auglag', got {method!r}")
+    if method == "auglag" or (method == "auto" and problem.dim > SQP_MAX_DIM):
+        return _solve_auglag(problem, th, lam, tol=tol, max_iter=max_iter, active_tol=active_tol,
+                             mult_tol=mult_tol, warn=warn, chunk_size=chunk_size, t0=t0)
     eq = problem.eq_mask
-    res = np.inf
+    res, shift = np.inf, 1e-4
     for it in range(1, max_iter + 1):
         _, grad = objective_grad(problem, th)
         gval, G = constraint_jacobian(problem, th)
@@ -267,11 +356,13 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
         if res <= tol:
             break
         H = lagrangian_hessian(problem, th, lam)
-        w = np.linalg.eigvalsh(H)
-        floor = 1e-10 * max(1.0, float(np.max(np.abs(w))))
-        if w[0] < floor:  # not positive definite (non-convex or rank deficient): shift
-            H = H + (floor - w[0]) * np.eye(H.shape[0])
-        sol = solve_qp_exact(H, grad, G, -gval, eq, backend=backend, **settings)
+        sol = None
+        for _ in range(6):  # convexify the QP; a subproblem still reported unbounded gets a larger shift
+            Hq, q = _convexified(H, grad, G, gval, eq | (lam > 0) | (gval >= -active_tol), shift)
+            sol = solve_qp_exact(Hq, q, G, -gval, eq, backend=backend, **settings)
+            if sol.status is not Status.DUAL_INFEASIBLE:
+                break
+            shift *= 100.0
         if not sol.status.ok:
             raise SolverError(f"SQP iteration {it}: the QP subproblem returned {sol.status.name} "
                               f"({sol.status.message}); the linearised constraints admit no step: check that the "
@@ -287,6 +378,7 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
             alpha *= 0.5
         th = th + alpha * dt
         lam = lam + alpha * (lam_new - lam)
+        shift = max(shift * 0.3, 1e-10) if alpha == 1.0 else min(shift * 10.0, 1e4) if alpha < 0.1 else shift
     else:
         _, grad = objective_grad(problem, th)
         gval, G = constraint_jacobian(problem, th)
@@ -297,4 +389,26 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     kkt = KKTPoint.from_params(problem, th, lam, tol=max(tol, 10 * res), active_tol=active_tol,
                                mult_tol=mult_tol, polish=False, warn=warn)
     kkt.info.update(iterations=it, time=time.perf_counter() - t0, method="sqp")
+    return kkt
+
+
+def _solve_auglag(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray, *, tol: float, max_iter: int,
+                  active_tol: float, mult_tol: float, warn: bool, chunk_size: int | None, t0: float) -> KKTPoint:
+    from .hvp import DEFAULT_CHUNK
+    from .newton import augmented_lagrangian, newton_kkt
+
+    chunk = chunk_size or DEFAULT_CHUNK
+    th, lam, info = augmented_lagrangian(problem, th, lam, tol=max(tol, 1e-7), chunk_size=chunk)
+    res = info.residuals[-1] if info.residuals else np.inf
+    newton = None
+    if res > tol:
+        th, lam, newton = newton_kkt(problem, th, lam, tol=tol, max_iter=max_iter, active_tol=active_tol,
+                                     chunk_size=chunk)
+        res = newton.residuals[-1]
+    if res > tol:
+        raise SolverError(f"the augmented Lagrangian + Newton-MINRES did not reach the KKT residual {tol:g} "
+                          f"(residual {res:.3e}); raise max_iter or loosen tol")
+    kkt = KKTPoint.from_params(problem, th, lam, tol=max(tol, 10 * res), active_tol=active_tol,
+                               mult_tol=mult_tol, polish=False, warn=warn)
+    kkt.info.update(time=time.perf_counter() - t0, method="auglag", auglag=info, newton=newton)
     return kkt

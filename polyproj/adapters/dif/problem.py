@@ -1,4 +1,4 @@
-"""Constrained ERM problem specification for the DIF engine (DESIGN §10).
+"""Constrained ERM problem specification for the DIF engine (docs/dif.md).
 
 The problem is::
 

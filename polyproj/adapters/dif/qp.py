@@ -1,4 +1,4 @@
-"""Assembly of the DIF QP (DESIGN §10) and its exact solution through the polyproj registry.
+"""Assembly of the DIF QP (docs/dif.md) and its exact solution through the polyproj registry.
 
 For a removal Zʳ and a KKT point (θ̄, λ̄) the directional derivative ω* = Dθ(ε̄; Δε) solves::
 

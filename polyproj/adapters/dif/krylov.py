@@ -1,0 +1,141 @@
+"""Solves with a matrix-free Hessian by SciPy's Krylov methods (``cg``, ``minres``).
+
+CG needs H positive definite. It is watched: every vector v that CG applies H to gives a Rayleigh
+quotient vᵀHv / vᵀv, and one that is <= 0 proves H is not positive definite; the solve then stops
+with :class:`IndefiniteHessianError` (add damping, or use MINRES, which accepts a symmetric
+indefinite but non-singular H). Every answer is checked by one more product: the reported residual
+is the true ‖Hx − b‖ / ‖b‖, not the recursion's estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse.linalg as spla
+
+from ...errors import SolverError
+
+__all__ = ["KRYLOV_METHODS", "IndefiniteHessianError", "KrylovInfo", "check_converged", "solve_hessian"]
+
+KRYLOV_METHODS = ("cg", "minres")
+
+
+class IndefiniteHessianError(SolverError):
+    """CG met a direction of non-positive curvature: H is not positive definite."""
+
+    def __init__(self, message: str, curvature: float) -> None:
+        super().__init__(message)
+        self.curvature = curvature
+
+
+@dataclass(frozen=True)
+class KrylovInfo:
+    """How one solve H x = b went.
+
+    Attributes
+    ----------
+    method : str
+        ``"cg"`` or ``"minres"``.
+    iterations : int
+        Krylov iterations (Hessian-vector products, not counting the residual check).
+    residual : float
+        True relative residual ‖Hx − b‖ / ‖b‖.
+    converged : bool
+        ``residual <= rtol`` (with a margin of 10 for rounding of the recursion).
+    min_curvature : float
+        Smallest Rayleigh quotient vᵀHv / vᵀv seen (an upper bound on λ_min(H)).
+    """
+
+    method: str
+    iterations: int
+    residual: float
+    converged: bool
+    min_curvature: float
+
+
+class _Watched:
+    """H as a LinearOperator that counts products and records the smallest Rayleigh quotient."""
+
+    def __init__(self, op, stop_on_negative: bool) -> None:
+        self.op, self.stop = op, stop_on_negative
+        self.count, self.min_curv = 0, np.inf
+
+    def matvec(self, v: np.ndarray) -> np.ndarray:
+        v = np.asarray(v).reshape(-1)
+        hv = self.op.matvec(v)
+        self.count += 1
+        vv = float(v @ v)
+        if vv > 0:
+            curv = float(v @ hv) / vv
+            self.min_curv = min(self.min_curv, curv)
+            if self.stop and curv <= 0.0:
+                raise IndefiniteHessianError(
+                    f"H is not positive definite: conjugate gradients met a direction with curvature vᵀHv/vᵀv = "
+                    f"{curv:.3e} <= 0 (after {self.count} products). The Hessian of the Lagrangian is indefinite "
+                    f"here: pass damping >= {max(-curv, 0.0) * 1.1 + 1e-12:.1e} (a biased but stable answer), or "
+                    "krylov='minres' (exact when H is non-singular and positive definite on the binding "
+                    "constraints' null space)", curv)
+        return hv
+
+    def linear_operator(self, d: int) -> spla.LinearOperator:
+        return spla.LinearOperator((d, d), matvec=self.matvec, rmatvec=self.matvec, dtype=np.float64)
+
+
+def solve_hessian(op, b: np.ndarray, *, method: str = "cg", rtol: float = 1e-10, maxiter: int | None = None,
+                  x0: np.ndarray | None = None, M=None) -> tuple[np.ndarray, KrylovInfo]:
+    """Solve H x = b with ``scipy.sparse.linalg.cg`` or ``minres`` on a matrix-free H.
+
+    Parameters
+    ----------
+    op : object with ``matvec(v) -> H v`` and ``dim``
+        E.g. :class:`~polyproj.adapters.dif.hvp.HessianOperator`.
+    b : ndarray (d,)
+    method : {"cg", "minres"}
+    rtol : float
+        Relative residual target ‖Hx − b‖ <= rtol ‖b‖.
+    maxiter : int, optional
+        Default ``max(100, 10 d)`` capped at 20,000.
+    x0 : ndarray, optional
+        Start (e.g. a previous answer).
+    M : LinearOperator or callable, optional
+        Symmetric positive definite preconditioner ≈ H⁻¹ (e.g. a float32 factorisation of a
+        nearby Hessian); the answer is the same, in fewer iterations.
+
+    Returns
+    -------
+    x : ndarray (d,)
+    info : KrylovInfo
+
+    Raises
+    ------
+    IndefiniteHessianError
+        ``method="cg"`` and H has a direction of non-positive curvature.
+    """
+    if method not in KRYLOV_METHODS:
+        raise ValueError(f"method must be one of {KRYLOV_METHODS}, got {method!r}")
+    b = np.asarray(b, dtype=np.float64).reshape(-1)
+    d = b.size
+    bnorm = float(np.linalg.norm(b))
+    if bnorm == 0.0:
+        return np.zeros(d), KrylovInfo(method, 0, 0.0, True, np.inf)
+    maxiter = min(max(100, 10 * d), 20_000) if maxiter is None else int(maxiter)
+    w = _Watched(op, stop_on_negative=(method == "cg"))
+    A = w.linear_operator(d)
+    if M is not None and not isinstance(M, spla.LinearOperator):
+        M = spla.LinearOperator((d, d), matvec=M, rmatvec=M, dtype=np.float64)
+    if method == "cg":
+        x, _ = spla.cg(A, b, x0=x0, rtol=rtol, atol=0.0, maxiter=maxiter, M=M)
+    else:
+        x, _ = spla.minres(A, b, x0=x0, rtol=rtol, maxiter=maxiter, M=M)
+    iterations = w.count
+    res = float(np.linalg.norm(op.matvec(x) - b)) / bnorm
+    return x, KrylovInfo(method, iterations, res, bool(res <= 10 * rtol), w.min_curv)
+
+
+def check_converged(info: KrylovInfo, what: str, rtol: float) -> None:
+    """Raise :class:`SolverError` when a solve did not reach its tolerance."""
+    if not info.converged:
+        raise SolverError(f"{info.method.upper()} for {what} stopped at relative residual {info.residual:.2e} after "
+                          f"{info.iterations} iterations (target {rtol:g}); raise maxiter, add damping "
+                          "(ill-conditioned H), or loosen rtol")

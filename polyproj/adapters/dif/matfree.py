@@ -1,0 +1,182 @@
+"""The matrix-free DIF path: Schur complement over the active constraints, H⁻¹ by Krylov methods.
+
+The DIF QP ``min cᵀω + ½ωᵀHω s.t. C_Bω = u_B, C_Wω <= u_W`` (B: binding and equality rows, W:
+weakly active ones) has, for H non-singular, the solution ω = −H⁻¹(c + Cᵀμ) where μ solves the
+KKT conditions of the *dual QP*
+
+    min_μ ½μᵀSμ + hᵀμ   s.t.  μ_W >= 0 (μ_B free),   S = C H⁻¹ Cᵀ,  h = C H⁻¹ c + u.
+
+V = H⁻¹Cᵀ is computed once per KKT point (k Krylov solves) and reused by every removal; each
+removal then costs one solve H⁻¹c and a k-variable QP, sent to any registered backend and polished
+exactly (:func:`~polyproj.adapters.dif.qp.solve_qp_exact`).
+
+When H is positive definite S is too, and the dual QP is convex as written. When H is indefinite
+but positive definite on null(C_B) (negative curvature removed by the binding constraints: the
+MINRES path), S is indefinite (it has as many negative eigenvalues as H) and the free μ_B are
+eliminated first: μ_B = −S_BB⁻¹(h_B + S_BW μ_W) leaves the QP in μ_W >= 0 with the Schur complement
+T = S_WW − S_WB S_BB⁻¹ S_BW, which is then positive semidefinite. If it is not, H is not positive
+definite on the critical cone (second-order sufficiency fails) and the DIF is not defined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import SolverError
+from .krylov import IndefiniteHessianError
+
+__all__ = ["DualQP"]
+
+
+def _psd(S: np.ndarray) -> bool:
+    if S.shape[0] == 0:
+        return True
+    w = np.linalg.eigvalsh(S)
+    return bool(w[0] >= -1e-10 * max(1.0, float(np.max(np.abs(w)))))
+
+
+@dataclass(frozen=True, eq=False)
+class DualQP:
+    """The dual QP of the DIF at one KKT point: ``S`` (k, k) and which rows are binding (``eq``).
+
+    Use :meth:`build`. ``reduced`` says whether the binding multipliers are eliminated first
+    (indefinite S, see the module docstring).
+    """
+
+    S: np.ndarray
+    eq: np.ndarray
+    reduced: bool
+    backend: object
+    settings: dict
+
+    @classmethod
+    def build(cls, S: np.ndarray, eq: np.ndarray, backend: object, settings: dict) -> DualQP:
+        """Check S and choose the full or the reduced form."""
+        S = 0.5 * (S + S.T)
+        if _psd(S):
+            return cls(S, eq, False, backend, dict(settings))
+        B, W = np.flatnonzero(eq), np.flatnonzero(~eq)
+        SBB = S[np.ix_(B, B)]
+        T = S[np.ix_(W, W)] - S[np.ix_(W, B)] @ np.linalg.solve(SBB, S[np.ix_(B, W)]) if B.size else S
+        if not _psd(T):
+            raise IndefiniteHessianError(
+                "the DIF is not defined here: H is not positive definite on the critical cone (second-order "
+                "sufficiency fails; the reduced dual matrix has a negative eigenvalue "
+                f"{float(np.linalg.eigvalsh(T)[0]):.3e}); add damping", float(np.linalg.eigvalsh(T)[0]))
+        return cls(S, eq, True, backend, dict(settings))
+
+    @property
+    def k(self) -> int:
+        """Number of active rows."""
+        return int(self.eq.size)
+
+    def solve_batch(self, Hd: np.ndarray) -> np.ndarray:
+        """μ (n, k) for each row of h (n, k)."""
+        Hd = np.atleast_2d(Hd)
+        if Hd.shape[0] == 0:
+            return np.zeros((0, self.k))
+        if not self.reduced:
+            return self._sign_constrained_qp(self.S, Hd, ~self.eq)
+        P, Q, B, W, SBBinv_SBW, SBBinv = self._reduction(Hd)
+        mu = np.zeros((Hd.shape[0], self.k))
+        mu[:, W] = self._sign_constrained_qp(P, Q, np.ones(W.size, bool))
+        mu[:, B] = -(SBBinv @ Hd[:, B].T).T - mu[:, W] @ SBBinv_SBW.T
+        return mu
+
+    def _sign_constrained_qp(self, P: np.ndarray, Q: np.ndarray, signed: np.ndarray) -> np.ndarray:
+        """``min ½μᵀPμ + qᵀμ s.t. μ_signed >= 0`` for each row q of Q, by the backend + exact polish."""
+        from .qp import solve_qp_exact_batch
+
+        if P.shape[0] == 0:
+            return np.zeros((Q.shape[0], 0))
+        if not signed.any():
+            return -np.linalg.solve(P, Q.T).T
+        Cd = -np.eye(P.shape[0])[signed]
+        sols = solve_qp_exact_batch(P, Q, Cd, np.zeros((Q.shape[0], Cd.shape[0])), np.zeros(Cd.shape[0], bool),
+                                    backend=self.backend, **self.settings)
+        bad = [i for i, s in enumerate(sols) if not s.status.ok]
+        if bad:
+            s = sols[bad[0]]
+            raise SolverError(f"the DIF dual QP failed for {len(bad)} of {len(sols)} removals "
+                              f"(first #{bad[0]}: {s.status.name}, {s.status.message})")
+        return np.array([s.x for s in sols]).reshape(Q.shape[0], -1)
+
+    def _reduction(self, Hd: np.ndarray):
+        B, W = np.flatnonzero(self.eq), np.flatnonzero(~self.eq)
+        S = self.S
+        SBBinv = np.linalg.inv(S[np.ix_(B, B)]) if B.size else np.zeros((0, 0))
+        SBBinv_SBW = SBBinv @ S[np.ix_(B, W)]
+        T = S[np.ix_(W, W)] - S[np.ix_(W, B)] @ SBBinv_SBW
+        Q = Hd[:, W] - (S[np.ix_(W, B)] @ (SBBinv @ Hd[:, B].T)).T
+        return 0.5 * (T + T.T), Q, B, W, SBBinv_SBW, SBBinv
+
+    def solve(self, h: np.ndarray) -> np.ndarray:
+        """μ (k,) for one h (k,)."""
+        return self.solve_batch(h[None, :])[0]
+
+
+class KrylovInverse:
+    """x = H⁻¹b by CG or MINRES on Hessian-vector products, every solve logged.
+
+    Parameters
+    ----------
+    op : HessianOperator
+    method : {"cg", "minres"}
+    rtol : float
+        Relative residual of every solve.
+    maxiter : int, optional
+    preconditioner : LinearOperator or callable, optional
+        ≈ H⁻¹, symmetric positive definite (passed to SciPy as ``M``).
+
+    Attributes
+    ----------
+    log : list of (what, KrylovInfo)
+        One entry per solve: what it was for, iterations, true residual.
+    """
+
+    def __init__(self, op, method: str = "cg", rtol: float = 1e-10, maxiter: int | None = None,
+                 preconditioner=None) -> None:
+        self.op, self.method, self.rtol, self.maxiter = op, method, float(rtol), maxiter
+        self.preconditioner = preconditioner
+        self.log: list = []
+
+    def solve(self, b: np.ndarray, what: str) -> np.ndarray:
+        """H⁻¹b; raises :class:`SolverError` when the Krylov method does not reach ``rtol``."""
+        from .krylov import check_converged, solve_hessian
+
+        x, info = solve_hessian(self.op, b, method=self.method, rtol=self.rtol, maxiter=self.maxiter,
+                                M=self.preconditioner)
+        self.log.append((what, info))
+        check_converged(info, what, self.rtol)
+        return x
+
+    def solve_many(self, B: np.ndarray, what: str) -> np.ndarray:
+        """H⁻¹Bᵀ for the rows of B (k, d), as columns (d, k)."""
+        return np.column_stack([self.solve(b, f"{what}[{i}]") for i, b in enumerate(B)]) if B.shape[0] else \
+            np.zeros((self.op.dim, 0))
+
+
+class DenseInverse:
+    """x = H⁻¹b with H formed (the exact path's Hessian; Cholesky when positive definite)."""
+
+    def __init__(self, H: np.ndarray) -> None:
+        import scipy.linalg
+
+        self.H = H
+        try:
+            self._chol = scipy.linalg.cho_factor(H)
+        except np.linalg.LinAlgError:
+            self._chol = None
+        self.log: list = []
+
+    def solve(self, b: np.ndarray, what: str) -> np.ndarray:
+        """H⁻¹b."""
+        import scipy.linalg
+
+        return scipy.linalg.cho_solve(self._chol, b) if self._chol is not None else np.linalg.solve(self.H, b)
+
+    def solve_many(self, B: np.ndarray, what: str) -> np.ndarray:
+        """H⁻¹Bᵀ (d, k)."""
+        return self.solve(B.T, what).reshape(self.H.shape[0], -1) if B.shape[0] else np.zeros((self.H.shape[0], 0))

@@ -1,0 +1,229 @@
+"""Training a :class:`ConstrainedProblem` to a KKT point when d is large (neural networks).
+
+Two globally used pieces:
+
+* :func:`augmented_lagrangian` — the PHR augmented Lagrangian
+  ``Φ(θ) = f₀ + Σ_ineq (ρ/2)[max(0, gⱼ + λⱼ/ρ)² − (λⱼ/ρ)²] + Σ_eq (λⱼgⱼ + (ρ/2)gⱼ²)``,
+  minimised over θ by SciPy's L-BFGS-B on the full batch (chunked), then
+  λ ← max(0, λ + ρg) (free for equalities) and ρ ← 10ρ when the violation does not fall by 4.
+  Globally convergent to a KKT point from a poor start, but only linearly.
+* :func:`newton_kkt` — Newton's method on the KKT system. Matrix-free, on a working set A (binding,
+  weakly active and violated constraints)::
+
+      [H  G_Aᵀ] [dθ ]   = − [∇f₀]          H = ∇²L(θ, λ)
+      [G_A  0 ] [λ_A⁺]      [g_A]
+
+  by MINRES on Hessian-vector products (quadratic convergence; a working-set row whose multiplier
+  turns negative is dropped, an inactive constraint that becomes violated is added). Or with a
+  frozen factorised H̄ (:class:`FrozenHessian`): SQP steps whose QP has H̄ and the exact gradients
+  and constraint Jacobians of the current point, every constraint in it (so the QP finds active-set
+  changes); linear convergence with a small rate near θ̄, triangular solves per step — the cheap way
+  to re-solve many nearby problems (leave-one-out ground truth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+import scipy.sparse.linalg as spla
+import torch
+
+from .hvp import DEFAULT_CHUNK, HessianOperator, LossPieces
+from .problem import ConstrainedProblem
+
+__all__ = ["FrozenHessian", "NewtonInfo", "augmented_lagrangian", "first_order", "kkt_residuals", "newton_kkt"]
+
+
+def first_order(problem: ConstrainedProblem, theta: torch.Tensor,
+                chunk_size: int = DEFAULT_CHUNK) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """f₀, ∇f₀ (d,), g (m,), G (m, d) by chunked gradients (one pass per loss)."""
+    f0, gf = LossPieces(problem, np.zeros(problem.m), 1.0, chunk_size).value_and_grad(theta)
+    m, d = problem.m, problem.dim
+    g, G = np.zeros(m), np.zeros((m, d))
+    for j, c in enumerate(problem.constraints):
+        e = np.zeros(m)
+        e[j] = 1.0
+        v, gr = LossPieces(problem, e, 0.0, chunk_size).value_and_grad(theta)
+        g[j], G[j] = v - c.tau, gr.numpy()
+    return f0, gf.numpy(), g, G
+
+
+def kkt_residuals(grad: np.ndarray, G: np.ndarray, g: np.ndarray, lam: np.ndarray,
+                  eq: np.ndarray) -> dict[str, float]:
+    """Stationarity ‖∇f₀ + Gᵀλ‖∞, feasibility, complementarity max|λⱼgⱼ| and dual max(−λ, 0)."""
+    stat = grad + G.T @ lam if G.shape[0] else grad
+    feas = np.where(eq, np.abs(g), np.maximum(g, 0.0))
+    return {"stationarity": float(np.max(np.abs(stat), initial=0.0)),
+            "feasibility": float(np.max(feas, initial=0.0)),
+            "complementarity": float(np.max(np.abs(np.where(eq, 0.0, lam * g)), initial=0.0)),
+            "dual": float(np.max(np.where(eq, 0.0, np.maximum(-lam, 0.0)), initial=0.0))}
+
+
+@dataclass
+class NewtonInfo:
+    """History of a KKT solve: residual per iteration, Krylov iterations, working set."""
+
+    residuals: list[float] = field(default_factory=list)
+    krylov_iterations: list[int] = field(default_factory=list)
+    working_set: tuple[int, ...] = ()
+    converged: bool = False
+    method: str = ""
+
+
+def augmented_lagrangian(problem: ConstrainedProblem, theta: torch.Tensor, lam: np.ndarray, *, tol: float = 1e-7,
+                         rho: float = 10.0, max_outer: int = 40, inner_maxiter: int = 2000,
+                         chunk_size: int = DEFAULT_CHUNK,
+                         time_limit: float | None = None) -> tuple[torch.Tensor, np.ndarray, NewtonInfo]:
+    """PHR augmented Lagrangian with L-BFGS-B inner solves, to KKT residual ``tol`` (or ``max_outer``).
+
+    ``time_limit`` (seconds) stops the iteration, inner solves included, once exceeded.
+    """
+    import time
+
+    t_end = np.inf if time_limit is None else time.perf_counter() + float(time_limit)
+
+    def stop(intermediate_result) -> None:
+        if time.perf_counter() > t_end:
+            raise StopIteration
+    eq = problem.eq_mask
+    lam = np.where(eq, lam, np.maximum(lam, 0.0)).astype(np.float64)
+    x = theta.detach().numpy().astype(np.float64).copy()
+    info = NewtonInfo(method="augmented-lagrangian")
+    prev_viol = np.inf
+
+    def phi(xv: np.ndarray, lam: np.ndarray, rho: float) -> tuple[float, np.ndarray]:
+        f0, gf, g, G = first_order(problem, torch.from_numpy(xv), chunk_size)
+        shifted = np.where(eq, lam + rho * g, np.maximum(0.0, lam + rho * g))
+        val = f0 + float(np.sum(np.where(eq, lam * g + 0.5 * rho * g ** 2, (shifted ** 2 - lam ** 2) / (2 * rho))))
+        return val, gf + G.T @ shifted
+
+    for _ in range(max_outer):
+        _, gf, g, G = first_order(problem, torch.from_numpy(x), chunk_size)
+        res = max(kkt_residuals(gf, G, g, lam, eq).values(), default=0.0)
+        info.residuals.append(res)
+        if res <= tol:
+            info.converged = True
+            break
+        gtol = max(0.1 * tol, 1e-3 * res)
+        if time.perf_counter() > t_end:
+            break
+        out = scipy.optimize.minimize(phi, x, args=(lam, rho), jac=True, method="L-BFGS-B", callback=stop,
+                                      options={"maxiter": inner_maxiter, "gtol": gtol, "ftol": 0.0, "maxcor": 30})
+        x = out.x
+        info.krylov_iterations.append(int(out.nit))
+        _, _, g, _ = first_order(problem, torch.from_numpy(x), chunk_size)
+        lam = np.where(eq, lam + rho * g, np.maximum(0.0, lam + rho * g))
+        viol = float(np.max(np.where(eq, np.abs(g), np.maximum(g, 0.0)), initial=0.0))
+        if viol > 0.25 * prev_viol:
+            rho *= 10.0
+        prev_viol = viol
+    return torch.from_numpy(x), lam, info
+
+
+class FrozenHessian:
+    """A factorised H̄ (Cholesky, with a shift when H̄ is not positive definite) for chord steps.
+
+    Parameters
+    ----------
+    H : ndarray (d, d)
+        E.g. ∇²L at the KKT point that re-solves are warm-started from.
+    """
+
+    def __init__(self, H: np.ndarray) -> None:
+        H = 0.5 * (H + H.T)
+        self.shift = 0.0
+        for _ in range(30):
+            try:
+                self.factor = scipy.linalg.cho_factor(H + self.shift * np.eye(H.shape[0]), check_finite=False)
+                break
+            except np.linalg.LinAlgError:
+                self.shift = max(1e-10 * float(np.abs(H).max()), 10 * self.shift)
+        self.dim = H.shape[0]
+
+    def solve(self, B: np.ndarray) -> np.ndarray:
+        """H̄⁻¹B."""
+        return scipy.linalg.cho_solve(self.factor, B, check_finite=False)
+
+
+def _kkt_step(grad: np.ndarray, GA: np.ndarray, gA: np.ndarray, problem, theta, lam, chunk_size, rtol):
+    """(dθ, λ_A⁺, MINRES iterations) of one Newton step on the working set, H by Hessian-vector products."""
+    k, d = GA.shape[0], grad.size
+    op = HessianOperator(problem, theta, lam, chunk_size=chunk_size)
+    count = [0]
+
+    def mv(v: np.ndarray) -> np.ndarray:
+        count[0] += 1
+        return np.concatenate([op.matvec(v[:d]) + GA.T @ v[d:], GA @ v[:d]])
+
+    K = spla.LinearOperator((d + k, d + k), matvec=mv, rmatvec=mv, dtype=np.float64)
+    sol, _ = spla.minres(K, -np.concatenate([grad, gA]), rtol=rtol, maxiter=20 * (d + k))
+    return sol[:d], sol[d:], count[0]
+
+
+def _sqp_step(H: FrozenHessian, grad: np.ndarray, G: np.ndarray, g: np.ndarray, eq: np.ndarray, backend: Any):
+    """(dθ, λ⁺) of the QP ``min ∇f₀ᵀd + ½dᵀH̄d s.t. g + G d <= 0 (= 0 on equalities)`` by its dual."""
+    from .matfree import DualQP
+
+    Y = H.solve(np.column_stack([grad, G.T]))
+    if G.shape[0] == 0:
+        return -Y[:, 0], np.zeros(0)
+    mu = DualQP.build(G @ Y[:, 1:], eq, backend, {}).solve(G @ Y[:, 0] - g)
+    return -(Y[:, 0] + Y[:, 1:] @ mu), mu
+
+
+def newton_kkt(problem: ConstrainedProblem, theta: torch.Tensor, lam: np.ndarray, *, tol: float = 1e-10,
+               max_iter: int = 30, hessian: FrozenHessian | None = None, active_tol: float = 1e-6,
+               chunk_size: int = DEFAULT_CHUNK, rtol: float = 1e-12,
+               backend: Any = "proxsuite") -> tuple[torch.Tensor, np.ndarray, NewtonInfo]:
+    """Newton iterations on the KKT system, to KKT residual ``tol``.
+
+    With ``hessian`` (a :class:`FrozenHessian`): SQP steps with H̄ fixed and exact gradients and
+    constraint Jacobians, every constraint in the QP (its dual, m variables, by ``backend``), so
+    active-set changes are found by the QP; a step that does not lower the KKT residual is halved.
+    Without: Newton on the working set's KKT system by MINRES on Hessian-vector products.
+    Returns (θ, λ, info); ``info.converged`` says whether the KKT residual reached ``tol``.
+    """
+    eq = problem.eq_mask
+    th = theta.detach().clone().to(torch.float64)
+    lam = np.asarray(lam, dtype=np.float64).copy()
+    info = NewtonInfo(method="chord-sqp" if hessian is not None else "newton-minres")
+    _, gf, g, G = first_order(problem, th, chunk_size)
+    work = eq | (lam > 0) | (g >= -active_tol)
+    res = max(kkt_residuals(gf, G, g, lam, eq).values(), default=0.0)
+    info.residuals.append(res)
+    for _ in range(max_iter):
+        if res <= tol:
+            info.converged = True
+            break
+        if hessian is not None:
+            dth, lam_new = _sqp_step(hessian, gf, G, g, eq, backend)
+            its = 0
+        else:
+            A = np.flatnonzero(work)
+            dth, lamA, its = _kkt_step(gf, G[A], g[A], problem, th, lam, chunk_size, rtol)
+            neg = A[(lamA < 0) & ~eq[A]]
+            if neg.size:  # a working-set row wants to leave: drop the most negative, re-solve
+                work[neg[np.argmin(lamA[np.isin(A, neg)])]] = False
+                continue
+            lam_new = np.zeros_like(lam)
+            lam_new[A] = lamA
+        info.krylov_iterations.append(its)
+        for _ in range(12):  # accept the step when it lowers the KKT residual, else halve it
+            th_try = th + torch.from_numpy(dth)
+            _, gf_t, g_t, G_t = first_order(problem, th_try, chunk_size)
+            res_t = max(kkt_residuals(gf_t, G_t, g_t, lam_new, eq).values(), default=0.0)
+            if np.isfinite(res_t) and res_t < res:
+                break
+            dth = 0.5 * dth
+        else:
+            break
+        th, lam, gf, g, G, res = th_try, lam_new, gf_t, g_t, G_t, res_t
+        info.residuals.append(res)
+        work |= np.where(eq, False, g > active_tol)
+    info.converged = res <= tol
+    info.working_set = tuple(int(j) for j in np.flatnonzero(eq | (lam > 0) | (g >= -active_tol)))
+    return th, lam, info

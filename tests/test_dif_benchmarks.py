@@ -1,0 +1,50 @@
+"""Smoke tests of the DIF benchmarks' quick modes (the full runs are benchmarks, not tests)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sklearn")
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning")]
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    """Import a benchmark script with its results going to tmp_path."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+
+    def load(name):
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+    return load
+
+
+def test_fairness_quick(bench, tmp_path):
+    mod = bench("dif_fairness")
+    assert mod.main(["--quick", "--cache", str(tmp_path / "cache")]) == 0
+    out = json.loads((tmp_path / "dif_fairness_quick.json").read_text())
+    assert out["truth"]["n"] == 9 and out["truth"]["worst_residual"] < 1e-6
+    assert set(out["correlation"]) >= {"DIF", "classic IF", "TracIn"}
+    assert (tmp_path / "dif_fairness_quick.png").stat().st_size > 0
+
+
+def test_scale_quick(bench, tmp_path):
+    mod = bench("dif_scale")
+    assert mod.main(["--quick", "--loo-samples", "1"]) == 0
+    out = json.loads((tmp_path / "dif_scale_quick.json").read_text())
+    assert out["dif"]["peak_rss_mb"] > 0 and out["loo"]["extrapolated_all_points_s"] > 0
+
+
+def test_counterfactual_quick(bench, tmp_path):
+    mod = bench("dif_counterfactual")
+    assert mod.main(["--quick", "--fracs", "0.05"]) == 0
+    out = json.loads((tmp_path / "dif_counterfactual_quick.json").read_text())
+    assert set(out["table"]) == {f"0.05/{m}" for m in ("DIF", "TracIn", "Penalty-IF", "random")}

@@ -1,0 +1,271 @@
+"""DIF matrix-free path: agreement with the dense path in every regime, Krylov reporting, indefinite
+Hessians, vmap per-sample gradients, executors, non-convex training to a KKT point."""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+import polyproj as pp
+from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, retrain, solve
+from polyproj.adapters.dif.krylov import IndefiniteHessianError
+from polyproj.adapters.dif.scores import per_sample_grads_vmap
+from polyproj.adapters.dif.study import make_regression_study
+
+pytestmark = pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def study():
+    return make_regression_study(n=80, d=8, n_test=50, seed=3)
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+def _mlp_sq(m, b):
+    wd = sum((p ** 2).sum() for p in m.__dict__["_params"].values())
+    return (m(b[0]).squeeze(-1) - b[1]) ** 2 + 1e-3 * wd
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    """A tanh MLP (d = 31) with a binding group-risk constraint and a weakly active bias cap."""
+    rng = np.random.default_rng(0)
+    n = 60
+    X = torch.as_tensor(rng.normal(size=(n, 3)))
+    y = torch.as_tensor(np.sin(X.numpy() @ np.array([1.0, -1.0, 0.5])) + 0.1 * rng.normal(size=n))
+    grp = np.flatnonzero(rng.random(n) < 0.35)
+    y[grp] += 0.8
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    gi = torch.as_tensor(grp)
+    p0 = ConstrainedProblem(net, Loss(_mlp_sq, (X, y)))
+    k0 = solve(p0, tol=1e-9)
+    r0 = float(_mlp_sq(p0.wrap(k0.theta), (X[gi], y[gi])).mean())
+    group = Constraint(_mlp_sq, (X[gi], y[gi]), tau=0.6 * r0, name="group")
+    p1 = ConstrainedProblem(net, Loss(_mlp_sq, (X, y)), [group])
+    k1 = solve(p1, theta0=k0.theta, tol=1e-11)
+    cap = float(k1.theta[-1])
+    prob = ConstrainedProblem(net, Loss(_mlp_sq, (X, y)),
+                              [group, Constraint(lambda m: getattr(m, "2").bias.sum(), None, tau=cap, name="bias_cap")])
+    kkt = solve(prob, theta0=k1.theta, lambdas0=np.r_[k1.lambdas.numpy(), 0.0], tol=1e-11)
+    pos = {int(i): k for k, i in enumerate(grp)}
+    removals = [{"objective": [i], "group": [pos[i]]} if i in pos else {"objective": [i]} for i in range(n)]
+    return prob, kkt, removals, (X, y)
+
+
+# ----------------------------------------------------------------------------- matrix-free = dense
+def test_matrix_free_equals_dense_every_regime(study):
+    prob, kkt = study.problem, study.kkt
+    assert set(kkt.classification.values()) == {"equality", "binding", "weakly_active", "inactive"}
+    dense = DIF(prob, kkt, method="dense")
+    free = DIF(prob, kkt, method="matrix-free", rtol=1e-13)
+    seen_weak_on = seen_weak_off = False
+    for rem in study.removals[:12]:
+        a, b = dense.result(rem), free.result(rem)
+        assert _rel(b.omega.numpy(), a.omega.numpy()) < 1e-8
+        np.testing.assert_allclose(b.constraint_change, a.constraint_change, atol=1e-8 * float(a.omega.abs().max()))
+        # active sets agree up to weakly active rows (zero multiplier and zero change: either answer is exact)
+        names = list(kkt.names)
+        for name in set(a.active) ^ set(b.active):
+            j = names.index(name)
+            scale = 1e-8 * (1.0 + float(np.abs(a.multipliers).max()))
+            assert abs(a.multipliers[j]) <= scale and abs(b.multipliers[j]) <= scale, (name, a.active, b.active)
+            assert abs(a.constraint_change[j]) <= 1e-8 * float(a.omega.abs().max()), (name, a.active, b.active)
+        seen_weak_on |= "weak5" in b.active
+        seen_weak_off |= "weak5" not in b.active
+    assert seen_weak_on and seen_weak_off
+    # all-point scores and removals with constraint data
+    s_dense, s_free = dense.influence(study.test_loss).numpy(), free.influence(study.test_loss).numpy()
+    assert _rel(s_free, s_dense) < 1e-8
+    assert _rel(free.influence(study.test_loss, study.removals).numpy(),
+                dense.influence(study.test_loss, study.removals).numpy()) < 1e-8
+
+
+def test_group_removal_matrix_free_is_joint(study):
+    """A group with a weakly active constraint: the joint removal (not the sum), equal on both paths."""
+    prob, kkt = study.problem, study.kkt
+    dense, free = DIF(prob, kkt, method="dense"), DIF(prob, kkt, method="matrix-free", rtol=1e-13)
+    singles = [dense.result({"objective": [i]}) for i in range(40)]
+    on = [i for i, r in enumerate(singles) if "weak5" in r.active]
+    off = [i for i, r in enumerate(singles) if "weak5" not in r.active and r.constraint_change[3] < -1e-6]
+    group = {"objective": [on[0], off[0]]}
+    joint_d, joint_f = dense.delta_theta(group).numpy(), free.delta_theta(group).numpy()
+    assert _rel(joint_f, joint_d) < 1e-8
+    summed = singles[on[0]].omega.numpy() + singles[off[0]].omega.numpy()
+    assert np.max(np.abs(summed - joint_d)) > 1e-3 * np.max(np.abs(joint_d))
+    g_f = free.influence(study.test_loss, [group]).numpy()
+    g_d = dense.influence(study.test_loss, [group]).numpy()
+    assert _rel(g_f, g_d) < 1e-8
+    idx, joint = free.top_k(study.test_loss, 3)
+    assert idx.size == 3
+    np.testing.assert_allclose(joint, float(dense.influence(study.test_loss, [{"objective": idx}])[0]),
+                               rtol=1e-8)
+
+
+def test_matrix_free_equals_dense_on_mlp(mlp):
+    prob, kkt, removals, _ = mlp
+    assert kkt.classification == {"group": "binding", "bias_cap": "weakly_active"}
+    dense = DIF(prob, kkt, method="dense")
+    free = DIF(prob, kkt, method="matrix-free", rtol=1e-13)
+    assert dense.method == "dense" and free.method == "matrix-free"
+    for rem in removals[:8]:
+        assert _rel(free.delta_theta(rem).numpy(), dense.delta_theta(rem).numpy()) < 1e-8
+
+    def F(m):
+        return (m(mlp[3][0][:10]) ** 2).mean()
+
+    assert _rel(free.influence(F, removals).numpy(), dense.influence(F, removals).numpy()) < 1e-8
+
+
+def test_krylov_residuals_and_iterations_are_reported(study):
+    free = DIF(study.problem, study.kkt, method="matrix-free", rtol=1e-11)
+    free.influence(study.test_loss)
+    log = free.krylov_log
+    whats = [w for w, _ in log]
+    assert sum(w.startswith("H⁻¹∇g_A") for w in whats) == free.rows.size and "s_test = H⁻¹∇F" in whats
+    for _, info in log:
+        assert info.method == "cg" and 0 < info.iterations <= 10 * study.problem.dim
+        assert info.converged and info.residual <= 1e-10  # the true residual, checked by one more product
+        assert info.min_curvature > 0
+    with pytest.raises(pp.SolverError, match="stopped at relative residual"):
+        DIF(study.problem, study.kkt, method="matrix-free", rtol=1e-14, maxiter=2)
+
+
+# ----------------------------------------------------------------------------- indefinite H
+@pytest.fixture(scope="module")
+def indefinite():
+    """H indefinite along θ₁, positive definite on null(C_B) (θ₁ fixed by an equality); θ₂ capped weakly."""
+    rng = np.random.default_rng(1)
+    X = torch.as_tensor(rng.normal(size=(40, 3)))
+    y = torch.as_tensor(rng.normal(size=40))
+
+    def loss(th, b):
+        return (b[0] @ th - b[1]) ** 2 - 3.0 * th[1] ** 2
+
+    cons = [Constraint(lambda th: th[1], None, tau=0.3, name="fix1", kind="eq")]
+    k0 = solve(ConstrainedProblem(torch.zeros(3), Loss(loss, (X, y)), cons))
+    cons.append(Constraint(lambda th: th[2], None, tau=float(k0.theta[2]), name="weak2"))
+    prob = ConstrainedProblem(torch.zeros(3), Loss(loss, (X, y)), cons)
+    kkt = solve(prob, theta0=k0.theta, lambdas0=[float(k0.lambdas[0]), 0.0])
+    return prob, kkt
+
+
+def kkt_solve(P, q, C, u):
+    """``[[P, Cᵀ], [C, 0]] [x; z] = [-q; u]`` by a dense solve (the independent reference)."""
+    n, k = P.shape[0], C.shape[0]
+    K = np.block([[P, C.T], [C, np.zeros((k, k))]])
+    sol = np.linalg.lstsq(K, np.concatenate([-q, u]), rcond=None)[0]
+    return sol[:n], sol[n:]
+
+
+def _kkt_reference(dif, removal):
+    """The DIF QP by enumeration of the weak row (equality or free), each a dense KKT solve."""
+    c, r = dif._terms(removal)
+    H = dif.lin.H
+    u = -r[dif.rows]
+    for keep in (np.array([True, True]), np.array([True, False])):
+        x, z = kkt_solve(H, c, dif.C[keep], u[keep])
+        if keep[1] and z[1] >= -1e-12:
+            return x
+        if not keep[1] and dif.C[1] @ x <= u[1] + 1e-12:
+            return x
+    raise AssertionError("no active set satisfies the KKT conditions")
+
+
+def test_indefinite_hessian_cg_error_minres_exact(indefinite):
+    prob, kkt = indefinite
+    assert kkt.classification == {"fix1": "equality", "weak2": "weakly_active"}
+    assert np.linalg.eigvalsh(DIF(prob, kkt, method="dense").lin.H)[0] < 0
+    with pytest.raises(IndefiniteHessianError, match="not positive definite.*damping.*minres"):
+        DIF(prob, kkt, method="matrix-free")
+    mr = DIF(prob, kkt, method="matrix-free", krylov="minres", rtol=1e-13)
+    assert mr.dual.reduced  # S is indefinite: the binding multipliers are eliminated first
+    for i in range(6):
+        rem = {"objective": [i]}
+        assert _rel(mr.delta_theta(rem).numpy(), _kkt_reference(mr, rem)) < 1e-8
+    damped = DIF(prob, kkt, method="matrix-free", damping="auto")
+    assert damped.damping > 0 and np.all(np.isfinite(damped.delta_theta({"objective": [0]}).numpy()))
+
+
+# ----------------------------------------------------------------------------- vmap, executors
+def test_vmap_grads_and_scores_equal_per_sample_loop(mlp):
+    prob, kkt, removals, _ = mlp
+    idx = np.array([0, 3, 7, 11])
+    g, v = per_sample_grads_vmap(prob, "objective", kkt.theta, idx)
+    X, y = prob.objective.data
+    for k, i in enumerate(idx):
+        ref = torch.func.grad(lambda t, i=i: prob.per_sample(prob.objective, t, (X[i:i + 1], y[i:i + 1]))[0])(
+            kkt.theta)
+        np.testing.assert_allclose(g[k].numpy(), ref.numpy(), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(float(v[k]), float(prob.per_sample(prob.objective, kkt.theta,
+                                                                      (X[i:i + 1], y[i:i + 1]))[0]), rtol=1e-13)
+    free = DIF(prob, kkt, method="matrix-free", rtol=1e-12)
+
+    def F(m):
+        return (m(X[:10]) ** 2).mean()
+
+    scores = free.influence(F, removals[:8], chunk_size=7).numpy()  # per-sample gradients 7 at a time
+    gF = torch.func.grad(lambda t: F(prob.wrap(t)))(kkt.theta).numpy()
+    loop = np.array([free.delta_theta(r).numpy() @ gF for r in removals[:8]])
+    assert _rel(scores, loop) < 1e-8
+
+
+def test_executors_equal_in_process(mlp):
+    distributed = pytest.importorskip("distributed")
+    prob, kkt, removals, (X, _) = mlp
+    free = DIF(prob, kkt, method="matrix-free", rtol=1e-12, chunk_size=16)
+
+    def F(m):
+        return (m(X[:10]) ** 2).mean()
+
+    ref = free.influence(F, removals).numpy()
+    with ThreadPoolExecutor(2) as ex:
+        # the same arithmetic in other threads: equal up to the order of BLAS reductions (thread counts differ)
+        np.testing.assert_allclose(free.influence(F, removals, executor=ex).numpy(), ref, rtol=1e-12,
+                                   atol=1e-14 * float(np.abs(ref).max()))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        got = free.influence(F, removals, executor=client.get_executor()).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14 * float(np.abs(ref).max()))
+    # the dense path scores on an executor too, with the same answers as its own in-process scores
+    dense = DIF(prob, kkt, method="dense")
+    with ThreadPoolExecutor(2) as ex:
+        assert _rel(dense.influence(F, removals, executor=ex).numpy(), dense.influence(F, removals).numpy()) < 1e-8
+
+
+# ----------------------------------------------------------------------------- non-convex training
+def test_solve_reaches_kkt_on_nonconvex_mlp(mlp):
+    prob, kkt, removals, _ = mlp
+    assert kkt.residual <= 1e-11 and kkt.classification["group"] == "binding"
+    H = DIF(prob, kkt, method="dense").lin.H
+    assert H.shape == (31, 31)
+    # the augmented Lagrangian + Newton-MINRES path from the untrained net reaches the same tolerance
+    k2 = solve(ConstrainedProblem(prob.model, prob.objective, prob.constraints[:1]), method="auglag", tol=1e-10)
+    assert k2.residual <= 1e-10 and k2.info["method"] == "auglag"
+    # a trained net handed over as a module: residual reported, used as the damping floor
+    net = prob.model
+    with torch.no_grad():
+        for p, t in zip(net.parameters(), torch.split(kkt.theta, [p.numel() for p in net.parameters()]), strict=True):
+            p.copy_(t.reshape(p.shape))
+    k3 = KKTPoint.from_params(prob, net, tol=1e-8)
+    assert k3.residual <= 1e-8 and k3.suggested_damping == k3.residuals["stationarity"]
+    loo = retrain(prob, removals[0], warm_start=kkt, tol=1e-10)
+    assert loo.residual <= 1e-10
