@@ -116,47 +116,47 @@ class CappedSimplex(Projector):
         return t[:, None]
 
     def project_batch(self, X: Any) -> ProjectionResult:
-        """``clip(x − θ, 0, upper)`` with the exact threshold of every row."""
+        """``clip(x − θ, 0, upper)`` with the exact threshold of every row (few passes over the batch)."""
         xp = array_namespace(X)
         t = self._totals(X)
         U = self.upper
         theta = threshold(X, t, U).theta
         D = X - theta
-        zero = xp.zeros_like(X)
-        at_lb = D <= 0
         if U == float("inf"):
-            Y = xp.where(at_lb, zero, D)
-            active, mult = at_lb, [xp.where(at_lb, -D, zero)]
-            fixed = at_lb
+            Y = xp.clip(D, min=0.0)
+            fixed = D <= 0
+            active, mult = fixed, xp.concat([Y - D, theta], axis=1)  # Y − D = max(θ − x, 0)
         else:
-            Y = xp.clip(D, 0.0, U)
-            at_ub = D >= U
-            active = xp.concat([at_lb, at_ub], axis=1)
-            mult = [xp.where(at_lb, -D, zero), xp.where(at_ub, D - U, zero)]
+            Y = xp.clip(D, min=0.0, max=U)
+            at_lb, at_ub = D <= 0, D >= U
             fixed = at_lb | at_ub
-        free = xp.astype(~fixed, X.dtype)
+            lam = Y - D  # θ − x at zero, x − θ − u (negated) at the cap, 0 between
+            active = xp.concat([at_lb, at_ub], axis=1)
+            mult = xp.concat([xp.clip(lam, min=0.0), xp.clip(-lam, min=0.0), theta], axis=1)
         viol = xp.abs(xp.sum(Y, axis=1) - t[:, 0])
-        return self.result(X, Y, active, xp.concat([*mult, theta], axis=1), violation=viol, face=free,
-                           degenerate=self._degeneracy(xp, X, D, t, free))
+        return self.result(X, Y, active, mult, violation=viol, face=fixed,
+                           degenerate=self._degeneracy(xp, D, theta, t, fixed))
 
-    def _degeneracy(self, xp: Any, X: Any, D: Any, t: Any, free: Any) -> Degeneracy:
+    def _degeneracy(self, xp: Any, D: Any, theta: Any, t: Any, fixed: Any) -> Degeneracy:
         """The degeneracy report of the thresholds.
 
-        Weakly active: a coordinate at a bound with zero multiplier (``x_i − θ ∈ {0, u}`` to rounding);
-        dependent: no free coordinate (the sum row is then a combination of the bound rows).
+        Weakly active: a coordinate at a bound with zero multiplier (``x_i − θ ∈ {0, u}`` to the rounding
+        of ``x − θ``, ``8 n eps (1 + |θ| + u + t)``); dependent: no free coordinate (the sum row is then a
+        combination of the bound rows).
         """
-        eps = float(np.finfo(np.float32 if X.dtype == xp.float32 else np.float64).eps)
-        tol = 8.0 * self._n * eps * (xp.max(xp.abs(X), axis=1, keepdims=True) + xp.abs(t) + 1.0)
-        near = xp.abs(D) <= tol
-        if self.upper != float("inf"):
-            near = near | (xp.abs(D - self.upper) <= tol)
-        return Degeneracy(xp.any(near, axis=1), xp.sum(free, axis=1) == 0)
+        eps = float(np.finfo(np.float32 if D.dtype == xp.float32 else np.float64).eps)
+        U = self.upper
+        tol = 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + (U if U != float("inf") else 0.0))
+        weak = xp.min(xp.abs(D), axis=1, keepdims=True) <= tol
+        if U != float("inf"):
+            weak = weak | (xp.min(xp.abs(D - U), axis=1, keepdims=True) <= tol)
+        return Degeneracy(weak[:, 0], xp.all(fixed, axis=1))
 
     def vjp(self, result: ProjectionResult, G: Any) -> Any:
-        """``J g = f ⊙ (g − mean_F g)`` (zero where no coordinate is free)."""
+        """``J g = f ⊙ (g − mean_F g)`` on the free coordinates ``F`` (zero where none is free)."""
         xp = array_namespace(G)
-        f = result.face
-        return xp.where(f > 0, G - _free_mean(xp, f, G), xp.zeros_like(G))
+        Gf = xp.where(result.face, xp.zeros_like(G), G)
+        return xp.where(result.face, Gf, Gf - _free_mean(xp, result.face, Gf))
 
     # ------------------------------------------------------------------ the total as a parameter
     def parameters(self) -> dict[str, Any]:
@@ -176,16 +176,17 @@ class CappedSimplex(Projector):
         if "total" not in names:
             return {}
         xp = array_namespace(G)
-        return {"total": _free_mean(xp, result.face, G)[:, 0]}
+        return {"total": _free_mean(xp, result.face, xp.where(result.face, xp.zeros_like(G), G))[:, 0]}
 
     def __repr__(self) -> str:
         t = "per sample" if self.per_sample else f"{self.total:g}"
         return f"{type(self).__name__}(n={self._n}, total={t}, upper={self.upper:g})"
 
 
-def _free_mean(xp: Any, f: Any, G: Any) -> Any:
-    count = xp.sum(f, axis=1, keepdims=True)
-    return xp.sum(f * G, axis=1, keepdims=True) / xp.where(count > 0, count, xp.ones_like(count))
+def _free_mean(xp: Any, fixed: Any, Gf: Any) -> Any:
+    """``mean_F g`` (b, 1) from ``Gf`` (``g`` with the fixed coordinates zeroed); 0 where nothing is free."""
+    count = xp.astype(fixed.shape[1] - xp.sum(xp.astype(fixed, xp.int32), axis=1, keepdims=True), Gf.dtype)
+    return xp.sum(Gf, axis=1, keepdims=True) / xp.where(count > 0, count, xp.ones_like(count))
 
 
 class Simplex(CappedSimplex):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
 __all__ = ["Threshold", "sorted_threshold", "threshold"]
@@ -55,12 +55,56 @@ def _piece(xp: Any, X: Any, theta: Any, upper: float):
     return f, nf, f + theta * nf  # u|C| + Σ_F (x − θ) + θ|F|
 
 
+#: entries kept by the prefilter beyond those the cap forces to be positive (``total / upper``)
+CANDIDATES = 16
+
+
 def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int = 60) -> Threshold:
     """``θ`` (b, 1) with ``Σ clip(x − θ, 0, upper) = total`` for each row of ``X`` (b, n).
 
     ``total`` is (b, 1) in X's namespace and dtype, with ``0 <= total <= n·upper`` (not checked here).
     See the module docstring for the method.
+
+    Prefilter (NumPy, PyTorch, CuPy): the threshold of the ``K`` largest entries of a row is the row's
+    threshold exactly when its ``(K+1)``-th largest entry is ``<= θ`` (every other entry is then at 0);
+    ``K = ⌈total/upper⌉ + CANDIDATES`` (at least ``total/upper`` entries are positive). The ``K`` largest
+    come from a partial selection (``partition`` / ``topk``: no full sort); rows that fail the test are
+    solved on all their entries.
     """
+    xp = array_namespace(X)
+    b, n = X.shape
+    K = CANDIDATES + (int(np.ceil(float(xp.max(total)) / upper)) if upper != float("inf") and b else 0)
+    top = _largest(xp, X, K) if 2 * K < n else None
+    if top is None:
+        return _newton(X, total, upper, max_iter)
+    cand, kth = top
+    th = _newton(cand, total, upper, max_iter)
+    bad = kth > th.theta
+    if not bool(xp.any(bad)):
+        return th
+    rows = xp.nonzero(bad[:, 0])[0]
+    full = _newton(xp.take(X, rows, axis=0), xp.take(total, rows, axis=0), upper, max_iter)
+    return Threshold(_put(xp, th.theta, rows, full.theta), max(th.iterations, full.iterations))
+
+
+def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any] | None:
+    """The ``K`` largest entries of each row (any order) and the ``(K+1)``-th largest (b, 1).
+
+    None where the namespace has no partial selection (``array_api_strict``).
+    """
+    n = X.shape[1]
+    if is_numpy_namespace(xp) or is_cupy_namespace(xp):
+        mod = np if is_numpy_namespace(xp) else xp
+        part = mod.partition(X, n - K - 1, axis=1)
+        return part[:, n - K:], part[:, n - K - 1: n - K]
+    if is_torch_namespace(xp):
+        vals = xp.topk(X, K + 1, dim=1).values  # sorted, decreasing
+        return vals[:, :K], vals[:, K:]
+    return None
+
+
+def _newton(X: Any, total: Any, upper: float, max_iter: int) -> Threshold:
+    """The safeguarded Newton steps of the module docstring on every row of ``X``."""
     xp = array_namespace(X)
     b, n = X.shape
     eps = _eps(xp, X.dtype)
