@@ -91,9 +91,10 @@ def eps_of(xp: Any, dtype: Any) -> float:
     return float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
 
 
-def z_of(C: Any, y: Dual) -> Any:
-    """``Z = C − u1ᵀ − 1vᵀ − w`` (b, r, c)."""
-    return C - y.u[:, :, None] - y.v[:, None, :] - y.w[:, :, None]
+def z_of(C: Any, y: Dual, has_w: bool = True) -> Any:
+    """``Z = C − u1ᵀ − 1vᵀ − w`` (b, r, c) (``w`` left out when the set has no total row)."""
+    Z = C - (y.u[:, :, None] + y.v[:, None, :])
+    return Z - y.w[:, :, None] if has_w else Z
 
 
 def slacks(xp: Any, X: Any, S: Sums) -> tuple[Any, Any, Any]:
@@ -244,15 +245,22 @@ class NewtonOptions:
 @dataclass
 class _Iterate:
     y: Dual
-    Z: Any
+    X: Any  # Z₊
     phi: Any  # (b, 1)
 
 
-def _phi(xp: Any, Z: Any, y: Dual, S: Sums) -> Any:
-    X = xp.where(Z > 0, Z, xp.zeros_like(Z))
-    val = 0.5 * xp.sum(xp.reshape(X * X, (X.shape[0], -1)), axis=1, keepdims=True)
+def _phi(xp: Any, Z: Any, y: Dual, S: Sums) -> tuple[Any, Any]:
+    """``(φ(y), Z₊)``."""
+    X = xp.clip(Z, min=0.0)
+    Xf = xp.reshape(X, (X.shape[0], -1))
+    val = 0.5 * xp.vecdot(Xf, Xf)[:, None]
     val = val + xp.sum(y.u, axis=1, keepdims=True) + xp.sum(y.v, axis=1, keepdims=True)
-    return val + (S.total * y.w if S.has_w else 0.0)
+    return val + (S.total * y.w if S.has_w else 0.0), X
+
+
+def _iterate(xp: Any, C: Any, y: Dual, S: Sums) -> _Iterate:
+    phi, X = _phi(xp, z_of(C, y, S.has_w), y, S)
+    return _Iterate(y, X, phi)
 
 
 def _masks(xp: Any, y: Dual, g: tuple[Any, Any, Any], res_size: Any, S: Sums, like: Any):
@@ -307,17 +315,15 @@ def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions) -> tuple[Dual, Any,
     at most half of those still iterating.
     """
     xp = array_namespace(C)
-    y = start(xp, C, S)
-    Z = z_of(C, y)
-    it = _Iterate(y, Z, _phi(xp, Z, y, S))
+    it = _iterate(xp, C, start(xp, C, S), S)
     b = C.shape[0]
     idx = None
-    out_y = y
+    out_y = it.y
     done_all = xp.zeros((b,), dtype=xp.bool, device=_device(C))
     Cs, sc = C, scale
     steps = 0
     for steps in range(1, opts.max_iter + 1):  # noqa: B007 - reported
-        X = xp.where(it.Z > 0, it.Z, xp.zeros_like(it.Z))
+        X = it.X
         g = slacks(xp, X, S)
         res = _residual(xp, it.y, g, S)
         done = res[:, 0] <= opts.tol * sc[:, 0]
@@ -329,8 +335,8 @@ def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions) -> tuple[Dual, Any,
         if 2 * left <= done.shape[0]:
             keep = xp.nonzero(~done)[0]
             idx = keep if idx is None else xp.take(idx, keep, axis=0)
-            it = _Iterate(it.y.take(xp, keep), xp.take(it.Z, keep, axis=0), xp.take(it.phi, keep, axis=0))
-            Cs, sc, X = xp.take(Cs, keep, axis=0), xp.take(sc, keep, axis=0), xp.take(X, keep, axis=0)
+            it = _Iterate(it.y.take(xp, keep), xp.take(it.X, keep, axis=0), xp.take(it.phi, keep, axis=0))
+            Cs, sc, X = xp.take(Cs, keep, axis=0), xp.take(sc, keep, axis=0), it.X
             g, res = tuple(xp.take(t, keep, axis=0) for t in g), xp.take(res, keep, axis=0)
         it = _step(xp, Cs, S, it, X, g, res, sc, opts)
     else:
@@ -341,7 +347,7 @@ def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions) -> tuple[Dual, Any,
 def _step(xp: Any, C: Any, S: Sums, it: _Iterate, X: Any, g, res: Any, sc: Any, opts: NewtonOptions) -> _Iterate:
     """One projected Newton step with an Armijo search along the projection arc."""
     y = it.y
-    omega = xp.astype(it.Z > 0, C.dtype)
+    omega = xp.astype(X > 0, C.dtype)
     fu, fv, fw = _masks(xp, y, g, res, S, C)
     # LST's regularisation μ = κ min(1, ‖res‖) (relative to the sample's scale), bounded below
     mu = xp.maximum(opts.kappa * xp.minimum(res / sc, xp.ones_like(res)), xp.full_like(res, opts.tol))
@@ -372,8 +378,7 @@ def _search(xp: Any, C: Any, S: Sums, it: _Iterate, g, d: Dual, opts: NewtonOpti
         dd = d if todo is None else d.take(xp, todo)
         Cc = C if todo is None else xp.take(C, todo, axis=0)
         yt = _project(xp, Dual(base.u + t * dd.u, base.v + t * dd.v, base.w + t * dd.w), S)
-        Zt = z_of(Cc, yt)
-        pt = _phi(xp, Zt, yt, S)
+        pt, Xt = _phi(xp, z_of(Cc, yt, S.has_w), yt, S)
         gg = g if todo is None else tuple(xp.take(v, todo, axis=0) for v in g)
         pred = (xp.sum(gg[0] * (yt.u - base.u), axis=1, keepdims=True)
                 + xp.sum(gg[1] * (yt.v - base.v), axis=1, keepdims=True) + gg[2] * (yt.w - base.w))
@@ -381,7 +386,7 @@ def _search(xp: Any, C: Any, S: Sums, it: _Iterate, g, d: Dual, opts: NewtonOpti
         ok = (pt <= p0 + opts.sigma * pred)[:, 0]
         if k == opts.backtracks:
             ok = xp.ones_like(ok)  # the last, shortest step is taken
-        cur = _merge(xp, cur, todo, ok, yt, Zt, pt)
+        cur = _merge(xp, cur, todo, ok, yt, Xt, pt)
         rest = xp.nonzero(~ok)[0]
         if rest.shape[0] == 0:
             break
@@ -390,15 +395,15 @@ def _search(xp: Any, C: Any, S: Sums, it: _Iterate, g, d: Dual, opts: NewtonOpti
     return cur
 
 
-def _merge(xp: Any, cur: _Iterate, todo: Any, ok: Any, yt: Dual, Zt: Any, pt: Any) -> _Iterate:
+def _merge(xp: Any, cur: _Iterate, todo: Any, ok: Any, yt: Dual, Xt: Any, pt: Any) -> _Iterate:
     """``cur`` with the accepted trial points (samples ``todo[ok]``) written in."""
     if todo is None and bool(xp.all(ok)):
-        return _Iterate(yt, Zt, pt)
+        return _Iterate(yt, Xt, pt)
     sel = xp.nonzero(ok)[0]
     if sel.shape[0] == 0:
         return cur
     rows = sel if todo is None else xp.take(todo, sel, axis=0)
-    return _Iterate(cur.y.put(xp, rows, yt.take(xp, sel)), put_rows(xp, cur.Z, rows, xp.take(Zt, sel, axis=0)),
+    return _Iterate(cur.y.put(xp, rows, yt.take(xp, sel)), put_rows(xp, cur.X, rows, xp.take(Xt, sel, axis=0)),
                     put_rows(xp, cur.phi, rows, xp.take(pt, sel, axis=0)))
 
 
@@ -434,23 +439,27 @@ def _miss(xp: Any, g: tuple[Any, Any, Any], masks) -> Any:
 
 
 def _face_solve(xp: Any, C: Any, S: Sums, y: Dual, omega: Any, masks, rounding: Any
-                ) -> tuple[Dual, Any, DualSystem]:
+                ) -> tuple[Dual, Any, Any, DualSystem]:
     """The exact point of a face: ``y + δ`` with ``V_D δ = −∇φ_D`` (the face's X is affine in y).
 
     The full Newton step of the face's quadratic; up to two more steps with the same factorisation
     (iterative refinement) where the equations still miss by more than ``rounding`` (b, 1) — float32
-    faces far from the start.
+    faces far from the start. Returns ``(y, Z, X = Z⊙Ω, system)``.
     """
     fu, fv, fw = (None, None, None) if masks is None else masks
     system = DualSystem.factor(omega, fu, fv, fw, xp.zeros_like(y.w), S.has_w)
     y1 = y if masks is None else Dual(y.u * fu, y.v * fv, y.w * fw)  # rows off D: multiplier 0
-    for _ in range(3):
-        g = slacks(xp, z_of(C, y1) * omega, S)
+    for it in range(4):
+        Z = z_of(C, y1, S.has_w)
+        X = Z * omega
+        if it == 3:
+            break
+        g = slacks(xp, X, S)
         if not bool(xp.any(_miss(xp, g, masks) > rounding)):
             break
         du, dv, dw = system.solve(-g[0], -g[1], -g[2])
         y1 = Dual(y1.u + du, y1.v + dv, y1.w + dw)
-    return y1, z_of(C, y1) * omega, system
+    return y1, Z, X, system
 
 
 @dataclass(frozen=True)
@@ -493,16 +502,16 @@ def polish(C: Any, S: Sums, y: Dual, scale: Any, tol: float, rounding: float, ro
     solved again, up to ``rounds`` times; ``accepted`` says which samples passed.
     """
     xp = array_namespace(C)
-    omega = xp.astype(z_of(C, y) > 0, C.dtype)
+    omega = xp.astype(z_of(C, y, S.has_w) > 0, C.dtype)
     masks = _face_masks(xp, y, S, C)
     out = None
     idx = None
     Cs, sc, yy = C, scale, y
     for _ in range(rounds):
-        y1, X, system = _face_solve(xp, Cs, S, yy, omega, masks, rounding * sc)
-        v = _verify(xp, S, X, z_of(Cs, y1), y1, omega, masks, tol * sc, rounding * sc)
+        y1, Z, X, system = _face_solve(xp, Cs, S, yy, omega, masks, rounding * sc)
+        v = _verify(xp, S, X, Z, y1, omega, masks, tol * sc, rounding * sc)
         rows = None if masks is None else tuple(m > 0 for m in masks)
-        part = FaceSolution(xp.where(omega > 0, X, xp.zeros_like(X)), y1, omega > 0, rows, v.ok, system)
+        part = FaceSolution(X, y1, omega > 0, rows, v.ok, system)
         out = part if out is None else _put_face(xp, out, idx, part)
         if bool(xp.all(v.ok)):
             break

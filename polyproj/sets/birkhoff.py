@@ -94,7 +94,7 @@ class SumsProjector(Projector):
         face = polish(C, S, y, scale, t_kkt, t_round)
         face = self._final(xp, C, face, scale * t_round)
         Y = xp.reshape(face.X, (b, self.n))
-        Z = z_of(C, face.y)
+        Z = z_of(C, face.y, S.has_w)
         lam = xp.where(face.omega, xp.zeros_like(Z), xp.maximum(-Z, xp.zeros_like(Z)))
         active = self._active(xp, face, ~face.omega)
         mult = self._multipliers(xp, face, xp.reshape(lam, (b, self.n)))
