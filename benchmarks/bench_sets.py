@@ -23,6 +23,10 @@ timed calls and their spread (min, max). torch runs with ``--threads`` intra-op 
 (d) ``matching``: partial matchings 20 × 20 (row and column sums <= 1, total <= 10), batch 1024,
     float64, forward + backward: polyproj vs LinSATNet (as in (b)).
 
+On a GPU machine ``--device cuda`` puts the torch data on the device (times synchronised, peak memory
+from ``torch.cuda.max_memory_allocated``) and part (c) runs on torch CUDA tensors and CuPy arrays
+(``benchmarks/gpu_check.sh`` runs it); results go to ``sets_cuda.json``.
+
 Run::
 
     .venv/bin/python benchmarks/bench_sets.py                 # all parts (about an hour on 2 loaded cores)
@@ -50,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import RESULTS, machine  # noqa: E402
 
-OUT = RESULTS / "sets.json"
+OUT = RESULTS / "sets.json"  # sets_<device>.json for another device
 
 
 # ----------------------------------------------------------------------------- data and methods (worker side)
@@ -79,9 +83,9 @@ def _linsat(x, rows: np.ndarray, rhs: np.ndarray, equality: bool, iters: int):
     import torch
     from LinSATNet import linsat_layer
 
-    n, dt = x.shape[-1], x.dtype
-    R, r = torch.tensor(rows, dtype=dt), torch.tensor(rhs, dtype=dt)
-    empty, none = torch.zeros(0, n, dtype=dt), torch.zeros(0, dtype=dt)
+    n, dt, dev = x.shape[-1], x.dtype, x.device
+    R, r = torch.tensor(rows, dtype=dt, device=dev), torch.tensor(rhs, dtype=dt, device=dev)
+    empty, none = torch.zeros(0, n, dtype=dt, device=dev), torch.zeros(0, dtype=dt, device=dev)
     A, a, E, f = (empty, none, R, r) if equality else (R, r, empty, none)
     return linsat_layer(x, A=A, b=a, C=empty, d=none, E=E, f=f, tau=0.05, max_iter=iters, no_warning=True)
 
@@ -96,10 +100,11 @@ def _task(spec: dict):
     rng = np.random.default_rng(spec.get("seed", 0))
     part, method = spec["part"], spec["method"]
     dt = torch.float32 if spec.get("dtype") == "float32" else torch.float64
+    dev = spec.get("device", "cpu")
     if part in ("birkhoff4", "birkhoff_large", "matching"):
         r = c = spec["k"]
-        X = torch.tensor(rng.normal(size=(spec["batch"], r, c)), dtype=dt)
-        V = torch.tensor(rng.normal(size=X.shape), dtype=dt)
+        X = torch.tensor(rng.normal(size=(spec["batch"], r, c)), dtype=dt, device=dev)
+        V = torch.tensor(rng.normal(size=X.shape), dtype=dt, device=dev)
         if part == "matching":
             S = pp.sets.PartialMatching(r, c, max_matches=spec["alpha"])
         else:
@@ -135,13 +140,22 @@ def _task(spec: dict):
         n, batch = spec["n"], spec["batch"]
         S = pp.sets.Simplex(n) if spec["set"] == "simplex" else pp.sets.CappedSimplex(n, 1.0, spec["upper"])
         Xn = rng.normal(size=(batch, n))
-        X = torch.tensor(Xn) if spec["ns"] == "torch" else Xn
+        if spec["ns"] == "torch":
+            X = torch.tensor(Xn, device=dev)
+        elif spec["ns"] == "cupy":
+            import cupy
+
+            X = cupy.asarray(Xn)
+        else:
+            X = Xn
         if method == "polyproj":
             def fn():
                 return pp.project(X, S).y
         elif method == "sort":
             def fn():
-                return torch.sort(X, dim=1)[0] if spec["ns"] == "torch" else np.sort(X, axis=1)
+                if spec["ns"] == "torch":
+                    return torch.sort(X, dim=1)[0]
+                return (cupy.sort if spec["ns"] == "cupy" else np.sort)(X, axis=1)
         elif method == "generic":
             rows = spec["generic_rows"]
             Xg = X[:rows]
@@ -159,8 +173,12 @@ def _quality(spec: dict, S, X, Y) -> dict:
     """Violation of the output (the whole batch) and distance to the exact projection (float64, a subset)."""
     import torch
 
-    Yn = (Y.detach().cpu().numpy() if isinstance(Y, torch.Tensor) else np.asarray(Y)).astype(np.float64)
-    Xn = (X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else np.asarray(X)).astype(np.float64)
+    def host(a):
+        if isinstance(a, torch.Tensor):
+            return a.detach().cpu().numpy()
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+    Yn, Xn = host(Y).astype(np.float64), host(X).astype(np.float64)
     if spec["method"] == "sort":
         return {}
     b = Yn.shape[0]
@@ -177,17 +195,33 @@ def worker(spec: dict) -> dict:
     import torch
 
     torch.set_num_threads(spec["threads"])
+    gpu = spec.get("device", "cpu") != "cpu" or spec.get("ns") == "cupy"
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    if spec.get("ns") == "cupy":
+        import cupy
+
+        sync = cupy.cuda.Device().synchronize
     small = {**spec, "batch": min(spec["batch"], 256), "generic_rows": min(spec.get("generic_rows", 1), 16)}
     _task(small)[0]()  # warm-up on a small batch (imports, lazy initialisation) that leaves no large heap
     fn, S, X = _task(spec)
-    open("/proc/self/clear_refs", "w").write("5")
-    base = _rss("VmRSS:")
+    sync()
+    if gpu and spec.get("ns") != "cupy":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 2**20
+    else:
+        open("/proc/self/clear_refs", "w").write("5")
+        base = _rss("VmRSS:")
     Y = fn()  # the first full call: its peak is the method's working memory
-    peak = _rss("VmHWM:") - base
+    sync()
+    if gpu and spec.get("ns") != "cupy":
+        peak = torch.cuda.max_memory_allocated() / 2**20 - base  # device memory
+    else:
+        peak = _rss("VmHWM:") - base  # host memory (CuPy: its pool is not measured)
     times = []
     for _ in range(spec["inner"]):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return {"times": times, "peak_mib": peak, **_quality(spec, S, X, Y)}
 
@@ -208,11 +242,21 @@ def run(spec: dict, timeout: float) -> dict:
 
 
 def _bytes_estimate(spec: dict) -> float:
-    """Rough peak of a Sinkhorn forward+backward: two saved tensors per normalisation plus the data."""
-    if not spec["method"].startswith("sinkhorn"):
+    """Rough peak of a peer's forward+backward (host memory).
+
+    Sinkhorn: two saved tensors per normalisation plus the data. LinSATNet: its autograd graph, about
+    20 bytes per (sample, constraint, variable, iteration) in float64 (16.5 GB measured for partial
+    matchings 20 × 20, 41 constraints, batch 1024, 50 iterations).
+    """
+    m = spec["method"]
+    if spec.get("device", "cpu") != "cpu" or not m.startswith(("sinkhorn", "linsat")):
         return 0.0
-    per = spec["batch"] * spec["k"] ** 2 * (4 if spec.get("dtype") == "float32" else 8)
-    return per * (4 * int(spec["method"].split("-")[1]) + 8)
+    its = int(m.split("-")[1])
+    k = spec["k"]
+    if m.startswith("sinkhorn"):
+        return spec["batch"] * k * k * (4 if spec.get("dtype") == "float32" else 8) * (4 * its + 8)
+    rows = 2 * k + (1 if spec["part"] == "matching" else 0)
+    return 20.0 * spec["batch"] * rows * k * k * its
 
 
 def compare(base: dict, methods: list[str], args, timeout: float) -> dict:
@@ -221,10 +265,12 @@ def compare(base: dict, methods: list[str], args, timeout: float) -> dict:
     avail = _available_bytes()
     for _ in range(args.outer):
         for m in methods:
-            spec = {**base, "method": m, "threads": args.threads, "inner": args.inner}
+            spec = {**base, "method": m, "threads": args.threads, "inner": args.inner, "device": args.device}
             if avail and _bytes_estimate(spec) > 0.6 * avail:
                 rows[m]["error"] = f"skipped: needs ~{_bytes_estimate(spec) / 2**30:.1f} GiB (memory budget)"
                 continue
+            if rows[m]["times"] and statistics.median(rows[m]["times"]) > args.slow:
+                continue  # one round of a peer slower than --slow seconds per call is enough
             r = run(spec, timeout)
             if "error" in r:
                 rows[m]["error"] = r["error"]
@@ -285,7 +331,7 @@ def part_c(args) -> dict:
     out = {}
     batch = 5000 if args.quick else 100_000
     for name, upper in (("simplex", None), ("capped", 0.05)):
-        for ns in ("numpy", "torch"):
+        for ns in (("numpy", "torch") if args.device == "cpu" else ("torch", "cupy")):
             base = dict(part="simplex", set=name, upper=upper, n=100, batch=batch, ns=ns,
                         generic_rows=min(batch, args.generic_rows), label=f"c {name} {ns}")
             methods = ["polyproj", "sort"] + (["generic"] if ns == "numpy" else [])
@@ -315,8 +361,11 @@ PARTS = {"a": ("birkhoff4", part_a), "b": ("birkhoff_large", part_b), "c": ("sim
 
 
 def plot(results: dict, path: Path) -> None:
-    """Median times (log scale) of each comparison, one panel per part."""
-    import matplotlib
+    """Median times (log scale) of each comparison, one panel per part (skipped without matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -349,24 +398,29 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads in every worker")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per worker")
     ap.add_argument("--generic-rows", type=int, default=2000, help="rows the generic path of (c) projects")
+    ap.add_argument("--slow", type=float, default=60.0, help="a method slower than this (s/call) runs one round")
+    ap.add_argument("--device", default="cpu", help="torch device of the data (cuda: GPU check)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    results = json.loads(OUT.read_text()) if OUT.exists() and not args.quick else {}
+    out = OUT if args.device == "cpu" else RESULTS / f"sets_{args.device.split(':')[0]}.json"
+    if os.environ.get("OUT"):  # the device tool's folder
+        out = Path(os.environ["OUT"]) / out.name
+    results = json.loads(out.read_text()) if out.exists() and not args.quick else {}
     for p in args.part or sorted(PARTS):
         key, fn = PARTS[p]
         print(f"part {p} ({key})", flush=True)
         results[key] = fn(args)
-        results["machine_" + key] = {**machine(), "torch_threads": args.threads, "outer": args.outer,
-                                     "inner": args.inner}
-        path = OUT if not args.quick else RESULTS / "sets_quick.json"
+        results["machine_" + key] = {**machine(), "torch_threads": args.threads, "device": args.device,
+                                     "outer": args.outer, "inner": args.inner}
+        path = out if not args.quick else RESULTS / "sets_quick.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=2) + "\n")
     if not args.quick:
-        plot({k: v for k, v in results.items() if not k.startswith("machine")}, RESULTS / "sets.png")
+        plot({k: v for k, v in results.items() if not k.startswith("machine")}, out.with_suffix(".png"))
     print(json.dumps({k: {c: {m: r.get("median_s") for m, r in e["rows"].items()} for c, e in v.items()}
                       for k, v in results.items() if not k.startswith("machine")}, indent=1))
 

@@ -55,6 +55,16 @@ class SumsProjector(Projector):
         if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
             raise ProblemError(f"max_iter must be an integer >= 1, got {max_iter!r}")
         self.sums, self.tol, self.max_iter = sums, tol, int(max_iter)
+        self._polyhedron: Polyhedron | None = None
+
+    def as_polyhedron(self) -> Polyhedron:
+        """The set as a Polyhedron (built once; rows: see the subclass's ``_rows``)."""
+        if self._polyhedron is None:
+            self._polyhedron = self._rows()
+        return self._polyhedron
+
+    def _rows(self) -> Polyhedron:
+        raise NotImplementedError
 
     @property
     def n(self) -> int:
@@ -227,7 +237,7 @@ class Birkhoff(SumsProjector):
         super().__init__(Sums(int(k), int(k), True), tol=tol, max_iter=max_iter)
         self.k = int(k)
 
-    def as_polyhedron(self) -> Polyhedron:
+    def _rows(self) -> Polyhedron:
         """Row sums (``k`` rows), column sums but the last (``k − 1``), ``X >= 0`` (row-major entries)."""
         k = self.k
         B = np.vstack([np.kron(np.eye(k), np.ones((1, k))), np.kron(np.ones((1, k)), np.eye(k))[: k - 1]])

@@ -58,7 +58,7 @@ class PartialMatching(SumsProjector):
     def _m(self) -> int:
         return self.rows + self.cols + (1 if self.max_matches is not None else 0)
 
-    def as_polyhedron(self) -> Polyhedron:
+    def _rows(self) -> Polyhedron:
         """``A = [row sums; column sums; total]``, ``a = [1; 1; α]``, ``X >= 0`` (row-major entries)."""
         r, c = self.rows, self.cols
         A = [np.kron(np.eye(r), np.ones((1, c))), np.kron(np.ones((1, r)), np.eye(c))]

@@ -120,7 +120,8 @@ class CappedSimplex(Projector):
         xp = array_namespace(X)
         t = self._totals(X)
         U = self.upper
-        theta = threshold(X, t, U).theta
+        th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
+        theta = th.theta
         D = X - theta
         if U == float("inf"):
             Y = xp.clip(D, min=0.0)
@@ -130,27 +131,20 @@ class CappedSimplex(Projector):
             Y = xp.clip(D, min=0.0, max=U)
             at_lb, at_ub = D <= 0, D >= U
             fixed = at_lb | at_ub
-            lam = Y - D  # θ − x at zero, x − θ − u (negated) at the cap, 0 between
+            lam = Y - D  # θ − x at zero, −(x − θ − u) at the cap, 0 between
             active = xp.concat([at_lb, at_ub], axis=1)
-            mult = xp.concat([xp.clip(lam, min=0.0), xp.clip(-lam, min=0.0), theta], axis=1)
+            mult = xp.concat([xp.clip(lam, min=0.0), -xp.clip(lam, max=0.0), theta], axis=1)
         viol = xp.abs(xp.sum(Y, axis=1) - t[:, 0])
+        # weakly active: a coordinate at a breakpoint (x_i − θ ∈ {0, u}); dependent: no free coordinate
+        # (the sum row is then a combination of the bound rows)
         return self.result(X, Y, active, mult, violation=viol, face=fixed,
-                           degenerate=self._degeneracy(xp, D, theta, t, fixed))
+                           degenerate=Degeneracy(th.near, xp.all(fixed, axis=1)))
 
-    def _degeneracy(self, xp: Any, D: Any, theta: Any, t: Any, fixed: Any) -> Degeneracy:
-        """The degeneracy report of the thresholds.
-
-        Weakly active: a coordinate at a bound with zero multiplier (``x_i − θ ∈ {0, u}`` to the rounding
-        of ``x − θ``, ``8 n eps (1 + |θ| + u + t)``); dependent: no free coordinate (the sum row is then a
-        combination of the bound rows).
-        """
-        eps = float(np.finfo(np.float32 if D.dtype == xp.float32 else np.float64).eps)
-        U = self.upper
-        tol = 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + (U if U != float("inf") else 0.0))
-        weak = xp.min(xp.abs(D), axis=1, keepdims=True) <= tol
-        if U != float("inf"):
-            weak = weak | (xp.min(xp.abs(D - U), axis=1, keepdims=True) <= tol)
-        return Degeneracy(weak[:, 0], xp.all(fixed, axis=1))
+    def _weak_tol(self, xp: Any, dtype: Any, t: Any):
+        """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + u + t)`` (a function of θ)."""
+        eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
+        U = self.upper if self.upper != float("inf") else 0.0
+        return lambda theta: 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + U)
 
     def vjp(self, result: ProjectionResult, G: Any) -> Any:
         """``J g = f ⊙ (g − mean_F g)`` on the free coordinates ``F`` (zero where none is free)."""

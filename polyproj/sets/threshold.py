@@ -26,15 +26,31 @@ import numpy as np
 from array_api_compat import array_namespace, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
+from ..projection.faces import put_rows
+
 __all__ = ["Threshold", "sorted_threshold", "threshold"]
 
 
 @dataclass(frozen=True)
 class Threshold:
-    """The threshold ``θ`` (b, 1) of each sample and the iterations taken."""
+    """The threshold ``θ`` (b, 1) of each sample, the iterations taken, and ``near``.
+
+    ``near`` (b,): an entry lies within the given tolerance of a breakpoint (``x_i − θ ∈ {0, u}``: a
+    weakly active coordinate); None when no tolerance was given.
+    """
 
     theta: Any
     iterations: int
+    near: Any = None
+
+
+def _near(xp: Any, V: Any, theta: Any, upper: float, tol: Any) -> Any:
+    """(b,) some entry of ``V`` within ``tol`` of ``θ`` or of ``θ + upper``."""
+    D = V - theta
+    hit = xp.min(xp.abs(D), axis=1, keepdims=True) <= tol
+    if upper != float("inf"):
+        hit = hit | (xp.min(xp.abs(D - upper), axis=1, keepdims=True) <= tol)
+    return hit[:, 0]
 
 
 def _eps(xp: Any, dtype: Any) -> float:
@@ -59,7 +75,8 @@ def _piece(xp: Any, X: Any, theta: Any, upper: float):
 CANDIDATES = 16
 
 
-def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int = 60) -> Threshold:
+def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int = 60, tol: Any = None
+              ) -> Threshold:
     """``θ`` (b, 1) with ``Σ clip(x − θ, 0, upper) = total`` for each row of ``X`` (b, n).
 
     ``total`` is (b, 1) in X's namespace and dtype, with ``0 <= total <= n·upper`` (not checked here).
@@ -69,22 +86,35 @@ def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int 
     threshold exactly when its ``(K+1)``-th largest entry is ``<= θ`` (every other entry is then at 0);
     ``K = ⌈total/upper⌉ + CANDIDATES`` (at least ``total/upper`` entries are positive). The ``K`` largest
     come from a partial selection (``partition`` / ``topk``: no full sort); rows that fail the test are
-    solved on all their entries.
+    solved on all their entries. With ``tol`` (a function of ``θ`` (b, 1) giving (b, 1)), ``near`` is
+    computed on the entries that decide it: the candidates and the ``(K+1)``-th (all others lie below).
     """
     xp = array_namespace(X)
     b, n = X.shape
     K = CANDIDATES + (int(np.ceil(float(xp.max(total)) / upper)) if upper != float("inf") and b else 0)
     top = _largest(xp, X, K) if 2 * K < n else None
     if top is None:
-        return _newton(X, total, upper, max_iter)
+        th = _newton(X, total, upper, max_iter)
+        near = None if tol is None else _near(xp, X, th.theta, upper, tol(th.theta))
+        return Threshold(th.theta, th.iterations, near)
     cand, kth = top
-    th = _newton(cand, total, upper, max_iter)
+    lower = None
+    m = int(np.ceil(float(xp.min(total)) / upper)) if upper != float("inf") else 0
+    if 1 <= m < K:  # f(x_(m) − u) >= m u >= t: the m-th largest entry less u is below the root
+        mth = _largest(xp, cand, m - 1) if m > 1 else (None, xp.max(cand, axis=1, keepdims=True))
+        lower = None if mth is None else mth[1] - upper
+    th = _newton(cand, total, upper, max_iter, lower)
+    near = None if tol is None else _near(xp, xp.concat([cand, kth], axis=1), th.theta, upper, tol(th.theta))
     bad = kth > th.theta
     if not bool(xp.any(bad)):
-        return th
+        return Threshold(th.theta, th.iterations, near)
     rows = xp.nonzero(bad[:, 0])[0]
-    full = _newton(xp.take(X, rows, axis=0), xp.take(total, rows, axis=0), upper, max_iter)
-    return Threshold(_put(xp, th.theta, rows, full.theta), max(th.iterations, full.iterations))
+    Xr = xp.take(X, rows, axis=0)
+    full = _newton(Xr, xp.take(total, rows, axis=0), upper, max_iter)
+    theta = _put(xp, th.theta, rows, full.theta)
+    if near is not None:
+        near = put_rows(xp, near, rows, _near(xp, Xr, full.theta, upper, tol(full.theta)))
+    return Threshold(theta, max(th.iterations, full.iterations), near)
 
 
 def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any] | None:
@@ -94,7 +124,9 @@ def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any] | None:
     """
     n = X.shape[1]
     if is_numpy_namespace(xp) or is_cupy_namespace(xp):
-        mod = np if is_numpy_namespace(xp) else xp
+        import importlib
+
+        mod = np if is_numpy_namespace(xp) else importlib.import_module("cupy")  # the namespace's own partition
         part = mod.partition(X, n - K - 1, axis=1)
         return part[:, n - K:], part[:, n - K - 1: n - K]
     if is_torch_namespace(xp):
@@ -103,8 +135,11 @@ def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any] | None:
     return None
 
 
-def _newton(X: Any, total: Any, upper: float, max_iter: int) -> Threshold:
-    """The safeguarded Newton steps of the module docstring on every row of ``X``."""
+def _newton(X: Any, total: Any, upper: float, max_iter: int, lower: Any = None) -> Threshold:
+    """The safeguarded Newton steps of the module docstring on every row of ``X``.
+
+    ``lower`` (b, 1), a bound with ``f(lower) >= total``, is the start where it is above the usual one.
+    """
     xp = array_namespace(X)
     b, n = X.shape
     eps = _eps(xp, X.dtype)
@@ -114,6 +149,8 @@ def _newton(X: Any, total: Any, upper: float, max_iter: int) -> Threshold:
     lo = xmin - upper if capped else xmax - total
     hi = xmax
     theta = xp.maximum(xp.sum(X, axis=1, keepdims=True) / n - total / n, xmax - total)
+    if lower is not None:
+        theta = xp.maximum(theta, lower)
     if capped:  # at total = n·upper every θ <= lo is a root (f is flat there): take lo
         theta = xp.where(total >= n * upper, lo, xp.clip(theta, lo, hi))
     scale = xp.abs(total) + n * (xp.abs(xmax) + xp.abs(xmin) + (upper if capped else 0.0))
@@ -165,8 +202,6 @@ def _put(xp: Any, full: Any, idx: Any, part: Any) -> Any:
     """``full`` with rows ``idx`` replaced by ``part`` (``idx`` None: ``part`` is the whole)."""
     if idx is None:
         return part
-    from ..projection.faces import put_rows
-
     return put_rows(xp, full, idx, part)
 
 
