@@ -201,7 +201,7 @@ def worker(spec: dict) -> dict:
         import cupy
 
         sync = cupy.cuda.Device().synchronize
-    small = {**spec, "batch": min(spec["batch"], 256), "generic_rows": min(spec.get("generic_rows", 1), 16)}
+    small = {**spec, "batch": min(spec["batch"], 8), "generic_rows": min(spec.get("generic_rows", 1), 8)}
     _task(small)[0]()  # warm-up on a small batch (imports, lazy initialisation) that leaves no large heap
     fn, S, X = _task(spec)
     sync()
