@@ -103,7 +103,7 @@ class SumsProjector(Projector):
         y, _, _ = newton(C, S, scale, NewtonOptions(t_newton, self.max_iter))
         face = polish(C, S, y, scale, t_kkt, t_round)
         face = self._final(xp, C, face, scale * t_round)
-        Y = xp.reshape(face.X, (b, self.n))
+        Y = xp.reshape(face.X, (b, self.n)) + 0.0  # Z ⊙ Ω leaves −0.0 off the support: +0.0 there
         Z = z_of(C, face.y, S.has_w)
         lam = xp.where(face.omega, xp.zeros_like(Z), xp.maximum(-Z, xp.zeros_like(Z)))
         active = self._active(xp, face, ~face.omega)
