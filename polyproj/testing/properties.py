@@ -116,7 +116,7 @@ def hs_set(P: Polyhedron, x: np.ndarray, y: np.ndarray, active: np.ndarray, *, t
     Distinct index sets giving the same projector are merged (the first ``K`` is kept).
     """
     G, _ = ineq_form(P)
-    B = P.B_dense
+    B = _independent_rows(P.B_dense)  # a set's structure may imply dependent equalities (Birkhoff)
     I = np.flatnonzero(active)
     if I.size > max_active:
         raise ValueError(f"{I.size} active rows: enumerating 2^{I.size} subsets is too costly")
@@ -139,6 +139,15 @@ def hs_set(P: Polyhedron, x: np.ndarray, y: np.ndarray, active: np.ndarray, *, t
             lam[list(K)] = nu[:size]
             out.append(HSElement(tuple(K), J, lam))
     return out
+
+
+def _independent_rows(B: np.ndarray) -> np.ndarray:
+    """A maximal set of linearly independent rows of ``B`` (the same row space, hence the same HS set)."""
+    keep: list[int] = []
+    for i in range(B.shape[0]):
+        if _rank(B[[*keep, i]]) == len(keep) + 1:
+            keep.append(i)
+    return B[keep].reshape(len(keep), B.shape[1])
 
 
 def _match(J: np.ndarray, elements: list[HSElement], tol: float) -> int | None:
