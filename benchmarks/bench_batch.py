@@ -123,7 +123,7 @@ def make_layer_admm(A, a, B, b):
 
     def run(X, eps):
         with torch.no_grad():
-            return project(X, At, at, Bt, bt, backend="torch")
+            return project(X, At, at, Bt, bt, backend="admm")
 
     return run
 
