@@ -237,6 +237,7 @@ def test_executors_equal_in_process(mlp):
         return (m(X[:10]) ** 2).mean()
 
     ref = free.influence(F, removals).numpy()
+    before = [p.detach().clone() for p in prob.model.parameters()]
     with ThreadPoolExecutor(2) as ex:
         # the same arithmetic in other threads: equal up to the order of BLAS reductions (thread counts differ)
         np.testing.assert_allclose(free.influence(F, removals, executor=ex).numpy(), ref, rtol=1e-12,
@@ -245,6 +246,10 @@ def test_executors_equal_in_process(mlp):
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         got = free.influence(F, removals, executor=client.get_executor()).numpy()
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14 * float(np.abs(ref).max()))
+    # functional calls from several threads leave the shared module's own parameters as they were
+    after = list(prob.model.parameters())
+    assert all(p.is_leaf for p in after)
+    assert all(torch.equal(a.detach(), b) for a, b in zip(after, before, strict=True))
     # the dense path scores on an executor too, with the same answers as its own in-process scores
     dense = DIF(prob, kkt, method="dense")
     with ThreadPoolExecutor(2) as ex:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -148,14 +149,26 @@ class Constraint(_Term):
         object.__setattr__(self, "tau", tau)
 
 
+# ``torch.func.functional_call`` swaps the module's parameters in place for the duration of the call
+# and swaps them back on exit: two threads calling one module at once would each restore the other's
+# tensors, scoring with the wrong θ and leaving the module holding transformed (non-leaf) tensors. The
+# swaps of all modules are serialised by one lock (re-entrant: a model may call a wrapped submodule);
+# backward passes run after the call returns and stay parallel.
+_SWAP_LOCK = threading.RLock()
+
+
 class _FunctionalModule:
-    """Calls ``model`` with the parameters taken from a flat vector (``torch.func.functional_call``)."""
+    """Calls ``model`` with the parameters taken from a flat vector (``torch.func.functional_call``).
+
+    Thread-safe: calls on one module from several threads (a thread-pool executor) are serialised.
+    """
 
     def __init__(self, model: nn.Module, params: dict[str, torch.Tensor]) -> None:
         self._model, self._params = model, params
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return torch.func.functional_call(self._model, self._params, args, kwargs)
+        with _SWAP_LOCK:
+            return torch.func.functional_call(self._model, self._params, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         # parameters and submodules resolve to θ's tensors (``m.bias``, ``m.layer1.weight``)
