@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # GPU check of the batched IPM (issue 4): correctness of the `cupy` backend and of the torch-CUDA
 # path, then the GPU benchmark (batch 8192, n 100, m 200, one equality) against ProxSuite's
-# solve_in_parallel on the CPU. Sized to finish in well under 8 minutes on one H200.
+# solve_in_parallel on the CPU; then the structured sets (issue 15): CUDA == NumPy for Birkhoff,
+# capped simplex and partial matchings, and benchmarks/bench_sets.py --device cuda (parts a and c,
+# Sinkhorn on the same device; figures to $OUT/sets_cuda.json). `bash benchmarks/gpu_check.sh ipm` or
+# `... sets` runs one part (each sized to well under 8 minutes on one H200; both together do not fit
+# one 15-minute device budget).
 #
 # Machine: Python 3.12 with CuPy, torch, numpy, scipy, pytest, rich (no array_api_compat, no
 # proxsuite). Carry them as wheels, prepared here once (repo root):
@@ -25,6 +29,9 @@ OUTDIR="${OUT:-benchmarks/results}"
 mkdir -p "$OUTDIR"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
+PART="${1:-all}"
+rc=0
+if [ "$PART" != "sets" ]; then
 timeout 420 python3 - "$OUTDIR/batch_gpu.json" <<'PY'
 import json, platform, sys, time
 import numpy as np
@@ -135,6 +142,33 @@ with open(out_path, "w") as fh:
 print("wrote", out_path)
 PY
 rc=$?
+fi
+
+if [ "$PART" != "ipm" ]; then
+# ---------------------------------------------------------------- structured sets (issue 15): CUDA == CPU, then the benchmark
+timeout 120 python3 - <<'PY' || rc=1
+import numpy as np, torch, polyproj as pp
+rng = np.random.default_rng(0)
+ok = True
+for S, X in ((pp.sets.Birkhoff(4), rng.normal(size=(4096, 16))), (pp.sets.Birkhoff(30), rng.normal(size=(64, 900))),
+             (pp.sets.CappedSimplex(100, 1.0, 0.05), rng.normal(size=(4096, 100))),
+             (pp.sets.PartialMatching(20, 20, 10.0), rng.normal(size=(256, 400)))):
+    ref = S.project(X)
+    for dt, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+        res = S.project(torch.tensor(X, dtype=dt, device="cuda"))
+        err = float(np.abs(res.y.reshape(X.shape).double().cpu().numpy() - ref.y.reshape(X.shape)).max())
+        good = res.y.is_cuda and err < tol and bool(res.polished.all())
+        ok &= good
+        print(("PASS " if good else "FAIL ") + f"{S!r} {dt} on CUDA == NumPy: max|dy| {err:.1e}", flush=True)
+    x = torch.tensor(X[:256], device="cuda", requires_grad=True)
+    from polyproj.adapters.torch import project
+    project(x, S).sum().backward()
+    print(("PASS " if x.grad.is_cuda else "FAIL ") + f"{S!r} backward on CUDA", flush=True)
+raise SystemExit(0 if ok else 1)
+PY
+timeout 360 python3 benchmarks/bench_sets.py --device cuda --part a --part c --outer 1 --inner 3 --timeout 100 || true
+fi
+[ "$PART" = "sets" ] && exit $rc
 # the GPU-relevant unit tests (NumPy/torch/array_api_strict ones run on CPU CI; here torch CUDA is exercised above)
 timeout 200 python3 -m pytest -q -x tests/test_ipm.py -k "not strict" -p no:cacheprovider 2>&1 | tail -5 || true
 exit $rc

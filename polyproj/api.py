@@ -10,6 +10,7 @@ from .problem import QP, Polyhedron
 from .projection.result import ProjectionResult
 from .registry import get_backend
 from .sets.base import Projector
+from .sets.detect import recognise
 from .sets.polyhedral import Polyhedral
 from .solution import Solution
 
@@ -51,7 +52,7 @@ def solve_qp(qp: QP, backend: Any = None, *, warm_start: Any = None, **settings:
 
 
 def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish: bool = True, tol: float = 1e-9,
-            max_polish_iter: int | None = None, **settings: Any) -> ProjectionResult:
+            max_polish_iter: int | None = None, structured: bool = True, **settings: Any) -> ProjectionResult:
     """Project points onto a set exactly, with the active set.
 
     Parameters
@@ -73,6 +74,10 @@ def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish:
         Relative tolerance of the polish's KKT checks.
     max_polish_iter : int, optional
         Active-set corrections allowed during polish.
+    structured : bool
+        A Polyhedron that is a structured set (box, simplex, capped simplex, Birkhoff polytope, partial
+        matchings, up to row order and scaling: :mod:`polyproj.sets.detect`) is projected by that set's
+        exact method when no backend or backend setting is given (default True); False: by a QP backend.
     **settings
         Backend settings (``eps_abs``, ``max_iter``, ...).
 
@@ -96,8 +101,12 @@ def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish:
     (array([0.7, 0.3, 0. ]), array([False, False,  True]))
     """
     if isinstance(S, Polyhedron):
-        S = Polyhedral(S, PROJECTION_DEFAULT if backend is _UNSET else backend, polish=polish, tol=tol,
-                       max_polish_iter=max_polish_iter, **settings)
+        generic = (backend not in (_UNSET, "auto") or bool(settings) or not polish or tol != 1e-9
+                   or max_polish_iter is not None)
+        found = None if generic or not structured else recognise(S)
+        S = found if found is not None else Polyhedral(S, PROJECTION_DEFAULT if backend is _UNSET else backend,
+                                                       polish=polish, tol=tol, max_polish_iter=max_polish_iter,
+                                                       **settings)
     elif not isinstance(S, Projector):
         raise ProblemError(f"S must be a polyproj.Polyhedron or a polyproj.Projector, got {type(S).__name__}")
     elif backend is not _UNSET or settings or not polish or tol != 1e-9 or max_polish_iter is not None:

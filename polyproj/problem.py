@@ -208,6 +208,18 @@ def _dependent_rows(B) -> list[int]:
     return dep
 
 
+def _check_consistent(B, b: np.ndarray, dep: list[int]) -> None:
+    """Raise unless ``B y = b`` has a solution (least-squares residual at rounding of the data's scale)."""
+    dense = B.toarray() if sp.issparse(B) else B
+    y = np.linalg.lstsq(dense, b, rcond=None)[0]
+    resid = np.abs(dense @ y - b)
+    scale = 1.0 + np.abs(b).max() + np.abs(dense).sum(axis=1).max() * np.abs(y).max(initial=0.0)
+    bad = np.flatnonzero(resid > 1e-10 * max(dense.shape) * scale)
+    if bad.size:
+        raise ProblemError(f"B y = b is inconsistent (rows {dep} of B depend on the others, and row {int(bad[0])} "
+                           f"misses by {resid[bad[0]]:.3g}): the set is empty")
+
+
 # --------------------------------------------------------------------------- QP
 @dataclass(frozen=True, eq=False)
 class QP:
@@ -425,10 +437,19 @@ class Polyhedron:
     Parameters
     ----------
     A : (m, n) array or sparse, optional;  a : (m,) array (``+inf`` allowed: row ignored)
-    B : (p, n) array or sparse, optional;  b : (p,) array.  ``B`` must have full row rank.
+    B : (p, n) array or sparse, optional;  b : (p,) array.  ``B`` must have full row rank, unless
+        ``allow_dependent_rows``.
     lb, ub : (n,) arrays, optional
     n : int, optional
         Number of variables when neither A nor B is given.
+    allow_dependent_rows : bool
+        Accept rows of ``B`` that are linear combinations of the others, provided the equations are
+        *consistent* (``b`` in the range of ``B``, to rounding at the data's scale; else the set is
+        empty: :class:`ProblemError`). For sets whose structure implies the dependency — the ``2k``
+        row and column sums of the Birkhoff polytope have rank ``2k − 1`` — written with all their
+        rows. The rank is kept as :attr:`eq_rank`. Projections work on such a polyhedron (the polish
+        factors dependent faces by the rank-revealing SVD; structured sets are recognised by
+        :func:`pp.project`); the multipliers of dependent rows are then one choice among many.
 
     Examples
     --------
@@ -445,6 +466,8 @@ class Polyhedron:
     lb: Any = None
     ub: Any = None
     n: int | None = None
+    allow_dependent_rows: bool = field(default=False, kw_only=True)
+    eq_rank: int = field(default=-1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         n = self.n
@@ -476,14 +499,19 @@ class Polyhedron:
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1)
         check_order(lb, ub, "lb", "ub")
+        rank = B.shape[0]
         if B.shape[0] and B.shape[0] * n <= _RANK_CHECK_LIMIT:
             dep = _dependent_rows(B)
-            if dep:
+            if dep and not self.allow_dependent_rows:
                 raise ProblemError(
                     f"B must have full row rank: rows {dep} of B are linearly dependent on the others "
-                    "(remove them; if they are consistent they add nothing, if not the set is empty)"
+                    "(remove them; if they are consistent they add nothing, if not the set is empty; or pass "
+                    "allow_dependent_rows=True where the set's structure implies them)"
                 )
-        for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub, n=n).items():
+            if dep:
+                _check_consistent(B, b, dep)
+            rank -= len(dep)
+        for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub, n=n, eq_rank=rank).items():
             object.__setattr__(self, k, v)
 
     # -- sizes

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import polyproj as pp
+from polyproj.sets.detect import recognise
 
 # `ci` is bounded (make test); `dev` is long (make test-dev). HYPOTHESIS_PROFILE selects.
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
@@ -41,11 +42,29 @@ def _projectors() -> dict:
         "simplex": lambda: pp.sets.Simplex(6),
         "simplex-total": lambda: pp.sets.Simplex(5, total=2.5),
         "box": lambda: pp.sets.Box(np.r_[-1.0, -np.inf, 0.0, 1.0], np.r_[1.0, 2.0, np.inf, 1.0]),
+        "capped-simplex": lambda: pp.sets.CappedSimplex(6, total=2.0, upper=0.5),
+        "birkhoff-3": lambda: pp.sets.Birkhoff(3),
+        "birkhoff-4": lambda: pp.sets.Birkhoff(4),
+        "matching-2x3": lambda: pp.sets.PartialMatching(2, 3, max_matches=1.5),
+        "matching-3x3": lambda: pp.sets.PartialMatching(3, 3),
+        # a Birkhoff polyhedron as a user may write it (rows reordered and scaled, a row sum left out),
+        # recognised by pp.project: its multipliers are reported in that polyhedron's rows
+        "recognised-birkhoff": lambda: recognise(pp.Polyhedron(B=_birkhoff_rows()[1:], b=_birkhoff_rhs()[1:],
+                                                               lb=np.zeros(9))),
     }
     for name in ("proxsuite", "ipm", "admm"):
         if name in CPU_BACKENDS:
             sets[f"polyhedral-{name}"] = lambda name=name: pp.sets.Polyhedral(P, name)
     return sets
+
+
+def _birkhoff_rows() -> np.ndarray:
+    B = np.vstack([np.kron(np.eye(3), np.ones((1, 3))), np.kron(np.ones((1, 3)), np.eye(3))])
+    return B[[3, 0, 5, 1, 4, 2]] * np.array([2.0, -1.0, 0.5, 3.0, 1.0, -2.0])[:, None]
+
+
+def _birkhoff_rhs() -> np.ndarray:
+    return np.array([2.0, -1.0, 0.5, 3.0, 1.0, -2.0])
 
 
 #: set name -> factory

@@ -21,6 +21,7 @@ from ..errors import ProblemError
 from ..problem import Polyhedron
 from ..runtime import small_work
 from ..sets.base import Projector
+from ..sets.detect import recognise
 from ..sets.polyhedral import PARTS, Polyhedral, polydata_from_arrays
 
 __all__ = ["ProjectionLayer", "choose_backend", "project"]
@@ -185,7 +186,8 @@ def _polyhedral_from_tensors(x: torch.Tensor, parts: dict[str, Any], backend: st
 
 
 def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None,
-            ub: Any = None, *, A: Any = None, backend: str = "auto", **settings: Any) -> torch.Tensor:
+            ub: Any = None, *, A: Any = None, backend: str = "auto", structured: bool = True,
+            **settings: Any) -> torch.Tensor:
     """Differentiable exact projection ``Π_S(x)``.
 
     Parameters
@@ -199,6 +201,9 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
         Polyhedra only: ``"auto"`` (:func:`polyproj.backends.defaults.auto_projection`: the ADMM start
         for shared matrices, the batched IPM for per-sample ones), ``"admm"``, ``"ipm"`` or any
         registered backend.
+    structured : bool
+        A Polyhedron that is a structured set (:mod:`polyproj.sets.detect`) is projected by that set
+        when ``backend="auto"`` and no settings are given (default True).
     **settings
         Polyhedra only: ``tol`` (polish KKT tolerance, default 1e-9), ``max_polish_iter``,
         ``polish_block_iter``, ``fallback`` (backend for what a start-only backend leaves), and backend
@@ -227,11 +232,12 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
     >>> y[0, 0].backward(); x.grad
     tensor([[ 0.5000, -0.5000,  0.0000]], dtype=torch.float64)
     """
-    y, _ = _project(x, S, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), backend, settings, None)
+    y, _ = _project(x, S, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), backend, settings, None, structured)
     return y
 
 
-def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: Any) -> tuple[torch.Tensor, Any]:
+def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: Any,
+             structured: bool = True) -> tuple[torch.Tensor, Any]:
     """:func:`project` with a warm start; returns the projection and the result (for the next warm start)."""
     x = _check_x(x)
     a, B, b, lb, ub, A = (parts[k] for k in ("a", "B", "b", "lb", "ub", "A"))
@@ -239,7 +245,8 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
         if any(v is not None for v in (a, B, b, lb, ub, A)):
             raise ProblemError("give either a set S or the constraint data A, a, B, b, lb, ub, not both")
         if isinstance(S, Polyhedron):
-            S = Polyhedral(S, backend, **settings)
+            found = recognise(S) if structured and backend == "auto" and not settings else None
+            S = found if found is not None else Polyhedral(S, backend, **settings)
         elif settings or backend != "auto":
             raise ProblemError(f"{type(S).__name__} carries its own method: backend and settings do not apply")
         x2, bshape, tail = _flatten(x, S)
@@ -283,6 +290,9 @@ class ProjectionLayer(nn.Module):
         Polyhedra: start each call's polish from the previous call's active sets (a batch of the same size,
         e.g. full-batch training or a fixed set of inputs); samples whose guess the polish cannot verify in
         a few rounds go through the whole pipeline, so the answer is the same exact projection.
+    structured : bool
+        Constraint data (nothing learned) that describe a structured set are projected by that set
+        (:mod:`polyproj.sets.detect`), as in :func:`project`.
     **settings
         As in :func:`project`.
 
@@ -291,7 +301,9 @@ class ProjectionLayer(nn.Module):
     >>> import torch
     >>> from polyproj.adapters.torch import ProjectionLayer
     >>> layer = ProjectionLayer(B=[[1.0, 1.0, 1.0]], b=[1.0], lb=[0.0, 0.0, 0.0])
-    >>> layer
+    >>> layer.set.inner  # recognised: the simplex, projected by its exact method
+    Simplex(n=3, total=1)
+    >>> ProjectionLayer(B=[[1.0, 1.0, 1.0]], b=[1.0], lb=[0.0, 0.0, 0.0], structured=False)
     ProjectionLayer(n=3, inequalities=0, equalities=1, lower bounds=3, upper bounds=0, backend='auto')
     >>> layer(torch.tensor([[2.0, 0.0, 0.0]], dtype=torch.float64))
     tensor([[1., 0., 0.]], dtype=torch.float64)
@@ -299,7 +311,8 @@ class ProjectionLayer(nn.Module):
 
     def __init__(self, S: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None, ub: Any = None,
                  *, A: Any = None, learn: tuple[str, ...] | list[str] = (), dtype: torch.dtype = torch.float64,
-                 backend: str = "auto", warm_start: bool = False, **settings: Any) -> None:
+                 backend: str = "auto", warm_start: bool = False, structured: bool = True,
+                 **settings: Any) -> None:
         super().__init__()
         self.warm_start, self._last = bool(warm_start), None
         unknown = set(learn) - set(PARTS)
@@ -311,20 +324,24 @@ class ProjectionLayer(nn.Module):
                 raise ProblemError(f"{type(S).__name__} has no constraint data to learn or give")
             self.set, self.n = S, S.n
             return
+        self._dependent = isinstance(S, Polyhedron) and S.allow_dependent_rows
         if isinstance(S, Polyhedron):
             vals = dict(zip(PARTS, (S.A_dense, S.a, S.B_dense, S.b, S.lb, S.ub), strict=True))
             vals = {k: v for k, v in vals.items() if (k not in ("A", "a", "B", "b") or np.size(v))}
         else:
             vals = dict(zip(PARTS, (S if S is not None else A, a, B, b, lb, ub), strict=True))
         self.set = None
-        self._store(vals, learn, dtype)
+        P = self._store(vals, learn, dtype)
+        if structured and not learn and backend == "auto" and not settings:
+            self.set = recognise(P)  # a structured set: its exact method (the buffers stay for state_dict)
 
     def _store(self, vals: dict[str, Any], learn: Any, dtype: torch.dtype) -> None:
         host = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v) for k, v in vals.items()}
         missing = [k for k in learn if host.get(k) is None]
         if missing:
             raise ProblemError(f"learn names {missing}, which are not given: there is nothing to learn")
-        P = Polyhedron(**{k: host.get(k) for k in PARTS})  # validates shapes, NaN, rank of B, lb <= ub
+        P = Polyhedron(**{k: host.get(k) for k in PARTS},  # validates shapes, NaN, rank of B, lb <= ub
+                       allow_dependent_rows=self._dependent)
         self.n = P.n
         for k in PARTS:
             v = host.get(k)
@@ -335,6 +352,7 @@ class ProjectionLayer(nn.Module):
                 self.register_parameter(k, nn.Parameter(t))
             else:
                 self.register_buffer(k, t)
+        return P
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Project ``x`` (..., n); with ``warm_start`` the previous call's active sets start the polish."""
@@ -350,7 +368,7 @@ class ProjectionLayer(nn.Module):
 
     def extra_repr(self) -> str:
         """Sizes of the constraint data and the backend."""
-        if self.set is not None:
+        if self.set is not None and not hasattr(self, "B"):
             return repr(self.set)
 
         def rows(t):
@@ -362,4 +380,5 @@ class ProjectionLayer(nn.Module):
         learned = [k for k, _ in self.named_parameters(recurse=False)]
         s = (f"n={self.n}, inequalities={rows(self.A)}, equalities={rows(self.B)}, lower bounds={fin(self.lb)}, "
              f"upper bounds={fin(self.ub)}, backend={self.backend!r}")
-        return s + (f", learned={learned}" if learned else "")
+        s += f", learned={learned}" if learned else ""
+        return s + (f", structured={self.set.inner!r}" if self.set is not None else "")

@@ -7,7 +7,38 @@ from typing import Any
 
 from ..solution import Status
 
-__all__ = ["ProjectionResult"]
+__all__ = ["Degeneracy", "ProjectionResult"]
+
+
+@dataclass(frozen=True)
+class Degeneracy:
+    """Where the HS-Jacobian element was chosen among several: per sample, in the result's namespace.
+
+    At a degenerate point several active sets ``K`` satisfy the HS set's conditions and give different
+    elements ``I − M_K⁺M_K``; the element used (the projector onto the null space of *all* active rows)
+    is one of them. Two causes are reported:
+
+    Attributes
+    ----------
+    weak : (batch,) bool
+        A weakly active row: active with a zero multiplier (to rounding at the sample's scale), so that
+        a nearby point can have it inactive.
+    dependent : (batch,) bool
+        Active rows linearly dependent beyond what the set's structure implies (LICQ fails there: the
+        multipliers are not unique), e.g. a Birkhoff face whose support splits into several blocks.
+    """
+
+    weak: Any
+    dependent: Any
+
+    @property
+    def any(self) -> Any:
+        """``weak | dependent``: the samples where the element was a choice."""
+        return self.weak | self.dependent
+
+    def single(self) -> Degeneracy:
+        """The report of a batch of one as plain booleans."""
+        return Degeneracy(bool(self.weak[0]), bool(self.dependent[0]))
 
 
 @dataclass(frozen=True)
@@ -37,9 +68,9 @@ class ProjectionResult:
         The QP backend, or the name of the closed-form method.
     solution : BatchSolution or Solution or None
         What a QP backend returned (NumPy inputs).
-    degenerate : (batch,) bool or None
+    degenerate : Degeneracy or None
         Samples where the HS element was chosen among several: a weakly active row (zero multiplier
-        on an active row) or dependent active rows (LICQ fails).
+        on an active row) or dependent active rows (LICQ fails); ``degenerate.any`` (batch,) bool.
     face : object
         What the set's VJP needs (internal to the set).
     """
@@ -68,4 +99,4 @@ class ProjectionResult:
             sol = sol.solution(0)
         return replace(self, y=self.y[0], active=self.active[0], multipliers=self.multipliers[0],
                        status=self.status[0], violation=self.violation, polished=bool(self.polished[0]),
-                       solution=sol, degenerate=None if self.degenerate is None else bool(self.degenerate[0]))
+                       solution=sol, degenerate=None if self.degenerate is None else self.degenerate.single())

@@ -41,10 +41,10 @@ from array_api_compat import device as _device
 
 from ..errors import ProblemError
 from ..problem import Polyhedron
-from ..projection.result import ProjectionResult
+from ..projection.result import Degeneracy, ProjectionResult
 from ..solution import Status
 
-__all__ = ["Projector", "as_array"]
+__all__ = ["Projector", "as_array", "as_namespace"]
 
 
 def as_array(X: Any) -> Any:
@@ -60,6 +60,19 @@ def as_array(X: Any) -> Any:
     if not xp.isdtype(X.dtype, "real floating"):
         X = xp.astype(X, xp.float64)
     return X
+
+
+def as_namespace(v: Any, like: Any) -> Any:
+    """``v`` (an array of any namespace, or array-like) in the namespace, device and dtype of ``like``."""
+    xp = array_namespace(like)
+    try:
+        same = array_namespace(v) is xp
+    except TypeError:
+        same = False
+    if same and str(_device(v)) == str(_device(like)):
+        return v if v.dtype == like.dtype else xp.astype(v, like.dtype)
+    host = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+    return xp.asarray(np.asarray(host, dtype=np.float64), dtype=like.dtype, device=_device(like))
 
 
 class Projector(abc.ABC):
@@ -144,15 +157,21 @@ class Projector(abc.ABC):
         want = f"({n},) or (batch, {n})" if ev == (n,) else f"{ev}, (batch, *{ev}) or (batch, {n})"
         raise ProblemError(f"X must have shape {want}, got {shp}")
 
+    def row_counts(self) -> tuple[int, int]:
+        """``(n_ineq, m_eq)``: inequality and equality rows of :meth:`as_polyhedron` (the result's shapes)."""
+        P = self.as_polyhedron()
+        return P.n_ineq, P.m_eq
+
     def empty_result(self, X: Any) -> ProjectionResult:
         """The result of an empty batch."""
         xp = array_namespace(X)
         dev = _device(X)
-        P = self.as_polyhedron()
+        ni, me = self.row_counts()
+        none = xp.zeros((0,), dtype=xp.bool, device=dev)
         return ProjectionResult(
-            xp.zeros((0, self.n), dtype=X.dtype, device=dev), xp.zeros((0, P.n_ineq), dtype=xp.bool, device=dev),
-            xp.zeros((0, P.n_ineq + P.m_eq), dtype=X.dtype, device=dev), (), 0.0,
-            xp.zeros((0,), dtype=X.dtype, device=dev), xp.zeros((0,), dtype=xp.bool, device=dev), self.method)
+            xp.zeros((0, self.n), dtype=X.dtype, device=dev), xp.zeros((0, ni), dtype=xp.bool, device=dev),
+            xp.zeros((0, ni + me), dtype=X.dtype, device=dev), (), 0.0,
+            xp.zeros((0,), dtype=X.dtype, device=dev), none, self.method, degenerate=Degeneracy(none, none))
 
     def result(self, X: Any, Y: Any, active: Any, multipliers: Any, *, violation: Any = None,
                face: Any = None, degenerate: Any = None) -> ProjectionResult:

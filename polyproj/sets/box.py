@@ -9,7 +9,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..problem import Polyhedron
-from ..projection.result import ProjectionResult
+from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector
 
 __all__ = ["Box"]
@@ -61,7 +61,11 @@ class Box(Projector):
         active = xp.concat([xp.take(at_lb, li, axis=1), xp.take(at_ub, ui, axis=1)], axis=1)
         mult = xp.concat([xp.take(lam_lb, li, axis=1), xp.take(lam_ub, ui, axis=1)], axis=1)
         viol = xp.zeros((X.shape[0],), dtype=X.dtype, device=_device(X))
-        return self.result(X, Y, active, mult, violation=viol, face=xp.astype(~(at_lb | at_ub), X.dtype))
+        # weakly active: x exactly at a bound (zero multiplier); dependent: a coordinate at both bounds
+        weak = xp.any((at_lb & (X == lb)) | (at_ub & (X == ub)), axis=1)
+        report = Degeneracy(weak, xp.any(at_lb & at_ub, axis=1))
+        return self.result(X, Y, active, mult, violation=viol, face=xp.astype(~(at_lb | at_ub), X.dtype),
+                           degenerate=report)
 
     def vjp(self, result: ProjectionResult, G: Any) -> Any:
         """``J g``: the gradient of the coordinates not at a bound."""

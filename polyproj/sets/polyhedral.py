@@ -20,8 +20,9 @@ from ..errors import InfeasibleError, ProblemError
 from ..polydata import PolyData, RowLayout
 from ..problem import Polyhedron
 from ..projection import backward
+from ..projection.faces import Face, put_rows
 from ..projection.pipeline import PolishOptions, run
-from ..projection.result import ProjectionResult
+from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector
 
 __all__ = ["Polyhedral", "polydata_from_arrays"]
@@ -149,9 +150,15 @@ class Polyhedral(Projector):
         if self.layout is not None:
             active, mult = self.layout.to_compact(active), self.layout.to_compact(mult)
         batch = X.shape[0]
+        report = degeneracy(X64, info, self.options.tol, self._eq_deficiency())
         return ProjectionResult(xp.astype(out.Y, X.dtype), active, xp.concat([mult, out.mu], axis=1), out.status,
                                 float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
-                                solution=out.start.solution, face=info)
+                                solution=out.start.solution, degenerate=report, face=info)
+
+    def _eq_deficiency(self) -> int:
+        """``p − rank(B)``: the dependency of the equality rows that the polyhedron itself implies."""
+        P = self.polyhedron
+        return 0 if P is None or P.eq_rank < 0 else P.m_eq - P.eq_rank
 
     def _solver_for(self, X: Any):
         """The backend of this call: the given one, or the ``"auto"`` choice for this batch and device."""
@@ -212,6 +219,47 @@ class Polyhedral(Projector):
         name = "auto" if self.auto else self.solver.name
         return (f"Polyhedral(n={d.n}, inequalities={d.m}, equalities={d.p}, backend={name!r}"
                 + (", per-sample data" if d.batched else "") + ")")
+
+
+#: samples per factorisation of the degeneracy report (bounds its workspace)
+REPORT_PART = 4096
+
+
+def degeneracy(X: Any, info: FaceInfo, tol: float, eq_deficiency: int = 0) -> Degeneracy:
+    """Which samples have a weakly active row or dependent active rows (pipeline numbering).
+
+    Weakly active: an active row whose multiplier, for the normalised row, is at most ``tol`` times the
+    sample's scale (``1 + max |x| + max |y|``). Dependent: the active rows ``[A_I; B]`` on the free
+    coordinates have a rank below their count less ``eq_deficiency`` (dependent rows of B the
+    polyhedron itself has), or a coordinate is at both of its bounds. The rank comes from one
+    factorisation of the final faces (:class:`~polyproj.projection.faces.Face`: a sample whose Cholesky
+    is refused takes the rank-revealing SVD), in parts of :data:`REPORT_PART` samples.
+    """
+    xp = array_namespace(X)
+    d = info.data
+    m, n = d.m, d.n
+    act, mult = info.active, info.mult
+    norms = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(d.A, axis=-1), (X.shape[0], m)),
+                       xp.ones((X.shape[0], 2 * n), dtype=mult.dtype, device=_device(X))], axis=1)
+    size = 1.0 + xp.max(xp.abs(X), axis=1, keepdims=True) + xp.max(xp.abs(info.Y), axis=1, keepdims=True)
+    weak = xp.any(act & (mult * norms <= tol * size), axis=1)
+    at_lb, at_ub = act[:, m: m + n], act[:, m + n:]
+    both = xp.any(at_lb & at_ub, axis=1)
+    parts = []
+    from ..runtime import batch_parts
+
+    for sl in batch_parts(X.shape[0], REPORT_PART):
+        idx = xp.arange(sl.start, sl.stop, device=_device(X))
+        sub = d if not d.batched else d.take(idx)
+        free = 1.0 - xp.astype(at_lb[sl, ...] | at_ub[sl, ...], X.dtype)
+        face = Face.factor(sub.A, sub.B, act[sl, :m], free)
+        count = xp.sum(xp.astype(act[sl, :m], xp.int64), axis=1) + d.p
+        rank = xp.sum(xp.astype(face.rows.scale > 0, xp.int64), axis=1)
+        if face.svd is not None:
+            rank = put_rows(xp, rank, face.svd.idx, xp.sum(xp.astype(face.svd.s_inv > 0, xp.int64), axis=1))
+        parts.append(rank < count - eq_deficiency)
+    dependent = (xp.concat(parts) if parts else both) | both
+    return Degeneracy(weak, dependent)
 
 
 def _host(v: Any) -> np.ndarray:

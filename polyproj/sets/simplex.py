@@ -1,4 +1,12 @@
-"""The simplex ``{y >= 0, Σ y = total}``: the exact projection by sorting."""
+"""The simplex ``{y >= 0, Σ y = t}`` and the capped simplex ``{0 <= y <= u, Σ y = t}``: exact thresholds.
+
+Both project by a threshold, ``y = clip(x − θ, 0, u)`` with ``Σ y = t`` (:mod:`polyproj.sets.threshold`:
+safeguarded Newton steps on the piecewise-linear ``θ ↦ Σ clip(x − θ, 0, u)``, exact once the piece is
+identified; no sort). The total ``t`` is one number or one per sample (a ``(batch,)`` array, which can
+receive gradients). With ``F`` the free coordinates (``0 < y_i < u``), the active rows are the
+coordinates at a bound, the multipliers are ``λ_i = θ − x_i`` at zero, ``λ_i = x_i − θ − u`` at the cap
+and ``μ = θ`` for the sum, and the HS-Jacobian is ``J g = f ⊙ (g − mean_F g)``; ``∂y/∂t = f/|F|``.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +18,176 @@ from array_api_compat import device as _device
 
 from ..errors import ProblemError
 from ..problem import Polyhedron
-from ..projection.result import ProjectionResult
-from .base import Projector
+from ..projection.result import Degeneracy, ProjectionResult
+from .base import Projector, as_namespace
+from .threshold import threshold
 
-__all__ = ["Simplex"]
+__all__ = ["CappedSimplex", "Simplex"]
 
 
-class Simplex(Projector):
-    """``{y : y >= 0, Σ y = total}`` with ``total >= 0``.
+def _check_n(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ProblemError(f"n must be an integer >= 1, got {n!r}")
+    return int(n)
 
-    With ``u`` the entries of ``x`` sorted in decreasing order and ``ρ`` the largest ``j`` with
-    ``u_j > (Σ_{i<=j} u_i − total)/j``, the projection is ``y = max(x − θ, 0)``,
-    ``θ = (Σ_{i<=ρ} u_i − total)/ρ`` (Held, Wolfe & Crowder; Duchi et al. 2008). The active rows are the
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+
+
+class CappedSimplex(Projector):
+    """``{y : 0 <= y <= upper, Σ y = total}`` with ``0 <= total <= n·upper``.
+
+    Parameters
+    ----------
+    n : int
+    total : float or (batch,) array
+        One total for every point, or one per point (any array namespace; a torch tensor that requires
+        grad receives the gradient through the layer).
+    upper : float
+        The cap (``inf``: the simplex, :class:`Simplex`).
+
+    Examples
+    --------
+    >>> import numpy as np, polyproj as pp
+    >>> res = pp.project(np.array([2.0, 0.9, 0.1, -1.0]), pp.sets.CappedSimplex(4, total=1.5, upper=1.0))
+    >>> np.round(res.y, 12), res.active
+    (array([1. , 0.5, 0. , 0. ]), array([False, False,  True,  True,  True, False, False, False]))
+    """
+
+    def __init__(self, n: int, total: Any = 1.0, upper: float = 1.0) -> None:
+        self._n = _check_n(n)
+        if not (_is_number(upper) and upper > 0 and not np.isnan(upper)):
+            raise ProblemError(f"upper must be a number > 0 (or inf), got {upper!r}")
+        self.upper = float(upper)
+        if _is_number(total):
+            total = float(total)
+            if not (np.isfinite(total) and 0 <= total <= self._n * self.upper):
+                raise ProblemError(f"total must be a finite number in [0, n·upper] = [0, {self._n * self.upper:g}] "
+                                   f"(the set is empty otherwise), got {total!r}")
+        else:
+            total = self._check_totals(total)
+        self.total = total
+
+    def _check_totals(self, t: Any) -> Any:
+        try:
+            xp = array_namespace(t)
+        except TypeError as exc:
+            raise ProblemError(f"total must be a number or a (batch,) array, got {type(t).__name__}") from exc
+        if t.ndim != 1:
+            raise ProblemError(f"a per-sample total must have shape (batch,), got {tuple(t.shape)}")
+        if not xp.isdtype(t.dtype, "real floating"):
+            t = xp.astype(t, xp.float64)
+        td = t.detach() if hasattr(t, "detach") else t
+        if td.shape[0] and not bool(xp.all(xp.isfinite(td) & (td >= 0) & (td <= self._n * self.upper))):
+            raise ProblemError(f"every total must be a finite number in [0, n·upper] = [0, {self._n * self.upper:g}] "
+                               "(the set is empty otherwise)")
+        return t
+
+    # ------------------------------------------------------------------ the Projector interface
+    @property
+    def n(self) -> int:
+        """Number of variables."""
+        return self._n
+
+    @property
+    def per_sample(self) -> bool:
+        """True when the total is one per point."""
+        return not isinstance(self.total, float)
+
+    def as_polyhedron(self) -> Polyhedron:
+        """``Polyhedron(B=1ᵀ, b=total, lb=0, ub=upper)``: rows ``y_i >= 0``, then ``y_i <= upper`` (if finite)."""
+        if self.per_sample:
+            raise ProblemError("a per-sample total is not one Polyhedron: project with a number as total")
+        ub = None if self.upper == float("inf") else np.full(self._n, self.upper)
+        return Polyhedron(B=np.ones((1, self._n)), b=[self.total], lb=np.zeros(self._n), ub=ub)
+
+    def row_counts(self) -> tuple[int, int]:
+        """``(n_ineq, m_eq)`` of :meth:`as_polyhedron` (known without building it)."""
+        return (self._n if self.upper == float("inf") else 2 * self._n), 1
+
+    def _totals(self, X: Any) -> Any:
+        xp = array_namespace(X)
+        if not self.per_sample:
+            return xp.full((X.shape[0], 1), self.total, dtype=X.dtype, device=_device(X))
+        t = as_namespace(self.total, X)
+        if t.shape[0] != X.shape[0]:
+            raise ProblemError(f"total has {t.shape[0]} entries but X has {X.shape[0]} points")
+        return t[:, None]
+
+    def project_batch(self, X: Any) -> ProjectionResult:
+        """``clip(x − θ, 0, upper)`` with the exact threshold of every row (few passes over the batch)."""
+        xp = array_namespace(X)
+        t = self._totals(X)
+        U = self.upper
+        th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
+        theta = th.theta
+        D = X - theta
+        if U == float("inf"):
+            Y = xp.clip(D, min=0.0)
+            fixed = D <= 0
+            active, mult = fixed, xp.concat([Y - D, theta], axis=1)  # Y − D = max(θ − x, 0)
+        else:
+            Y = xp.clip(D, min=0.0, max=U)
+            at_lb, at_ub = D <= 0, D >= U
+            fixed = at_lb | at_ub
+            lam = Y - D  # θ − x at zero, −(x − θ − u) at the cap, 0 between
+            active = xp.concat([at_lb, at_ub], axis=1)
+            mult = xp.concat([xp.clip(lam, min=0.0), -xp.clip(lam, max=0.0), theta], axis=1)
+        viol = xp.abs(xp.sum(Y, axis=1) - t[:, 0])
+        # weakly active: a coordinate at a breakpoint (x_i − θ ∈ {0, u}); dependent: no free coordinate
+        # (the sum row is then a combination of the bound rows)
+        return self.result(X, Y, active, mult, violation=viol, face=fixed,
+                           degenerate=Degeneracy(th.near, xp.all(fixed, axis=1)))
+
+    def _weak_tol(self, xp: Any, dtype: Any, t: Any):
+        """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + u + t)`` (a function of θ)."""
+        eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
+        U = self.upper if self.upper != float("inf") else 0.0
+        return lambda theta: 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + U)
+
+    def vjp(self, result: ProjectionResult, G: Any) -> Any:
+        """``J g = f ⊙ (g − mean_F g)`` on the free coordinates ``F`` (zero where none is free)."""
+        xp = array_namespace(G)
+        Gf = xp.where(result.face, xp.zeros_like(G), G)
+        return xp.where(result.face, Gf, Gf - _free_mean(xp, result.face, Gf))
+
+    # ------------------------------------------------------------------ the total as a parameter
+    def parameters(self) -> dict[str, Any]:
+        """``{"total": t}`` for a per-sample total (the array that can receive gradients), else ``{}``."""
+        return {"total": self.total} if self.per_sample else {}
+
+    def with_parameters(self, **values: Any) -> CappedSimplex:
+        """The same set with another per-sample ``total`` (not validated again: it is the same data)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        if "total" in values:
+            new.total = values["total"]
+        return new
+
+    def parameter_vjp(self, result: ProjectionResult, G: Any, names: tuple[str, ...]) -> dict[str, Any]:
+        """``∂⟨G, y⟩/∂t = mean_F g`` per sample (``∂y_F/∂t = 1/|F|``; zero where nothing is free)."""
+        if "total" not in names:
+            return {}
+        xp = array_namespace(G)
+        return {"total": _free_mean(xp, result.face, xp.where(result.face, xp.zeros_like(G), G))[:, 0]}
+
+    def __repr__(self) -> str:
+        t = "per sample" if self.per_sample else f"{self.total:g}"
+        return f"{type(self).__name__}(n={self._n}, total={t}, upper={self.upper:g})"
+
+
+def _free_mean(xp: Any, fixed: Any, Gf: Any) -> Any:
+    """``mean_F g`` (b, 1) from ``Gf`` (``g`` with the fixed coordinates zeroed); 0 where nothing is free."""
+    count = xp.astype(fixed.shape[1] - xp.sum(xp.astype(fixed, xp.int32), axis=1, keepdims=True), Gf.dtype)
+    return xp.sum(Gf, axis=1, keepdims=True) / xp.where(count > 0, count, xp.ones_like(count))
+
+
+class Simplex(CappedSimplex):
+    """``{y : y >= 0, Σ y = total}`` with ``total >= 0`` (one number, or one per point).
+
+    The exact projection ``y = max(x − θ, 0)`` (Held, Wolfe & Crowder; Duchi et al. 2008); the threshold by
+    Michelot's Newton steps from below (:mod:`polyproj.sets.threshold`). The active rows are the
     coordinates at zero; the multipliers are ``λ_i = θ − x_i`` there and ``μ = θ`` for the sum; the
     HS-Jacobian is ``J g = f ⊙ (g − mean_F g)`` on the support ``F``.
 
@@ -33,46 +199,12 @@ class Simplex(Projector):
     (array([0.7, 0.3, 0. ]), array([False, False,  True]))
     """
 
-    def __init__(self, n: int, total: float = 1.0) -> None:
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ProblemError(f"n must be an integer >= 1, got {n!r}")
-        if not (isinstance(total, (int, float, np.floating)) and np.isfinite(total) and total >= 0):
+    def __init__(self, n: int, total: Any = 1.0) -> None:
+        n = _check_n(n)
+        if _is_number(total) and not (np.isfinite(total) and total >= 0):
             raise ProblemError(f"total must be a finite number >= 0 (the simplex is empty otherwise), got {total!r}")
-        self._n, self.total = int(n), float(total)
-
-    @property
-    def n(self) -> int:
-        """Number of variables."""
-        return self._n
-
-    def as_polyhedron(self) -> Polyhedron:
-        """``Polyhedron(B=1ᵀ, b=total, lb=0)``: the active rows are the lower bounds."""
-        return Polyhedron(B=np.ones((1, self._n)), b=[self.total], lb=np.zeros(self._n))
-
-    def project_batch(self, X: Any) -> ProjectionResult:
-        """The sort-based projection of every row."""
-        xp = array_namespace(X)
-        n = self._n
-        u = xp.sort(X, axis=1, descending=True)
-        css = xp.cumulative_sum(u, axis=1) - self.total
-        j = xp.arange(1, n + 1, dtype=X.dtype, device=_device(X))
-        rho = xp.sum(xp.astype(u * j > css, xp.int64), axis=1)  # the condition holds exactly for j <= ρ
-        rho = xp.maximum(rho, xp.ones_like(rho))
-        theta = xp.take_along_axis(css, (rho - 1)[:, None], axis=1) / xp.astype(rho, X.dtype)[:, None]
-        zero = xp.zeros_like(X)
-        Y = xp.maximum(X - theta, zero)
-        active = Y == 0
-        mult = xp.concat([xp.where(active, xp.maximum(theta - X, zero), zero), theta], axis=1)
-        viol = xp.abs(xp.sum(Y, axis=1) - self.total)
-        return self.result(X, Y, active, mult, violation=viol, face=xp.astype(~active, X.dtype))
-
-    def vjp(self, result: ProjectionResult, G: Any) -> Any:
-        """``J g = f ⊙ (g − mean_F g)`` (zero where the support is empty)."""
-        xp = array_namespace(G)
-        f = result.face
-        count = xp.sum(f, axis=1, keepdims=True)
-        mean = xp.sum(f * G, axis=1, keepdims=True) / xp.where(count > 0, count, xp.ones_like(count))
-        return xp.where(f > 0, G - mean, xp.zeros_like(G))
+        super().__init__(n, total, float("inf"))
 
     def __repr__(self) -> str:
-        return f"Simplex(n={self._n}, total={self.total:g})"
+        t = "per sample" if self.per_sample else f"{self.total:g}"
+        return f"Simplex(n={self._n}, total={t})"

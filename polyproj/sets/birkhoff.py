@@ -1,0 +1,257 @@
+"""Doubly stochastic matrices (the Birkhoff polytope) and the shared Projector of row/column-sum sets.
+
+:class:`Birkhoff` projects ``k × k`` matrices onto ``{X >= 0, X1 = 1, Xᵀ1 = 1}`` exactly: semismooth
+Newton steps on the dual (Li, Sun & Toh 2018), then the exact face with its KKT conditions verified
+(:mod:`polyproj.sets.bipartite`). The whole batch advances together in a few array operations per
+step (``k × k`` Schur complements, batched Cholesky), in the input's namespace, device and dtype.
+Samples whose face cannot be verified (none seen outside constructed ties at rounding) are projected
+by the generic QP path of :meth:`as_polyhedron` instead, so that every answer is verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
+
+from ..errors import ProblemError
+from ..problem import Polyhedron
+from ..projection.faces import put_rows
+from ..projection.result import Degeneracy, ProjectionResult
+from .base import Projector
+from .bipartite import DualSystem, FaceSolution, NewtonOptions, Sums, eps_of, newton, polish, z_of
+
+__all__ = ["Birkhoff", "SumsProjector"]
+
+
+@dataclass(frozen=True)
+class SumsFace:
+    """What the backward needs: the factored face systems, and the generic result of fallback samples."""
+
+    system: DualSystem
+    fallback_idx: Any  # index array (possibly empty)
+    fallback: Any  # (set, result) of the generic projection, or None
+
+
+class SumsProjector(Projector):
+    """Sets of ``r × c`` matrices given by ``X >= 0`` and row / column / total sums (see the subclasses).
+
+    Parameters
+    ----------
+    tol : float, optional
+        Relative tolerance of the KKT test of the exact face (default ``max(1e-9, 256 eps)`` of the dtype).
+    max_iter : int
+        Newton steps before the face is tried anyway.
+    """
+
+    method = "semismooth newton"
+
+    def __init__(self, sums: Sums, *, tol: float | None = None, max_iter: int = 60) -> None:
+        if tol is not None and not (isinstance(tol, (int, float)) and np.isfinite(tol) and tol > 0):
+            raise ProblemError(f"tol must be a positive number, got {tol!r}")
+        if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+            raise ProblemError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+        self.sums, self.tol, self.max_iter = sums, tol, int(max_iter)
+        self._polyhedron: Polyhedron | None = None
+
+    def as_polyhedron(self) -> Polyhedron:
+        """The set as a Polyhedron (built once; rows: see the subclass's ``_rows``)."""
+        if self._polyhedron is None:
+            self._polyhedron = self._rows()
+        return self._polyhedron
+
+    def _rows(self) -> Polyhedron:
+        raise NotImplementedError
+
+    @property
+    def n(self) -> int:
+        """Entries of a matrix."""
+        return self.sums.r * self.sums.c
+
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        """``(r, c)``: points are matrices (row-major when flattened)."""
+        return (self.sums.r, self.sums.c)
+
+    # ------------------------------------------------------------------ to be given by the sets
+    def _multipliers(self, xp: Any, face: FaceSolution, lam: Any) -> Any:
+        """Multipliers in the numbering of :meth:`as_polyhedron` (b, n_ineq + m_eq)."""
+        raise NotImplementedError
+
+    def _active(self, xp: Any, face: FaceSolution, zero: Any) -> Any:
+        """Active inequality rows (b, n_ineq) in the numbering of :meth:`as_polyhedron`."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ projection
+    def _tols(self, xp: Any, dtype: Any) -> tuple[float, float, float]:
+        """(Newton residual, KKT test, rounding) tolerances, relative to the sample's scale."""
+        eps = eps_of(xp, dtype)
+        tol = self.tol if self.tol is not None else max(1e-9, 256.0 * eps)
+        return max(tol, eps ** 0.5), tol, 2.0 * (self.sums.r + self.sums.c) * eps
+
+    def project_batch(self, X: Any) -> ProjectionResult:
+        """Newton on the dual, the exact face, its KKT test; unverified samples by the generic path."""
+        xp = array_namespace(X)
+        S = self.sums
+        b = X.shape[0]
+        C = xp.reshape(X, (b, S.r, S.c))
+        scale = 1.0 + xp.max(xp.abs(X), axis=1, keepdims=True)
+        t_newton, t_kkt, t_round = self._tols(xp, X.dtype)
+        y, _, _ = newton(C, S, scale, NewtonOptions(t_newton, self.max_iter))
+        face = polish(C, S, y, scale, t_kkt, t_round)
+        face = self._final(xp, C, face, scale * t_round)
+        Y = xp.reshape(face.X, (b, self.n))
+        Z = z_of(C, face.y, S.has_w)
+        lam = xp.where(face.omega, xp.zeros_like(Z), xp.maximum(-Z, xp.zeros_like(Z)))
+        active = self._active(xp, face, ~face.omega)
+        mult = self._multipliers(xp, face, xp.reshape(lam, (b, self.n)))
+        weak = self._weak(xp, face, lam, scale * t_round)
+        degenerate = Degeneracy(weak, face.system.dependent)
+        result = self.result(X, Y, active, mult, violation=self._violation(xp, face.X),
+                             face=SumsFace(face.system, xp.zeros((0,), dtype=xp.int64, device=_device(X)), None),
+                             degenerate=degenerate)
+        if bool(xp.all(face.accepted)):
+            return result
+        return self._fall_back(X, result, xp.nonzero(~face.accepted)[0])
+
+    def _final_rows(self, xp: Any, face: FaceSolution) -> Any:
+        """The dual rows of the reported active set (None: all rows, Birkhoff)."""
+        return None
+
+    def _final(self, xp: Any, C: Any, face: FaceSolution, zero: Any) -> FaceSolution:
+        """The reported face: the entries and rows at their bound, and their systems.
+
+        Support entries at zero to rounding (``<= zero`` (b, 1); below zero within the KKT test's
+        tolerance) are set to 0 and leave the support, rows at their bound join ``D`` (both weakly
+        active); the samples whose face changed are factored again (the backward is ``J`` there).
+        """
+        small = face.omega & (face.X <= zero[:, :, None])
+        changed = xp.any(xp.reshape(small, (small.shape[0], -1)), axis=1)
+        rows = self._final_rows(xp, face)
+        if rows is not None:
+            for new, old in zip(rows, face.rows, strict=True):
+                changed = changed | xp.any(new != old, axis=1)
+        if not bool(xp.any(changed)):
+            return face
+        omega = face.omega & ~small
+        X = xp.where(omega, face.X, xp.zeros_like(face.X))
+        idx = xp.nonzero(changed)[0]
+        sub_rows = None if rows is None else tuple(xp.take(m, idx, axis=0) for m in rows)
+        sub = _system_of(xp, xp.take(omega, idx, axis=0), sub_rows, self.sums, C.dtype)
+        from .bipartite import _put_system
+
+        return FaceSolution(X, face.y, omega, rows, face.accepted, _put_system(xp, face.system, idx, sub))
+
+    def _weak(self, xp: Any, face: FaceSolution, lam: Any, tol: Any) -> Any:
+        """Zero entries whose multiplier is zero to rounding (and, in subclasses, rows likewise)."""
+        w = (~face.omega) & (lam <= tol[:, :, None])
+        return xp.any(xp.reshape(w, (w.shape[0], -1)), axis=1)
+
+    def _violation(self, xp: Any, X: Any) -> Any:
+        S = self.sums
+        rs, cs = xp.sum(X, axis=2), xp.sum(X, axis=1)
+        if S.equality:
+            parts = [xp.abs(rs - 1.0), xp.abs(cs - 1.0)]
+        else:
+            z = xp.zeros_like
+            parts = [xp.maximum(rs - 1.0, z(rs)), xp.maximum(cs - 1.0, z(cs))]
+            if S.has_w:
+                tot = xp.sum(rs, axis=1, keepdims=True)
+                parts.append(xp.maximum(tot - S.total, z(tot)))
+        parts.append(xp.reshape(xp.maximum(-X, xp.zeros_like(X)), (X.shape[0], -1)))
+        return xp.max(xp.concat(parts, axis=1), axis=1)
+
+    def _fall_back(self, X: Any, result: ProjectionResult, idx: Any) -> ProjectionResult:
+        """Samples ``idx`` by the generic QP path of :meth:`as_polyhedron` (polished, verified)."""
+        from dataclasses import replace
+
+        from ..backends.defaults import PROJECTION_DEFAULT
+        from .polyhedral import Polyhedral
+
+        xp = array_namespace(X)
+        G = Polyhedral(self.as_polyhedron(), PROJECTION_DEFAULT)
+        sub = G.project_batch(xp.take(X, idx, axis=0), record=True)
+        put = lambda full, part: put_rows(xp, full, idx, part)  # noqa: E731
+        status = list(result.status)
+        for k, i in enumerate(int(v) for v in (idx.tolist() if hasattr(idx, "tolist") else idx)):
+            status[i] = sub.status[k]
+        pol = put(result.polished, xp.asarray(sub.polished, device=_device(X)))
+        viol = put(result.violation, xp.astype(sub.violation, result.violation.dtype))
+        dg, sub_dg = result.degenerate, sub.degenerate
+        degenerate = dg if sub_dg is None else Degeneracy(put(dg.weak, sub_dg.weak),
+                                                          put(dg.dependent, sub_dg.dependent))
+        return replace(result, y=put(result.y, sub.y), active=put(result.active, sub.active),
+                       multipliers=put(result.multipliers, xp.astype(sub.multipliers, result.multipliers.dtype)),
+                       status=tuple(status), polished=pol, violation=viol, max_violation=float(xp.max(viol)),
+                       degenerate=degenerate, face=SumsFace(result.face.system, idx, (G, sub)))
+
+    # ------------------------------------------------------------------ backward
+    def vjp(self, result: ProjectionResult, G: Any) -> Any:
+        """``J g`` at the face (one solve with its Schur complement; fallback samples: the generic VJP)."""
+        xp = array_namespace(G)
+        S = self.sums
+        b = G.shape[0]
+        f: SumsFace = result.face
+        Jg = xp.reshape(f.system.null_apply(xp.reshape(G, (b, S.r, S.c))), (b, self.n))
+        if f.fallback is None:
+            return Jg
+        gen, sub = f.fallback
+        part = gen.vjp(sub, xp.take(G, f.fallback_idx, axis=0))
+        return put_rows(xp, Jg, f.fallback_idx, xp.astype(part, Jg.dtype))
+
+
+def _system_of(xp: Any, omega: Any, rows: Any, S: Sums, dtype: Any) -> DualSystem:
+    om = xp.astype(omega, dtype)
+    fu, fv, fw = (None, None, None) if rows is None else (xp.astype(m, dtype) for m in rows)
+    return DualSystem.factor(om, fu, fv, fw, xp.zeros((om.shape[0], 1), dtype=dtype, device=_device(om)), S.has_w)
+
+
+class Birkhoff(SumsProjector):
+    """Doubly stochastic ``k × k`` matrices: ``{X : X >= 0, X1 = 1, Xᵀ1 = 1}``.
+
+    Points are matrices ``(k, k)`` (or flattened row-major, ``(k²,)``); batches ``(batch, k, k)`` or
+    ``(batch, k²)`` keep their layout. The projection is exact (KKT verified at the sample's scale), its
+    active set the zero entries, its HS-Jacobian the projector onto ``{D : D = 0 off the support, D1 = 0,
+    Dᵀ1 = 0}`` (:mod:`polyproj.sets.bipartite`).
+
+    :meth:`as_polyhedron` writes the ``k`` row sums and the first ``k − 1`` column sums: the last column
+    sum follows from them (the ``2k`` equations have rank ``2k − 1``); its multiplier is 0 in the
+    results' numbering (a Polyhedron with all ``2k`` rows, ``allow_dependent_rows=True``, is recognised
+    by :func:`polyproj.project` as this set).
+
+    Examples
+    --------
+    >>> import numpy as np, polyproj as pp
+    >>> res = pp.project(np.array([[2.0, 0.0], [0.5, 0.5]]), pp.sets.Birkhoff(2))
+    >>> np.round(res.y, 12)
+    array([[1., 0.],
+           [0., 1.]])
+    """
+
+    def __init__(self, k: int, *, tol: float | None = None, max_iter: int = 60) -> None:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ProblemError(f"k must be an integer >= 1, got {k!r}")
+        super().__init__(Sums(int(k), int(k), True), tol=tol, max_iter=max_iter)
+        self.k = int(k)
+
+    def _rows(self) -> Polyhedron:
+        """Row sums (``k`` rows), column sums but the last (``k − 1``), ``X >= 0`` (row-major entries)."""
+        k = self.k
+        B = np.vstack([np.kron(np.eye(k), np.ones((1, k))), np.kron(np.ones((1, k)), np.eye(k))[: k - 1]])
+        return Polyhedron(B=B, b=np.ones(2 * k - 1), lb=np.zeros(k * k))
+
+    def row_counts(self) -> tuple[int, int]:
+        """``(k², 2k − 1)``."""
+        return self.k * self.k, 2 * self.k - 1
+
+    def _active(self, xp: Any, face: FaceSolution, zero: Any) -> Any:
+        return xp.reshape(zero, (zero.shape[0], self.n))
+
+    def _multipliers(self, xp: Any, face: FaceSolution, lam: Any) -> Any:
+        return xp.concat([lam, face.y.u, face.y.v[:, : self.k - 1]], axis=1)
+
+    def __repr__(self) -> str:
+        return f"Birkhoff(k={self.k})"

@@ -1,0 +1,233 @@
+"""The threshold of the (capped) simplex, exactly and batched: ``θ`` with ``Σ_i clip(x_i − θ, 0, u) = t``.
+
+The projection of ``x`` onto ``{0 <= y <= u, Σ y = t}`` (``u = inf``: the simplex) is
+``y = clip(x − θ, 0, u)`` where ``θ`` solves ``f(θ) := Σ_i clip(x_i − θ, 0, u) = t``. ``f`` is piecewise
+linear and non-increasing; on the piece of a partition (coordinates capped at ``u``: ``C``, free:
+``F``) ``f(θ) = u|C| + Σ_F x_i − θ|F|``, whose root
+
+    θ_N = (u|C| + Σ_F x_i − t) / |F|
+
+is a Newton step. :func:`threshold` takes Newton steps from ``θ₀ = max((Σx − t)/n, max x − t) <= θ*``
+(for the simplex ``f`` is convex and the steps increase monotonically to the root: Michelot's method),
+safeguarded by the bracket ``[lo, hi]`` (``f(lo) >= t >= f(hi)``): a step that leaves its interior or
+meets a flat piece is replaced by the secant of the bracket's ends (exact once they lie on one piece),
+else by bisection. A sample is done when ``|f(θ) − t|`` is at rounding: its partition is then the one of
+the solution and ``θ`` is recomputed from it exactly. Every step is a few passes over the batch (no sort);
+samples still open after ``max_iter`` steps (none in practice) get the exact sort of the ``2n``
+breakpoints (:func:`sorted_threshold`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
+from array_api_compat import device as _device
+
+from ..projection.faces import put_rows
+
+__all__ = ["Threshold", "sorted_threshold", "threshold"]
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """The threshold ``θ`` (b, 1) of each sample, the iterations taken, and ``near``.
+
+    ``near`` (b,): an entry lies within the given tolerance of a breakpoint (``x_i − θ ∈ {0, u}``: a
+    weakly active coordinate); None when no tolerance was given.
+    """
+
+    theta: Any
+    iterations: int
+    near: Any = None
+
+
+def _near(xp: Any, V: Any, theta: Any, upper: float, tol: Any) -> Any:
+    """(b,) some entry of ``V`` within ``tol`` of ``θ`` or of ``θ + upper``."""
+    D = V - theta
+    hit = xp.min(xp.abs(D), axis=1, keepdims=True) <= tol
+    if upper != float("inf"):
+        hit = hit | (xp.min(xp.abs(D - upper), axis=1, keepdims=True) <= tol)
+    return hit[:, 0]
+
+
+def _eps(xp: Any, dtype: Any) -> float:
+    return float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
+
+
+def _piece(xp: Any, X: Any, theta: Any, upper: float):
+    """``(f(θ), |F|, u|C| + Σ_F x)`` at ``θ`` (b, 1) for each row of ``X``."""
+    D = X - theta
+    if upper == float("inf"):
+        pos = D > 0
+        f = xp.sum(xp.where(pos, D, xp.zeros_like(D)), axis=1, keepdims=True)
+        nf = xp.sum(xp.astype(pos, X.dtype), axis=1, keepdims=True)
+        return f, nf, f + theta * nf
+    clipped = xp.clip(D, 0.0, upper)
+    f = xp.sum(clipped, axis=1, keepdims=True)
+    nf = xp.sum(xp.astype((D > 0) & (D < upper), X.dtype), axis=1, keepdims=True)
+    return f, nf, f + theta * nf  # u|C| + Σ_F (x − θ) + θ|F|
+
+
+#: entries kept by the prefilter beyond those the cap forces to be positive (``total / upper``)
+CANDIDATES = 16
+
+
+def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int = 60, tol: Any = None
+              ) -> Threshold:
+    """``θ`` (b, 1) with ``Σ clip(x − θ, 0, upper) = total`` for each row of ``X`` (b, n).
+
+    ``total`` is (b, 1) in X's namespace and dtype, with ``0 <= total <= n·upper`` (not checked here).
+    See the module docstring for the method.
+
+    Prefilter (NumPy, PyTorch, CuPy): the threshold of the ``K`` largest entries of a row is the row's
+    threshold exactly when its ``(K+1)``-th largest entry is ``<= θ`` (every other entry is then at 0);
+    ``K = ⌈total/upper⌉ + CANDIDATES`` (at least ``total/upper`` entries are positive). The ``K`` largest
+    come from a partial selection (``partition`` / ``topk``: no full sort); rows that fail the test are
+    solved on all their entries. With ``tol`` (a function of ``θ`` (b, 1) giving (b, 1)), ``near`` is
+    computed on the entries that decide it: the candidates and the ``(K+1)``-th (all others lie below).
+    """
+    xp = array_namespace(X)
+    b, n = X.shape
+    K = CANDIDATES + (int(np.ceil(float(xp.max(total)) / upper)) if upper != float("inf") and b else 0)
+    top = _largest(xp, X, K) if 2 * K < n else None
+    if top is None:
+        th = _newton(X, total, upper, max_iter)
+        near = None if tol is None else _near(xp, X, th.theta, upper, tol(th.theta))
+        return Threshold(th.theta, th.iterations, near)
+    cand, kth = top
+    lower = None
+    m = int(np.ceil(float(xp.min(total)) / upper)) if upper != float("inf") else 0
+    if 1 <= m < K:  # f(x_(m) − u) >= m u >= t: the m-th largest entry less u is below the root
+        mth = _largest(xp, cand, m - 1) if m > 1 else (None, xp.max(cand, axis=1, keepdims=True))
+        lower = None if mth is None else mth[1] - upper
+    th = _newton(cand, total, upper, max_iter, lower)
+    near = None if tol is None else _near(xp, xp.concat([cand, kth], axis=1), th.theta, upper, tol(th.theta))
+    bad = kth > th.theta
+    if not bool(xp.any(bad)):
+        return Threshold(th.theta, th.iterations, near)
+    rows = xp.nonzero(bad[:, 0])[0]
+    Xr = xp.take(X, rows, axis=0)
+    full = _newton(Xr, xp.take(total, rows, axis=0), upper, max_iter)
+    theta = _put(xp, th.theta, rows, full.theta)
+    if near is not None:
+        near = put_rows(xp, near, rows, _near(xp, Xr, full.theta, upper, tol(full.theta)))
+    return Threshold(theta, max(th.iterations, full.iterations), near)
+
+
+def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any] | None:
+    """The ``K`` largest entries of each row (any order) and the ``(K+1)``-th largest (b, 1).
+
+    None where the namespace has no partial selection (``array_api_strict``).
+    """
+    n = X.shape[1]
+    if is_numpy_namespace(xp) or is_cupy_namespace(xp):
+        import importlib
+
+        mod = np if is_numpy_namespace(xp) else importlib.import_module("cupy")  # the namespace's own partition
+        part = mod.partition(X, n - K - 1, axis=1)
+        return part[:, n - K:], part[:, n - K - 1: n - K]
+    if is_torch_namespace(xp):
+        vals = xp.topk(X, K + 1, dim=1).values  # sorted, decreasing
+        return vals[:, :K], vals[:, K:]
+    return None
+
+
+def _newton(X: Any, total: Any, upper: float, max_iter: int, lower: Any = None) -> Threshold:
+    """The safeguarded Newton steps of the module docstring on every row of ``X``.
+
+    ``lower`` (b, 1), a bound with ``f(lower) >= total``, is the start where it is above the usual one.
+    """
+    xp = array_namespace(X)
+    b, n = X.shape
+    eps = _eps(xp, X.dtype)
+    xmax = xp.max(X, axis=1, keepdims=True)
+    xmin = xp.min(X, axis=1, keepdims=True)
+    capped = upper != float("inf")
+    lo = xmin - upper if capped else xmax - total
+    hi = xmax
+    theta = xp.maximum(xp.sum(X, axis=1, keepdims=True) / n - total / n, xmax - total)
+    if lower is not None:
+        theta = xp.maximum(theta, lower)
+    if capped:  # at total = n·upper every θ <= lo is a root (f is flat there): take lo
+        theta = xp.where(total >= n * upper, lo, xp.clip(theta, lo, hi))
+    scale = xp.abs(total) + n * (xp.abs(xmax) + xp.abs(xmin) + (upper if capped else 0.0))
+    tol = 4.0 * n * eps * scale
+    f_lo = xp.full_like(lo, n * upper if capped else float("nan"))  # f at the bracket's ends (NaN: unknown)
+    f_hi = xp.zeros_like(hi)
+    idx = None  # rows of the batch still open (None: all)
+    Xa, ta, out = X, total, theta
+    it = 0
+    for it in range(1, max_iter + 1):
+        f, nf, s = _piece(xp, Xa, theta, upper)
+        done = xp.abs(f - ta) <= tol
+        # exact on the identified piece; a flat piece (|F| = 0) at the root keeps θ
+        exact = xp.where(nf > 0, (s - ta) / xp.where(nf > 0, nf, xp.ones_like(nf)), theta)
+        above, below = f > ta, f < ta
+        lo, f_lo = xp.where(above, theta, lo), xp.where(above, f, f_lo)
+        hi, f_hi = xp.where(below, theta, hi), xp.where(below, f, f_hi)
+        theta = xp.where(done, exact, _safeguard(xp, exact, nf > 0, lo, hi, f_lo, f_hi, ta))
+        out = _put(xp, out, idx, theta)
+        open_ = ~done[:, 0]
+        left = int(xp.sum(xp.astype(open_, xp.int64)))
+        if left == 0:
+            return Threshold(out, it)
+        if 2 * left <= open_.shape[0]:  # fewer rows: keep only the open ones
+            keep = xp.nonzero(open_)[0]
+            idx = keep if idx is None else xp.take(idx, keep, axis=0)
+            Xa, ta, theta, lo, hi, f_lo, f_hi, tol = (xp.take(v, keep, axis=0)
+                                                     for v in (Xa, ta, theta, lo, hi, f_lo, f_hi, tol))
+    rest = xp.arange(b, device=_device(X)) if idx is None else idx
+    sub = sorted_threshold(xp.take(X, rest, axis=0), xp.take(total, rest, axis=0), upper)
+    return Threshold(_put(xp, out, rest, sub), it)
+
+
+def _safeguard(xp: Any, newton: Any, ok: Any, lo: Any, hi: Any, f_lo: Any, f_hi: Any, t: Any) -> Any:
+    """The Newton step when strictly inside the bracket, else the secant of its ends, else its midpoint.
+
+    ``f`` is linear between two adjacent breakpoints: once the bracket holds one piece, the secant is
+    its root (a Newton step landing on an end of the bracket would otherwise alternate between them).
+    """
+    inside = ok & (newton > lo) & (newton < hi)
+    df = f_lo - f_hi
+    known = xp.isfinite(f_lo) & (df > 0)
+    secant = lo + (f_lo - t) * (hi - lo) / xp.where(known, df, xp.ones_like(df))
+    sec_ok = known & (secant > lo) & (secant < hi)
+    return xp.where(inside, newton, xp.where(sec_ok, secant, 0.5 * (lo + hi)))
+
+
+def _put(xp: Any, full: Any, idx: Any, part: Any) -> Any:
+    """``full`` with rows ``idx`` replaced by ``part`` (``idx`` None: ``part`` is the whole)."""
+    if idx is None:
+        return part
+    return put_rows(xp, full, idx, part)
+
+
+def sorted_threshold(X: Any, total: Any, upper: float = float("inf")) -> Any:
+    """``θ`` (b, 1) by sorting the ``2n`` breakpoints ``x_i`` and ``x_i − upper`` (exact, ``O(n log n)``).
+
+    ``f`` is linear between consecutive breakpoints; its values there follow from the sorted order, and
+    the root lies on the first segment (in decreasing ``θ``) where ``f`` reaches ``total``.
+    """
+    xp = array_namespace(X)
+    n = X.shape[1]
+    if upper == float("inf"):
+        u = xp.flip(xp.sort(X, axis=1), axis=1)
+        css = xp.cumulative_sum(u, axis=1) - total
+        j = xp.arange(1, n + 1, dtype=X.dtype, device=_device(X))
+        rho = xp.sum(xp.astype(u * j > css, xp.int64), axis=1)
+        rho = xp.maximum(rho, xp.ones_like(rho))
+        return xp.take_along_axis(css, (rho - 1)[:, None], axis=1) / xp.astype(rho, X.dtype)[:, None]
+    bp = xp.flip(xp.sort(xp.concat([X, X - upper], axis=1), axis=1), axis=1)  # decreasing θ
+    # f at every breakpoint (evaluated directly: 2n values per row, each a pass over x)
+    f = xp.sum(xp.clip(X[:, None, :] - bp[:, :, None], 0.0, upper), axis=2)
+    reach = xp.sum(xp.astype(f < total, xp.int64), axis=1)  # f increases as θ decreases
+    reach = xp.minimum(reach, xp.full_like(reach, 2 * n - 1))
+    t1 = xp.take_along_axis(bp, reach[:, None], axis=1)
+    t0 = xp.take_along_axis(bp, xp.maximum(reach - 1, xp.zeros_like(reach))[:, None], axis=1)
+    f1 = xp.take_along_axis(f, reach[:, None], axis=1)
+    f0 = xp.take_along_axis(f, xp.maximum(reach - 1, xp.zeros_like(reach))[:, None], axis=1)
+    slope = xp.where(f1 != f0, (t1 - t0) / xp.where(f1 != f0, f1 - f0, xp.ones_like(f1)), xp.zeros_like(f1))
+    return xp.where(reach[:, None] == 0, t1, t0 + (total - f0) * slope)

@@ -1,0 +1,350 @@
+"""Structured sets: Birkhoff, capped simplex, partial matching, per-sample simplex totals, detection, degeneracy.
+
+Every structured projection is compared with the generic QP projection of its ``as_polyhedron()`` (ProxSuite,
+polished: exact to rounding) on random and degenerate inputs, its KKT conditions are checked from scratch, the
+layer is gradchecked, and float32 results are feasible to float32 rounding. The property suite runs on these
+sets through the ``PROJECTORS`` table (tests/test_projectors.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyproj as pp
+from polyproj.sets.detect import recognise
+from tests.helpers import kkt_residuals
+
+SETS = {
+    "birkhoff-3": lambda: pp.sets.Birkhoff(3),
+    "birkhoff-4": lambda: pp.sets.Birkhoff(4),
+    "birkhoff-8": lambda: pp.sets.Birkhoff(8),
+    "capped-6": lambda: pp.sets.CappedSimplex(6, total=2.0, upper=0.5),
+    "capped-7-tight": lambda: pp.sets.CappedSimplex(7, total=6.3, upper=1.0),
+    "simplex-5": lambda: pp.sets.Simplex(5, total=2.5),
+    "matching-3x4": lambda: pp.sets.PartialMatching(3, 4, max_matches=2.0),
+    "matching-4x4-free": lambda: pp.sets.PartialMatching(4, 4),
+    "matching-3x3-tight": lambda: pp.sets.PartialMatching(3, 3, max_matches=0.5),
+}
+
+
+def _inputs(S, rng, count: int = 24) -> np.ndarray:
+    """Random points at three scales, ties, points on the set (projections), exact bound values."""
+    n = S.n
+    X = [s * rng.normal(size=(count, n)) + 0.2 for s in (0.1, 1.0, 5.0)]
+    X.append(np.round(2 * rng.normal(size=(count, n))) / 2)  # ties
+    X.append(np.zeros((1, n)))
+    X.append(np.full((1, n), 0.7))  # all equal
+    Y = np.asarray(S.project(X[1]).y).reshape(count, n)
+    X.append(Y)  # on the set: entries exactly at the bounds, rows exactly at their sums
+    X.append(Y + 0.3 * (Y == 0))  # zero entries lifted to exact ties with others
+    return np.vstack(X)
+
+
+def _generic(P, X):
+    return pp.project(X, P, backend="proxsuite", eps_abs=1e-10, structured=False)
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_equals_the_generic_qp_projection_and_satisfies_kkt(name, rng):
+    S = SETS[name]()
+    P = S.as_polyhedron()
+    X = _inputs(S, rng)
+    res = S.project(X)
+    Y = np.asarray(res.y).reshape(X.shape)
+    ref = _generic(P, X)
+    assert ref.polished.all()
+    scale = 1.0 + np.abs(X).max(axis=1)
+    np.testing.assert_array_less(np.abs(Y - ref.y).max(axis=1) / scale, 1e-10)
+    assert res.polished.all() and all(s is pp.Status.SOLVED for s in res.status)
+    for i in range(X.shape[0]):  # KKT from scratch, in the Polyhedron's numbering
+        r = kkt_residuals(P, X[i], Y[i], np.asarray(res.multipliers[i]))
+        assert max(r.values()) <= 1e-10 * scale[i] ** 2, (name, i, r)
+        slack = P.ineq_slack(Y[i])[0]
+        assert np.all(np.abs(slack[res.active[i]]) <= 1e-12 * scale[i]), "an active row off its bound"
+    assert res.max_violation <= 1e-12 * scale.max()
+
+
+@pytest.mark.parametrize("name", ["birkhoff-4", "capped-6", "matching-3x4"])
+def test_float32_is_feasible_to_float32_rounding(name, rng):
+    S = SETS[name]()
+    X = (_inputs(S, rng)).astype(np.float32)
+    res = S.project(X)
+    assert res.y.dtype == np.float32
+    Y64 = np.asarray(res.y, dtype=np.float64).reshape(X.shape)
+    eps = np.finfo(np.float32).eps
+    scale = 1.0 + np.abs(X).max(axis=1)
+    viol = S.as_polyhedron().violation(Y64)
+    assert np.all(viol <= 8 * np.sqrt(S.n) * eps * scale), viol.max()
+    ref = S.project(X.astype(np.float64)).y.reshape(X.shape)
+    assert np.abs(Y64 - ref).max() <= 1e-4 * scale.max()
+
+
+def test_birkhoff_keeps_the_matrix_layout_and_any_namespace(rng):
+    torch = pytest.importorskip("torch")
+    xps = pytest.importorskip("array_api_strict")
+    S = pp.sets.Birkhoff(5)
+    X = rng.normal(size=(7, 5, 5))
+    res = pp.project(X, S)
+    assert res.y.shape == (7, 5, 5)
+    np.testing.assert_allclose(res.y.sum(axis=1), 1.0, atol=1e-13)
+    np.testing.assert_allclose(res.y.sum(axis=2), 1.0, atol=1e-13)
+    assert pp.project(X[0], S).y.shape == (5, 5)
+    assert pp.project(X.reshape(7, 25), S).y.shape == (7, 25)
+    t = pp.project(torch.tensor(X), S)
+    assert isinstance(t.y, torch.Tensor) and t.y.shape == (7, 5, 5)
+    np.testing.assert_allclose(t.y.numpy(), res.y, atol=1e-13)
+    s = pp.project(xps.asarray(X), S)
+    np.testing.assert_allclose(np.asarray(s.y), res.y, atol=1e-13)
+
+
+@pytest.mark.parametrize("k", [20, 30])
+def test_birkhoff_large_k_equals_the_generic_projection(k, rng):
+    S = pp.sets.Birkhoff(k)
+    X = np.vstack([rng.normal(size=(4, k * k)), 10 * rng.normal(size=(2, k * k)), np.eye(k).reshape(1, -1)])
+    res = S.project(X)
+    ref = _generic(S.as_polyhedron(), X)
+    np.testing.assert_allclose(res.y, ref.y, atol=1e-10 * (1 + np.abs(X).max()))
+    assert res.polished.all()
+
+
+def test_birkhoff_input_exactly_a_permutation_and_ties(rng):
+    S = pp.sets.Birkhoff(4)
+    perm = np.eye(4)[[2, 0, 3, 1]]
+    X = np.stack([perm, 3 * perm, np.full((4, 4), 0.25), np.ones((4, 4)), perm + 0.5 * np.eye(4)])
+    res = S.project(X)
+    np.testing.assert_array_equal(res.y[0], perm)  # already doubly stochastic: itself, exactly
+    np.testing.assert_allclose(res.y[1], perm, atol=1e-15)
+    np.testing.assert_allclose(res.y[2:4], 0.25, atol=1e-15)
+    np.testing.assert_allclose(res.y, _generic(S.as_polyhedron(), X.reshape(5, 16)).y.reshape(5, 4, 4), atol=1e-12)
+    # a permutation's support splits into 4 blocks: dependent rows, reported
+    assert res.degenerate.dependent[:2].all() and not res.degenerate.dependent[2:4].any()
+
+
+def test_unverifiable_faces_fall_back_to_the_generic_path(rng):
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    S = pp.sets.Birkhoff(3, tol=1e-300)  # no face passes this KKT test: every sample goes to the generic path
+    X = rng.normal(size=(6, 9))
+    res = S.project(X)
+    np.testing.assert_allclose(res.y, pp.sets.Birkhoff(3).project(X).y, atol=1e-12)
+    assert res.polished.all()
+    x = torch.tensor(X, requires_grad=True)
+    V = torch.tensor(rng.normal(size=X.shape))
+    (project(x, S) * V).sum().backward()
+    J = pp.hs_jacobian(S.as_polyhedron(), res.active)
+    np.testing.assert_allclose(x.grad.numpy(), np.einsum("bij,bj->bi", J, V.numpy()), atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- the backward
+def _away_from_kinks(S, X, margin=1e-4):
+    """Rows of X whose projection is differentiable with some room (no near-zero multiplier or entry)."""
+    P = S.as_polyhedron()
+    res = S.project(X)
+    slack = P.ineq_slack(np.asarray(res.y).reshape(X.shape))
+    lam = np.asarray(res.multipliers)[:, : P.n_ineq]
+    ok = ~np.any((np.abs(slack) < margin) & ~res.active, axis=1) & ~np.any(res.active & (lam < margin), axis=1)
+    return X[ok & ~res.degenerate.any]
+
+
+@pytest.mark.parametrize("name", ["birkhoff-3", "birkhoff-4", "capped-6", "matching-3x4", "matching-4x4-free"])
+def test_layer_gradient_is_the_hs_jacobian_and_passes_gradcheck(name, rng):
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import ProjectionLayer, project
+
+    S = SETS[name]()
+    X = 0.5 * rng.normal(size=(40, S.n)) + 0.2
+    x = torch.tensor(X, requires_grad=True)
+    V = torch.tensor(rng.normal(size=X.shape))
+    (project(x, S) * V).sum().backward()
+    res = S.project(X)
+    J = pp.hs_jacobian(S.as_polyhedron(), res.active)
+    np.testing.assert_allclose(x.grad.numpy(), np.einsum("bij,bj->bi", J, V.numpy()), atol=1e-10)
+    Xs = _away_from_kinks(S, X)[:6]
+    assert Xs.shape[0] >= 2
+    xs = torch.tensor(Xs, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: project(t, S), (xs,), eps=1e-7, atol=1e-6)
+    layer = ProjectionLayer(S)
+    assert torch.allclose(layer(torch.tensor(X)).reshape(X.shape), torch.tensor(np.asarray(res.y).reshape(X.shape)))
+
+
+def test_birkhoff_layer_on_matrices_and_float32(rng):
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    S = pp.sets.Birkhoff(4)
+    x = torch.tensor(rng.normal(size=(2, 3, 4, 4)), dtype=torch.float32, requires_grad=True)
+    y = project(x, S)
+    assert y.shape == (2, 3, 4, 4) and y.dtype == torch.float32
+    yd = y.detach()
+    assert float((yd.sum(-1) - 1).abs().max()) <= 1e-6 and float((yd.sum(-2) - 1).abs().max()) <= 1e-6
+    y[..., 0, 0].sum().backward()
+    g = x.grad
+    # J g has zero row and column sums (it lies in the null space of the equations)
+    assert float(g.sum(-1).abs().max()) <= 1e-5 and float(g.sum(-2).abs().max()) <= 1e-5
+
+
+# ----------------------------------------------------------------------------- per-sample totals
+def test_per_sample_totals_match_scalar_totals_and_their_gradient(rng):
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    X = rng.normal(size=(9, 6))
+    t = rng.uniform(0.2, 3.0, size=9)
+    t[0] = 0.0
+    res = pp.project(X, pp.sets.Simplex(6, total=t))
+    for i in range(9):
+        np.testing.assert_allclose(res.y[i], pp.project(X[i], pp.sets.Simplex(6, total=float(t[i]))).y, atol=1e-14)
+    capped = pp.project(X, pp.sets.CappedSimplex(6, total=t, upper=0.8))
+    for i in range(9):
+        one = pp.project(X[i], pp.sets.CappedSimplex(6, total=float(t[i]), upper=0.8)).y
+        np.testing.assert_allclose(capped.y[i], one, atol=1e-14)
+    # the total as a differentiable parameter (away from kinks)
+    xs = torch.tensor(X[1:5], requires_grad=True)
+    ts = torch.tensor(t[1:5], requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: project(a, pp.sets.Simplex(6, total=b)), (xs, ts), eps=1e-7,
+                                    atol=1e-6)
+    assert torch.autograd.gradcheck(lambda a, b: project(a, pp.sets.CappedSimplex(6, total=b, upper=0.8)),
+                                    (xs, ts), eps=1e-7, atol=1e-6)
+
+
+def test_per_sample_totals_are_validated():
+    with pytest.raises(pp.ProblemError, match="total"):
+        pp.sets.Simplex(3, total=np.array([1.0, -1.0]))
+    with pytest.raises(pp.ProblemError, match="n·upper"):
+        pp.sets.CappedSimplex(3, total=np.array([1.0, 4.0]), upper=1.0)
+    with pytest.raises(pp.ProblemError, match="3 points"):
+        pp.project(np.zeros((3, 3)), pp.sets.Simplex(3, total=np.ones(2)))
+    with pytest.raises(pp.ProblemError, match="per-sample"):
+        pp.sets.Simplex(3, total=np.ones(2)).as_polyhedron()
+    assert pp.project(np.zeros((0, 3)), pp.sets.Simplex(3, total=np.ones(0))).y.shape == (0, 3)
+
+
+def test_bad_parameters_are_clear_errors():
+    for bad in (lambda: pp.sets.Birkhoff(0), lambda: pp.sets.Birkhoff(2.5), lambda: pp.sets.Birkhoff(3, tol=-1.0),
+                lambda: pp.sets.CappedSimplex(3, total=4.0, upper=1.0), lambda: pp.sets.CappedSimplex(3, upper=0.0),
+                lambda: pp.sets.PartialMatching(0, 3), lambda: pp.sets.PartialMatching(2, 3, max_matches=-1.0)):
+        with pytest.raises(pp.ProblemError):
+            bad()
+    with pytest.raises(pp.ProblemError, match="shape"):
+        pp.project(np.zeros((2, 3, 4)), pp.sets.Birkhoff(3))
+
+
+# ----------------------------------------------------------------------------- structure detection
+def _birkhoff_rows(k):
+    return np.vstack([np.kron(np.eye(k), np.ones((1, k))), np.kron(np.ones((1, k)), np.eye(k))])
+
+
+def test_dependent_equalities_are_accepted_when_consistent_and_asked_for():
+    B = _birkhoff_rows(3)
+    with pytest.raises(pp.ProblemError, match="full row rank"):
+        pp.Polyhedron(B=B, b=np.ones(6), lb=np.zeros(9))
+    P = pp.Polyhedron(B=B, b=np.ones(6), lb=np.zeros(9), allow_dependent_rows=True)
+    assert P.eq_rank == 5 and P.m_eq == 6
+    b = np.ones(6)
+    b[0] = 2.0  # rows sum to 4, columns to 3: no matrix has both
+    with pytest.raises(pp.ProblemError, match="inconsistent"):
+        pp.Polyhedron(B=B, b=b, lb=np.zeros(9), allow_dependent_rows=True)
+
+
+@pytest.mark.parametrize("rows", ["all", "one dropped"])
+def test_a_birkhoff_polyhedron_is_recognised_up_to_order_and_scaling(rows, rng):
+    k = 4
+    B, b = _birkhoff_rows(k), np.ones(2 * k)
+    perm = rng.permutation(2 * k)
+    s = rng.uniform(0.5, 3.0, 2 * k) * np.where(rng.random(2 * k) < 0.5, -1.0, 1.0)
+    B, b = B[perm] * s[:, None], b[perm] * s
+    if rows == "one dropped":
+        B, b = B[1:], b[1:]
+    P = pp.Polyhedron(B=B, b=b, lb=np.zeros(k * k), allow_dependent_rows=rows == "all")
+    assert isinstance(recognise(P).inner, pp.sets.Birkhoff)
+    X = rng.normal(size=(30, k * k))
+    res = pp.project(X, P)
+    gen = pp.project(X, P, structured=False)
+    assert "Birkhoff" in res.backend and "Birkhoff" not in gen.backend
+    np.testing.assert_allclose(res.y, gen.y, atol=1e-12)
+    np.testing.assert_array_equal(res.active, gen.active)
+    for i in range(X.shape[0]):  # multipliers in P's own rows and scaling
+        assert max(kkt_residuals(P, X[i], res.y[i], res.multipliers[i]).values()) <= 1e-12
+
+
+def test_matching_simplex_box_polyhedra_are_recognised(rng):
+    S = pp.sets.PartialMatching(3, 4, max_matches=2.0)
+    P0 = S.as_polyhedron()
+    perm = rng.permutation(P0.m_ineq)
+    s = rng.uniform(0.5, 3.0, P0.m_ineq)
+    P = pp.Polyhedron(A=P0.A[perm] * s[:, None], a=P0.a[perm] * s, lb=np.zeros(12))
+    assert isinstance(recognise(P).inner, pp.sets.PartialMatching)
+    X = rng.normal(size=(20, 12)) + 0.3
+    res, gen = pp.project(X, P), pp.project(X, P, structured=False)
+    np.testing.assert_allclose(res.y, gen.y, atol=1e-12)
+    for i in range(X.shape[0]):
+        assert max(kkt_residuals(P, X[i], res.y[i], res.multipliers[i]).values()) <= 1e-12
+    for P, kind in ((pp.Polyhedron(B=-2 * np.ones((1, 5)), b=[-3.0], lb=np.zeros(5)), pp.sets.Simplex),
+                    (pp.sets.CappedSimplex(5, 2.0, 0.7).as_polyhedron(), pp.sets.CappedSimplex),
+                    (pp.Polyhedron(lb=np.zeros(3), ub=np.ones(3)), pp.sets.Box)):
+        assert type(recognise(P).inner) is kind
+        X = rng.normal(size=(10, P.n))
+        np.testing.assert_allclose(pp.project(X, P).y, pp.project(X, P, structured=False).y, atol=1e-12)
+    # not one of the sets: nothing recognised
+    assert recognise(pp.Polyhedron(B=np.array([[1.0, 2.0, 1.0]]), b=[1.0], lb=np.zeros(3))) is None
+    assert recognise(pp.Polyhedron(A=np.ones((1, 4)), a=[1.0], lb=np.zeros(4))) is None
+
+
+def test_explicit_backends_and_the_option_keep_the_generic_path(rng):
+    P = pp.sets.Simplex(4).as_polyhedron()
+    X = rng.normal(size=(3, 4))
+    assert pp.project(X, P).backend.startswith("closed form")
+    assert pp.project(X, P, backend="osqp").backend == "osqp"
+    assert pp.project(X, P, eps_abs=1e-10).backend != pp.project(X, P).backend
+    assert pp.project(X, P, structured=False).backend == "proxsuite"
+
+
+def test_the_layer_uses_the_recognised_set(rng):
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import ProjectionLayer, project
+
+    k = 3
+    P = pp.Polyhedron(B=_birkhoff_rows(k), b=np.ones(2 * k), lb=np.zeros(k * k), allow_dependent_rows=True)
+    layer = ProjectionLayer(P)
+    assert isinstance(layer.set.inner, pp.sets.Birkhoff) and "structured=Birkhoff" in repr(layer)
+    assert ProjectionLayer(P, structured=False).set is None
+    X = torch.tensor(rng.normal(size=(5, 9)), requires_grad=True)
+    y = layer(X)
+    y2 = project(X, P, structured=False)
+    assert torch.allclose(y, y2, atol=1e-10)
+    (y * y).sum().backward()
+    g1 = X.grad.clone()
+    X.grad = None
+    (y2 * y2).sum().backward()
+    assert torch.allclose(g1, X.grad, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------- degeneracy report
+def test_degeneracy_report_on_closed_forms_and_the_generic_path():
+    P = pp.sets.Simplex(4).as_polyhedron()
+    X = np.array([[0.5, 0.5, 0.0, -1.0],  # x_3 = θ = 0: y_3 = 0 with zero multiplier (weakly active)
+                  [0.9, 0.2, 0.1, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    for res in (pp.project(X, pp.sets.Simplex(4)), pp.project(X, P, structured=False)):
+        np.testing.assert_array_equal(res.degenerate.weak, [True, False, False])
+        np.testing.assert_array_equal(res.degenerate.dependent, [False, False, False])
+        np.testing.assert_array_equal(res.degenerate.any, [True, False, False])
+    one = pp.project(X[0], pp.sets.Simplex(4))
+    assert one.degenerate.weak is True and one.degenerate.any is True
+    box = pp.project(np.array([[1.0, 0.5], [2.0, 0.5]]), pp.sets.Box(np.zeros(2), np.array([1.0, 0.5])))
+    np.testing.assert_array_equal(box.degenerate.weak, [True, True])
+    fixed = pp.project(np.array([[0.3, 2.0]]), pp.sets.Box(np.zeros(2), np.array([0.0, 1.0])))
+    assert fixed.degenerate.dependent[0]  # lb = ub: both rows of coordinate 0 are active
+
+
+def test_degeneracy_of_birkhoff_agrees_with_the_generic_path(rng):
+    k = 4
+    P = pp.Polyhedron(B=_birkhoff_rows(k), b=np.ones(2 * k), lb=np.zeros(k * k), allow_dependent_rows=True)
+    X = np.vstack([rng.normal(size=(40, k * k)), np.eye(k).reshape(1, -1)])
+    s, g = pp.project(X, P), pp.project(X, P, structured=False)
+    # the generic path discounts the rank deficiency B itself has (2k rows of rank 2k - 1)
+    np.testing.assert_array_equal(s.degenerate.dependent, g.degenerate.dependent)
+    assert s.degenerate.dependent[-1] and not s.degenerate.dependent.all()
+    free = ~s.degenerate.dependent  # unique multipliers: the weakly active rows are the same
+    np.testing.assert_array_equal(s.degenerate.weak[free], g.degenerate.weak[free])
