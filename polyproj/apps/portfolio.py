@@ -2,11 +2,13 @@
 
 A small sequence model (an LSTM over a window of standardised daily returns of the 20 stocks) gives
 scores ``x``; a constraint map turns them into weights ``w``; the loss is the negative annualised Sharpe
-ratio of ``w`` over the next ``horizon`` trading days. Two sets (the *variants*):
+ratio of ``w`` over the next ``horizon`` trading days. Three sets (the *variants*):
 
 - ``preference`` — the paper's: ``{w >= 0, Σ w = 1, Σ_{i in F} w_i >= 0.5}``, ``F`` the first five
   stocks of the data set (AAPL, AMD, BAC, BBY, CVX) as the expert's preferred names;
-- ``capped`` — the capped simplex ``{0 <= w <= 0.2, Σ w = 1}``.
+- ``capped`` — the capped simplex ``{0 <= w <= 0.2, Σ w = 1}``;
+- ``simplex`` — ``{w >= 0, Σ w = 1}``, the set of Soft-Radial's portfolio experiment (the saturation
+  challenge to orthogonal projections).
 
 Walk-forward split in time order (train / validation / test); the model kept is the epoch with the best
 validation Sharpe; the test metric is the annualised Sharpe ratio of the daily-rebalanced portfolio over
@@ -47,20 +49,20 @@ ANNUAL = math.sqrt(252.0)
 class Config:
     """Data split, model and training settings (``config(quick)`` gives the two presets)."""
 
-    constraints: tuple[str, ...] = ("preference", "capped")
+    constraints: tuple[str, ...] = ("preference", "capped", "simplex")
     start: str = "2005-01-01"
     train_end: str = "2016-12-31"
     val_end: str = "2018-12-31"
     window: int = 40
     horizon: int = 20
     hidden: int = 32
-    epochs: int = 30
+    epochs: int = 20
     batch: int = 64
     lr: float = 1e-3
     cap: float = 0.2
     preferred: int = 5
     min_preferred: float = 0.5
-    penalty: float = 100.0
+    penalty: float = 1000.0
     leak: float = 0.1
     linsat_tau: float = 0.05
     linsat_iter: int = 100

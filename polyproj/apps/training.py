@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -15,6 +14,11 @@ from .measure import Session
 from .records import EpochPoint
 
 __all__ = ["Fit", "fit", "set_threads"]
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the model's dense state (layers of peers may hold sparse constant buffers: left out)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if v.layout == torch.strided}
 
 
 def set_threads(threads: int) -> None:
@@ -49,12 +53,17 @@ def fit(model: torch.nn.Module, optimiser: torch.optim.Optimizer, epochs: int,
     validate : the validation metric of the current model (run under ``torch.no_grad``).
     steps_per_epoch : for the progress bar.
 
-    Only the optimisation steps are timed; memory is the peak above the resident size at the start.
+    Only the optimisation steps are timed; memory is the peak above the resident size after one warm-up
+    forward and backward (not an optimisation step: the model is unchanged), so that lazy imports and
+    first-call caches of any method are not counted as training memory.
     """
+    first = next(iter(batches(0)))
+    loss(first).backward()
+    optimiser.zero_grad(set_to_none=True)
     if session.meter is not None:
         session.meter.start()
     curve: list[EpochPoint] = []
-    best = (-math.inf, 0, copy.deepcopy(model.state_dict()))
+    best = (-math.inf, 0, _snapshot(model))
     elapsed = 0.0
     with session.bar(label, epochs * steps_per_epoch) as bar:
         for epoch in range(1, epochs + 1):
@@ -74,9 +83,9 @@ def fit(model: torch.nn.Module, optimiser: torch.optim.Optimizer, epochs: int,
                 val = float(validate())
             curve.append(EpochPoint(epoch, elapsed, total / max(count, 1), val))
             if val > best[0]:
-                best = (val, epoch, copy.deepcopy(model.state_dict()))
+                best = (val, epoch, _snapshot(model))
             bar.update(f"loss {curve[-1].train_loss:.4g}  val {val:.4g}")
     peak = session.meter.peak_mb() if session.meter is not None else math.nan
-    model.load_state_dict(best[2])
+    model.load_state_dict(best[2], strict=False)
     model.eval()
     return Fit(tuple(curve), best[1], best[0], elapsed, peak)
