@@ -61,7 +61,7 @@ class Config:
 
 def config(quick: bool) -> Config:
     """The full preset, or the quick one (fewer pairs and epochs)."""
-    return Config(train=192, val=64, test=128, epochs=3) if quick else Config()
+    return Config(train=192, val=64, test=128, epochs=2) if quick else Config()
 
 
 def variants(cfg: Config) -> tuple[str, ...]:
@@ -152,7 +152,7 @@ class Matcher(torch.nn.Module):
 
     def scores(self, P1: torch.Tensor, P2: torch.Tensor) -> torch.Tensor:
         m = P1.shape[1]
-        side = torch.cat([P1.new_zeros(P1.shape[:2] + (1,)), P2.new_ones(P2.shape[:2] + (1,))], dim=1)
+        side = torch.cat([P1.new_zeros((*P1.shape[:2], 1)), P2.new_ones((*P2.shape[:2], 1))], dim=1)
         E = self.encoder(self.embed(torch.cat([torch.cat([P1, P2], dim=1), side], dim=-1)))
         return torch.exp(self.log_scale) * (E[:, :m] @ E[:, m:].transpose(-1, -2)) / math.sqrt(self.h)
 

@@ -52,7 +52,7 @@ class Config:
 
 def config(quick: bool) -> Config:
     """The full preset, or the quick one (fewer blocks and epochs)."""
-    return Config(blocks=2, epochs=3) if quick else Config()
+    return Config(blocks=2, epochs=2) if quick else Config()
 
 
 def variants(cfg: Config) -> tuple[str, ...]:
@@ -69,7 +69,7 @@ class Digits:
 
 
 def load() -> Digits:
-    """sklearn's digits, split 64 / 16 / 20 % (stratified, fixed seed: the same split for every run)."""
+    """The digits of sklearn, split 64 / 16 / 20 % (stratified, fixed seed: the same split for every run)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -130,7 +130,7 @@ class Block(torch.nn.Module):
         g = self.scale * self.dyn(self.norm(X.reshape(B, T, n * d)))
         pre = torch.sigmoid(g[..., :n] + self.b_pre)
         post = 2.0 * torch.sigmoid(g[..., n:2 * n] + self.b_post)
-        res = self.mixing((g[..., 2 * n:].reshape(B * T, n, n) + self.b_res)).reshape(B, T, n, n)
+        res = self.mixing(g[..., 2 * n:].reshape(B * T, n, n) + self.b_res).reshape(B, T, n, n)
         self.last_res = res.detach()
         h = torch.einsum("btn,btnd->btd", pre, X)
         Fh = self.f(h) - h  # the layer's residual branch only: the streams carry the residual
