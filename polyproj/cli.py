@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=_positive(int, "--jobs"), default=None,
                    help="parallel solves (>= 1; default min(2, cores))")
     s.set_defaults(func=lambda a: _delegate("polyproj.bench:cli_main", a))
+    s = bsub.add_parser("apps", help="the projection layer in the papers' applications (portfolio, matching, mhc)")
+    from .apps.runner import add_arguments
+
+    add_arguments(s)
+    s.set_defaults(func=lambda a: _delegate("polyproj.apps.runner:cli_main", a))
     return parser
 
 

@@ -524,3 +524,24 @@ def test_warm_start_from_the_previous_step_gives_the_same_projection(rng):
         np.testing.assert_allclose(xw.grad.numpy(), xc.grad.numpy(), atol=1e-10)
     y = layer(torch.tensor(X[:5]))  # another batch size: no guess, the cold path
     np.testing.assert_allclose(y.numpy(), cold(torch.tensor(X[:5])).numpy(), atol=1e-10)
+
+
+@pytest.mark.parametrize("make", [lambda: pp.sets.Simplex(5), lambda: pp.Polyhedron(B=np.ones((1, 5)), b=[1.0],
+                                                                                      lb=np.zeros(5))],
+                         ids=["simplex", "polyhedron"])
+def test_the_graph_and_the_result_are_freed_after_backward(make):
+    """No reference cycle through autograd: the output is not the tensor the kept result holds (training leaked)."""
+    import weakref
+
+    S = make()
+    layer = ProjectionLayer(S, structured=False) if isinstance(S, pp.Polyhedron) else ProjectionLayer(S)
+    x = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
+    y = layer(2.0 * x)
+    node = y.grad_fn
+    while not hasattr(node, "result"):  # through the reshape to the projection's node
+        node = node.next_functions[0][0]
+    kept = weakref.ref(node.result)
+    del node
+    (y * y).sum().backward()
+    del y
+    assert kept() is None  # freed by reference counting, without waiting for (or relying on) the cycle collector

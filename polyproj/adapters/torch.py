@@ -73,7 +73,9 @@ class _Project(torch.autograd.Function):
                 res = Sx.project_batch(xd, record=True, warm_start=cfg.warm)
             else:
                 res = Sx.project_batch(xd)
-        return res.y.to(x.dtype), res, Sx
+        # a copy: the output must not be the tensor the result (kept by ctx) holds, or ctx -> result -> y ->
+        # grad_fn -> ctx is a reference cycle through autograd that Python's gc cannot free (graphs leak)
+        return res.y.to(x.dtype, copy=True), res, Sx
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -1,0 +1,91 @@
+"""The training loop every application shares: epochs of mini-batches, timing, validation, the best model."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .measure import Session
+from .records import EpochPoint
+
+__all__ = ["Fit", "fit", "set_threads"]
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the model's dense state (layers of peers may hold sparse constant buffers: left out)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if v.layout == torch.strided}
+
+
+def set_threads(threads: int) -> None:
+    """``threads`` torch intra-op threads and one inter-op thread (where it can still be set)."""
+    torch.set_num_threads(int(threads))
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already used in this process: it keeps its setting
+        pass
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The outcome of :func:`fit`: the curve, the epoch chosen on validation, training time and memory."""
+
+    curve: tuple[EpochPoint, ...]
+    best_epoch: int
+    best_val: float
+    time_s: float
+    peak_mem_mb: float
+
+
+def fit(model: torch.nn.Module, optimiser: torch.optim.Optimizer, epochs: int,
+        batches: Callable[[int], Iterable[Any]], loss: Callable[[Any], torch.Tensor],
+        validate: Callable[[], float], session: Session, label: str, steps_per_epoch: int) -> Fit:
+    """Train ``model`` and leave it at the epoch with the best validation metric (higher is better).
+
+    Parameters
+    ----------
+    batches : epoch -> iterable of batches (the caller shuffles with its own generator).
+    loss : batch -> scalar loss (the forward through the constraint layer).
+    validate : the validation metric of the current model (run under ``torch.no_grad``).
+    steps_per_epoch : for the progress bar.
+
+    Only the optimisation steps are timed; memory is the peak above the resident size after one warm-up
+    forward and backward (not an optimisation step: the model is unchanged), so that lazy imports and
+    first-call caches of any method are not counted as training memory.
+    """
+    first = next(iter(batches(0)))
+    loss(first).backward()
+    optimiser.zero_grad(set_to_none=True)
+    if session.meter is not None:
+        session.meter.start()
+    curve: list[EpochPoint] = []
+    best = (-math.inf, 0, _snapshot(model))
+    elapsed = 0.0
+    with session.bar(label, epochs * steps_per_epoch) as bar:
+        for epoch in range(1, epochs + 1):
+            model.train()
+            total, count = 0.0, 0
+            for batch in batches(epoch):
+                t0 = time.perf_counter()
+                optimiser.zero_grad(set_to_none=True)
+                value = loss(batch)
+                value.backward()
+                optimiser.step()
+                elapsed += time.perf_counter() - t0
+                total, count = total + float(value.detach()), count + 1
+                bar.advance()
+            model.eval()
+            with torch.no_grad():
+                val = float(validate())
+            curve.append(EpochPoint(epoch, elapsed, total / max(count, 1), val))
+            if val > best[0]:
+                best = (val, epoch, _snapshot(model))
+            bar.update(f"loss {curve[-1].train_loss:.4g}  val {val:.4g}")
+    peak = session.meter.peak_mb() if session.meter is not None else math.nan
+    model.load_state_dict(best[2], strict=False)
+    model.eval()
+    return Fit(tuple(curve), best[1], best[0], elapsed, peak)

@@ -1,0 +1,150 @@
+"""``polyproj bench apps``: smoke runs of the three applications (their --quick presets), the JSON rows,
+polyproj's feasibility in every row, the peers' maps, and the import isolation of the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from polyproj.cli import main  # noqa: E402
+
+ROW_KEYS = {"method", "max_violation", "train_loss", "test_metric", "time_s", "peak_mem_mb"}
+
+
+def _run(tmp_path, app, *extra):
+    out = tmp_path / f"{app}.json"
+    code = main(["bench", "apps", app, "--quick", "--out", str(out), *extra])
+    payload = json.loads(out.read_text())
+    return code, payload, out
+
+
+def _check_rows(payload, methods):
+    rows = payload["records"]
+    assert payload["complete"] and {r["method"] for r in rows} == set(methods)
+    for r in rows:
+        assert ROW_KEYS <= set(r), r
+        assert r["status"] == "ok", r["status"]
+        if r["method"].startswith("polyproj"):
+            assert r["max_violation"] <= 1e-9, r  # exact to rounding in float64
+        if r["method"] != "fixed":
+            assert r["time_s"] > 0 and len(r["curve"]) == payload["config"]["epochs"]
+
+
+def test_portfolio_quick_in_process(tmp_path, capsys):
+    pytest.importorskip("skfolio")
+    pytest.importorskip("LinSATNet")
+    methods = ["fixed", "polyproj", "linsatnet", "softmax_penalty", "radial"]
+    code, payload, _ = _run(tmp_path, "portfolio", "--in-process", "--epochs", "1", "--methods", *methods)
+    assert code == 0
+    _check_rows(payload, methods)
+    assert set(payload["variants"]) == {"preference", "capped"}
+    assert "test Sharpe" in capsys.readouterr().out  # the table
+    for v in payload["variants"]:
+        assert (tmp_path / f"portfolio_{v}.png").stat().st_size > 10_000
+    worst = {r["method"]: r["max_violation"] for r in payload["records"] if r["variant"] == "preference"}
+    assert worst["softmax_penalty"] >= 0 and worst["radial"] <= 1e-12  # interior map: feasible by construction
+
+
+def test_matching_quick_in_a_fresh_process_per_run(tmp_path):
+    pytest.importorskip("LinSATNet")
+    code, payload, _ = _run(tmp_path, "matching", "--epochs", "1", "--methods", "polyproj", "linsatnet_i10",
+                            "--no-plot")
+    assert code == 0 and payload["isolated"]
+    _check_rows(payload, ["polyproj", "linsatnet_i10"])
+    for r in payload["records"]:
+        assert 0.0 <= r["test_metric"] <= 1.0 and r["peak_mem_mb"] >= 0
+
+
+def test_mhc_quick_in_process(tmp_path):
+    pytest.importorskip("sklearn")
+    code, payload, _ = _run(tmp_path, "mhc", "--in-process", "--epochs", "1", "--no-plot")
+    assert code == 0
+    _check_rows(payload, ["polyproj", "sinkhorn20", "sinkhorn30"])
+    viol = {r["method"]: r["max_violation"] for r in payload["records"]}
+    assert viol["sinkhorn20"] > 1e-9  # Sinkhorn's row sums are off after finitely many iterations
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", ["portfolio", "matching", "mhc"])
+def test_quick_preset_with_every_method(tmp_path, app):
+    """The whole --quick run of each application, every method in its own process (a few minutes each)."""
+    for mod in ("skfolio", "LinSATNet", "sklearn", "qpth", "cvxpylayers", "moreau"):
+        pytest.importorskip(mod)
+    code, payload, _ = _run(tmp_path, app)
+    assert code == 0
+    from polyproj.apps.runner import APPS
+
+    methods = __import__(APPS[app], fromlist=["METHODS"]).METHODS
+    _check_rows(payload, methods)
+
+
+def test_a_failing_run_is_a_row_not_the_end():
+    """An exception in a training run's process becomes that row's status (the runner goes on)."""
+    from polyproj.apps import mhc
+    from polyproj.apps.runner import _isolated
+
+    rec = _isolated("mhc", "nope", "", 0, mhc.config(True), 1, 120.0)
+    assert rec.status.startswith("ValueError") and "nope" in rec.status and rec.method == "nope"
+
+
+def test_unknown_method_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="unknown method"):
+        main(["bench", "apps", "mhc", "--quick", "--methods", "sinkhorn7", "--out", str(tmp_path / "x.json")])
+
+
+def test_the_command_imports_no_torch():
+    code = ("import sys; import polyproj.cli as c; c.build_parser(); import polyproj.apps.runner, "
+            "polyproj.apps.records, polyproj.apps.measure; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------- the peers' maps
+def test_sinkhorn_has_unit_column_sums_and_converges():
+    from polyproj.apps.peers import sinkhorn
+
+    logits = torch.randn(5, 4, 4, dtype=torch.float64)
+    M = sinkhorn(logits, 20)
+    assert torch.allclose(M.sum(-2), torch.ones(5, 4, dtype=torch.float64), atol=1e-14)
+    err = lambda k: float((sinkhorn(logits, k).sum(-1) - 1).abs().max())  # noqa: E731
+    assert err(200) < err(20) and err(200) < 1e-8
+
+
+def test_radial_map_is_strictly_feasible_and_full_rank():
+    from polyproj.apps.peers import RadialMap, Rows
+    from polyproj.problem import Polyhedron
+
+    n = 6
+    s = np.r_[np.ones(2), np.zeros(4)]
+    rows = Rows.of(Polyhedron(A=-s[None], a=[-0.5], B=np.ones((1, n)), b=[1.0], lb=np.zeros(n)))
+    z0 = np.r_[np.full(2, 0.3), np.full(4, 0.1)]
+    f = RadialMap(rows, z0)
+    u = 10.0 * torch.randn(200, n, dtype=torch.float64)
+    y = f(u).detach().numpy()
+    assert (rows.h - y @ rows.G.T).min() > 0  # interior: every inequality strict
+    assert np.abs(y.sum(1) - 1).max() < 1e-12
+    J = torch.autograd.functional.jacobian(f, u[:1])[0, :, 0, :].numpy()  # (n, n) at one point
+    assert np.linalg.matrix_rank(J, tol=1e-10) == n - 1  # full rank on the affine hull (one equality)
+    with pytest.raises(ValueError, match="strictly inside"):
+        RadialMap(rows, np.r_[np.full(2, 0.25), np.full(4, 0.125)])  # on the preference row
+
+
+def test_qp_layers_agree_with_the_projection():
+    pytest.importorskip("qpth")
+    from polyproj.adapters.torch import project
+    from polyproj.apps.peers import QPLayer, Rows
+    from polyproj.problem import Polyhedron
+
+    n = 5
+    P = Polyhedron(A=-np.r_[1.0, 1.0, 0, 0, 0][None], a=[-0.5], B=np.ones((1, n)), b=[1.0], lb=np.zeros(n))
+    x = torch.randn(7, n, dtype=torch.float64)
+    ref = project(x, P)
+    for lib in ("qpth", "moreau"):
+        pytest.importorskip(lib)
+        assert torch.allclose(QPLayer(Rows.of(P), lib)(x), ref, atol=1e-6), lib
