@@ -3,8 +3,11 @@
 # path, then the GPU benchmark (batch 8192, n 100, m 200, one equality) against ProxSuite's
 # solve_in_parallel on the CPU; then the structured sets (issue 15): CUDA == NumPy for Birkhoff,
 # capped simplex and partial matchings, and benchmarks/bench_sets.py --device cuda (parts a and c,
-# Sinkhorn on the same device; figures to $OUT/sets_cuda.json). `bash benchmarks/gpu_check.sh ipm` or
-# `... sets` runs one part (each sized to well under 8 minutes on one H200; both together do not fit
+# Sinkhorn on the same device; figures to $OUT/sets_cuda.json); then the torch layer (issue 19): the
+# bench_layer problem (n 50, m 100, one equality, bounds, float64) at batch 8192 on CUDA, forward +
+# backward, checked against the float64 NumPy reference and timed against the same layer on this
+# machine's CPU (figures to $OUT/layer_gpu.json). `bash benchmarks/gpu_check.sh ipm`, `... sets` or
+# `... layer` runs one part (each sized to well under 8 minutes on one H200; all together do not fit
 # one 15-minute device budget).
 #
 # Machine: Python 3.12 with CuPy, torch, numpy, scipy, pytest, rich (no array_api_compat, no
@@ -31,7 +34,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 
 PART="${1:-all}"
 rc=0
-if [ "$PART" != "sets" ]; then
+if [ "$PART" != "sets" ] && [ "$PART" != "layer" ]; then
 timeout 420 python3 - "$OUTDIR/batch_gpu.json" <<'PY'
 import json, platform, sys, time
 import numpy as np
@@ -142,6 +145,51 @@ with open(out_path, "w") as fh:
 print("wrote", out_path)
 PY
 rc=$?
+fi
+
+if [ "$PART" = "layer" ] || [ "$PART" = "all" ]; then
+# ---------------------------------------------------------------- the torch layer on CUDA (issue 19)
+timeout 300 python3 - "$OUTDIR/layer_gpu.json" <<'PY' || rc=1
+import json, sys, time
+import numpy as np, torch
+sys.path.insert(0, "benchmarks")
+from bench_layer import make_problem, reference
+from polyproj.adapters.torch import project
+
+out, ok = {"batch": 8192, "n": 50, "m": 100, "gpu": torch.cuda.get_device_name(0)}, True
+d = make_problem(8192, 50, 100)
+_, y_ref, g_ref = reference(d)
+
+def timed(device, reps=3):
+    t = {k: torch.tensor(v, dtype=torch.float64, device=device) for k, v in d.items()}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def once():
+        x = t["X"].clone().requires_grad_()
+        y = project(x, t["A"], t["a"], t["B"], t["b"], t["lb"], t["ub"])
+        (y * t["V"]).sum().backward()
+        sync()
+        return y.detach(), x.grad
+    once()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); y, g = once(); times.append(time.perf_counter() - t0)
+    return float(np.median(times)), times, y, g
+
+for dev in ("cuda", "cpu"):
+    med, times, y, g = timed(dev, 3 if dev == "cuda" else 1)
+    ey = float(np.abs(y.cpu().numpy() - y_ref).max()); eg = float(np.abs(g.cpu().numpy() - g_ref).max())
+    good = ey < 1e-9 and eg < 1e-8 and (y.is_cuda if dev == "cuda" else True)
+    ok &= good
+    out[dev] = {"median_s": med, "times": times, "max_dy": ey, "max_dgrad": eg}
+    print(("PASS " if good else "FAIL ") + f"layer fwd+bwd on {dev}: {med:.3f} s, max|dy| {ey:.1e}, max|dgrad| {eg:.1e}",
+          flush=True)
+out["speedup_cuda_vs_cpu"] = out["cpu"]["median_s"] / out["cuda"]["median_s"]
+print(f"layer CUDA vs this machine's CPU: {out['speedup_cuda_vs_cpu']:.1f}x", flush=True)
+json.dump(out, open(sys.argv[1], "w"), indent=2)
+raise SystemExit(0 if ok else 1)
+PY
+[ "$PART" = "layer" ] && exit $rc
 fi
 
 if [ "$PART" != "ipm" ]; then
