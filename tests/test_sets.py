@@ -338,6 +338,17 @@ def test_degeneracy_report_on_closed_forms_and_the_generic_path():
     assert fixed.degenerate.dependent[0]  # lb = ub: both rows of coordinate 0 are active
 
 
+def test_the_generic_degeneracy_rank_is_computed_on_first_access_only():
+    P = pp.sets.Simplex(4).as_polyhedron()
+    X = np.array([[0.5, 0.5, 0.0, -1.0], [0.9, 0.2, 0.1, 0.0]])
+    res = pp.project(X, P, structured=False)
+    assert "not computed" in repr(res.degenerate)  # a training step that never reads it pays nothing
+    np.testing.assert_array_equal(res.degenerate.dependent, [False, False])
+    assert "not computed" not in repr(res.degenerate)
+    one = pp.project(X[0], P, structured=False).degenerate
+    assert one.dependent is False and one.weak is True and one.any is True
+
+
 def test_degeneracy_of_birkhoff_agrees_with_the_generic_path(rng):
     k = 4
     P = pp.Polyhedron(B=_birkhoff_rows(k), b=np.ones(2 * k), lb=np.zeros(k * k), allow_dependent_rows=True)

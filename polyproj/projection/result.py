@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -10,7 +11,6 @@ from ..solution import Status
 __all__ = ["Degeneracy", "ProjectionResult"]
 
 
-@dataclass(frozen=True)
 class Degeneracy:
     """Where the HS-Jacobian element was chosen among several: per sample, in the result's namespace.
 
@@ -26,10 +26,23 @@ class Degeneracy:
     dependent : (batch,) bool
         Active rows linearly dependent beyond what the set's structure implies (LICQ fails there: the
         multipliers are not unique), e.g. a Birkhoff face whose support splits into several blocks.
+        A set may give it as a function, evaluated on first access (it can cost a factorisation of
+        every face, which a training step that never reads the report should not pay).
     """
 
-    weak: Any
-    dependent: Any
+    __slots__ = ("_dependent", "_dependent_fn", "weak")
+
+    def __init__(self, weak: Any, dependent: Any = None, *, dependent_fn: Callable[[], Any] | None = None) -> None:
+        if (dependent is None) == (dependent_fn is None):
+            raise TypeError("Degeneracy takes dependent or dependent_fn (one of them)")
+        self.weak, self._dependent, self._dependent_fn = weak, dependent, dependent_fn
+
+    @property
+    def dependent(self) -> Any:
+        """(batch,) bool: dependent active rows (computed on first access when given as a function)."""
+        if self._dependent is None:
+            self._dependent, self._dependent_fn = self._dependent_fn(), None
+        return self._dependent
 
     @property
     def any(self) -> Any:
@@ -38,7 +51,14 @@ class Degeneracy:
 
     def single(self) -> Degeneracy:
         """The report of a batch of one as plain booleans."""
+        if self._dependent is None:
+            weak, fn = self.weak, self._dependent_fn
+            return Degeneracy(bool(weak[0]), dependent_fn=lambda: bool(fn()[0]))
         return Degeneracy(bool(self.weak[0]), bool(self.dependent[0]))
+
+    def __repr__(self) -> str:
+        dep = "(not computed)" if self._dependent is None else repr(self._dependent)
+        return f"Degeneracy(weak={self.weak!r}, dependent={dep})"
 
 
 @dataclass(frozen=True)

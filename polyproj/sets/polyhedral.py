@@ -245,21 +245,30 @@ def degeneracy(X: Any, info: FaceInfo, tol: float, eq_deficiency: int = 0) -> De
     weak = xp.any(act & (mult * norms <= tol * size), axis=1)
     at_lb, at_ub = act[:, m: m + n], act[:, m + n:]
     both = xp.any(at_lb & at_ub, axis=1)
-    parts = []
+    return Degeneracy(weak, dependent_fn=lambda: _dependent(info, both, eq_deficiency))
+
+
+def _dependent(info: FaceInfo, both: Any, eq_deficiency: int) -> Any:
+    """The ``dependent`` part of :func:`degeneracy` (rank of the final faces, in parts)."""
     from ..runtime import batch_parts
 
-    for sl in batch_parts(X.shape[0], REPORT_PART):
-        idx = xp.arange(sl.start, sl.stop, device=_device(X))
+    xp = array_namespace(info.Y)
+    d = info.data
+    m, n = d.m, d.n
+    act = info.active
+    at_lb, at_ub = act[:, m: m + n], act[:, m + n:]
+    parts = []
+    for sl in batch_parts(info.Y.shape[0], REPORT_PART):
+        idx = xp.arange(sl.start, sl.stop, device=_device(info.Y))
         sub = d if not d.batched else d.take(idx)
-        free = 1.0 - xp.astype(at_lb[sl, ...] | at_ub[sl, ...], X.dtype)
+        free = 1.0 - xp.astype(at_lb[sl, ...] | at_ub[sl, ...], info.Y.dtype)
         face = Face.factor(sub.A, sub.B, act[sl, :m], free)
         count = xp.sum(xp.astype(act[sl, :m], xp.int64), axis=1) + d.p
         rank = xp.sum(xp.astype(face.rows.scale > 0, xp.int64), axis=1)
         if face.svd is not None:
             rank = put_rows(xp, rank, face.svd.idx, xp.sum(xp.astype(face.svd.s_inv > 0, xp.int64), axis=1))
         parts.append(rank < count - eq_deficiency)
-    dependent = (xp.concat(parts) if parts else both) | both
-    return Degeneracy(weak, dependent)
+    return (xp.concat(parts) if parts else both) | both
 
 
 def _host(v: Any) -> np.ndarray:
