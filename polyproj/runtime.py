@@ -166,3 +166,19 @@ def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         return [fn(i) for i in items]
     with ThreadPoolExecutor(min(len(items), cpu_count())) as pool:
         return list(pool.map(fn, items))
+
+
+def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = None, progress: bool | None = None,
+             bar_from: int, description: str) -> list[Any]:
+    """``[fn(i) for i in items]`` in order, on ``executor`` or here.
+
+    With an executor: ``executor.map`` (threads, processes, a Dask ``Client.get_executor()``). Here: a
+    transient progress bar when ``progress`` is True or, with ``progress=None``, from ``bar_from`` items.
+    """
+    if executor is not None:
+        return list(executor.map(fn, items))
+    if progress or (progress is None and len(items) >= bar_from):
+        from rich.progress import track
+
+        return [fn(i) for i in track(items, description=description, transient=True)]
+    return [fn(i) for i in items]

@@ -92,3 +92,35 @@ def shared_dir() -> str:
     """The shared/ folder beside the repository (Maros–Meszaros data)."""
     here = os.path.dirname(os.path.abspath(__file__))
     return os.path.normpath(os.path.join(here, "..", "..", "shared"))
+
+
+# ----------------------------------------------------------------------------- DIF modules
+# used with ``pytestmark = pytest.mark.usefixtures(...)`` by the DIF test modules (torch imported lazily:
+# the core test run has no torch)
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch.func on tiny tensors is dominated by thread contention on shared cores."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def quiet_polyproj_warnings():
+    """Modules whose problems are degenerate on purpose: PolyprojWarning is expected there, not tested."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        yield
+
+
+@pytest.fixture(scope="module")
+def study():
+    """Small instance of the DIF regression study: equality, binding, weakly active and inactive constraints."""
+    from polyproj.adapters.dif.study import make_regression_study
+
+    return make_regression_study(n=80, d=8, n_test=50, seed=3)

@@ -3,15 +3,12 @@ first order, subset removals with weakly active constraints, removal semantics, 
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import polyproj as pp
 from polyproj.adapters.dif import (
     DIF,
     ConstrainedProblem,
@@ -22,24 +19,9 @@ from polyproj.adapters.dif import (
     retrain,
     solve,
 )
-from polyproj.adapters.dif.study import make_regression_study, pearson
+from polyproj.adapters.dif.study import pearson
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """torch.func on tiny tensors is dominated by thread contention on shared cores."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pp.PolyprojWarning)
-        yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def study():
-    """Small instance of the regression study: equality, binding, weakly active and inactive constraints."""
-    return make_regression_study(n=80, d=8, n_test=50, seed=3)
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "quiet_polyproj_warnings")
 
 
 def _sq(th, b):

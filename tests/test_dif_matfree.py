@@ -3,7 +3,6 @@ Hessians, vmap per-sample gradients, executors, non-convex training to a KKT poi
 
 from __future__ import annotations
 
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,24 +13,9 @@ import polyproj as pp
 from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, retrain, solve
 from polyproj.adapters.dif.krylov import IndefiniteHessianError
 from polyproj.adapters.dif.scores import per_sample_grads_vmap
-from polyproj.adapters.dif.study import make_regression_study
 
-pytestmark = pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pp.PolyprojWarning)
-        yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def study():
-    return make_regression_study(n=80, d=8, n_test=50, seed=3)
+pytestmark = [pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning"),
+              pytest.mark.usefixtures("one_torch_thread", "quiet_polyproj_warnings")]
 
 
 def _rel(a, b) -> float:

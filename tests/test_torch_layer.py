@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import polyproj as pp  # noqa: E402
 from polyproj.adapters.torch import ProjectionLayer, choose_backend, project  # noqa: E402
+from tests.helpers import random_polytope  # noqa: E402
 
 BACKENDS = ["admm", "ipm", "proxsuite"] + [b for b in ("osqp", "highs") if b in pp.available_backends()]
 
@@ -114,6 +115,23 @@ def test_admm_without_some_bounds_matches_pp_project(bounds, rng):
     y = project(torch.tensor(X), backend="admm", **t)
     assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
     assert P.violation(y.numpy()).max() < 1e-10
+
+
+@pytest.mark.parametrize("bounds", [True, False])
+def test_admm_torch_loop_gives_the_generic_iterates_bitwise(bounds, rng, monkeypatch):
+    """The torch loop with views bound once per check interval is the generic step, operation for operation."""
+    from polyproj.solvers import admm
+
+    P = random_polytope(rng, 12, 24, 1, bounds=bounds)
+    X = torch.tensor(3.0 * rng.normal(size=(32, 12)))
+    fast = pp.project(X, P, backend="admm", polish=False).y
+
+    def generic(S, k, Kq, it, buf, count):
+        for _ in range(count):
+            admm._step(S, k, Kq, it, buf)
+
+    monkeypatch.setattr(admm, "_steps", generic)
+    assert torch.equal(fast, pp.project(X, P, backend="admm", polish=False).y)
 
 
 def test_infinite_rows_and_no_inequalities(rng):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ...errors import ProblemError
+from ...runtime import map_jobs
 from .calculus import lagrangian_hessian
 from .engine import _as_removals
 from .kkt import INACTIVE, KKTPoint, solve
@@ -148,14 +149,7 @@ def retrain(problem: ConstrainedProblem, removal: Removal | Sequence[Removal], w
     lam0 = warm_start.lambdas if warm_start is not None else None
     kw = {"tol": tol, "warn": False, **solve_kw}
     job = functools.partial(_retrain_one, problem, th0, lam0, kw)
-    if executor is not None:
-        out = list(executor.map(job, removals))
-    elif progress or (progress is None and len(removals) >= 50):
-        from rich.progress import track
-
-        out = [job(r) for r in track(removals, description="retraining", transient=True)]
-    else:
-        out = [job(r) for r in removals]
+    out = map_jobs(job, removals, executor=executor, progress=progress, bar_from=50, description="retraining")
     return out[0] if single else out
 
 

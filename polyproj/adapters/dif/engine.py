@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ...errors import ProblemError, SolverError
+from ...runtime import map_jobs
 from ...solution import Status
 from .hvp import DEFAULT_CHUNK, HessianOperator
 from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
@@ -285,14 +286,7 @@ class DIF:
         job = self.score_job(test_fn, chunk_size)
         step = int(chunk_size) if chunk_size else self.chunk_size
         chunks = [rems[s:s + step] for s in range(0, len(rems), step)]
-        if executor is not None:
-            parts = list(executor.map(job, chunks))
-        elif progress or (progress is None and len(chunks) >= 8):
-            from rich.progress import track
-
-            parts = [job(ch) for ch in track(chunks, description="DIF scores", transient=True)]
-        else:
-            parts = [job(ch) for ch in chunks]
+        parts = map_jobs(job, chunks, executor=executor, progress=progress, bar_from=8, description="DIF scores")
         scores = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
         return torch.as_tensor(scores)
 

@@ -23,6 +23,7 @@ from torch import nn
 from ...errors import PolyprojWarning, ProblemError, SolverError
 from ...solution import Status
 from .calculus import constraint_jacobian, lagrangian_hessian, objective_grad
+from .newton import kkt_residuals
 from .problem import ConstrainedProblem
 from .qp import solve_qp_exact
 
@@ -158,12 +159,12 @@ class KKTPoint:
                 raise ProblemError(f"lambdas must be {problem.m} finite numbers, got shape {lam.shape}")
         need = lam is None or polish is True
         if lam is not None and polish is None:
-            res = _residuals(grad, G, gval, lam, eq)
+            res = kkt_residuals(grad, G, gval, lam, eq)
             need = max(res.values(), default=0.0) > tol or bool(np.any(lam[~active & ~eq] != 0))
         if need and polish is not False:
             lam = _nnls_multipliers(grad, G, active, eq)
             polished = True
-        res = _residuals(grad, G, gval, lam, eq)
+        res = kkt_residuals(grad, G, gval, lam, eq)
         if max(res.values(), default=0.0) > tol:
             raise ProblemError(
                 f"not a KKT point: stationarity residual {res['stationarity']:.3e}, complementarity "
@@ -235,15 +236,6 @@ def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
     if not bool(torch.isfinite(th).all()):
         raise ProblemError("theta contains NaN or inf")
     return th
-
-
-def _residuals(grad, G, gval, lam, eq) -> dict[str, float]:
-    stat = grad + G.T @ lam if G.shape[0] else grad
-    feas = np.where(eq, np.abs(gval), np.maximum(gval, 0.0))
-    return {"stationarity": float(np.max(np.abs(stat), initial=0.0)),
-            "feasibility": float(np.max(feas, initial=0.0)),
-            "complementarity": float(np.max(np.abs(np.where(eq, 0.0, lam * gval)), initial=0.0)),
-            "dual": float(np.max(np.where(eq, 0.0, np.maximum(-lam, 0.0)), initial=0.0))}
 
 
 def _nnls_multipliers(grad, G, active, eq) -> np.ndarray:
@@ -352,7 +344,7 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     for it in range(1, max_iter + 1):
         _, grad = objective_grad(problem, th)
         gval, G = constraint_jacobian(problem, th)
-        res = max(_residuals(grad, G, gval, lam, eq).values(), default=0.0)
+        res = max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0)
         if res <= tol:
             break
         H = lagrangian_hessian(problem, th, lam)
@@ -382,7 +374,7 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     else:
         _, grad = objective_grad(problem, th)
         gval, G = constraint_jacobian(problem, th)
-        res = max(_residuals(grad, G, gval, lam, eq).values(), default=0.0)
+        res = max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0)
         if res > tol:
             raise SolverError(f"SQP did not reach the KKT residual {tol:g} in {max_iter} iterations "
                               f"(residual {res:.3e}); raise max_iter or loosen tol")
