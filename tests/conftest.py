@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +20,16 @@ settings.register_profile("dev", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-#: modules that import torch at the top: not collected where torch is absent (make test-min)
-collect_ignore = [] if importlib.util.find_spec("torch") else ["test_dif.py", "test_dif_errors.py"]
+
+
+def _imports_torch_at_top(path: Path) -> bool:
+    return any(line.startswith(("import torch", "from torch")) for line in path.read_text().splitlines())
+
+
+#: modules that import torch at the top: not collected where torch is absent (make test-min); the
+#: others skip with pytest.importorskip
+collect_ignore = [] if importlib.util.find_spec("torch") else \
+    sorted(p.name for p in Path(__file__).parent.glob("test_*.py") if _imports_torch_at_top(p))
 
 #: CPU backends every test runs on (cupy needs a GPU and is tested by benchmarks/gpu_check.sh)
 CPU_BACKENDS = [name for name in pp.available_backends() if name != "cupy"]
