@@ -237,7 +237,7 @@ def time_method(method: str, d, repeats: int, max_total: float = 60.0):
         t0 = time.perf_counter()
         y, g = f()
         times.append(time.perf_counter() - t0)
-    NOTES.setdefault(method, {})["repeats"] = reps
+    NOTES.setdefault(method, {}).update(repeats=reps, times_s=[float(t) for t in times])
     return float(np.median(times)), y.numpy(), g.numpy()
 
 
@@ -345,8 +345,9 @@ def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, consol
         if meth in LINSAT:
             note["caveat"] = ("entropic (Sinkhorn) map, not the Euclidean projection: y_error and grad_rel_error "
                               "are its distance to the projection and to the projection's J v")
-        rows.append(dict(method=meth, time_s=med, max_violation=viol, grad_rel_error=gerr, y_error=yerr,
-                         peak_mem_mib=mem, note=note))
+        times = note.get("times_s") or [med]
+        rows.append(dict(method=meth, time_s=med, time_min_s=min(times), time_max_s=max(times),
+                         max_violation=viol, grad_rel_error=gerr, y_error=yerr, peak_mem_mib=mem, note=note))
         console.print(f"  {meth:20s} {1e3 * med:10.1f} ms  viol {viol:8.1e}  y err {yerr:8.1e}  grad err "
                       f"{gerr:8.1e}  mem {'n/a' if mem is None else f'{mem:8.1f} MiB'}")
         if sweep is not None:
@@ -419,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small sizes, 2 repeats")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--sweep-memory", action="store_true",
+                    help="also measure every sweep point's peak memory (one fresh process per method and point)")
     ap.add_argument("--budget", type=float, default=30.0,
                     help="sweeps: skip a peer whose extrapolated time per call exceeds this (s)")
     ap.add_argument("--methods", nargs="*", default=METHODS)
@@ -496,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = dict(batch=v, n=50, m=100) if key == "batch" else dict(batch=args.n_batch, n=v, m=2 * v)
             console.rule(f"sweep {key}: {cfg}")
             meths = [m for m in args.methods if m != "cvxpylayers_default" and m not in LINSAT]
-            rows = run_config(cfg, meths, max(1, reps // 2 + 1), False, console, sweep=history, key=key,
+            rows = run_config(cfg, meths, max(1, reps // 2 + 1) if args.quick else reps,
+                              args.sweep_memory and not args.no_memory, console, sweep=history, key=key,
                               budget=args.budget)
             results[name].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
             record(name)

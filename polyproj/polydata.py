@@ -16,6 +16,7 @@ finite lower bounds, finite upper bounds); :class:`RowLayout` is the one convers
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,21 @@ class PolyData:
     def batched(self) -> bool:
         """True when any part carries a batch dimension."""
         return not self.shared_matrices or any(v.ndim == 2 for v in (self.a, self.b, self.lb, self.ub))
+
+    @cached_property
+    def rhs_size(self) -> float:
+        """Largest finite ``|a|, |b|, |lb|, |ub|`` (0.0 when there is none).
+
+        Computed once per instance: a PolyData's arrays are not changed in place (the projection code
+        makes new instances, the sets hold copies of what they were given).
+        """
+        xp = self.xp
+        size = 0.0
+        for v in (self.a, self.b, self.lb, self.ub):
+            if all(int(d) > 0 for d in v.shape):  # empty parts have no size
+                fin = xp.where(xp.isfinite(v), xp.abs(v), xp.zeros_like(v))
+                size = max(size, float(xp.max(fin)))
+        return size
 
     def parts(self) -> tuple[Any, ...]:
         """``(A, a, B, b, lb, ub)``."""

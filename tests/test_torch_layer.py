@@ -563,3 +563,31 @@ def test_the_graph_and_the_result_are_freed_after_backward(make):
     (y * y).sum().backward()
     del y
     assert kept() is None  # freed by reference counting, without waiting for (or relying on) the cycle collector
+
+
+def test_constraint_tensors_reused_only_while_equal(rng):
+    """The set built from constraint tensors is reused across calls only while their contents are equal:
+    an in-place change (through ``.data`` too) gives the new polyhedron's projection, tensors that need a
+    gradient are never cached (their gradient reaches them), and a cache hit returns the same answer."""
+    from polyproj.adapters.torch import _SETS
+
+    _SETS.clear()
+    P = _polytope(rng, n=5, m=7)
+    t = {k: torch.tensor(getattr(P, k)) for k in ("A", "a", "B", "b", "lb", "ub")}
+    x = torch.tensor(2.0 * rng.normal(size=(4, 5)))
+    y1 = project(x, t["A"], t["a"], t["B"], t["b"], t["lb"], t["ub"])
+    y2 = project(x, t["A"], t["a"], t["B"], t["b"], t["lb"], t["ub"])
+    assert torch.equal(y1, y2) and len(_SETS._items) == 1
+    np.testing.assert_allclose(y1.numpy(), pp.project(x.numpy(), P).y, atol=1e-9)
+    t["a"].data.sub_(0.3)  # not seen by the version counter
+    t["A"][0].mul_(1.5)
+    P2 = pp.Polyhedron(A=t["A"].numpy(), a=t["a"].numpy(), B=P.B, b=P.b, lb=P.lb, ub=P.ub)
+    y3 = project(x, t["A"], t["a"], t["B"], t["b"], t["lb"], t["ub"])
+    np.testing.assert_allclose(y3.numpy(), pp.project(x.numpy(), P2).y, atol=1e-9)
+    assert float(np.max(P2.violation(y3.numpy()))) < 1e-9
+    a = t["a"].clone().requires_grad_()
+    _SETS.clear()
+    y4 = project(x, t["A"], a, t["B"], t["b"], t["lb"], t["ub"])
+    assert not _SETS._items
+    y4.sum().backward()
+    assert a.grad is not None and torch.isfinite(a.grad).all()

@@ -180,11 +180,91 @@ def _check_x(x: Any) -> torch.Tensor:
 
 
 def _polyhedral_from_tensors(x: torch.Tensor, parts: dict[str, Any], backend: str, settings: dict) -> Polyhedral:
-    """A :class:`Polyhedral` set from constraint tensors shared by x's batch or carrying its batch dimensions."""
+    """A :class:`Polyhedral` set from constraint tensors shared by x's batch or carrying its batch dimensions.
+
+    Shared constraint tensors that need no gradient are looked up in :data:`_SETS` first (a layer called
+    with the same data every step validates them, fills in the missing parts and sets up its backend once).
+    """
+    key = _SETS.key(x, parts, backend, settings)
+    hit = _SETS.get(key, parts) if key is not None else None
+    if hit is not None:
+        return hit
+    if key is not None:  # the set holds copies: what the caller changes in place later cannot reach it
+        parts = {k: None if v is None else v.detach().clone() for k, v in parts.items()}
     bshape = tuple(x.shape[:-1])
     x2 = x.reshape(-1, x.shape[-1]) if x.ndim > 1 else x.reshape(1, -1)
     data, given = polydata_from_arrays(x2, **parts, batch_shape=bshape)
-    return Polyhedral(data, backend, given=given, batch_shape=bshape if data.batched else (), **settings)
+    S = Polyhedral(data, backend, given=given, batch_shape=bshape if data.batched else (), **settings)
+    if key is not None and not data.batched:
+        _SETS.put(key, parts, S)
+    return S
+
+
+class _SetCache:
+    """The sets built from recent constraint tensors, reused only when every tensor is *equal* to the stored copy.
+
+    Looked up by the tensors' identities, confirmed by their contents (``torch.equal`` against the copies
+    the set was built from), so an in-place change of the data — through ``.data`` too, which torch's
+    version counter does not see — is a miss, never a stale answer. Tensors that require grad are not
+    cached (the autograd graph must reach the caller's tensors), nor per-sample (batched) data. LRU of
+    :attr:`SIZE` entries, thread-safe.
+    """
+
+    SIZE = 8
+
+    def __init__(self) -> None:
+        import threading
+        from collections import OrderedDict
+
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple, tuple[dict[str, torch.Tensor], Polyhedral]] = OrderedDict()
+
+    @staticmethod
+    def key(x: torch.Tensor, parts: dict[str, Any], backend: str, settings: dict) -> tuple | None:
+        """The lookup key, or None when these data are not cached."""
+        ids = []
+        for k in PARTS:
+            v = parts[k]
+            if v is None:
+                ids.append(None)
+                continue
+            if not isinstance(v, torch.Tensor) or v.requires_grad or v.ndim > (2 if k in ("A", "B") else 1):
+                return None
+            ids.append((id(v), tuple(v.shape), v.dtype, str(v.device)))
+        try:
+            key = (tuple(ids), x.dtype, str(x.device), x.shape[-1], backend, tuple(sorted(settings.items())))
+            hash(key)
+        except TypeError:  # unhashable settings: no caching
+            return None
+        return key
+
+    def get(self, key: tuple, parts: dict[str, Any]) -> Polyhedral | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            copies, S = hit
+            if not all(torch.equal(copies[k], parts[k]) for k in copies):
+                del self._items[key]
+                return None
+            self._items.move_to_end(key)
+            return S
+
+    def put(self, key: tuple, copies: dict[str, Any], S: Polyhedral) -> None:
+        """Keep ``S``, built from ``copies`` (the caller's tensors cloned)."""
+        copies = {k: v for k, v in copies.items() if v is not None}
+        with self._lock:
+            self._items[key] = (copies, S)
+            while len(self._items) > self.SIZE:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+#: the sets of the constraint tensors given to :func:`project` and :class:`ProjectionLayer` lately
+_SETS = _SetCache()
 
 
 def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None,

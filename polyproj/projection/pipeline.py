@@ -119,12 +119,7 @@ SCALE_BAND = 8
 def _unit_scale(X: Any, data: PolyData) -> float:
     """A power of 2 near the size of the batch and of the finite right-hand sides (1 when near 1)."""
     xp = array_namespace(X)
-    sizes = [float(xp.max(xp.abs(X)))] if X.shape[0] and X.shape[1] else []
-    for v in (data.a, data.b, data.lb, data.ub):
-        fin = xp.where(xp.isfinite(v), xp.abs(v), xp.zeros_like(v))
-        if fin.shape[0] and (fin.ndim == 1 or fin.shape[1]):
-            sizes.append(float(xp.max(fin)))
-    size = max(sizes, default=0.0)
+    size = max(float(xp.max(xp.abs(X))) if X.shape[0] and X.shape[1] else 0.0, data.rhs_size)
     if not (0.0 < size < float("inf")):
         return 1.0
     e = int(np.round(np.log2(size)))
