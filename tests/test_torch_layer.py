@@ -591,3 +591,36 @@ def test_constraint_tensors_reused_only_while_equal(rng):
     assert not _SETS._items
     y4.sum().backward()
     assert a.grad is not None and torch.isfinite(a.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_small_batches_on_numpy_equal_the_torch_path(dtype, rng, monkeypatch):
+    """Small CPU batches run the pipeline on NumPy views (HOST_BATCH): the projection, the gradients with
+    respect to x and to learned constraint data, and the warm start equal those of the torch path."""
+    import polyproj.adapters.torch as pt
+
+    P = _polytope(rng, n=6, m=9)
+    X = 2.0 * rng.normal(size=(5, 6))
+    V = rng.normal(size=(5, 6))
+
+    def run():
+        x = torch.tensor(X, dtype=dtype, requires_grad=True)
+        a = torch.tensor(P.a, dtype=dtype, requires_grad=True)
+        parts = [torch.tensor(getattr(P, k), dtype=dtype) for k in ("A", "B", "b", "lb", "ub")]
+        y = project(x, parts[0], a, *parts[1:])
+        (y * torch.tensor(V, dtype=dtype)).sum().backward()
+        layer = ProjectionLayer(P, warm_start=True, dtype=dtype)
+        y2 = layer(x.detach())
+        y3 = layer(x.detach())  # from the previous call's active sets
+        return y.detach(), x.grad, a.grad, y2, y3
+
+    host = run()
+    assert isinstance(host[0], torch.Tensor) and host[0].dtype == dtype
+    monkeypatch.setattr(pt, "HOST_BATCH", 0)
+    dev = run()
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    for h, d in zip(host, dev, strict=True):
+        assert h.dtype == d.dtype
+        np.testing.assert_allclose(h.numpy(), d.numpy(), atol=tol, rtol=0)
+    ref = pp.project(X, P)
+    np.testing.assert_allclose(host[0].numpy(), ref.y, atol=tol)

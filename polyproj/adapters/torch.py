@@ -69,6 +69,9 @@ class _Project(torch.autograd.Function):
             raise ProblemError("x contains NaN or inf")
         with torch.no_grad(), small_work(x.device.type == "cpu", _work(x, Sx)):
             xd = x.detach()
+            if _on_host(xd, Sx):
+                res = Sx.project_batch(xd.numpy(), record=True, warm_start=cfg.warm)
+                return torch.from_numpy(np.array(res.y, dtype=_NP[x.dtype])), res, Sx
             if isinstance(Sx, Polyhedral):
                 res = Sx.project_batch(xd, record=True, warm_start=cfg.warm)
             else:
@@ -112,12 +115,34 @@ class _Project(torch.autograd.Function):
         return (y.reshape(V, N, -1), res, Sx), (0, None, None)
 
 
+#: CPU batches of at most this many points are projected on NumPy views of the tensors: the pipeline's
+#: few hundred small array operations cost ~1 µs each in NumPy against several in torch, which wins from
+#: about 64 points on (its batched kernels); measured in docs/torch.md ("Small batches")
+HOST_BATCH = 32
+_NP = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _on_host(x: torch.Tensor, S: Projector) -> bool:
+    """True when the forward of ``x`` runs on NumPy (a small CPU batch onto shared polyhedral data)."""
+    return (x.device.type == "cpu" and x.shape[0] <= HOST_BATCH and isinstance(S, Polyhedral)
+            and not S.data.batched)
+
+
+def _host_vjp(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
+    """``J g`` of a result computed on NumPy, as a tensor like ``g``."""
+    return torch.from_numpy(np.asarray(S.vjp(res, g.detach().numpy().astype(np.float64)))).to(g.dtype)
+
+
+def _is_host(res: Any) -> bool:
+    return isinstance(res.y, np.ndarray)
+
+
 def _vjp_x(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
     g = g.contiguous()
     if g.shape[0] == 0:
         return torch.zeros_like(g)
     with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
-        return S.vjp(res, g)
+        return _host_vjp(S, res, g) if _is_host(res) else S.vjp(res, g)
 
 
 class _VJP(torch.autograd.Function):
@@ -130,8 +155,15 @@ class _VJP(torch.autograd.Function):
             params = S.parameters()
             return (torch.zeros_like(g), *[torch.zeros_like(params[k]) for k in wanted])
         with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
-            gx = S.vjp(res, g) if need_x else torch.zeros_like(g)
-            gp = S.parameter_vjp(res, g, wanted) if wanted else {}
+            if _is_host(res):
+                gx = _host_vjp(S, res, g) if need_x else torch.zeros_like(g)
+                params = S.parameters()
+                gn = g.detach().numpy().astype(np.float64)
+                gp = {k: torch.from_numpy(np.asarray(v)).to(params[k].dtype)
+                      for k, v in (S.parameter_vjp(res, gn, wanted) if wanted else {}).items()}
+            else:
+                gx = S.vjp(res, g) if need_x else torch.zeros_like(g)
+                gp = S.parameter_vjp(res, g, wanted) if wanted else {}
         return (gx, *[gp[k] for k in wanted])
 
     @staticmethod
@@ -346,7 +378,9 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
 
 def _apply(x2: torch.Tensor, S: Projector, warm: Any) -> tuple[torch.Tensor, Any]:
     """The Function on a (batch, n) tensor: the projection and its result (for a later warm start)."""
-    params = {k: v for k, v in S.parameters().items() if isinstance(v, torch.Tensor)}
+    # only the data that need a gradient go through the Function: the set is then used as it is (its
+    # conversions of the data kept from call to call) unless some part is learned
+    params = {k: v for k, v in S.parameters().items() if isinstance(v, torch.Tensor) and v.requires_grad}
     y, res, _ = _Project.apply(x2, S, _Config(tuple(params), warm), *params.values())
     return y, res
 

@@ -20,7 +20,7 @@ PROJECTION_DEFAULT = "auto"
 #: ADMM start); fewer than AUTO_SMALL_BATCH points on the CPU → a dual active-set solver per point;
 #: per-sample matrices → the batched IPM
 AUTO_SHARED, AUTO_SMALL, AUTO_PER_SAMPLE = "admm", "daqp", "ipm"
-AUTO_SMALL_BATCH = 8
+AUTO_SMALL_BATCH = 16
 #: order in which an independent second opinion is asked (a false infeasibility report)
 INDEPENDENT = ("ipm", "highs", "proxsuite", "osqp")
 
