@@ -23,6 +23,7 @@ import functools
 import itertools
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -99,13 +100,24 @@ def small_blas() -> Iterator[None]:
     Torch counts too because :mod:`polyproj.linalg` uses torch's batched triangular solves on NumPy
     memory when torch is loaded; the caller's torch thread count is restored after the block.
     """
+    if getattr(_SMALL, "inside", False):  # nested: the limits are already in force (one call costs ~50 µs)
+        yield
+        return
     ctl = _controller()
-    with keep_torch_threads(), torch_single_thread():
-        if ctl is None:  # pragma: no cover
-            yield
-            return
-        with ctl.limit(limits=1, user_api="blas"):
-            yield
+    _SMALL.inside = True
+    try:
+        with keep_torch_threads(), torch_single_thread():
+            if ctl is None:  # pragma: no cover
+                yield
+                return
+            with ctl.limit(limits=1, user_api="blas"):
+                yield
+    finally:
+        _SMALL.inside = False
+
+
+#: per thread: inside a small_blas block
+_SMALL = threading.local()
 
 
 @contextlib.contextmanager

@@ -88,6 +88,9 @@ def test_small_blas_runs_torch_on_one_thread_and_restores_it():
     try:
         with small_blas():
             assert torch.get_num_threads() == 1
+            with small_blas():  # nested: a no-op that keeps the limits
+                assert torch.get_num_threads() == 1
+            assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(prev)
