@@ -392,30 +392,37 @@ def ratios(rows, eq_tol=1e-6):
     return out
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, tags: list[str] | None = None) -> None:
+    """Both sweeps, one line per method and tag (``--tag``: e.g. the thread count); a cross marks a point
+    whose answer is not feasible to 1e-6."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, xlabel in ((axes[0], "batch", "batch size (n = 50, m = 100)"), (axes[1], "n", "n (m = 2n)")):
-        for name in sorted(k for k in results if k.startswith(f"sweep_{key}")):
-            sweep = results[name]
+    if tags is None:
+        tags = sorted({k.split("_", 2)[2] if k.count("_") >= 2 else "" for k in results if k.startswith("sweep_")})
+    styles = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, xlabel in ((axes[0], "batch", "batch size (n = 50, m = 100)"), (axes[1], "n", "n (m = 2n, batch 128)")):
+        for j, tag in enumerate(tags):
+            sweep = results.get(f"sweep_{key}" + (f"_{tag}" if tag else ""), [])
             for i, meth in enumerate(METHODS):
-                pts = [(c["config"][key], r["time_s"]) for c in sweep for r in c["rows"]
+                pts = [(c["config"][key], r["time_s"], r["max_violation"] <= 1e-6) for c in sweep for r in c["rows"]
                        if r["method"] == meth and "time_s" in r]
-                if pts:
-                    xs, ys = zip(*pts, strict=True)
-                    label = meth if key == "batch" else f"{meth} (batch {sweep[0]['config']['batch']})"
-                    ax.loglog(xs, np.array(ys) * 1e3, "o-" if name == f"sweep_{key}" else "s--", label=label,
-                              color=f"C{i}")
+                if not pts:
+                    continue
+                xs, ys, ok = (np.array(v) for v in zip(*pts, strict=True))
+                ax.loglog(xs, ys * 1e3, styles[j % 4], marker="o", ms=4, color=f"C{i}",
+                          label=f"{meth}" + (f" ({tag})" if tag else ""))
+                if (~ok).any():
+                    ax.loglog(xs[~ok], ys[~ok] * 1e3, "x", ms=10, mew=2, color="k")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("forward + backward [ms] (median)")
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle("polyproj projection layer vs peers (float64, same process, same data)")
+    fig.suptitle("projection layer vs peers (float64, fwd+bwd; x: answer not feasible to 1e-6)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -447,10 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "layer.json"))
     ap.add_argument("--fresh", action="store_true", help="start a new JSON instead of updating --out")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
+    ap.add_argument("--plot-tags", nargs="*", default=None,
+                    help="the sweep tags to draw (default: every tag in --out; '' is the untagged sweep)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.plot_only:
-        plot(json.loads(out.read_text()), out.with_suffix(".png"))
+        plot(json.loads(out.read_text()), out.with_suffix(".png"), args.plot_tags)
         return 0
     import torch
 
@@ -517,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     save()
     console.print(f"wrote {out}")
     if any(k.startswith("sweep_") for k in results):
-        plot(results, out.with_suffix(".png"))
+        plot(results, out.with_suffix(".png"), args.plot_tags)
         console.print(f"wrote {out.with_suffix('.png')}")
     return 0
 
