@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import polyproj as pp
-from polyproj.adapters.dif import DIF
+from polyproj.adapters.dif import DIF, IndefiniteHessianError
 from polyproj.adapters.dif.baselines import if_scores, tracin_scores
 from polyproj.adapters.dif.digits import make_fairness_study
 from polyproj.adapters.dif.newton import augmented_lagrangian
@@ -58,8 +58,17 @@ def run_seed(seed: int, args) -> dict:
     dif = DIF(prob, kkt, method="matrix-free", damping="auto", rtol=1e-6)
     scores = {"DIF": dif.influence(F).numpy()}
     scores["TracIn"] = tracin_scores(prob, [*S.checkpoints, (kkt.theta, kkt.lambdas.numpy())], F)
-    scores["Penalty-IF"], _ = if_scores(prob, kkt, F, kind="penalty", rho=args.rho, damping=dif.damping, rtol=1e-6,
-                                        maxiter=1000)
+    damping = dif.damping  # the penalty Hessian's curvature differs: the smallest damping CG accepts from here
+    for _ in range(12):
+        try:
+            scores["Penalty-IF"], _ = if_scores(prob, kkt, F, kind="penalty", rho=args.rho, damping=damping,
+                                                rtol=1e-6, maxiter=1000)
+            break
+        except IndefiniteHessianError as err:
+            damping = max(2 * damping, damping + 1.5 * -err.curvature)
+    else:
+        raise pp.SolverError("no damping made the Penalty-IF Hessian positive definite")
+    log(f"seed {seed}: Penalty-IF damping {damping:.1e} (DIF's {dif.damping:.1e})")
     rng = np.random.default_rng(1000 + seed)
     rows = []
     for frac in args.fracs:
@@ -78,7 +87,7 @@ def run_seed(seed: int, args) -> dict:
                          "time_s": time.perf_counter() - t})
             log(f"  {frac:.0%} {name:10s} drop {drop:+.5f}  (residual {info.residuals[-1]:.1e})")
     return {"seed": seed, "rows": rows, "kkt": repr(kkt), "target_client": S.info["target_client"],
-            "target_loss": F0, "damping": dif.damping, "time_s": time.perf_counter() - t0}
+            "target_loss": F0, "damping": dif.damping, "penalty_if_damping": damping, "time_s": time.perf_counter() - t0}
 
 
 def main(argv=None) -> int:
