@@ -453,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                     "pays glibc's page faults on its temporaries")
     ap.add_argument("--out", default=str(RESULTS / "layer.json"))
     ap.add_argument("--fresh", action="store_true", help="start a new JSON instead of updating --out")
+    ap.add_argument("--merge", action="store_true",
+                    help="sweeps: replace only the rows of --methods, keep the other methods' earlier rows")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
     ap.add_argument("--plot-tags", nargs="*", default=None,
                     help="the sweep tags to draw (default: every tag in --out; '' is the untagged sweep)")
@@ -511,7 +513,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         history: dict = {}
         name = f"sweep_{key}{args.tag}"
+        earlier = {json.dumps(c["config"], sort_keys=True): c["rows"] for c in results.get(name, [])} \
+            if args.merge else {}
+        old_date = results["runs"].get(name, {}).get("date")
         results[name] = []
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         for v in values:
             cfg = dict(batch=v, n=50, m=100) if key == "batch" else dict(batch=args.n_batch, n=v, m=2 * v)
             console.rule(f"sweep {key}: {cfg}")
@@ -519,6 +525,11 @@ def main(argv: list[str] | None = None) -> int:
             rows = run_config(cfg, meths, max(1, reps // 2 + 1) if args.quick else reps,
                               args.sweep_memory and not args.no_memory, console, sweep=history, key=key,
                               budget=args.budget)
+            for r in rows:
+                r["measured"] = stamp
+            kept = [dict(r, measured=r.get("measured", old_date))
+                    for r in earlier.get(json.dumps(cfg, sort_keys=True), []) if r["method"] not in meths]
+            rows = rows + kept  # --merge: the methods not rerun keep their earlier rows (with their date)
             results[name].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
             record(name)
             results["runs"][name]["budget_s"] = args.budget
