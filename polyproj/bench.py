@@ -120,6 +120,22 @@ def _child(conn: Any, mm: Any, backend: str, tol: float, time_limit: float) -> N
         conn.close()
 
 
+def _honour_ctrl_c() -> None:
+    """Ctrl-C stops the run even when the parent process ignored or blocked SIGINT.
+
+    Python installs no KeyboardInterrupt handler in a process started with SIGINT ignored, and the
+    signal mask is inherited.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _load(data: str, name: str, dense: bool) -> Any:
     """Load a problem; a non-convex P is kept (check_psd=False) so each backend can say so.
 
@@ -307,6 +323,7 @@ def cli_main(args: argparse.Namespace) -> int:
         names = list(args.problems)
     jobs = int(getattr(args, "jobs", None) or min(2, os.cpu_count() or 1))
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per solve: jobs solves share the cores
+    _honour_ctrl_c()
     tol, tl = float(args.tol), float(args.time_limit)
     out = args.out
     if out is None:
