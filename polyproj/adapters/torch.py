@@ -128,13 +128,22 @@ def _on_host(x: torch.Tensor, S: Projector) -> bool:
             and not S.data.batched)
 
 
-def _host_vjp(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
-    """``J g`` of a result computed on NumPy, as a tensor like ``g``."""
-    return torch.from_numpy(np.asarray(S.vjp(res, g.detach().numpy().astype(np.float64)))).to(g.dtype)
-
-
 def _is_host(res: Any) -> bool:
+    """True for a result the forward computed on NumPy (:func:`_on_host`)."""
     return isinstance(res.y, np.ndarray)
+
+
+def _backward_parts(S: Projector, res: Any, g: torch.Tensor, wanted: tuple[str, ...], need_x: bool):
+    """``J g`` (or None) and the parameter gradients, as tensors; a NumPy result gets ``g`` on NumPy."""
+    host = _is_host(res)
+    gin = g.detach().numpy().astype(np.float64) if host else g
+    gx = S.vjp(res, gin) if need_x else None
+    gp = S.parameter_vjp(res, gin, wanted) if wanted else {}
+    if host:
+        params = S.parameters()
+        gx = None if gx is None else torch.from_numpy(np.asarray(gx)).to(g.dtype)
+        gp = {k: torch.from_numpy(np.asarray(v)).to(params[k].dtype) for k, v in gp.items()}
+    return gx, gp
 
 
 def _vjp_x(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
@@ -142,7 +151,7 @@ def _vjp_x(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
     if g.shape[0] == 0:
         return torch.zeros_like(g)
     with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
-        return _host_vjp(S, res, g) if _is_host(res) else S.vjp(res, g)
+        return _backward_parts(S, res, g, (), True)[0]
 
 
 class _VJP(torch.autograd.Function):
@@ -155,16 +164,8 @@ class _VJP(torch.autograd.Function):
             params = S.parameters()
             return (torch.zeros_like(g), *[torch.zeros_like(params[k]) for k in wanted])
         with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
-            if _is_host(res):
-                gx = _host_vjp(S, res, g) if need_x else torch.zeros_like(g)
-                params = S.parameters()
-                gn = g.detach().numpy().astype(np.float64)
-                gp = {k: torch.from_numpy(np.asarray(v)).to(params[k].dtype)
-                      for k, v in (S.parameter_vjp(res, gn, wanted) if wanted else {}).items()}
-            else:
-                gx = S.vjp(res, g) if need_x else torch.zeros_like(g)
-                gp = S.parameter_vjp(res, g, wanted) if wanted else {}
-        return (gx, *[gp[k] for k in wanted])
+            gx, gp = _backward_parts(S, res, g, wanted, need_x)
+        return (torch.zeros_like(g) if gx is None else gx, *[gp[k] for k in wanted])
 
     @staticmethod
     def setup_context(ctx, inputs, output):
