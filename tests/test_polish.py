@@ -158,3 +158,50 @@ def test_inconsistent_candidate_face_does_not_cycle():
     assert out.accepted.all()
     np.testing.assert_allclose(out.Y, ref.y, atol=1e-9)
     np.testing.assert_array_equal(out.active[:, :m], act)
+
+
+def test_polish_hands_the_last_samples_off_after_two_rounds(rng):
+    # the polish stops once at most `handoff` samples are left (never before HANDOFF_AFTER rounds) and
+    # returns them not accepted; with handoff=0 it runs its rounds to the end
+    from polyproj.projection.polish import HANDOFF_AFTER
+
+    X, d, _ = _face_data(rng, batch=40)
+    Y0 = np.zeros_like(X)  # a bad start: many rounds needed
+    mult0 = np.zeros((X.shape[0], d.m + 2 * d.n))
+    kw = dict(cand_tol=1e-7, dist_tol=1e-9, tol=1e-9)
+    full = polish(X, d, Y0, mult0, max_iter=60, **kw)
+    assert full.accepted.all()
+    for rounds in range(HANDOFF_AFTER, 8):  # the samples left after `rounds` rounds of the full polish
+        left = int((~polish(X, d, Y0, mult0, max_iter=rounds, **kw).accepted).sum())
+        if 0 < left:
+            break
+    else:
+        pytest.skip("every sample was accepted within the hand-off rounds")
+    part = polish(X, d, Y0, mult0, max_iter=60, handoff=left, **kw)
+    assert 0 < int((~part.accepted).sum()) <= left  # stopped with the samples left to the caller
+    assert not part.active[~part.accepted].any()
+    ok = part.accepted  # what it accepted is the exact projection
+    assert np.allclose(part.Y[ok], full.Y[ok], atol=1e-10)
+
+
+def test_layer_hands_the_admm_tail_to_daqp(rng, monkeypatch):
+    # the samples the ADMM start's polish leaves after two rounds go to DAQP one at a time (exact faces)
+    pytest.importorskip("daqp")
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+    from polyproj.backends import defaults
+
+    n, m = 20, 40
+    A = rng.normal(size=(m, n))
+    x0 = rng.normal(size=n)
+    a = A @ x0 + rng.uniform(0.1, 1.0, size=m)
+    X = x0 + 3.0 * rng.normal(size=(256, n))
+    P = pp.Polyhedron(A=A, a=a, lb=x0 - 2.0, ub=x0 + 2.0)
+    ref = pp.project(X, P, backend="proxsuite", eps_abs=1e-10)
+    names = []
+    real = defaults.fallback_for
+    monkeypatch.setattr(defaults, "fallback_for", lambda *args: names.append(real(*args)) or names[-1])
+    t = {k: torch.tensor(v) for k, v in dict(A=A, a=a, lb=P.lb, ub=P.ub).items()}
+    y = project(torch.tensor(X), backend="admm", **t)
+    assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
+    assert names and all(nm == "daqp" for nm in names)  # asked once at most, and it chose DAQP

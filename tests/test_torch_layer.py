@@ -324,7 +324,9 @@ class _Spy:
         self.calls = []
         from polyproj.backends.base import QPSolver
 
-        for name in ("admm", "ipm", "proxsuite"):
+        for name in ("admm", "ipm", "proxsuite", "daqp"):
+            if name not in pp.available_backends():
+                continue
             cls = type(pp.get_backend(name))
             real = cls.solve_projections
 
@@ -354,9 +356,19 @@ def test_fallback_solves_what_the_admm_start_leaves(fallback, rng, monkeypatch):
     assert name == (fallback_for(True, P.n, count, {}) if fallback == "auto" else fallback)
 
 
-def test_auto_fallback_rule():
-    from polyproj.backends.defaults import fallback_for
+def test_auto_fallback_rule(monkeypatch):
+    from polyproj.backends import defaults
+    from polyproj.backends.defaults import exact_points, fallback_for
 
+    have_daqp = "daqp" in pp.available_backends()
+    if have_daqp:  # DAQP one point at a time, for fewer points as n grows
+        assert exact_points(50) == 64 and exact_points(10) == 256 and exact_points(100) == 11
+        assert exact_points(400) == 0
+        assert fallback_for(True, 50, 64, {}) == "daqp"
+        assert fallback_for(True, 100, 11, {}) == "daqp"
+        assert fallback_for(False, 50, 1, {}) == "ipm"
+    monkeypatch.setattr(defaults, "EXACT_POINTS", 0)  # without the exact fallback: ProxSuite, then the IPM
+    assert exact_points(50) == 0
     assert fallback_for(True, 50, 2, {}) == ("proxsuite" if "proxsuite" in pp.available_backends() else "ipm")
     assert fallback_for(True, 50, 9, {}) == "ipm"
     assert fallback_for(True, 400, 1, {}) == "ipm"

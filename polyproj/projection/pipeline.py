@@ -12,8 +12,10 @@ sample) in one namespace, :func:`run`
    rounding, KKT verified; large NumPy batches in parts on one thread per core;
 4. **falls back** for the samples whose polish is refused after a rough start: solved again accurately
    (by the same backend, or by :func:`polyproj.backends.defaults.fallback_for` when the backend's
-   projections are starts only) and polished again; what is still refused keeps the backend's point
-   with an active set from both signals (slack or multiplier), with a warning.
+   projections are starts only) and polished again — after a start-only backend's start the polish
+   hands its last few CPU samples to the exact per-point fallback early (:func:`_handoff`); what is
+   still refused keeps the backend's point with an active set from both signals (slack or multiplier),
+   with a warning.
 
 Everything stays in the input's namespace and device; inequality rows are numbered as in
 :mod:`polyproj.polydata`.
@@ -100,7 +102,8 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     if not opts.polish:
         out = _unpolished_output(X, data, start, solver.name)
     else:
-        pol = _polish(X, data, start, opts, _rounds(opts, solver, start, X.shape[1]))
+        pol = _polish(X, data, start, opts, _rounds(opts, solver, start, X.shape[1]),
+                      handoff=_handoff(X, opts, solver, start))
         out = _output(data, start, pol, solver.name)
         out = _fall_back(X, data, solver, opts, start, out, flagged)
     if report is not None:
@@ -160,29 +163,52 @@ def _rounds(opts: PolishOptions, solver: Any, start: ProjectionStart, n: int) ->
     return 50
 
 
+def _handoff(X, opts: PolishOptions, solver: Any, start: ProjectionStart) -> int:
+    """Samples left by the polish of a start-only backend's start that go straight to the exact fallback.
+
+    A polish round on the few samples left costs a fixed ~2 ms (n 50) whatever their number, while the
+    exact per-point fallback (:func:`polyproj.backends.defaults.exact_points`) costs ~0.25 ms a sample and
+    ends on the exact face: once at most that many samples are left the rounds stop (0: no hand-off).
+    """
+    from ..backends.defaults import exact_points
+
+    if opts.max_rounds is not None or opts.fallback != "auto" or not (start.rough and solver.capabilities.start_only):
+        return 0
+    if not _on_cpu(X):
+        return 0
+    return exact_points(X.shape[1], _unified(solver.settings))
+
+
 def _polish_part(n: int) -> int:
     """Samples per polish part: ``POLISH_PART (100/n)²`` between 256 and 2048 (small faces need big parts)."""
     return int(min(2048, max(POLISH_PART, POLISH_PART * (100.0 / max(n, 1)) ** 2)))
 
 
 def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, rounds: int,
-            candidates: Any = None) -> PolishResult:
-    """The polish from the backend's start; NumPy batches in parts on one BLAS thread, one part per core."""
+            candidates: Any = None, handoff: int = 0) -> PolishResult:
+    """The polish from the backend's start; NumPy batches in parts on one BLAS thread, one part per core.
+
+    ``handoff``: the samples of the whole batch that may be left to the fallback once the rounds stop
+    early (:func:`polish`; shared out over the parts).
+    """
     xp = array_namespace(X)
     cand_tol = max(1e-7, 10.0 * start.accuracy)
     dist_tol = max(1e-9, start.dist_factor * start.accuracy)
+    numpy = is_numpy_namespace(xp)
+    slices = batch_parts(X.shape[0], _polish_part(X.shape[1])) if numpy else [slice(0, X.shape[0])]
+    share = handoff // len(slices)
 
     def part(sl):
         d = data if not data.batched else data.take(xp.arange(sl.start, sl.stop, device=_device(X)))
         cand = None if candidates is None else candidates[sl, ...]
         return polish(X[sl, ...], d, start.y[sl, ...], start.mult[sl, ...], cand_tol=cand_tol, dist_tol=dist_tol,
                       tol=opts.tol, max_iter=rounds, block_iter=opts.block_rounds, record=opts.record,
-                      candidates=cand)
+                      candidates=cand, handoff=share)
 
-    if not is_numpy_namespace(xp):
-        return part(slice(0, X.shape[0]))
+    if not numpy:
+        return part(slices[0])
     with small_blas():
-        parts = parallel_map(part, batch_parts(X.shape[0], _polish_part(X.shape[1])))
+        parts = parallel_map(part, slices)
     if len(parts) == 1:
         return parts[0]
     faces = []

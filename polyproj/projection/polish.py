@@ -169,8 +169,12 @@ def _sample_scale(xp, sc: _Scales, sig):
     return (sig * _rmax(xp, xp.concat([sc.rn1, sc.bn1], axis=1)) + _rmax(xp, xp.concat([rhs0, sc.bsum], axis=1)))[:, 0]
 
 
+#: rounds before the polish may hand the samples left to the caller's fallback (``handoff``)
+HANDOFF_AFTER = 2
+
+
 def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float, max_iter: int,
-           block_iter: int = 0, record: bool = False, candidates: Any = None) -> PolishResult:
+           block_iter: int = 0, record: bool = False, candidates: Any = None, handoff: int = 0) -> PolishResult:
     """Primal–dual active-set polish of a batch of projections (see the module docstring).
 
     Parameters
@@ -195,6 +199,9 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     candidates : (batch, m + 2n) bool, optional
         The first candidate rows (a warm start: e.g. the active sets of a previous step) instead of those
         the start's distances and multipliers give.
+    handoff : int
+        After :data:`HANDOFF_AFTER` rounds, stop once at most this many samples are left (0: never); they
+        are returned not accepted, for the caller to solve otherwise.
     """
     xp = array_namespace(X, data.A)
     sc = _scales(xp, X, data)
@@ -211,7 +218,8 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     state = _State.start(xp, X, data, S, Ystart)
     faces: list[FaceRecord] | None = [] if record else None
     for it in range(max_iter):
-        if not bool(xp.any(state.todo)):
+        left = int(xp.sum(xp.astype(state.todo, xp.int64)))
+        if left == 0 or (it >= HANDOFF_AFTER and left <= handoff):
             break
         _round(xp, state, X, data, sc, weak, tol, block=it < block_iter, faces=faces)
     return _finish(xp, state, X, data, sc, tol, faces)
