@@ -109,3 +109,65 @@ def test_proxsuite_batch_flags_unbounded_elements_per_element():
     batch = pp.get_backend("proxsuite", eps_abs=1e-9, max_iter=2000).solve_batch(qp, q=Q)
     assert batch.status[1] == pp.Status.DUAL_INFEASIBLE
     assert batch.status[0] == batch.status[2] == pp.Status.SOLVED
+
+
+def _projection_data(rng, n=12, m=20):
+    A = rng.normal(size=(m, n))
+    x0 = rng.normal(size=n)
+    a = A @ x0 + rng.uniform(0.1, 1.0, size=m)
+    B = rng.normal(size=(1, n))
+    return pp.Polyhedron(A=A, a=a, B=B, b=B @ x0, lb=x0 - 1.5, ub=x0 + 1.5), x0
+
+
+def test_daqp_projections_equal_its_guarded_solves(rng):
+    # DAQPSolver.solve_projections calls daqp per point on arrays built once; its starts are those of the
+    # guarded per-QP path (solve_on_host), point for point
+    pytest.importorskip("daqp")
+    from polyproj.backends.projection import solve_on_host
+    from polyproj.polydata import PolyData
+
+    P, x0 = _projection_data(rng)
+    d = PolyData.from_polyhedron(P)
+    X = x0 + 3.0 * rng.normal(size=(7, P.n))
+    solver = pp.get_backend("daqp")
+    fast, ref = solver.solve_projections(X, d), solve_on_host(solver, X, d)
+    assert fast.status == ref.status and all(s.ok for s in fast.status)
+    for f in ("y", "mult", "mu"):
+        assert np.max(np.abs(getattr(fast, f) - getattr(ref, f))) < 1e-9
+    res = pp.project(X, P, backend="daqp")  # and the pipeline polishes them to the exact projection
+    assert np.max(np.abs(res.y - pp.project(X, P, backend="proxsuite", eps_abs=1e-10).y)) < 1e-9
+    assert all(bool(v) for v in res.polished)
+
+
+def test_daqp_projections_far_from_unit_scale_and_time_limit(rng, monkeypatch):
+    pytest.importorskip("daqp")
+    from polyproj.backends import projection
+    from polyproj.polydata import PolyData
+
+    P, x0 = _projection_data(rng)
+    solver = pp.get_backend("daqp")
+    calls = []
+    real = projection.solve_on_host
+    monkeypatch.setattr(projection, "solve_on_host", lambda *a, **k: calls.append(1) or real(*a, **k))
+    big = PolyData(P.A * 1e9, P.a, P.B, P.b, P.lb, P.ub)  # rows at 1e9: the guard's normalisation path
+    solver.solve_projections(x0[None, :], big)
+    assert calls == [1]
+    late = pp.get_backend("daqp", time_limit=1e-12)  # every point after the first is not started
+    out = late.solve_projections(x0 + rng.normal(size=(3, P.n)), PolyData.from_polyhedron(P))
+    assert pp.Status.TIME_LIMIT in out.status and np.isnan(out.y[-1]).all()
+
+
+def test_daqp_unfinished_solve_has_no_multipliers(rng):
+    # DAQP's multipliers after its iteration limit vary from call to call (not defined): NaN, in both paths
+    pytest.importorskip("daqp")
+    from polyproj.polydata import PolyData
+
+    P, x0 = _projection_data(rng)
+    X = x0 + 3.0 * rng.normal(size=(4, P.n))
+    s = pp.get_backend("daqp", max_iter=1)
+    qp = pp.QP(P=np.eye(P.n), q=-X[0], C=np.vstack([P.A, P.B]), l=np.r_[np.full(P.A.shape[0], -np.inf), P.b],
+               u=np.r_[P.a, P.b], lb=P.lb, ub=P.ub)
+    sol = s.solve(qp)
+    assert sol.status == pp.Status.MAX_ITER and np.isnan(sol.z).all() and np.isnan(sol.z_box).all()
+    start = s.solve_projections(X, PolyData.from_polyhedron(P))
+    assert all(st == pp.Status.MAX_ITER for st in start.status) and not np.asarray(start.mult).any()

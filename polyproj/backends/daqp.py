@@ -76,6 +76,57 @@ class DAQPSolver(QPSolver):
                                      np.where(np.isfinite(lower), lower, -_INF), sense)
         return hit
 
+    def solve_projections(self, X: Any, data: Any, *, rough: bool = False) -> Any:
+        """Projections onto shared constraint data: ``daqp.solve`` per point on arrays built once.
+
+        The projection QP (``H = I``, ``f = −x``) changes only in ``f`` from point to point, so its DAQP
+        arrays are built (and validated, as a :class:`~polyproj.problem.QP`) once for the batch and each
+        point is one call of the solver. What the guard of :meth:`solve` adds per point is not needed here:
+        the pipeline verifies every answer by the exact polish (KKT), and data far from unit scale (which
+        the guard would normalise) take the generic path (:func:`~polyproj.backends.projection.solve_on_host`).
+        """
+        import daqp
+
+        from ..errors import SolverError
+        from ..solution import BatchSolution
+        from .projection import _host_data, _sample, projection_qp, solve_on_host, start_from_solution, to_host
+        from .scaling import plan
+
+        d = _host_data(data)
+        Xn = to_host(X)
+        if not d.shared_matrices or d.a.ndim == 2 or d.b.ndim == 2 or d.lb.ndim == 2 or d.ub.ndim == 2 or \
+                Xn.shape[0] == 0 or Xn.shape[1] == 0:
+            return solve_on_host(self, X, data, rough=rough)
+        qp = projection_qp(*_sample(d, 0), Xn[0])
+        if plan(qp, q=-Xn) is not None:
+            return solve_on_host(self, X, data, rough=rough)
+        t0 = time.perf_counter()
+        H, A, upper, lower, sense = self._data(qp)
+        kw = self._kwargs()
+        limit = self.settings["time_limit"]
+        N, n, rows = Xn.shape[0], qp.n, qp.m
+        x, lam = np.full((N, n), np.nan), np.zeros((N, n + rows))
+        status, its = [], np.zeros(N, dtype=np.int64)
+        for i in range(N):
+            if limit is not None and time.perf_counter() - t0 > limit:
+                status.append(Status.TIME_LIMIT)
+                continue
+            try:
+                xi, _, flag, info = daqp.solve(H, -Xn[i], A, upper, lower, sense.copy(), **kw)
+            except Exception as exc:  # the guard's rule: a backend's exception is a SolverError
+                raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
+            st = _STATUS.get(int(flag), Status.NUMERICAL_ERROR)
+            lam[i] = _multipliers(st, info)
+            if st.ok and not (np.isfinite(xi).all() and np.isfinite(lam[i]).all()):
+                st = Status.NUMERICAL_ERROR  # the guard's rule: a solved answer is finite
+            if st.ok or st in (Status.MAX_ITER, Status.TIME_LIMIT):
+                x[i] = xi
+            status.append(st)
+            its[i] = int(info["iterations"])
+        sol = BatchSolution(x=x, z=lam[:, n:], z_box=lam[:, :n], status=tuple(status), iterations=its,
+                            solve_time=time.perf_counter() - t0, backend=self.name)
+        return start_from_solution(sol, X, d.m, float(self.settings.get("eps_abs", 1e-8)))
+
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP with DAQP."""
         import daqp
@@ -93,10 +144,18 @@ class DAQPSolver(QPSolver):
         setup = time.perf_counter() - t0
         x, _, flag, info = daqp.solve(H, np.ascontiguousarray(qp.q), A, upper, lower, sense.copy(), **kw)
         status = _STATUS.get(int(flag), Status.NUMERICAL_ERROR)
-        lam = np.asarray(info["lam"], dtype=np.float64)
+        lam = _multipliers(status, info)
         x = np.array(x, dtype=np.float64)
         if not (status.ok or status in (Status.MAX_ITER, Status.TIME_LIMIT)):
             x = np.full(qp.n, np.nan)
         return Solution(x=x, z=lam[qp.n:], z_box=lam[:qp.n], status=status, iterations=int(info["iterations"]),
                         solve_time=float(info["solve_time"]), setup_time=setup, backend=self.name, qp=qp,
                         info={"raw_status": _NAMES.get(int(flag), str(flag))})
+
+
+def _multipliers(status: Status, info: dict) -> np.ndarray:
+    """DAQP's multipliers, NaN for a solve it did not finish (they then vary from call to call)."""
+    lam = np.array(info["lam"], dtype=np.float64)
+    if not status.ok:
+        lam[:] = np.nan
+    return lam

@@ -174,6 +174,8 @@ def _handoff(X, opts: PolishOptions, solver: Any, start: ProjectionStart) -> int
 
     if opts.max_rounds is not None or opts.fallback != "auto" or not (start.rough and solver.capabilities.start_only):
         return 0
+    if solver.settings.get("max_iter") is not None:  # the fallback inherits the limit: it may not be exact
+        return 0
     if not _on_cpu(X):
         return 0
     return exact_points(X.shape[1], _unified(solver.settings))
