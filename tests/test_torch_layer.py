@@ -556,6 +556,43 @@ def test_warm_start_from_the_previous_step_gives_the_same_projection(rng):
     np.testing.assert_allclose(y.numpy(), cold(torch.tensor(X[:5])).numpy(), atol=1e-10)
 
 
+def test_a_poor_warm_start_is_given_up_after_one_round(rng, monkeypatch):
+    """A guess far from the answers costs one polish round: its samples then go without it (the whole
+    pipeline, or DAQP per point when few are left); a good guess takes no backend solve at all."""
+    from polyproj.projection import pipeline, polish
+    from polyproj.sets import polyhedral
+
+    P = _polytope(rng, n=12, m=20, p=2)
+    X = 2.5 * rng.normal(size=(64, P.n))
+    near = X + 1e-6 * rng.normal(size=X.shape)
+    far = -X[::-1].copy()  # the same batch size, unrelated points
+    ref_near, ref_far = pp.project(near, P).y, pp.project(far, P).y
+    layer = ProjectionLayer(P, warm_start=True, backend="admm")
+    layer(torch.tensor(X))
+    rounds, runs = [], []
+    real_round, real_run = polish._round, pipeline.run
+
+    def count_round(xp, state, *a, **k):
+        rounds.append(int(xp.sum(xp.astype(state.todo, xp.int64))))
+        return real_round(xp, state, *a, **k)
+
+    def count_run(X, *a, **k):
+        runs.append((X.shape[0], k.get("warm") is not None))
+        return real_run(X, *a, **k)
+
+    monkeypatch.setattr(polish, "_round", count_round)
+    monkeypatch.setattr(pipeline, "run", count_run)
+    monkeypatch.setattr(polyhedral, "run", count_run)
+    y = layer(torch.tensor(near))
+    np.testing.assert_allclose(y.numpy(), ref_near, atol=1e-10)
+    assert runs == [(64, True)] and rounds == [64]  # verified from the guess in one round, no backend solve
+    rounds.clear(), runs.clear()
+    y = layer(torch.tensor(far))
+    np.testing.assert_allclose(y.numpy(), ref_far, atol=1e-10)
+    assert rounds[1] > pipeline.WARM_GIVE_UP * 64  # the guess is useless for these points ...
+    assert runs[1] == (rounds[1], False)  # ... so after one round they go through the pipeline without it
+
+
 @pytest.mark.parametrize("make", [lambda: pp.sets.Simplex(5), lambda: pp.Polyhedron(B=np.ones((1, 5)), b=[1.0],
                                                                                       lb=np.zeros(5))],
                          ids=["simplex", "polyhedron"])

@@ -136,23 +136,39 @@ def _scaled(data: PolyData, f: float) -> PolyData:
 
 #: polish rounds a warm start may take before its samples go through the whole pipeline
 WARM_ROUNDS = 4
+#: share of the batch left after a warm start's first round beyond which the guess is given up at once
+WARM_GIVE_UP = 0.75
 
 
 def _warm(X, data: PolyData, solver, opts: PolishOptions, warm) -> PipelineOutput:
-    """The polish from guessed active sets; the samples it does not verify go through :func:`run`."""
+    """The polish from guessed active sets; the samples it does not verify are solved without the guess.
+
+    A guess far from the answers (more than :data:`WARM_GIVE_UP` of the samples unverified after the
+    first round) is given up at once: corrections of many wrong rows at a time meet inconsistent faces
+    and cost several cold solves. What is left goes to the exact per-point fallback when few enough
+    samples are (:func:`_handoff`), else through the whole pipeline.
+    """
     xp = array_namespace(X)
     batch = X.shape[0]
     zeros = xp.zeros((batch, data.m + 2 * data.n), dtype=X.dtype, device=_device(X))
     start = ProjectionStart(X, zeros, xp.zeros((batch, data.p), dtype=X.dtype, device=_device(X)),
                             (Status.SOLVED_INACCURATE,) * batch, 1e-3, rough=True)
     rounds = WARM_ROUNDS if opts.max_rounds is None else min(WARM_ROUNDS, int(opts.max_rounds))
+    handoff = _handoff(X, opts, solver)
     # the guess is wrong on a few rows at most: the first correction changes all of them at once
-    pol = _polish(X, data, start, replace(opts, block_rounds=max(opts.block_rounds, 1)), rounds, candidates=warm)
+    pol = _polish(X, data, start, replace(opts, block_rounds=max(opts.block_rounds, 1)), rounds, candidates=warm,
+                  handoff=handoff, give_up=WARM_GIVE_UP)
     out = _output(data, start, pol, solver.name)
     if bool(xp.all(out.polished)):
         return out
     idx = xp.nonzero(~out.polished)[0]
-    return _merge(xp, out, idx, run(xp.take(X, idx, axis=0), data.take(idx), solver, opts))
+    Xs, ds = xp.take(X, idx, axis=0), data.take(idx)
+    if int(idx.shape[0]) <= handoff:
+        from ..backends.defaults import EXACT_FALLBACK
+        from ..registry import get_backend
+
+        return _merge(xp, out, idx, run(Xs, ds, get_backend(EXACT_FALLBACK, **_unified(solver.settings)), opts))
+    return _merge(xp, out, idx, run(Xs, ds, solver, opts))
 
 
 def _rounds(opts: PolishOptions, solver: Any, start: ProjectionStart, n: int) -> int:
@@ -163,20 +179,22 @@ def _rounds(opts: PolishOptions, solver: Any, start: ProjectionStart, n: int) ->
     return 50
 
 
-def _handoff(X, opts: PolishOptions, solver: Any, start: ProjectionStart) -> int:
-    """Samples left by the polish of a start-only backend's start that go straight to the exact fallback.
+def _handoff(X, opts: PolishOptions, solver: Any, start: ProjectionStart | None = None) -> int:
+    """Samples left by the polish that go straight to the exact per-point fallback (0: none).
 
     A polish round on the few samples left costs a fixed ~2 ms (n 50) whatever their number, while the
     exact per-point fallback (:func:`polyproj.backends.defaults.exact_points`) costs ~0.25 ms a sample and
-    ends on the exact face: once at most that many samples are left the rounds stop (0: no hand-off).
+    ends on the exact face: once at most that many samples are left the rounds stop. After a backend's
+    start (``start`` given) only a start-only backend's rough start is handed off (an accurate backend's
+    refused points are its own to solve again); a warm start's always are.
     """
     from ..backends.defaults import exact_points
 
-    if opts.max_rounds is not None or opts.fallback != "auto" or not (start.rough and solver.capabilities.start_only):
+    if opts.max_rounds is not None or opts.fallback != "auto" or not _on_cpu(X):
+        return 0
+    if start is not None and not (start.rough and solver.capabilities.start_only):
         return 0
     if solver.settings.get("max_iter") is not None:  # the fallback inherits the limit: it may not be exact
-        return 0
-    if not _on_cpu(X):
         return 0
     return exact_points(X.shape[1], _unified(solver.settings))
 
@@ -187,11 +205,11 @@ def _polish_part(n: int) -> int:
 
 
 def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, rounds: int,
-            candidates: Any = None, handoff: int = 0) -> PolishResult:
+            candidates: Any = None, handoff: int = 0, give_up: float = 1.0) -> PolishResult:
     """The polish from the backend's start; NumPy batches in parts on one BLAS thread, one part per core.
 
     ``handoff``: the samples of the whole batch that may be left to the fallback once the rounds stop
-    early (:func:`polish`; shared out over the parts).
+    early, ``give_up``: see :func:`polish` (shared out over the parts).
     """
     xp = array_namespace(X)
     cand_tol = max(1e-7, 10.0 * start.accuracy)
@@ -205,7 +223,7 @@ def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, roun
         cand = None if candidates is None else candidates[sl, ...]
         return polish(X[sl, ...], d, start.y[sl, ...], start.mult[sl, ...], cand_tol=cand_tol, dist_tol=dist_tol,
                       tol=opts.tol, max_iter=rounds, block_iter=opts.block_rounds, record=opts.record,
-                      candidates=cand, handoff=share)
+                      candidates=cand, handoff=share, give_up=give_up)
 
     if not numpy:
         return part(slices[0])

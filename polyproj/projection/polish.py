@@ -174,7 +174,8 @@ HANDOFF_AFTER = 2
 
 
 def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float, max_iter: int,
-           block_iter: int = 0, record: bool = False, candidates: Any = None, handoff: int = 0) -> PolishResult:
+           block_iter: int = 0, record: bool = False, candidates: Any = None, handoff: int = 0,
+           give_up: float = 1.0) -> PolishResult:
     """Primal–dual active-set polish of a batch of projections (see the module docstring).
 
     Parameters
@@ -202,6 +203,9 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     handoff : int
         After :data:`HANDOFF_AFTER` rounds, stop once at most this many samples are left (0: never); they
         are returned not accepted, for the caller to solve otherwise.
+    give_up : float
+        After the first round, stop when more than this share of the samples is left (a poor warm start;
+        1: never).
     """
     xp = array_namespace(X, data.A)
     sc = _scales(xp, X, data)
@@ -219,7 +223,7 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     faces: list[FaceRecord] | None = [] if record else None
     for it in range(max_iter):
         left = int(xp.sum(xp.astype(state.todo, xp.int64)))
-        if left == 0 or (it >= HANDOFF_AFTER and left <= handoff):
+        if left == 0 or (it >= HANDOFF_AFTER and left <= handoff) or (it == 1 and left > give_up * X.shape[0]):
             break
         _round(xp, state, X, data, sc, weak, tol, block=it < block_iter, faces=faces)
     return _finish(xp, state, X, data, sc, tol, faces)
