@@ -43,7 +43,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from ..linalg import cho_solve, cholesky
+from ..linalg import cho_solve, cholesky, entrywise, small_cho_solve, small_cholesky
 from ..projection.faces import put_rows
 
 __all__ = ["Dual", "DualSystem", "Sums", "newton", "polish"]
@@ -169,7 +169,7 @@ class DualSystem:
             dg = xp.linalg.diagonal(S)
             d = 1.0 / xp.sqrt(xp.where(dg > 0, dg, xp.ones_like(dg)))
             S = S * d[:, :, None] * d[:, None, :]
-        L, ok = cholesky(xp, S)
+        L, ok = (small_cholesky if entrywise(S.shape[0], m) else cholesky)(xp, S)
         if check:
             ok = ok & xp.all(xp.linalg.diagonal(L) >= eps_of(xp, S.dtype) ** 0.25, axis=1)
         eig = None
@@ -194,7 +194,7 @@ class DualSystem:
         rhs = rhs[:, : c - 1] if self.fv is None else rhs * self.fv
         if self.d is not None:
             rhs = rhs * self.d
-        s = cho_solve(xp, self.L, rhs)
+        s = (small_cho_solve if entrywise(*self.L.shape[:2]) else cho_solve)(xp, self.L, rhs)
         if self.eig is not None:
             e = self.eig
             qt = xp.sum(e.Q * xp.take(rhs, e.idx, axis=0)[:, :, None], axis=1) * e.inv  # Λ⁺ Qᵀ ρ
