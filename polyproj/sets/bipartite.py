@@ -20,7 +20,8 @@ last column's multiplier is fixed at 0 (``v_c = 0``, the row :meth:`Birkhoff.as_
   variables not held at their bound (Bertsekas' ε-active set), ``μ = min(1, ‖res‖)`` (LST's
   regularisation), an Armijo search along the projection arc. ``V_F`` is solved through its Schur
   complement on the columns (``u`` is eliminated: ``diag r`` is diagonal), a ``c × c`` (or ``c+1``)
-  batched Cholesky: the whole batch advances in a few array operations per step.
+  batched Cholesky (entry by entry for small systems and large batches, :func:`polyproj.linalg.entrywise`):
+  the whole batch advances in a few array operations per step.
 * **Exact face** (:func:`polish`): the support ``Ω`` and the dual rows held as equations ``D`` define a
   face; the correction ``V_D δy = −∇φ_D`` (``μ = 0``) makes its equations exact, then the KKT conditions
   are verified — ``X >= 0`` on the support, ``Z <= 0`` off it (the multipliers ``λ = −Z`` of the zero
