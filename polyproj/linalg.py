@@ -21,7 +21,7 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
-__all__ = ["cho_solve", "cholesky", "tri_inv"]
+__all__ = ["SMALL", "cho_solve", "cholesky", "entrywise", "small_cho_solve", "small_cholesky", "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
 
@@ -138,6 +138,75 @@ def _own_contiguous(a: np.ndarray) -> np.ndarray:
     """``a`` C-contiguous and writeable (torch.from_numpy warns on read-only memory): copied if needed."""
     a = np.ascontiguousarray(a)
     return a if a.flags.writeable else a.copy()
+
+
+#: matrices up to this order may be factored entry by entry (:func:`small_cholesky`)
+SMALL = 8
+
+
+def entrywise(b: int, n: int) -> bool:
+    """True when a batch of ``b`` matrices ``n × n`` is factored faster entry by entry than per matrix.
+
+    The entrywise recurrence costs a fixed ``O(n³)`` array operations (≈ 0.1–0.3 ms each at any batch
+    up to ~1e5), LAPACK a call per matrix (≈ 0.3–0.6 µs each for ``n <= 8``): the crossover, measured on
+    torch CPU, lies near ``b ≈ 250 n``.
+    """
+    return n <= SMALL and b >= 256 * n
+
+
+def small_cholesky(xp: Any, K: Any) -> tuple[Any, Any]:
+    """:func:`cholesky` of a large batch of small matrices, one array operation over the batch per step.
+
+    The unblocked Cholesky–Banachiewicz recurrence ``l_jj = √(k_jj − Σ_p l_jp²)``,
+    ``l_ij = (k_ij − Σ_p l_ip l_jp) / l_jj`` written on the entries ``K[:, i, j]`` (each a vector over the
+    batch): ``n(n+1)/2`` entries of a few operations each instead of one LAPACK call per matrix (same
+    arithmetic as LAPACK's unblocked kernel). A pivot that is not positive (or NaN) marks the matrix as
+    failed (``ok`` False); its factor is the identity. Only the lower triangle of ``K`` is read.
+    """
+    b, n = K.shape[0], K.shape[-1]
+    tiny = float(np.finfo(np.float32 if K.dtype == xp.float32 else np.float64).tiny)
+    F = xp.zeros((b, n, n), dtype=K.dtype, device=_device(K))
+    L: list[list[Any]] = [[None] * n for _ in range(n)]
+    low = None  # the smallest pivot (NaN propagates)
+    for j in range(n):
+        d = K[:, j, j]
+        for p in range(j):
+            d = d - L[j][p] * L[j][p]
+        low = d if low is None else xp.minimum(low, d)
+        ljj = xp.sqrt(xp.clip(d, min=tiny))  # finite for a failed pivot: that factor is replaced below
+        L[j][j] = F[:, j, j] = ljj
+        inv = 1.0 / ljj
+        for i in range(j + 1, n):
+            e = K[:, i, j]
+            for p in range(j):
+                e = e - L[i][p] * L[j][p]
+            L[i][j] = F[:, i, j] = e * inv
+    ok = low > 0
+    if not bool(xp.all(ok)):
+        F = xp.where(ok[:, None, None], F, xp.eye(n, dtype=K.dtype, device=_device(K)))
+    return F, ok
+
+
+def small_cho_solve(xp: Any, L: Any, r: Any) -> Any:
+    """``x`` (b, n) with ``L Lᵀ x = r`` for a batch of small factors (as :func:`small_cholesky`).
+
+    Forward and backward substitution on the entries, one array operation over the batch per term.
+    """
+    n = L.shape[-1]
+    inv = [1.0 / L[:, i, i] for i in range(n)]
+    y: list[Any] = []
+    for i in range(n):
+        e = r[:, i]
+        for p in range(i):
+            e = e - L[:, i, p] * y[p]
+        y.append(e * inv[i])
+    x: list[Any] = [None] * n
+    for i in range(n - 1, -1, -1):
+        e = y[i]
+        for p in range(i + 1, n):
+            e = e - L[:, p, i] * x[p]
+        x[i] = e * inv[i]
+    return xp.stack(x, axis=1)
 
 
 def tri_inv(xp: Any, L: Any) -> Any:

@@ -105,3 +105,24 @@ def test_read_only_inputs_are_solved_without_warnings(rng, recwarn):
     X = cho_solve(xnp, L, R)
     np.testing.assert_allclose(K @ X, R, rtol=0, atol=1e-10)
     assert not [w for w in recwarn if "writable" in str(w.message)]
+
+
+@pytest.mark.parametrize("xp", [xnp, xtorch], ids=["numpy", "torch"])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_entrywise_cholesky_and_solve_match_the_per_matrix_kernels(rng, xp, n):
+    from polyproj.linalg import small_cho_solve, small_cholesky
+
+    K = _spd_batch(rng, 50, n, bad=(4, 31))
+    if n == 1:
+        K[4] = K[31] = -1.0
+    K[7] = np.nan
+    Kx = K if xp is xnp else torch.from_numpy(K)
+    L, ok = small_cholesky(xp, Kx)
+    L0, ok0 = cholesky(xp, Kx)
+    assert np.asarray(ok).tolist() == np.asarray(ok0).tolist() == [i not in (4, 7, 31) for i in range(50)]
+    L, L0 = np.asarray(L), np.asarray(L0)
+    np.testing.assert_allclose(L, L0, rtol=0, atol=1e-12)  # failures: the identity in both
+    R = rng.standard_normal((50, n))
+    as_xp = (lambda a: a) if xp is xnp else torch.from_numpy
+    X = np.asarray(small_cho_solve(xp, as_xp(L), as_xp(R)))
+    np.testing.assert_allclose(X, np.asarray(cho_solve(xnp, L0, R[:, :, None]))[:, :, 0], rtol=0, atol=1e-12)

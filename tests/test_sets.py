@@ -28,6 +28,9 @@ SETS = {
 }
 
 
+MATRIX_SETS = [k for k in sorted(SETS) if k.startswith(("birkhoff", "matching"))]
+
+
 def _inputs(S, rng, count: int = 24) -> np.ndarray:
     """Random points at three scales, ties, points on the set (projections), exact bound values."""
     n = S.n
@@ -63,6 +66,42 @@ def test_equals_the_generic_qp_projection_and_satisfies_kkt(name, rng):
         slack = P.ineq_slack(Y[i])[0]
         assert np.all(np.abs(slack[res.active[i]]) <= 1e-12 * scale[i]), "an active row off its bound"
     assert res.max_violation <= 1e-12 * scale.max()
+
+
+@pytest.mark.parametrize("name", MATRIX_SETS)
+def test_matrix_sets_factored_entrywise_equal_the_per_matrix_factors(name, rng, monkeypatch):
+    """Both factorisations of the small systems: the same projection and backward, KKT multipliers.
+
+    The multipliers agree where they are unique (not ``dependent``: there they are one choice among many,
+    which rounding moves).
+    """
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+    from polyproj.linalg import SMALL
+
+    S = SETS[name]()
+    P = S.as_polyhedron()
+    X = _inputs(S, rng)
+    V = rng.normal(size=X.shape)
+    out = []
+    for entrywise in (False, True):
+        monkeypatch.setattr("polyproj.sets.bipartite.entrywise", lambda b, n, e=entrywise: e and n <= SMALL)
+        res = S.project(X)
+        x = torch.tensor(X, requires_grad=True)
+        (project(x, S).reshape(X.shape) * torch.tensor(V)).sum().backward()
+        out.append((np.asarray(res.y).reshape(X.shape), x.grad.numpy(), res))
+    scale = 1.0 + np.abs(X).max(axis=1, keepdims=True)
+    for a, b in zip(out[0][:2], out[1][:2], strict=True):
+        np.testing.assert_array_less(np.abs(a - b) / scale, 1e-10)
+    res, unique = out[1][2], ~np.asarray(out[0][2].degenerate.dependent)
+    dm = np.abs(np.asarray(res.multipliers) - np.asarray(out[0][2].multipliers))[unique]
+    np.testing.assert_array_less(dm / scale[unique] ** 2, 1e-10)
+    for i in range(X.shape[0]):  # KKT from scratch of the entrywise results
+        r = kkt_residuals(P, X[i], out[1][0][i], np.asarray(res.multipliers[i]))
+        assert max(r.values()) <= 1e-10 * scale[i, 0] ** 2, (name, i, r)
+    res = S.project(X.astype(np.float32))  # entrywise, float32: feasible to float32 rounding
+    viol = S.as_polyhedron().violation(np.asarray(res.y, dtype=np.float64).reshape(X.shape))
+    assert np.all(viol <= 8 * np.sqrt(S.n) * np.finfo(np.float32).eps * scale[:, 0]), viol.max()
 
 
 @pytest.mark.parametrize("name", ["birkhoff-4", "capped-6", "matching-3x4"])

@@ -20,7 +20,8 @@ last column's multiplier is fixed at 0 (``v_c = 0``, the row :meth:`Birkhoff.as_
   variables not held at their bound (Bertsekas' ε-active set), ``μ = min(1, ‖res‖)`` (LST's
   regularisation), an Armijo search along the projection arc. ``V_F`` is solved through its Schur
   complement on the columns (``u`` is eliminated: ``diag r`` is diagonal), a ``c × c`` (or ``c+1``)
-  batched Cholesky: the whole batch advances in a few array operations per step.
+  batched Cholesky (entry by entry for small systems and large batches, :func:`polyproj.linalg.entrywise`):
+  the whole batch advances in a few array operations per step.
 * **Exact face** (:func:`polish`): the support ``Ω`` and the dual rows held as equations ``D`` define a
   face; the correction ``V_D δy = −∇φ_D`` (``μ = 0``) makes its equations exact, then the KKT conditions
   are verified — ``X >= 0`` on the support, ``Z <= 0`` off it (the multipliers ``λ = −Z`` of the zero
@@ -43,7 +44,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from ..linalg import cho_solve, cholesky
+from ..linalg import cho_solve, cholesky, entrywise, small_cho_solve, small_cholesky
 from ..projection.faces import put_rows
 
 __all__ = ["Dual", "DualSystem", "Sums", "newton", "polish"]
@@ -97,9 +98,33 @@ def z_of(C: Any, y: Dual, has_w: bool = True) -> Any:
     return Z - y.w[:, :, None] if has_w else Z
 
 
+def row_sums(xp: Any, A: Any) -> Any:
+    """``A1`` (b, r) of a batch (b, r, c).
+
+    A matrix–vector product: one BLAS call over the whole batch (torch's reduction over a short axis
+    is several times slower on CPU).
+    """
+    return xp.matmul(A, xp.ones((A.shape[2],), dtype=A.dtype, device=_device(A)))
+
+
+def line_sums(xp: Any, A: Any) -> tuple[Any, Any]:
+    """``(A1, Aᵀ1)`` of a batch (b, r, c).
+
+    One product of the flattened matrices with the 0/1 indicators ``(rc, r + c)`` of the rows and columns.
+    """
+    b, r, c = A.shape
+    dev = _device(A)
+    ind = xp.concat([xp.reshape(xp.broadcast_to(xp.eye(r, dtype=A.dtype, device=dev)[:, None, :], (r, c, r)),
+                                (r * c, r)),
+                     xp.reshape(xp.broadcast_to(xp.eye(c, dtype=A.dtype, device=dev)[None, :, :], (r, c, c)),
+                                (r * c, c))], axis=1)
+    both = xp.matmul(xp.reshape(A, (b, r * c)), ind)
+    return both[:, :r], both[:, r:]
+
+
 def slacks(xp: Any, X: Any, S: Sums) -> tuple[Any, Any, Any]:
     """``∇φ = (1 − X1, 1 − Xᵀ1, α − ΣX)`` (the last zero without a total row)."""
-    rs, cs = xp.sum(X, axis=2), xp.sum(X, axis=1)
+    rs, cs = line_sums(xp, X)
     gw = (S.total - xp.sum(rs, axis=1, keepdims=True)) if S.has_w else xp.zeros_like(rs[:, :1])
     return 1.0 - rs, 1.0 - cs, gw
 
@@ -143,14 +168,14 @@ class DualSystem:
         regularised Newton system (``μ > 0``) is positive definite and skips both.
         """
         xp = array_namespace(omega)
-        rr = xp.sum(omega, axis=2)
+        rr, cc = line_sums(xp, omega)
         den = rr + mu
         a = 1.0 / xp.where(den > 0, den, xp.ones_like(den))
         a = xp.where(den > 0, a, xp.zeros_like(a)) if fu is None else xp.where((fu > 0) & (den > 0), a,
                                                                               xp.zeros_like(a))
         om = omega[:, :, :-1] if fv is None else omega
         W = om * a[:, :, None]
-        cc = xp.sum(om, axis=1)
+        cc = cc[:, :-1] if fv is None else cc
         S = -xp.matmul(xp.matrix_transpose(W), om)  # diag(c + μ) − Ωᵀ diag(a) Ω
         if has_w:
             sw = cc - xp.sum(W * rr[:, :, None], axis=1)  # c − Ωᵀ (a ⊙ r)
@@ -169,7 +194,7 @@ class DualSystem:
             dg = xp.linalg.diagonal(S)
             d = 1.0 / xp.sqrt(xp.where(dg > 0, dg, xp.ones_like(dg)))
             S = S * d[:, :, None] * d[:, None, :]
-        L, ok = cholesky(xp, S)
+        L, ok = (small_cholesky if entrywise(S.shape[0], m) else cholesky)(xp, S)
         if check:
             ok = ok & xp.all(xp.linalg.diagonal(L) >= eps_of(xp, S.dtype) ** 0.25, axis=1)
         eig = None
@@ -188,13 +213,13 @@ class DualSystem:
         om, a = self.omega, self.a
         c = om.shape[2]
         ar = a * ru
-        rhs = rv - xp.sum(om * ar[:, :, None], axis=1)  # ρ_v − Ωᵀ (a ⊙ ρ_u)
+        rhs = rv - line_sums(xp, om * ar[:, :, None])[1]  # ρ_v − Ωᵀ (a ⊙ ρ_u)
         if self.has_w:
             rhs = xp.concat([rhs, rw - xp.sum(ar * self.rr, axis=1, keepdims=True)], axis=1)
         rhs = rhs[:, : c - 1] if self.fv is None else rhs * self.fv
         if self.d is not None:
             rhs = rhs * self.d
-        s = cho_solve(xp, self.L, rhs)
+        s = (small_cho_solve if entrywise(*self.L.shape[:2]) else cho_solve)(xp, self.L, rhs)
         if self.eig is not None:
             e = self.eig
             qt = xp.sum(e.Q * xp.take(rhs, e.idx, axis=0)[:, :, None], axis=1) * e.inv  # Λ⁺ Qᵀ ρ
@@ -207,7 +232,7 @@ class DualSystem:
             s = s * self.fv
             dv = s[:, :c]
         dw = s[:, c:] if self.has_w else xp.zeros_like(ru[:, :1])
-        du = a * (ru - xp.sum(om * dv[:, None, :], axis=2) - self.rr * dw)
+        du = a * (ru - row_sums(xp, om * dv[:, None, :]) - self.rr * dw)
         return du, dv, dw
 
     @property
@@ -219,7 +244,7 @@ class DualSystem:
         """``J g`` (b, r, c): ``g`` on the support minus ``A_Dᵀ V_D⁺ A_D (g⊙Ω)`` (``μ = 0`` systems)."""
         xp = array_namespace(G)
         Gm = G * self.omega
-        ru, rv = xp.sum(Gm, axis=2), xp.sum(Gm, axis=1)
+        ru, rv = line_sums(xp, Gm)
         rw = xp.sum(ru, axis=1, keepdims=True)
         du, dv, dw = self.solve(ru, rv, rw)
         return Gm - self.omega * (du[:, :, None] + dv[:, None, :] + dw[:, :, None])
@@ -253,7 +278,7 @@ def _phi(xp: Any, Z: Any, y: Dual, S: Sums) -> tuple[Any, Any]:
     """``(φ(y), Z₊)``."""
     X = xp.clip(Z, min=0.0)
     Xf = xp.reshape(X, (X.shape[0], -1))
-    val = 0.5 * xp.vecdot(Xf, Xf)[:, None]
+    val = 0.5 * xp.matmul(Xf * Xf, xp.ones((Xf.shape[1], 1), dtype=Xf.dtype, device=_device(Xf)))
     val = val + xp.sum(y.u, axis=1, keepdims=True) + xp.sum(y.v, axis=1, keepdims=True)
     return val + (S.total * y.w if S.has_w else 0.0), X
 
@@ -302,7 +327,7 @@ def start(xp: Any, C: Any, S: Sums) -> Dual:
     if not S.equality:
         z = xp.zeros((b, r), dtype=C.dtype, device=_device(C))
         return Dual(z, xp.zeros((b, c), dtype=C.dtype, device=_device(C)), z[:, :1])
-    rs, cs = xp.sum(C, axis=2), xp.sum(C, axis=1)
+    rs, cs = line_sums(xp, C)
     half = (xp.sum(rs, axis=1, keepdims=True) - r) / (2.0 * r)  # Σu = Σv (square: r = c)
     u, v = (rs - 1.0 - half) / c, (cs - 1.0 - half) / r
     return Dual(u + v[:, -1:], v - v[:, -1:], xp.zeros_like(u[:, :1]))  # v_c = 0

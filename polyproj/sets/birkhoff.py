@@ -22,7 +22,7 @@ from ..problem import Polyhedron
 from ..projection.faces import put_rows
 from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector
-from .bipartite import DualSystem, FaceSolution, NewtonOptions, Sums, eps_of, newton, polish, z_of
+from .bipartite import DualSystem, FaceSolution, NewtonOptions, Sums, eps_of, line_sums, newton, polish, z_of
 
 __all__ = ["Birkhoff", "SumsProjector"]
 
@@ -152,7 +152,7 @@ class SumsProjector(Projector):
 
     def _violation(self, xp: Any, X: Any) -> Any:
         S = self.sums
-        rs, cs = xp.sum(X, axis=2), xp.sum(X, axis=1)
+        rs, cs = line_sums(xp, X)
         if S.equality:
             parts = [xp.abs(rs - 1.0), xp.abs(cs - 1.0)]
         else:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ProblemError
 from ..problem import Polyhedron
-from .bipartite import FaceSolution, Sums
+from .bipartite import FaceSolution, Sums, line_sums
 from .birkhoff import SumsProjector
 
 __all__ = ["PartialMatching"]
@@ -85,7 +85,7 @@ class PartialMatching(SumsProjector):
         X = face.X
         eps = float(np.finfo(np.float32 if X.dtype == xp.float32 else np.float64).eps)
         tol = 2.0 * (self.rows + self.cols) * eps * (1.0 + self.max_matches if self.max_matches else 2.0)
-        rs, cs = xp.sum(X, axis=2), xp.sum(X, axis=1)
+        rs, cs = line_sums(xp, X)
         out = [face.rows[0] | (rs >= 1.0 - tol), face.rows[1] | (cs >= 1.0 - tol)]
         if self.max_matches is not None:
             tot = xp.sum(rs, axis=1, keepdims=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError
@@ -121,24 +121,12 @@ class CappedSimplex(Projector):
         t = self._totals(X)
         U = self.upper
         th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
-        theta = th.theta
-        D = X - theta
-        if U == float("inf"):
-            Y = xp.clip(D, min=0.0)
-            fixed = D <= 0
-            active, mult = fixed, xp.concat([Y - D, theta], axis=1)  # Y − D = max(θ − x, 0)
-        else:
-            Y = xp.clip(D, min=0.0, max=U)
-            at_lb, at_ub = D <= 0, D >= U
-            fixed = at_lb | at_ub
-            lam = Y - D  # θ − x at zero, −(x − θ − u) at the cap, 0 between
-            active = xp.concat([at_lb, at_ub], axis=1)
-            mult = xp.concat([xp.clip(lam, min=0.0), -xp.clip(lam, max=0.0), theta], axis=1)
+        Y, active, mult = _outputs(xp, X, th.theta, U)
         viol = xp.abs(xp.sum(Y, axis=1) - t[:, 0])
         # weakly active: a coordinate at a breakpoint (x_i − θ ∈ {0, u}); dependent: no free coordinate
-        # (the sum row is then a combination of the bound rows)
-        return self.result(X, Y, active, mult, violation=viol, face=fixed,
-                           degenerate=Degeneracy(th.near, xp.all(fixed, axis=1)))
+        # (the sum row is then a combination of the bound rows). The face is the active set.
+        return self.result(X, Y, active, mult, violation=viol, face=active,
+                           degenerate=Degeneracy(th.near, ~th.free))
 
     def _weak_tol(self, xp: Any, dtype: Any, t: Any):
         """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + u + t)`` (a function of θ)."""
@@ -149,8 +137,9 @@ class CappedSimplex(Projector):
     def vjp(self, result: ProjectionResult, G: Any) -> Any:
         """``J g = f ⊙ (g − mean_F g)`` on the free coordinates ``F`` (zero where none is free)."""
         xp = array_namespace(G)
-        Gf = xp.where(result.face, xp.zeros_like(G), G)
-        return xp.where(result.face, Gf, Gf - _free_mean(xp, result.face, Gf))
+        fixed = _fixed(result.face, self._n)
+        Gf = xp.where(fixed, xp.zeros_like(G), G)
+        return xp.where(fixed, Gf, Gf - _free_mean(xp, fixed, Gf))
 
     # ------------------------------------------------------------------ the total as a parameter
     def parameters(self) -> dict[str, Any]:
@@ -170,11 +159,69 @@ class CappedSimplex(Projector):
         if "total" not in names:
             return {}
         xp = array_namespace(G)
-        return {"total": _free_mean(xp, result.face, xp.where(result.face, xp.zeros_like(G), G))[:, 0]}
+        fixed = _fixed(result.face, self._n)
+        return {"total": _free_mean(xp, fixed, xp.where(fixed, xp.zeros_like(G), G))[:, 0]}
 
     def __repr__(self) -> str:
         t = "per sample" if self.per_sample else f"{self.total:g}"
         return f"{type(self).__name__}(n={self._n}, total={t}, upper={self.upper:g})"
+
+
+def _outputs(xp: Any, X: Any, theta: Any, upper: float) -> tuple[Any, Any, Any]:
+    """``(y, active, multipliers)`` of the threshold ``θ`` (b, 1).
+
+    ``y = clip(x − θ, 0, u)``; active: ``θ − x >= 0`` (at zero), ``x − θ >= u`` (at the cap); multipliers
+    ``max(θ − x, 0)``, ``max(x − θ − u, 0)`` and ``θ`` (``fl(θ − x) = −fl(x − θ)`` exactly, so both sides
+    agree on every entry). NumPy, PyTorch and CuPy write them into the result arrays in place (``out=``):
+    at large batches a fresh array costs more in page faults than the arithmetic that fills it.
+    """
+    b, n = X.shape
+    capped = upper != float("inf")
+    mod = _inplace_module(xp)
+    if mod is None:
+        D = X - theta
+        Y = xp.clip(D, min=0.0, max=upper) if capped else xp.clip(D, min=0.0)
+        low = xp.clip(-D, min=0.0)
+        if not capped:
+            return Y, D <= 0, xp.concat([low, theta], axis=1)
+        return Y, xp.concat([D <= 0, D >= upper], axis=1), xp.concat([low, xp.clip(D - upper, min=0.0), theta],
+                                                                         axis=1)
+    m = 2 * n if capped else n
+    mult = xp.empty((b, m + 1), dtype=X.dtype, device=_device(X))
+    active = xp.empty((b, m), dtype=xp.bool, device=_device(X))
+    low = mult[:, :n]
+    mod.subtract(theta, X, out=low)  # θ − x
+    mod.greater_equal(low, 0.0, out=active[:, :n])
+    mod.clip(low, 0.0, None, out=low)
+    mult[:, m:] = theta
+    Y = X - theta
+    if capped:
+        high = mult[:, n:m]
+        mod.greater_equal(Y, upper, out=active[:, n:])
+        mod.subtract(Y, upper, out=high)
+        mod.clip(high, 0.0, None, out=high)
+    mod.clip(Y, 0.0, upper if capped else None, out=Y)
+    return Y, active, mult
+
+
+def _inplace_module(xp: Any) -> Any:
+    """The array module whose ufuncs take ``out=`` (NumPy, torch, CuPy), else None."""
+    if is_numpy_namespace(xp):
+        return np
+    if is_torch_namespace(xp):
+        import torch
+
+        return torch
+    if is_cupy_namespace(xp):
+        import importlib
+
+        return importlib.import_module("cupy")
+    return None
+
+
+def _fixed(active: Any, n: int) -> Any:
+    """Coordinates at a bound (b, n) from the active rows: (b, n) at zero, or (b, 2n) at zero and at the cap."""
+    return active if active.shape[1] == n else active[:, :n] | active[:, n:]
 
 
 def _free_mean(xp: Any, fixed: Any, Gf: Any) -> Any:

@@ -33,15 +33,24 @@ __all__ = ["Threshold", "sorted_threshold", "threshold"]
 
 @dataclass(frozen=True)
 class Threshold:
-    """The threshold ``θ`` (b, 1) of each sample, the iterations taken, and ``near``.
+    """The threshold ``θ`` (b, 1) of each sample, the iterations taken, ``near`` and ``free``.
 
     ``near`` (b,): an entry lies within the given tolerance of a breakpoint (``x_i − θ ∈ {0, u}``: a
-    weakly active coordinate); None when no tolerance was given.
+    weakly active coordinate); ``free`` (b,): some entry has ``0 < x_i − θ < u``. Both None when no
+    tolerance was given.
     """
 
     theta: Any
     iterations: int
     near: Any = None
+    free: Any = None
+
+
+def _near_free(xp: Any, V: Any, theta: Any, upper: float, tol: Any) -> tuple[Any, Any]:
+    """``(near, free)`` of :class:`Threshold` from the entries ``V`` that decide them."""
+    D = V - theta
+    free = D > 0 if upper == float("inf") else (D > 0) & (D < upper)
+    return _near(xp, V, theta, upper, tol), xp.any(free, axis=1)
 
 
 def _near(xp: Any, V: Any, theta: Any, upper: float, tol: Any) -> Any:
@@ -95,32 +104,39 @@ def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int 
     top = _largest(xp, X, K) if 2 * K < n else None
     if top is None:
         th = _newton(X, total, upper, max_iter)
-        near = None if tol is None else _near(xp, X, th.theta, upper, tol(th.theta))
-        return Threshold(th.theta, th.iterations, near)
-    cand, kth = top
+        near, free = (None, None) if tol is None else _near_free(xp, X, th.theta, upper, tol(th.theta))
+        return Threshold(th.theta, th.iterations, near, free)
+    cand, kth, ordered = top
     lower = None
     m = int(np.ceil(float(xp.min(total)) / upper)) if upper != float("inf") else 0
     if 1 <= m < K:  # f(x_(m) − u) >= m u >= t: the m-th largest entry less u is below the root
-        mth = _largest(xp, cand, m - 1) if m > 1 else (None, xp.max(cand, axis=1, keepdims=True))
-        lower = None if mth is None else mth[1] - upper
+        if ordered:
+            lower = cand[:, m - 1: m] - upper
+        else:
+            mth = _largest(xp, cand, m - 1) if m > 1 else (None, xp.max(cand, axis=1, keepdims=True))
+            lower = None if mth is None else mth[1] - upper
     th = _newton(cand, total, upper, max_iter, lower)
-    near = None if tol is None else _near(xp, xp.concat([cand, kth], axis=1), th.theta, upper, tol(th.theta))
+    near = free = None
+    if tol is not None:  # the entries below the (K+1)-th are neither near a breakpoint nor free
+        near, free = _near_free(xp, xp.concat([cand, kth], axis=1), th.theta, upper, tol(th.theta))
     bad = kth > th.theta
     if not bool(xp.any(bad)):
-        return Threshold(th.theta, th.iterations, near)
+        return Threshold(th.theta, th.iterations, near, free)
     rows = xp.nonzero(bad[:, 0])[0]
     Xr = xp.take(X, rows, axis=0)
     full = _newton(Xr, xp.take(total, rows, axis=0), upper, max_iter)
     theta = _put(xp, th.theta, rows, full.theta)
     if near is not None:
-        near = put_rows(xp, near, rows, _near(xp, Xr, full.theta, upper, tol(full.theta)))
-    return Threshold(theta, max(th.iterations, full.iterations), near)
+        nr, fr = _near_free(xp, Xr, full.theta, upper, tol(full.theta))
+        near, free = put_rows(xp, near, rows, nr), put_rows(xp, free, rows, fr)
+    return Threshold(theta, max(th.iterations, full.iterations), near, free)
 
 
-def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any] | None:
-    """The ``K`` largest entries of each row (any order) and the ``(K+1)``-th largest (b, 1).
+def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any, bool] | None:
+    """The ``K`` largest entries of each row, the ``(K+1)``-th largest (b, 1), and their order.
 
-    None where the namespace has no partial selection (``array_api_strict``).
+    The third value is True when the ``K`` entries are in decreasing order (``topk``), False for any
+    order (``partition``). None where the namespace has no partial selection (``array_api_strict``).
     """
     n = X.shape[1]
     if is_numpy_namespace(xp) or is_cupy_namespace(xp):
@@ -128,10 +144,10 @@ def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any] | None:
 
         mod = np if is_numpy_namespace(xp) else importlib.import_module("cupy")  # the namespace's own partition
         part = mod.partition(X, n - K - 1, axis=1)
-        return part[:, n - K:], part[:, n - K - 1: n - K]
+        return part[:, n - K:], part[:, n - K - 1: n - K], False
     if is_torch_namespace(xp):
         vals = xp.topk(X, K + 1, dim=1).values  # sorted, decreasing
-        return vals[:, :K], vals[:, K:]
+        return vals[:, :K], vals[:, K:], True
     return None
 
 
