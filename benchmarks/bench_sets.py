@@ -18,8 +18,9 @@ timed calls and their spread (min, max). torch runs with ``--threads`` intra-op 
     and LinSATNet ``linsat_layer`` (its Sinkhorn on the constraints; ``tau = 0.05``, 10 and 50 iterations).
 (c) ``simplex``: the simplex and the capped simplex (``u = 0.05``, total 1), n 100, batch 1e5, float64,
     forward: ``pp.project`` with the set vs ``pp.project`` of its Polyhedron with ``structured=False``
-    (ProxSuite, polished; on the first ``--generic-rows`` rows, scaled to the batch linearly: it
-    solves point by point) vs a bare ``sort`` of X in the same namespace; NumPy and torch inputs.
+    (the default backend ``auto``: the batched ADMM start and the exact polish; on the first
+    ``--generic-rows`` rows, scaled to the batch linearly) vs a bare ``sort`` of X in the same
+    namespace; NumPy and torch inputs.
 (d) ``matching``: partial matchings 20 × 20 (row and column sums <= 1, total <= 10), batch 1024,
     float64, forward + backward: polyproj vs LinSATNet (as in (b)).
 
