@@ -333,14 +333,14 @@ def start(xp: Any, C: Any, S: Sums) -> Dual:
     return Dual(u + v[:, -1:], v - v[:, -1:], xp.zeros_like(u[:, :1]))  # v_c = 0
 
 
-def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions) -> tuple[Dual, Any, int]:
+def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions, y0: Dual | None = None) -> tuple[Dual, Any, int]:
     """Newton steps on the dual of every sample until its residual is below ``opts.tol · scale``.
 
-    Returns the dual point, ``done`` (b,) and the steps taken. Open samples are compacted once they are
-    at most half of those still iterating.
+    From ``y0`` (default :func:`start`). Returns the dual point, ``done`` (b,) and the steps taken. Open
+    samples are compacted once they are at most half of those still iterating.
     """
     xp = array_namespace(C)
-    it = _iterate(xp, C, start(xp, C, S), S)
+    it = _iterate(xp, C, start(xp, C, S) if y0 is None else y0, S)
     b = C.shape[0]
     idx = None
     out_y = it.y
