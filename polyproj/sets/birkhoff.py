@@ -113,7 +113,8 @@ class SumsProjector(Projector):
         face = self._final(xp, C, face, scale * t_round)
         Y = xp.reshape(face.X, (b, self.n)) + 0.0  # Z ⊙ Ω leaves −0.0 off the support: +0.0 there
         Z = z_of(C, face.y, S.has_w)
-        lam = xp.where(face.omega, xp.zeros_like(Z), xp.maximum(-Z, xp.zeros_like(Z)))
+        # X = Z ⊙ Ω (the face's own Z): X − Z is 0 on the support and −Z off it
+        lam = xp.maximum(face.X - Z, xp.zeros_like(Z))
         active = self._active(xp, face, ~face.omega)
         mult = self._multipliers(xp, face, xp.reshape(lam, (b, self.n)))
         weak = self._weak(xp, face, lam, scale * t_round)
@@ -156,7 +157,7 @@ class SumsProjector(Projector):
         if not bool(xp.any(changed)):
             return face
         omega = face.omega & ~small
-        X = xp.where(omega, face.X, xp.zeros_like(face.X))
+        X = face.X * xp.astype(omega, face.X.dtype)
         idx = xp.nonzero(changed)[0]
         sub_rows = None if rows is None else tuple(xp.take(m, idx, axis=0) for m in rows)
         sub = _system_of(xp, xp.take(omega, idx, axis=0), sub_rows, self.sums, C.dtype)
