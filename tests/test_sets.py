@@ -160,6 +160,44 @@ def test_birkhoff_input_exactly_a_permutation_and_ties(rng):
     assert res.degenerate.dependent[:2].all() and not res.degenerate.dependent[2:4].any()
 
 
+# three random 4 × 4 inputs on which the face rounds from the first dual point cycle (found among 1e5)
+_CYCLING = np.array([
+    [[1.3924033682590802, 0.8611860607305728, -1.7559580928544134, 0.3047392874026495],
+     [-0.4074480995847734, -1.5521145379458876, 2.2781348685921894, -0.28373697067579434],
+     [-2.0519324201348628, -1.4005659456275825, 2.593805414429489, -1.061577880642908],
+     [0.8872231737165595, -0.2903276122928272, -2.1029692596725056, 0.8500623290682112]],
+    [[-0.338213935303003, 0.14319637142455255, -0.23094854887615632, 0.6104356968496495],
+     [-1.1775116387172027, -0.6925279738028614, 0.9487984629152091, 0.4875884955698444],
+     [-1.3003441822623685, -0.3059462649727011, 0.8102330047545031, 0.3013898156782595],
+     [2.760655436115483, -1.7598648889124004, -1.1276589952240288, 2.3707312537979264]],
+    [[0.43958705499171713, -0.99277540956358, -0.2727461688273438, 0.7826503652784716],
+     [0.17342235432610495, -0.7161592826859955, 1.124511622480394, -2.9589801765472705],
+     [1.468044057566083, 0.8723695221731906, -0.2262911700448109, -1.787985328863534],
+     [0.9929871298205949, -0.31914363571014254, 0.422133225581798, 1.0867235833096134]]])
+
+
+def test_faces_that_fail_their_rounds_take_the_remaining_newton_steps(rng):
+    from array_api_compat import array_namespace
+
+    from polyproj.sets.bipartite import Sums, polish, start
+
+    xp = array_namespace(_CYCLING)
+    scale = 1.0 + np.abs(_CYCLING).reshape(3, -1).max(axis=1, keepdims=True)
+    first = polish(_CYCLING, Sums(4, 4, True), start(xp, _CYCLING, Sums(4, 4, True)), scale, 1e-9, 3.6e-15)
+    assert not first.accepted.any()  # the rounds alone do not end on these
+
+    class FaceFirst(pp.sets.Birkhoff):  # the face straight from the first dual point
+        def _first_steps(self):
+            return 0
+
+    X = np.vstack([_CYCLING, rng.normal(size=(5, 4, 4))])
+    res = FaceFirst(4).project(X)
+    assert res.face.fallback is None  # solved by the second Newton stage, not the generic path
+    np.testing.assert_allclose(res.y, _generic(pp.sets.Birkhoff(4).as_polyhedron(), X.reshape(8, 16)).y.reshape(
+        8, 4, 4), atol=1e-12)
+    np.testing.assert_allclose(res.y, pp.sets.Birkhoff(4).project(X).y, atol=1e-14)
+
+
 def test_unverifiable_faces_fall_back_to_the_generic_path(rng):
     torch = pytest.importorskip("torch")
     from polyproj.adapters.torch import project

@@ -94,17 +94,34 @@ def eps_of(xp: Any, dtype: Any) -> float:
 
 def z_of(C: Any, y: Dual, has_w: bool = True) -> Any:
     """``Z = C − u1ᵀ − 1vᵀ − w`` (b, r, c) (``w`` left out when the set has no total row)."""
-    Z = C - (y.u[:, :, None] + y.v[:, None, :])
+    Z = C - spread(array_namespace(C), y.u, y.v)
     return Z - y.w[:, :, None] if has_w else Z
 
 
-def row_sums(xp: Any, A: Any) -> Any:
-    """``A1`` (b, r) of a batch (b, r, c).
+#: matrices with at most this many entries form ``u1ᵀ + 1vᵀ`` as one product with the line indicators
+SPREAD = 64
 
-    A matrix–vector product: one BLAS call over the whole batch (torch's reduction over a short axis
-    is several times slower on CPU).
+
+def _indicators(xp: Any, r: int, c: int, dtype: Any, dev: Any) -> Any:
+    """The 0/1 indicators ``(rc, r + c)`` of the rows and columns of the row-major entries."""
+    return xp.concat([xp.reshape(xp.broadcast_to(xp.eye(r, dtype=dtype, device=dev)[:, None, :], (r, c, r)),
+                                 (r * c, r)),
+                      xp.reshape(xp.broadcast_to(xp.eye(c, dtype=dtype, device=dev)[None, :, :], (r, c, c)),
+                                 (r * c, c))], axis=1)
+
+
+def spread(xp: Any, u: Any, v: Any) -> Any:
+    """``u1ᵀ + 1vᵀ`` (b, r, c) of ``u`` (b, r), ``v`` (b, c).
+
+    Small matrices: ``[u, v]`` times the transposed indicators, one BLAS product over the batch (torch's
+    CPU broadcasting over two short trailing axes is ~10x slower); larger ones broadcast.
     """
-    return xp.matmul(A, xp.ones((A.shape[2],), dtype=A.dtype, device=_device(A)))
+    b, r = u.shape
+    c = v.shape[1]
+    if r * c > SPREAD:
+        return u[:, :, None] + v[:, None, :]
+    ind = _indicators(xp, r, c, u.dtype, _device(u))
+    return xp.reshape(xp.matmul(xp.concat([u, v], axis=1), xp.matrix_transpose(ind)), (b, r, c))
 
 
 def line_sums(xp: Any, A: Any) -> tuple[Any, Any]:
@@ -113,12 +130,7 @@ def line_sums(xp: Any, A: Any) -> tuple[Any, Any]:
     One product of the flattened matrices with the 0/1 indicators ``(rc, r + c)`` of the rows and columns.
     """
     b, r, c = A.shape
-    dev = _device(A)
-    ind = xp.concat([xp.reshape(xp.broadcast_to(xp.eye(r, dtype=A.dtype, device=dev)[:, None, :], (r, c, r)),
-                                (r * c, r)),
-                     xp.reshape(xp.broadcast_to(xp.eye(c, dtype=A.dtype, device=dev)[None, :, :], (r, c, c)),
-                                (r * c, c))], axis=1)
-    both = xp.matmul(xp.reshape(A, (b, r * c)), ind)
+    both = xp.matmul(xp.reshape(A, (b, r * c)), _indicators(xp, r, c, A.dtype, _device(A)))
     return both[:, :r], both[:, r:]
 
 
@@ -213,7 +225,7 @@ class DualSystem:
         om, a = self.omega, self.a
         c = om.shape[2]
         ar = a * ru
-        rhs = rv - line_sums(xp, om * ar[:, :, None])[1]  # ρ_v − Ωᵀ (a ⊙ ρ_u)
+        rhs = rv - xp.matmul(ar[:, None, :], om)[:, 0, :]  # ρ_v − Ωᵀ (a ⊙ ρ_u)
         if self.has_w:
             rhs = xp.concat([rhs, rw - xp.sum(ar * self.rr, axis=1, keepdims=True)], axis=1)
         rhs = rhs[:, : c - 1] if self.fv is None else rhs * self.fv
@@ -232,7 +244,7 @@ class DualSystem:
             s = s * self.fv
             dv = s[:, :c]
         dw = s[:, c:] if self.has_w else xp.zeros_like(ru[:, :1])
-        du = a * (ru - row_sums(xp, om * dv[:, None, :]) - self.rr * dw)
+        du = a * (ru - xp.matmul(om, dv[:, :, None])[:, :, 0] - self.rr * dw)
         return du, dv, dw
 
     @property
@@ -247,7 +259,8 @@ class DualSystem:
         ru, rv = line_sums(xp, Gm)
         rw = xp.sum(ru, axis=1, keepdims=True)
         du, dv, dw = self.solve(ru, rv, rw)
-        return Gm - self.omega * (du[:, :, None] + dv[:, None, :] + dw[:, :, None])
+        shift = spread(xp, du, dv)
+        return Gm - self.omega * (shift + dw[:, :, None] if self.has_w else shift)
 
 
 # ----------------------------------------------------------------------------- Newton on the dual
@@ -333,14 +346,14 @@ def start(xp: Any, C: Any, S: Sums) -> Dual:
     return Dual(u + v[:, -1:], v - v[:, -1:], xp.zeros_like(u[:, :1]))  # v_c = 0
 
 
-def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions) -> tuple[Dual, Any, int]:
+def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions, y0: Dual | None = None) -> tuple[Dual, Any, int]:
     """Newton steps on the dual of every sample until its residual is below ``opts.tol · scale``.
 
-    Returns the dual point, ``done`` (b,) and the steps taken. Open samples are compacted once they are
-    at most half of those still iterating.
+    From ``y0`` (default :func:`start`). Returns the dual point, ``done`` (b,) and the steps taken. Open
+    samples are compacted once they are at most half of those still iterating.
     """
     xp = array_namespace(C)
-    it = _iterate(xp, C, start(xp, C, S), S)
+    it = _iterate(xp, C, start(xp, C, S) if y0 is None else y0, S)
     b = C.shape[0]
     idx = None
     out_y = it.y
@@ -515,7 +528,7 @@ def _verify(xp: Any, S: Sums, X: Any, Z: Any, y1: Dual, omega: Any, masks, tol: 
             ok = ok & ~xp.any(wv, axis=1)
         new_masks = tuple(xp.where(w, xp.zeros_like(m), xp.where(v, xp.ones_like(m), m))
                           for m, w, v in zip(masks, wrong, viol, strict=True))
-    omega = xp.where(bad_in, xp.zeros_like(omega), xp.where(bad_out, xp.ones_like(omega), omega))
+    omega = xp.astype(((omega > 0) & ~bad_in) | bad_out, omega.dtype)
     return _Verdict(ok, omega, new_masks)
 
 

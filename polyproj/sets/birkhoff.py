@@ -22,7 +22,7 @@ from ..problem import Polyhedron
 from ..projection.faces import put_rows
 from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector
-from .bipartite import DualSystem, FaceSolution, NewtonOptions, Sums, eps_of, line_sums, newton, polish, z_of
+from .bipartite import DualSystem, FaceSolution, NewtonOptions, Sums, _put_face, eps_of, line_sums, newton, polish, z_of
 
 __all__ = ["Birkhoff", "SumsProjector"]
 
@@ -100,12 +100,21 @@ class SumsProjector(Projector):
         C = xp.reshape(X, (b, S.r, S.c))
         scale = 1.0 + xp.max(xp.abs(X), axis=1, keepdims=True)
         t_newton, t_kkt, t_round = self._tols(xp, X.dtype)
-        y, _, _ = newton(C, S, scale, NewtonOptions(t_newton, self.max_iter))
+        first = min(self._first_steps(), self.max_iter)
+        y, _, _ = newton(C, S, scale, NewtonOptions(t_newton, first))
         face = polish(C, S, y, scale, t_kkt, t_round)
+        if first < self.max_iter and not bool(xp.all(face.accepted)):
+            # faces that failed their rounds: the rest of the Newton steps from the Newton iterate, then
+            # the face again
+            idx = xp.nonzero(~face.accepted)[0]
+            Ci, si = xp.take(C, idx, axis=0), xp.take(scale, idx, axis=0)
+            yi, _, _ = newton(Ci, S, si, NewtonOptions(t_newton, self.max_iter - first), y0=y.take(xp, idx))
+            face = _put_face(xp, face, idx, polish(Ci, S, yi, si, t_kkt, t_round))
         face = self._final(xp, C, face, scale * t_round)
         Y = xp.reshape(face.X, (b, self.n)) + 0.0  # Z ⊙ Ω leaves −0.0 off the support: +0.0 there
         Z = z_of(C, face.y, S.has_w)
-        lam = xp.where(face.omega, xp.zeros_like(Z), xp.maximum(-Z, xp.zeros_like(Z)))
+        # X = Z ⊙ Ω (the face's own Z): X − Z is 0 on the support and −Z off it
+        lam = xp.maximum(face.X - Z, xp.zeros_like(Z))
         active = self._active(xp, face, ~face.omega)
         mult = self._multipliers(xp, face, xp.reshape(lam, (b, self.n)))
         weak = self._weak(xp, face, lam, scale * t_round)
@@ -116,6 +125,17 @@ class SumsProjector(Projector):
         if bool(xp.all(face.accepted)):
             return result
         return self._fall_back(X, result, xp.nonzero(~face.accepted)[0])
+
+    def _first_steps(self) -> int:
+        """Newton steps before the exact face is tried (default: all of ``max_iter``).
+
+        The face rounds of :func:`~polyproj.sets.bipartite.polish` are steps of the primal-dual active-set
+        method (a full semismooth Newton step with ``μ = 0``, then every wrong entry of the support
+        changed at once): from a point near the solution they end in one or two rounds, but they are not
+        globally convergent. A set may try the face after fewer Newton steps; the samples whose face
+        fails then take the remaining steps (from the Newton iterate, with Armijo's search) and try again.
+        """
+        return self.max_iter
 
     def _final_rows(self, xp: Any, face: FaceSolution) -> Any:
         """The dual rows of the reported active set (None: all rows, Birkhoff)."""
@@ -137,7 +157,7 @@ class SumsProjector(Projector):
         if not bool(xp.any(changed)):
             return face
         omega = face.omega & ~small
-        X = xp.where(omega, face.X, xp.zeros_like(face.X))
+        X = face.X * xp.astype(omega, face.X.dtype)
         idx = xp.nonzero(changed)[0]
         sub_rows = None if rows is None else tuple(xp.take(m, idx, axis=0) for m in rows)
         sub = _system_of(xp, xp.take(omega, idx, axis=0), sub_rows, self.sums, C.dtype)
@@ -246,6 +266,15 @@ class Birkhoff(SumsProjector):
     def row_counts(self) -> tuple[int, int]:
         """``(k², 2k − 1)``."""
         return self.k * self.k, 2 * self.k - 1
+
+    def _first_steps(self) -> int:
+        """Newton steps before the exact face is tried: 1 for ``k <= 4``, 2 up to ``k = 20``, else all.
+
+        Random 4 × 4 inputs after one step end their face rounds in 1.3 rounds on average (75 % in the
+        first, none failed in 1e5); for larger ``k`` the faces after one step are further off and the
+        rounds take longer than Newton's steps (measured on torch CPU at k = 3 ... 50).
+        """
+        return 1 if self.k <= 4 else 2 if self.k <= 20 else self.max_iter
 
     def _active(self, xp: Any, face: FaceSolution, zero: Any) -> Any:
         return xp.reshape(zero, (zero.shape[0], self.n))
