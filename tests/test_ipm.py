@@ -478,13 +478,17 @@ def test_batch_threads_give_the_same_answers(ns, rng):
     X = 3.0 * rng.standard_normal((b, n))
     args = [to_ns(ns, v) for v in (np.eye(n), -X, A, np.full(m, -np.inf), a)]
     before = torch.get_num_threads()
-    # 1e-9: near 1e-11 the normal equations' rounding floor makes single elements flip between
-    # SOLVED and MAX_ITER with any change of the linear-algebra path (a known IPM limitation)
-    one = solve_qp_batch(*args, eps_abs=1e-9, threads=1)
-    two = solve_qp_batch(*args, eps_abs=1e-9, threads=2)
+    # 1e-8: at 1e-9 the normal equations' rounding floor already holds single elements just above the
+    # tolerance (then MAX_ITER) with some changes of the linear-algebra path — threads change the parts
+    # and compactions, torch's batched triangular solves differ from substitution at ~1e-11 — on 3 of
+    # 20 seeds of this problem (a known IPM limitation, docs/ipm.md); at 1e-8 on none
+    eps = 1e-8
+    one = solve_qp_batch(*args, eps_abs=eps, threads=1)
+    two = solve_qp_batch(*args, eps_abs=eps, threads=2)
     assert type(two.x) is type(one.x)
     assert one.statuses() == two.statuses() == (pp.Status.SOLVED,) * b
-    np.testing.assert_allclose(to_np(two.x), to_np(one.x), atol=1e-4)  # both within ‖x − x*‖² <= 2·gap
+    # both within ‖x − x*‖² <= 2·gap (P = I) of the solution
+    np.testing.assert_allclose(to_np(two.x), to_np(one.x), atol=2.0 * np.sqrt(2.0 * eps) * 1.01)
     assert torch.get_num_threads() == before  # the intra-op setting is restored
     with pytest.raises(pp.ProblemError, match="threads"):
         solve_qp_batch(*args, threads=0)
