@@ -95,11 +95,13 @@ def hessian_float32(S, theta: torch.Tensor, lam: np.ndarray, block: int = 64) ->
 
 
 def rebuild(args, cache: Path):
-    """The study's problem at the cached θ̄ without training again (``--resume``).
+    """The study's problem without training again, from ``study.npz`` (or ``--resume``: from θ̄ alone).
 
-    The levels are read off θ̄: a binding or weakly active client has Rⱼ(θ̄) = τⱼ (to the KKT
-    residual), every other client has the common level R̄ + τ of the binding ones. TracIn then has
-    only the final checkpoint.
+    ``study.npz`` (written by :func:`train` once training is done) holds the trained study's levels
+    τⱼ, the level R̄ + τ, the unconstrained risks and TracIn's checkpoints, so a resumed run is the
+    same study. Without it (``--resume`` on an older cache) the levels are read off θ̄: a binding or
+    weakly active client has Rⱼ(θ̄) = τⱼ (to the KKT residual), every other client has the common
+    level R̄ + τ of the binding ones; TracIn then has only the final checkpoint.
     """
     from polyproj.adapters.dif import ConstrainedProblem, Constraint, Loss
     from polyproj.adapters.dif.digits import (
@@ -111,8 +113,6 @@ def rebuild(args, cache: Path):
         load_digits_clients,
     )
 
-    z = np.load(cache / "kkt.npz")
-    th, status = torch.as_tensor(z["theta"]), z["status"]
     D = load_digits_clients(args.seed, n_train=args.n_train)
     net = allconv_net(tuple(args.widths), args.seed)
     obj = Loss(cross_entropy_loss(args.wd), (D.X, D.y))
@@ -121,29 +121,53 @@ def rebuild(args, cache: Path):
         i = torch.as_tensor(np.flatnonzero(D.client == j))
         return (D.X[i], D.y[i])
 
-    p0 = ConstrainedProblem(net, obj)
-    risks = np.array([float(_ce(p0.wrap(th), cdata(j)).mean()) for j in range(D.n_clients)])
-    level = float(np.mean(risks[status == "binding"]))
-    taus = [float(risks[j]) if status[j] in ("binding", "weakly_active") else level for j in range(D.n_clients)]
+    sfile = cache / "study.npz"
+    if sfile.exists():
+        z = np.load(sfile)
+        taus, level, tau, risks0 = z["taus"].tolist(), float(z["level"]), float(z["tau"]), z["risks0"]
+        weak, tc = [int(j) for j in z["weak"]], int(z["target_client"])
+        checkpoints = [(torch.as_tensor(z[f"ck_theta{i}"]), z[f"ck_lam{i}"]) for i in range(int(z["n_ck"]))]
+        kkt0 = (torch.as_tensor(z["theta"]), z["lam"])
+    else:
+        z = np.load(cache / "kkt.npz")
+        th, status = torch.as_tensor(z["theta"]), z["status"]
+        p0 = ConstrainedProblem(net, obj)
+        risks = np.array([float(_ce(p0.wrap(th), cdata(j)).mean()) for j in range(D.n_clients)])
+        level = float(np.mean(risks[status == "binding"]))
+        taus = [float(risks[j]) if status[j] in ("binding", "weakly_active") else level for j in range(D.n_clients)]
+        tau, risks0, checkpoints, kkt0 = float("nan"), np.full(D.n_clients, np.nan), [], None
+        weak, tc = [int(j) for j in np.flatnonzero(status == "weakly_active")], int(np.argmax(risks))
     prob = ConstrainedProblem(net, obj, [Constraint(_ce, cdata(j), tau=taus[j], name=f"client{j}")
                                          for j in range(D.n_clients)])
-    tc = int(np.argmax(risks))
     it = torch.as_tensor(np.flatnonzero(D.client_test == tc))
     S = FairnessStudy(problem=prob, kkt=None, data=D, test_loss=_test_fn(D.X_test, D.y_test),
                       client_test_loss=_test_fn(D.X_test[it], D.y_test[it]), level=level,
-                      unconstrained_risks=np.full(D.n_clients, np.nan), checkpoints=[],
-                      info={"tau": float("nan"), "weak": [int(j) for j in np.flatnonzero(status == "weakly_active")],
-                            "target_client": tc, "wd": args.wd, "resumed": True})
-    return S
+                      unconstrained_risks=np.asarray(risks0), checkpoints=checkpoints,
+                      info={"tau": tau, "weak": weak, "target_client": tc, "wd": args.wd, "resumed": True})
+    return S, kkt0
+
+
+def save_study(S, cache: Path) -> None:
+    """What :func:`rebuild` needs to make the same study again (levels, risks, checkpoints, trained θ, λ)."""
+    ck = {}
+    for i, (th, lam) in enumerate(S.checkpoints):
+        ck[f"ck_theta{i}"], ck[f"ck_lam{i}"] = np.asarray(th), np.asarray(lam)
+    np.savez(cache / "study.npz", taus=np.array([c.tau for c in S.problem.constraints]), level=S.level,
+             tau=S.info["tau"], risks0=S.unconstrained_risks, weak=np.array(S.info["weak"], dtype=int),
+             target_client=S.info["target_client"], n_ck=len(S.checkpoints), theta=S.kkt.theta.numpy(),
+             lam=S.kkt.lambdas.numpy(), **ck)
 
 
 def train(args, cache: Path):
     """The study at a KKT point polished to ``args.tol`` (cached: θ̄, λ̄, H)."""
-    if args.resume:
-        S = rebuild(args, cache)
+    if args.resume or (cache / "study.npz").exists():
+        S, kkt0 = rebuild(args, cache)
+        log("rebuilt the trained study from the cache")
     else:
         S = make_fairness_study(args.seed, widths=args.widths, n_train=args.n_train, wd=args.wd, tol=1e-6,
                                 chunk_size=args.chunk)
+        save_study(S, cache)
+        kkt0 = (S.kkt.theta, S.kkt.lambdas.numpy())
     prob = S.problem
     hfile, tfile = cache / "H.npy", cache / "kkt.npz"
     if tfile.exists():
@@ -151,7 +175,7 @@ def train(args, cache: Path):
         th, lam = torch.as_tensor(z["theta"]), z["lam"]
         log("loaded the polished KKT point from the cache")
     else:
-        th, lam = S.kkt.theta, S.kkt.lambdas.numpy()
+        th, lam = kkt0
     if hfile.exists():
         log("loading H from the cache")
         H = np.load(hfile)
