@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     ap.add_argument("--singles", type=int, default=80)
     ap.add_argument("--groups", type=int, default=20)
     ap.add_argument("--tol", type=float, default=1e-10, help="KKT residual of θ̄ and of every re-solve")
-    ap.add_argument("--chord-iter", type=int, default=25, help="chord SQP steps before Newton-MINRES takes over")
+    ap.add_argument("--chord-iter", type=int, default=12, help="chord SQP steps before Newton-MINRES takes over")
     ap.add_argument("--newton-iter", type=int, default=20, help="Newton-MINRES steps (working-set drops included)")
     ap.add_argument("--minres-rtol", type=float, default=1e-11, help="relative residual of each Newton step's MINRES")
     ap.add_argument("--wd", type=float, default=1e-2)
