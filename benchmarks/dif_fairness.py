@@ -341,19 +341,9 @@ def main(argv=None) -> int:
     pred["classic IF"], lg, if_damping = scores(kind="classic", preconditioner=precond())
     t_if = time.perf_counter() - t
     log(f"classic IF: damping {if_damping:.1e}, {lg[0][1]}")
-    sweep = []
-    for pen, rhos in RHOS.items():
-        for rho in rhos:
-            try:
-                sc, lg, dmp = scores(kind="penalty", rho=rho, penalty=pen,
-                                     preconditioner=precond(rho if pen == "quadratic" else 0.0))
-                sweep.append({"penalty": pen, "rho": rho, "scores": sc, "cg_iterations": lg[0][1].iterations,
-                              "residual": lg[0][1].residual, "damping": dmp})
-            except pp.PolyprojError as err:
-                sweep.append({"penalty": pen, "rho": rho, "error": str(err)[:200]})
     pred["TracIn"] = tracin_scores(prob, [*S.checkpoints, (kkt.theta, kkt.lambdas.numpy())], F, R)
     np.savez(cache / f"baseline_scores_{len(R)}.npz", **{k.replace(" ", "_"): v for k, v in pred.items()})
-    log("baselines done")
+    log("classic IF and TracIn done")
 
     # ---- ground truth, appended line by line
     gt_file = cache / "truth.jsonl"
@@ -384,6 +374,32 @@ def main(argv=None) -> int:
     conv = np.array([r["converged"] for r in done])
     n_single = args.singles
     t_truth = float(sum(r["time"] for r in done))
+
+    # ---- Penalty-IF sweep (after the truth: the slowest baseline; one row per ρ, cached)
+    sw_file = cache / f"penalty_sweep_{len(R)}.jsonl"
+    sweep = list(map(json.loads, sw_file.read_text().splitlines())) if sw_file.exists() else []
+    with sw_file.open("a") as fh:
+        for pen, rhos in RHOS.items():
+            for rho in rhos:
+                if any(r["penalty"] == pen and r["rho"] == rho for r in sweep):
+                    continue
+                t = time.perf_counter()
+                try:
+                    sc, lg, dmp = scores(kind="penalty", rho=rho, penalty=pen,
+                                         preconditioner=precond(rho if pen == "quadratic" else 0.0))
+                    row = {"penalty": pen, "rho": rho, "scores": sc.tolist(), "cg_iterations": lg[0][1].iterations,
+                           "residual": lg[0][1].residual, "damping": dmp}
+                except pp.PolyprojError as err:
+                    row = {"penalty": pen, "rho": rho, "error": str(err)[:200]}
+                row["time"] = time.perf_counter() - t
+                log(f"Penalty-IF {pen} ρ = {rho:g}: {row.get('cg_iterations', row.get('error'))} CG iterations, "
+                    f"damping {row.get('damping')}, {row['time']:.0f} s")
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                sweep.append(row)
+    for r in sweep:
+        if "scores" in r:
+            r["scores"] = np.asarray(r["scores"])
 
     # ---- noise floor and seed-to-seed agreement (both from starts perturbed by the median single-removal ‖Δθ‖)
     rng = np.random.default_rng(123)
