@@ -95,11 +95,13 @@ def hessian_float32(S, theta: torch.Tensor, lam: np.ndarray, block: int = 64) ->
 
 
 def rebuild(args, cache: Path):
-    """The study's problem at the cached θ̄ without training again (``--resume``).
+    """The study's problem without training again, from ``study.npz`` (or ``--resume``: from θ̄ alone).
 
-    The levels are read off θ̄: a binding or weakly active client has Rⱼ(θ̄) = τⱼ (to the KKT
-    residual), every other client has the common level R̄ + τ of the binding ones. TracIn then has
-    only the final checkpoint.
+    ``study.npz`` (written by :func:`train` once training is done) holds the trained study's levels
+    τⱼ, the level R̄ + τ, the unconstrained risks and TracIn's checkpoints, so a resumed run is the
+    same study. Without it (``--resume`` on an older cache) the levels are read off θ̄: a binding or
+    weakly active client has Rⱼ(θ̄) = τⱼ (to the KKT residual), every other client has the common
+    level R̄ + τ of the binding ones; TracIn then has only the final checkpoint.
     """
     from polyproj.adapters.dif import ConstrainedProblem, Constraint, Loss
     from polyproj.adapters.dif.digits import (
@@ -111,8 +113,6 @@ def rebuild(args, cache: Path):
         load_digits_clients,
     )
 
-    z = np.load(cache / "kkt.npz")
-    th, status = torch.as_tensor(z["theta"]), z["status"]
     D = load_digits_clients(args.seed, n_train=args.n_train)
     net = allconv_net(tuple(args.widths), args.seed)
     obj = Loss(cross_entropy_loss(args.wd), (D.X, D.y))
@@ -121,29 +121,53 @@ def rebuild(args, cache: Path):
         i = torch.as_tensor(np.flatnonzero(D.client == j))
         return (D.X[i], D.y[i])
 
-    p0 = ConstrainedProblem(net, obj)
-    risks = np.array([float(_ce(p0.wrap(th), cdata(j)).mean()) for j in range(D.n_clients)])
-    level = float(np.mean(risks[status == "binding"]))
-    taus = [float(risks[j]) if status[j] in ("binding", "weakly_active") else level for j in range(D.n_clients)]
+    sfile = cache / "study.npz"
+    if sfile.exists():
+        z = np.load(sfile)
+        taus, level, tau, risks0 = z["taus"].tolist(), float(z["level"]), float(z["tau"]), z["risks0"]
+        weak, tc = [int(j) for j in z["weak"]], int(z["target_client"])
+        checkpoints = [(torch.as_tensor(z[f"ck_theta{i}"]), z[f"ck_lam{i}"]) for i in range(int(z["n_ck"]))]
+        kkt0 = (torch.as_tensor(z["theta"]), z["lam"])
+    else:
+        z = np.load(cache / "kkt.npz")
+        th, status = torch.as_tensor(z["theta"]), z["status"]
+        p0 = ConstrainedProblem(net, obj)
+        risks = np.array([float(_ce(p0.wrap(th), cdata(j)).mean()) for j in range(D.n_clients)])
+        level = float(np.mean(risks[status == "binding"]))
+        taus = [float(risks[j]) if status[j] in ("binding", "weakly_active") else level for j in range(D.n_clients)]
+        tau, risks0, checkpoints, kkt0 = float("nan"), np.full(D.n_clients, np.nan), [], None
+        weak, tc = [int(j) for j in np.flatnonzero(status == "weakly_active")], int(np.argmax(risks))
     prob = ConstrainedProblem(net, obj, [Constraint(_ce, cdata(j), tau=taus[j], name=f"client{j}")
                                          for j in range(D.n_clients)])
-    tc = int(np.argmax(risks))
     it = torch.as_tensor(np.flatnonzero(D.client_test == tc))
     S = FairnessStudy(problem=prob, kkt=None, data=D, test_loss=_test_fn(D.X_test, D.y_test),
                       client_test_loss=_test_fn(D.X_test[it], D.y_test[it]), level=level,
-                      unconstrained_risks=np.full(D.n_clients, np.nan), checkpoints=[],
-                      info={"tau": float("nan"), "weak": [int(j) for j in np.flatnonzero(status == "weakly_active")],
-                            "target_client": tc, "wd": args.wd, "resumed": True})
-    return S
+                      unconstrained_risks=np.asarray(risks0), checkpoints=checkpoints,
+                      info={"tau": tau, "weak": weak, "target_client": tc, "wd": args.wd, "resumed": True})
+    return S, kkt0
+
+
+def save_study(S, cache: Path) -> None:
+    """What :func:`rebuild` needs to make the same study again (levels, risks, checkpoints, trained θ, λ)."""
+    ck = {}
+    for i, (th, lam) in enumerate(S.checkpoints):
+        ck[f"ck_theta{i}"], ck[f"ck_lam{i}"] = np.asarray(th), np.asarray(lam)
+    np.savez(cache / "study.npz", taus=np.array([c.tau for c in S.problem.constraints]), level=S.level,
+             tau=S.info["tau"], risks0=S.unconstrained_risks, weak=np.array(S.info["weak"], dtype=int),
+             target_client=S.info["target_client"], n_ck=len(S.checkpoints), theta=S.kkt.theta.numpy(),
+             lam=S.kkt.lambdas.numpy(), **ck)
 
 
 def train(args, cache: Path):
     """The study at a KKT point polished to ``args.tol`` (cached: θ̄, λ̄, H)."""
-    if args.resume:
-        S = rebuild(args, cache)
+    if args.resume or (cache / "study.npz").exists():
+        S, kkt0 = rebuild(args, cache)
+        log("rebuilt the trained study from the cache")
     else:
         S = make_fairness_study(args.seed, widths=args.widths, n_train=args.n_train, wd=args.wd, tol=1e-6,
                                 chunk_size=args.chunk)
+        save_study(S, cache)
+        kkt0 = (S.kkt.theta, S.kkt.lambdas.numpy())
     prob = S.problem
     hfile, tfile = cache / "H.npy", cache / "kkt.npz"
     if tfile.exists():
@@ -151,7 +175,7 @@ def train(args, cache: Path):
         th, lam = torch.as_tensor(z["theta"]), z["lam"]
         log("loaded the polished KKT point from the cache")
     else:
-        th, lam = S.kkt.theta, S.kkt.lambdas.numpy()
+        th, lam = kkt0
     if hfile.exists():
         log("loading H from the cache")
         H = np.load(hfile)
@@ -165,6 +189,11 @@ def train(args, cache: Path):
     if not tfile.exists():
         th, lam, info = newton_kkt(prob, th, lam, tol=args.tol, hessian=frozen, chunk_size=args.chunk, max_iter=60)
         log(f"chord polish: residuals {[f'{r:.1e}' for r in info.residuals]}")
+        if not info.converged:
+            th, lam, info = newton_kkt(prob, th, lam, tol=args.tol, preconditioner=frozen, chunk_size=args.chunk,
+                                       max_iter=args.newton_iter, rtol=args.minres_rtol)
+            log(f"Newton-MINRES polish: residuals {[f'{r:.1e}' for r in info.residuals]}, "
+                f"MINRES iterations {info.krylov_iterations}")
     kkt = KKTPoint.from_params(prob, th, lam, tol=max(args.tol * 10, 1e-9), polish=False, warn=False)
     if not tfile.exists():
         np.savez(tfile, theta=th.numpy(), lam=lam, status=np.array(kkt.status))
@@ -172,17 +201,31 @@ def train(args, cache: Path):
 
 
 def retrain_one(prob, kkt, frozen, removal, args, start=None):
-    """Re-solve without ``removal`` from θ̄ (or ``start``): chord SQP; if it stalls, augmented Lagrangian, again."""
+    """Re-solve without ``removal`` from θ̄ (or ``start``) to KKT residual ``args.tol``.
+
+    Chord SQP with the frozen H̄ first (triangular solves, finds active-set changes); where it stops
+    short of the tolerance, Newton-MINRES with the exact Hessian (Hessian-vector products) on the
+    working set's KKT system, MINRES preconditioned by the same H̄, from the chord's point; as a last
+    resort the augmented Lagrangian, then Newton-MINRES again. ``info.method`` names the method that
+    finished, ``info.residuals`` holds every stage's residuals in order.
+    """
     p = prob.remove(removal) if removal else prob
     th0 = kkt.theta if start is None else start
     th, lam, info = newton_kkt(p, th0, kkt.lambdas.numpy(), tol=args.tol, hessian=frozen, chunk_size=args.chunk,
-                               max_iter=60)
+                               max_iter=args.chord_iter)
+    history = list(info.residuals)
+    if not info.converged:
+        th, lam, info = newton_kkt(p, th, lam, tol=args.tol, preconditioner=frozen, chunk_size=args.chunk,
+                                   max_iter=args.newton_iter, rtol=args.minres_rtol)
+        history += info.residuals[1:]
+        info.method = "chord-sqp, then " + info.method
     if not info.converged:
         th, lam, _ = augmented_lagrangian(p, th, lam, tol=1e-8, chunk_size=args.chunk)
-        th, lam, info2 = newton_kkt(p, th, lam, tol=args.tol, hessian=frozen, chunk_size=args.chunk, max_iter=60)
-        info2.method = "chord-sqp after augmented Lagrangian"
-        info2.residuals = info.residuals + info2.residuals
-        info = info2
+        th, lam, info = newton_kkt(p, th, lam, tol=args.tol, preconditioner=frozen, chunk_size=args.chunk,
+                                   max_iter=args.newton_iter, rtol=args.minres_rtol)
+        info.method = "chord-sqp, newton-minres, augmented Lagrangian, then " + info.method
+        history += info.residuals
+    info.residuals = history
     return th, lam, info
 
 
@@ -218,6 +261,9 @@ def main(argv=None) -> int:
     ap.add_argument("--singles", type=int, default=80)
     ap.add_argument("--groups", type=int, default=20)
     ap.add_argument("--tol", type=float, default=1e-10, help="KKT residual of θ̄ and of every re-solve")
+    ap.add_argument("--chord-iter", type=int, default=12, help="chord SQP steps before Newton-MINRES takes over")
+    ap.add_argument("--newton-iter", type=int, default=20, help="Newton-MINRES steps (working-set drops included)")
+    ap.add_argument("--minres-rtol", type=float, default=1e-11, help="relative residual of each Newton step's MINRES")
     ap.add_argument("--wd", type=float, default=1e-2)
     ap.add_argument("--n-train", type=int, default=None)
     ap.add_argument("--widths", type=int, nargs=3, default=(16, 32, 40))
@@ -225,7 +271,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: shared 2-core machine)")
     ap.add_argument("--cache", default="/tmp/polyproj_dif_fairness")
     ap.add_argument("--noise-seeds", type=int, default=2)
-    ap.add_argument("--agree", type=int, default=6, help="removals re-solved from a second perturbed start")
+    ap.add_argument("--agree", type=int, default=6,
+                    help="removals re-solved from a second perturbed start (half singles, half groups)")
     ap.add_argument("--quick", action="store_true", help="widths 4 8 8, 200 samples, 10 + 3 removals")
     ap.add_argument("--name", default="dif_fairness")
     ap.add_argument("--train-only", action="store_true", help="stop after stage 1 (θ̄ and H cached)")
@@ -294,77 +341,110 @@ def main(argv=None) -> int:
     pred["classic IF"], lg, if_damping = scores(kind="classic", preconditioner=precond())
     t_if = time.perf_counter() - t
     log(f"classic IF: damping {if_damping:.1e}, {lg[0][1]}")
-    sweep = []
-    for pen, rhos in RHOS.items():
-        for rho in rhos:
-            try:
-                sc, lg, dmp = scores(kind="penalty", rho=rho, penalty=pen,
-                                     preconditioner=precond(rho if pen == "quadratic" else 0.0))
-                sweep.append({"penalty": pen, "rho": rho, "scores": sc, "cg_iterations": lg[0][1].iterations,
-                              "residual": lg[0][1].residual, "damping": dmp})
-            except pp.PolyprojError as err:
-                sweep.append({"penalty": pen, "rho": rho, "error": str(err)[:200]})
     pred["TracIn"] = tracin_scores(prob, [*S.checkpoints, (kkt.theta, kkt.lambdas.numpy())], F, R)
     np.savez(cache / f"baseline_scores_{len(R)}.npz", **{k.replace(" ", "_"): v for k, v in pred.items()})
-    log("baselines done")
+    log("classic IF and TracIn done")
 
     # ---- ground truth, appended line by line
     gt_file = cache / "truth.jsonl"
     keys = [f"s{k}" for k in range(args.singles)] + [f"g{k}" for k in range(args.groups)]
     have = {r["key"]: r for r in map(json.loads, gt_file.read_text().splitlines())} if gt_file.exists() else {}
+
+    def resolve(key, removal, start=None):
+        t = time.perf_counter()
+        th, _, info = retrain_one(prob, kkt, frozen, removal, args, start=start)
+        row = {"key": key, "dF": float(F(prob.wrap(th))) - F0, "residual": info.residuals[-1],
+               "converged": info.converged, "iterations": len(info.residuals) - 1, "method": info.method,
+               "residuals": info.residuals, "minres_iterations": info.krylov_iterations,
+               "dtheta_norm": float((th - kkt.theta).norm()), "time": time.perf_counter() - t,
+               "g_new": (prob.remove(removal) if removal else prob).constraint_values(th).tolist()}
+        log(f"{key}: residual {row['residual']:.1e} ({'converged' if row['converged'] else 'NOT converged'}) "
+            f"by {row['method']}, {row['iterations']} steps, MINRES {row['minres_iterations']}, {row['time']:.0f} s")
+        return th, row
+
     done = []
     with gt_file.open("a") as fh:
         for k in range(len(R)):
-            if keys[k] in have:
-                done.append(have[keys[k]])
-                continue
-            t = time.perf_counter()
-            th, _, info = retrain_one(prob, kkt, frozen, R[k], args)
-            row = {"key": keys[k], "dF": float(F(prob.wrap(th))) - F0, "residual": info.residuals[-1],
-                   "converged": info.converged, "iterations": len(info.residuals) - 1, "method": info.method,
-                   "dtheta_norm": float((th - kkt.theta).norm()), "time": time.perf_counter() - t,
-                   "g_new": prob.remove(R[k]).constraint_values(th).tolist()}
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            done.append(row)
-            if k % 10 == 0:
-                log(f"truth {k + 1}/{len(R)}: residual {row['residual']:.1e} in {row['iterations']} chord steps")
+            if keys[k] not in have:
+                have[keys[k]] = resolve(keys[k], R[k])[1]
+                fh.write(json.dumps(have[keys[k]]) + "\n")
+                fh.flush()
+            done.append(have[keys[k]])
     actual = np.array([r["dF"] for r in done])
+    conv = np.array([r["converged"] for r in done])
     n_single = args.singles
+    t_truth = float(sum(r["time"] for r in done))
 
-    # ---- noise floor and seed-to-seed agreement
+    # ---- Penalty-IF sweep (after the truth: the slowest baseline; one row per ρ, cached)
+    sw_file = cache / f"penalty_sweep_{len(R)}.jsonl"
+    sweep = list(map(json.loads, sw_file.read_text().splitlines())) if sw_file.exists() else []
+    with sw_file.open("a") as fh:
+        for pen, rhos in RHOS.items():
+            for rho in rhos:
+                if any(r["penalty"] == pen and r["rho"] == rho for r in sweep):
+                    continue
+                t = time.perf_counter()
+                try:
+                    sc, lg, dmp = scores(kind="penalty", rho=rho, penalty=pen,
+                                         preconditioner=precond(rho if pen == "quadratic" else 0.0))
+                    row = {"penalty": pen, "rho": rho, "scores": sc.tolist(), "cg_iterations": lg[0][1].iterations,
+                           "residual": lg[0][1].residual, "damping": dmp}
+                except pp.PolyprojError as err:
+                    row = {"penalty": pen, "rho": rho, "error": str(err)[:200]}
+                row["time"] = time.perf_counter() - t
+                log(f"Penalty-IF {pen} ρ = {rho:g}: {row.get('cg_iterations', row.get('error'))} CG iterations, "
+                    f"damping {row.get('damping')}, {row['time']:.0f} s")
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                sweep.append(row)
+    for r in sweep:
+        if "scores" in r:
+            r["scores"] = np.asarray(r["scores"])
+
+    # ---- noise floor and seed-to-seed agreement (both from starts perturbed by the median single-removal ‖Δθ‖)
     rng = np.random.default_rng(123)
     scale = float(np.median([r["dtheta_norm"] for r in done[:n_single]]))
-    noise = []
-    for _ in range(args.noise_seeds):
-        delta = torch.as_tensor(rng.normal(size=prob.dim))
-        th, _, info = retrain_one(prob, kkt, frozen, None, args, start=kkt.theta + scale * delta / delta.norm())
-        noise.append({"dF": float(F(prob.wrap(th))) - F0, "residual": info.residuals[-1],
-                      "dtheta": float((th - kkt.theta).norm())})
-    second = []
-    for k in range(min(args.agree, len(R))):
-        delta = torch.as_tensor(rng.normal(size=prob.dim))
-        th, _, info = retrain_one(prob, kkt, frozen, R[k], args, start=kkt.theta + scale * delta / delta.norm())
-        second.append(float(F(prob.wrap(th))) - F0)
-    second = np.array(second)
-    log(f"noise floor |dF| max {max(abs(n['dF']) for n in noise):.2e}; seed-to-seed max diff "
-        f"{np.max(np.abs(second - actual[:len(second)])):.2e}")
+    extra_file = cache / "noise.jsonl"
+    extra = {r["key"]: r for r in map(json.loads, extra_file.read_text().splitlines())} if extra_file.exists() else {}
+    agree = [k for k in range(min(args.agree - args.agree // 2, n_single))] + \
+        [n_single + k for k in range(min(args.agree // 2, len(R) - n_single))]
+    todo = [(f"noise{i}", None, i) for i in range(args.noise_seeds)] + [(f"second_{keys[k]}", R[k], k) for k in agree]
+    with extra_file.open("a") as fh:
+        for key, removal, _ in todo:
+            delta = torch.as_tensor(rng.normal(size=prob.dim))  # drawn for every entry: the same starts on resume
+            if key not in extra:
+                extra[key] = resolve(key, removal, start=kkt.theta + scale * delta / delta.norm())[1]
+                fh.write(json.dumps(extra[key]) + "\n")
+                fh.flush()
+    noise = [extra[f"noise{i}"] for i in range(args.noise_seeds)]
+    second = np.array([extra[f"second_{keys[k]}"]["dF"] for k in agree])
+    s2s = np.abs(second - actual[agree])
+    floor = [abs(n["dF"]) for n in noise]
+    log(f"noise floor |dF| {[f'{v:.1e}' for v in floor]}; seed-to-seed |diff| "
+        f"{[f'{v:.1e}' for v in s2s]} (removals {[keys[k] for k in agree]})")
 
-    # ---- correlations
+    # ---- correlations, over the re-solves that reached the tolerance
     def stats(p, sel):
-        return {"pearson": pearson(p[sel], actual[sel]), "spearman": spearman(p[sel], actual[sel])}
+        sel = sel[conv[sel]]
+        if len(sel) < 3:
+            return None
+        return {"n": len(sel), "pearson": pearson(p[sel], actual[sel]), "spearman": spearman(p[sel], actual[sel])}
 
     sel_all, sel_s, sel_g = np.arange(len(R)), np.arange(n_single), np.arange(n_single, len(R))
     ok = [s for s in sweep if "scores" in s]
-    best = max(ok, key=lambda s: pearson(s["scores"], actual)) if ok else None
+    best = max(ok, key=lambda s: pearson(s["scores"][conv], actual[conv])) if ok else None
     if best is not None:
         pred[f"Penalty-IF ({best['penalty']}, ρ={best['rho']:g})"] = best["scores"]
-    table = {name: {"all": stats(p, sel_all), "singles": stats(p, sel_s),
-                    "groups": stats(p, sel_g) if len(sel_g) > 2 else None} for name, p in pred.items()}
+    table = {name: {"all": stats(p, sel_all), "singles": stats(p, sel_s), "groups": stats(p, sel_g)}
+             for name, p in pred.items()}
+
+    def fmt(x, key="pearson"):
+        return f"{x[key]:.4f}" if x else "n/a"
+
     for name, row in table.items():
-        log(f"{name:38s} r = {row['all']['pearson']:.4f}  ρ_s = {row['all']['spearman']:.4f}  "
-            f"(singles {row['singles']['pearson']:.4f}, groups "
-            f"{row['groups']['pearson'] if row['groups'] else float('nan'):.4f})")
+        log(f"{name:38s} r = {fmt(row['all'])}  ρ_s = {fmt(row['all'], 'spearman')}  "
+            f"(singles {fmt(row['singles'])} / {fmt(row['singles'], 'spearman')}, "
+            f"groups {fmt(row['groups'])} / {fmt(row['groups'], 'spearman')})")
 
     # ---- violations at θ̄ + ω (a few removals: one Krylov solve each)
     viol = {"DIF": [], "classic IF": [], "truth": []}
@@ -378,7 +458,9 @@ def main(argv=None) -> int:
         viol["truth"].append(done[k]["g_new"])
         if prob.dim <= 3000:
             viol["classic IF"].append(newp.constraint_values(kkt.theta + classic_if(prob, kkt, R[k])).tolist())
-    _plot(RESULTS / f"{args.name}.png", pred, actual, n_single, table)
+    keep = np.flatnonzero(conv)
+    _plot(RESULTS / f"{args.name}.png", {k: v[keep] for k, v in pred.items()}, actual[keep],
+          int(np.sum(keep < n_single)), table)
     _, _, gk, _ = first_order(prob, kkt.theta, args.chunk)
     path = write_json(args.name, {
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
@@ -391,18 +473,30 @@ def main(argv=None) -> int:
                     "frozen_shift": frozen.shift, "test_loss": F0},
         "correlation": table,
         "penalty_sweep": [{k: v for k, v in s.items() if k != "scores"} | (
-            {"pearson": pearson(s["scores"], actual)} if "scores" in s else {}) for s in sweep],
-        "truth": {"n": len(done), "worst_residual": max(r["residual"] for r in done),
-                  "all_converged": all(r["converged"] for r in done),
+            {"pearson": pearson(s["scores"][conv], actual[conv])} if "scores" in s else {}) for s in sweep],
+        "truth": {"n": len(done), "tol": args.tol, "converged": int(conv.sum()),
+                  "converged_singles": int(conv[sel_s].sum()), "converged_groups": int(conv[sel_g].sum()),
+                  "worst_residual": max(r["residual"] for r in done),
+                  "worst_residual_converged": max((r["residual"] for r in done if r["converged"]), default=None),
+                  "finished_by": {m: sum(r["method"] == m and r["converged"] for r in done)
+                                  for m in sorted({r["method"] for r in done})},
                   "median_time_s": float(np.median([r["time"] for r in done])),
+                  "median_time_s_by_method": {m: float(np.median([r["time"] for r in done if r["method"] == m]))
+                                              for m in sorted({r["method"] for r in done})},
+                  "total_time_s": t_truth,
                   "dF_abs_median_singles": float(np.median(np.abs(actual[sel_s]))),
-                  "dF_abs_median_groups": float(np.median(np.abs(actual[sel_g]))) if len(sel_g) else None},
-        "noise_floor": noise, "seed_to_seed": {
-            "n": len(second), "max_abs_diff": float(np.max(np.abs(second - actual[:len(second)]))),
-            "pearson": pearson(second, actual[:len(second)]) if len(second) > 2 else None},
+                  "dF_abs_median_groups": float(np.median(np.abs(actual[sel_g]))) if len(sel_g) else None,
+                  "rows": done},
+        "noise_floor": {"start_perturbation_norm": scale, "rows": noise,
+                        "max_abs_dF": float(max(abs(n["dF"]) for n in noise))},
+        "seed_to_seed": {"removals": [keys[k] for k in agree], "second_dF": second.tolist(),
+                         "first_dF": actual[agree].tolist(), "abs_diff": s2s.tolist(),
+                         "max_abs_diff": float(s2s.max()), "all_converged": all(extra[f"second_{keys[k]}"]["converged"]
+                                                                              for k in agree),
+                         "pearson": pearson(second, actual[agree]) if len(agree) > 2 else None},
         "violations_at_theta_plus_omega": {"removals": pick, **viol},
         "classic_if_damping": if_damping,
-        "timing": {"train_s": t_train, "dif_scores_s": t_dif, "classic_if_s": t_if,
+        "timing": {"train_s": t_train, "dif_scores_s": t_dif, "classic_if_s": t_if, "truth_s": t_truth,
                    "dif_krylov": [{"what": a, "iterations": b, "residual": c} for a, b, c in klog]},
         "paper": {"DIF": 0.90, "Penalty-IF": 0.62},
     })

@@ -4,7 +4,7 @@
 ``benchmarks/results/dif_fairness.json`` and the scatter plot, so that a ground truth still being
 computed (or cut short) is reported as far as it goes.
 
-    .venv/bin/python benchmarks/dif_fairness_report.py CACHE_DIR TRUTH_FILE
+    .venv/bin/python benchmarks/dif_fairness_report.py CACHE_DIR TRUTH_FILE [SINGLES GROUPS TOL]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     base = np.load(cache / f"baseline_scores_{n}.npz")
     for k in base.files:
         pred.setdefault(k.replace("_", " ").replace("Penalty IF", "Penalty-IF"), base[k])
-    tol = float(argv[4]) if len(argv) > 4 else 1e-8
+    tol = float(argv[4]) if len(argv) > 4 else 1e-10  # dif_fairness.py's --tol
     pen_file = cache / "penalty_scores.json"
     penalty = json.loads(pen_file.read_text()) if pen_file.exists() else {}
     rows, cut = {}, {}
@@ -66,6 +66,8 @@ def main(argv=None) -> int:
         "penalty_sweep": {rho: {"pearson": r, "damping": penalty[rho]["damping"],
                                 "cg_iterations": penalty[rho]["iterations"]} for rho, r in sweep.items()}, "truth": {"worst_residual": max(res), "median_residual": float(np.median(res)),
                                         "converged": int(sum(rows[keys[i]]["converged"] for i in idx)),
+                                        "finished_by": {m: sum(rows[keys[i]]["method"] == m for i in idx)
+                                                        for m in sorted({rows[keys[i]]["method"] for i in idx})},
                                         "median_time_s": float(np.median([rows[keys[i]]["time"] for i in idx])),
                                         "dF_abs_median": float(np.median(np.abs(actual))),
                                         "rows": [rows[keys[i]] for i in idx]},

@@ -31,7 +31,8 @@ def test_fairness_quick(bench, tmp_path):
     mod = bench("dif_fairness")
     assert mod.main(["--quick", "--cache", str(tmp_path / "cache")]) == 0
     out = json.loads((tmp_path / "dif_fairness_quick.json").read_text())
-    assert out["truth"]["n"] == 9 and out["truth"]["worst_residual"] < 1e-6
+    assert out["truth"]["n"] == 9 and out["truth"]["converged"] == 9 and out["truth"]["worst_residual"] <= 1e-10
+    assert out["noise_floor"]["rows"][0]["converged"] and out["seed_to_seed"]["all_converged"]
     assert set(out["correlation"]) >= {"DIF", "classic IF", "TracIn"}
     assert (tmp_path / "dif_fairness_quick.png").stat().st_size > 0
 
