@@ -115,12 +115,9 @@ class DAQPSolver(QPSolver):
                 xi, _, flag, info = daqp.solve(H, -Xn[i], A, upper, lower, sense.copy(), **kw)
             except Exception as exc:  # the guard's rule: a backend's exception is a SolverError
                 raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
-            st = _STATUS.get(int(flag), Status.NUMERICAL_ERROR)
-            lam[i] = _multipliers(st, info)
-            if st.ok and not (np.isfinite(xi).all() and np.isfinite(lam[i]).all()):
-                st = Status.NUMERICAL_ERROR  # the guard's rule: a solved answer is finite
-            if st.ok or st in (Status.MAX_ITER, Status.TIME_LIMIT):
-                x[i] = xi
+            st, x[i], lam[i] = _answer(flag, xi, info, n)
+            if st.ok and not (np.isfinite(x[i]).all() and np.isfinite(lam[i]).all()):
+                st, x[i] = Status.NUMERICAL_ERROR, np.nan  # the guard's rule: a solved answer is finite
             status.append(st)
             its[i] = int(info["iterations"])
         sol = BatchSolution(x=x, z=lam[:, n:], z_box=lam[:, :n], status=tuple(status), iterations=its,
@@ -143,19 +140,21 @@ class DAQPSolver(QPSolver):
                 kw["dual_start"] = np.concatenate([np.asarray(zb, dtype=np.float64), np.asarray(z, dtype=np.float64)])
         setup = time.perf_counter() - t0
         x, _, flag, info = daqp.solve(H, np.ascontiguousarray(qp.q), A, upper, lower, sense.copy(), **kw)
-        status = _STATUS.get(int(flag), Status.NUMERICAL_ERROR)
-        lam = _multipliers(status, info)
-        x = np.array(x, dtype=np.float64)
-        if not (status.ok or status in (Status.MAX_ITER, Status.TIME_LIMIT)):
-            x = np.full(qp.n, np.nan)
+        status, x, lam = _answer(flag, x, info, qp.n)
         return Solution(x=x, z=lam[qp.n:], z_box=lam[:qp.n], status=status, iterations=int(info["iterations"]),
                         solve_time=float(info["solve_time"]), setup_time=setup, backend=self.name, qp=qp,
                         info={"raw_status": _NAMES.get(int(flag), str(flag))})
 
 
-def _multipliers(status: Status, info: dict) -> np.ndarray:
-    """DAQP's multipliers, NaN for a solve it did not finish (they then vary from call to call)."""
+def _answer(flag: int, x: Any, info: dict, n: int) -> tuple[Status, np.ndarray, np.ndarray]:
+    """``(status, x, λ)`` of one ``daqp.solve``.
+
+    ``x`` is kept for a solved, iteration- or time-limited solve (NaN otherwise); the multipliers only
+    for a solved one (after a limit DAQP's multipliers vary from call to call on the same problem).
+    """
+    status = _STATUS.get(int(flag), Status.NUMERICAL_ERROR)
     lam = np.array(info["lam"], dtype=np.float64)
     if not status.ok:
         lam[:] = np.nan
-    return lam
+    keep = status.ok or status in (Status.MAX_ITER, Status.TIME_LIMIT)
+    return status, np.array(x, dtype=np.float64) if keep else np.full(n, np.nan), lam

@@ -163,11 +163,12 @@ def _warm(X, data: PolyData, solver, opts: PolishOptions, warm) -> PipelineOutpu
         return out
     idx = xp.nonzero(~out.polished)[0]
     Xs, ds = xp.take(X, idx, axis=0), data.take(idx)
-    if int(idx.shape[0]) <= handoff:
-        from ..backends.defaults import EXACT_FALLBACK
+    if int(idx.shape[0]) <= handoff:  # few enough for the exact per-point fallback
+        from ..backends.defaults import fallback_for
         from ..registry import get_backend
 
-        return _merge(xp, out, idx, run(Xs, ds, get_backend(EXACT_FALLBACK, **_unified(solver.settings)), opts))
+        unified = _unified(solver.settings)
+        solver = get_backend(fallback_for(True, X.shape[1], int(idx.shape[0]), unified), **unified)
     return _merge(xp, out, idx, run(Xs, ds, solver, opts))
 
 

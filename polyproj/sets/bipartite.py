@@ -102,8 +102,22 @@ def z_of(C: Any, y: Dual, has_w: bool = True) -> Any:
 SPREAD = 64
 
 
+#: the indicators built so far, by namespace, shape, dtype and device (a few small constant arrays)
+_INDICATORS: dict[tuple, Any] = {}
+
+
 def _indicators(xp: Any, r: int, c: int, dtype: Any, dev: Any) -> Any:
-    """The 0/1 indicators ``(rc, r + c)`` of the rows and columns of the row-major entries."""
+    """The 0/1 indicators ``(rc, r + c)`` of the rows and columns of the row-major entries (built once)."""
+    key = (xp.__name__, r, c, str(dtype), str(dev))
+    hit = _INDICATORS.get(key)
+    if hit is None:
+        if len(_INDICATORS) >= 64:
+            _INDICATORS.clear()
+        hit = _INDICATORS[key] = _build_indicators(xp, r, c, dtype, dev)
+    return hit
+
+
+def _build_indicators(xp: Any, r: int, c: int, dtype: Any, dev: Any) -> Any:
     return xp.concat([xp.reshape(xp.broadcast_to(xp.eye(r, dtype=dtype, device=dev)[:, None, :], (r, c, r)),
                                  (r * c, r)),
                       xp.reshape(xp.broadcast_to(xp.eye(c, dtype=dtype, device=dev)[None, :, :], (r, c, c)),

@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
+from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector, as_namespace
-from .threshold import threshold
+from .threshold import native_module, threshold
 
 __all__ = ["CappedSimplex", "Simplex"]
 
@@ -177,7 +177,7 @@ def _outputs(xp: Any, X: Any, theta: Any, upper: float) -> tuple[Any, Any, Any]:
     """
     b, n = X.shape
     capped = upper != float("inf")
-    mod = _inplace_module(xp)
+    mod = native_module(xp)
     if mod is None:
         D = X - theta
         Y = xp.clip(D, min=0.0, max=upper) if capped else xp.clip(D, min=0.0)
@@ -202,21 +202,6 @@ def _outputs(xp: Any, X: Any, theta: Any, upper: float) -> tuple[Any, Any, Any]:
         mod.clip(high, 0.0, None, out=high)
     mod.clip(Y, 0.0, upper if capped else None, out=Y)
     return Y, active, mult
-
-
-def _inplace_module(xp: Any) -> Any:
-    """The array module whose ufuncs take ``out=`` (NumPy, torch, CuPy), else None."""
-    if is_numpy_namespace(xp):
-        return np
-    if is_torch_namespace(xp):
-        import torch
-
-        return torch
-    if is_cupy_namespace(xp):
-        import importlib
-
-        return importlib.import_module("cupy")
-    return None
 
 
 def _fixed(active: Any, n: int) -> Any:

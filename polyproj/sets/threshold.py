@@ -28,7 +28,7 @@ from array_api_compat import device as _device
 
 from ..projection.faces import put_rows
 
-__all__ = ["Threshold", "sorted_threshold", "threshold"]
+__all__ = ["Threshold", "native_module", "sorted_threshold", "threshold"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,21 @@ def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int 
     return Threshold(theta, max(th.iterations, full.iterations), near, free)
 
 
+def native_module(xp: Any) -> Any:
+    """The array library behind the namespace (NumPy, torch, CuPy: partial selection, ``out=``), else None."""
+    if is_numpy_namespace(xp):
+        return np
+    if is_torch_namespace(xp):
+        import torch
+
+        return torch
+    if is_cupy_namespace(xp):
+        import importlib
+
+        return importlib.import_module("cupy")
+    return None
+
+
 def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any, bool] | None:
     """The ``K`` largest entries of each row, the ``(K+1)``-th largest (b, 1), and their order.
 
@@ -140,10 +155,7 @@ def _largest(xp: Any, X: Any, K: int) -> tuple[Any, Any, bool] | None:
     """
     n = X.shape[1]
     if is_numpy_namespace(xp) or is_cupy_namespace(xp):
-        import importlib
-
-        mod = np if is_numpy_namespace(xp) else importlib.import_module("cupy")  # the namespace's own partition
-        part = mod.partition(X, n - K - 1, axis=1)
+        part = native_module(xp).partition(X, n - K - 1, axis=1)  # the namespace's own partition
         return part[:, n - K:], part[:, n - K - 1: n - K], False
     if is_torch_namespace(xp):
         vals = xp.topk(X, K + 1, dim=1).values  # sorted, decreasing

@@ -284,7 +284,7 @@ def newton_kkt(problem: ConstrainedProblem, theta: torch.Tensor, lam: np.ndarray
             dth, lam_new = _sqp_step(hessian, gf, G, g, eq, backend)
             info.krylov_iterations.append(0)
             for _ in range(12):  # accept the step when it lowers the KKT residual, else halve θ's and λ's steps
-                th_try, lam_try = th + torch.from_numpy(dth), lam + (lam_new - lam)
+                th_try, lam_try = th + torch.from_numpy(dth), lam_new
                 _, gf_t, g_t, G_t = first_order(problem, th_try, chunk_size)
                 res_t = max(kkt_residuals(gf_t, G_t, g_t, lam_try, eq).values(), default=0.0)
                 if np.isfinite(res_t) and res_t < res:
