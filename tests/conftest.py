@@ -133,3 +133,39 @@ def study():
     from polyproj.adapters.dif.study import make_regression_study
 
     return make_regression_study(n=80, d=8, n_test=50, seed=3)
+
+
+def _mlp_sq(m, b):
+    wd = sum((p ** 2).sum() for p in m.__dict__["_params"].values())
+    return (m(b[0]).squeeze(-1) - b[1]) ** 2 + 1e-3 * wd
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    """A tanh MLP (d = 31) with a binding group-risk constraint and a weakly active bias cap."""
+    import torch
+
+    from polyproj.adapters.dif import ConstrainedProblem, Constraint, Loss, solve
+
+    rng = np.random.default_rng(0)
+    n = 60
+    X = torch.as_tensor(rng.normal(size=(n, 3)))
+    y = torch.as_tensor(np.sin(X.numpy() @ np.array([1.0, -1.0, 0.5])) + 0.1 * rng.normal(size=n))
+    grp = np.flatnonzero(rng.random(n) < 0.35)
+    y[grp] += 0.8
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    gi = torch.as_tensor(grp)
+    p0 = ConstrainedProblem(net, Loss(_mlp_sq, (X, y)))
+    k0 = solve(p0, tol=1e-9)
+    r0 = float(_mlp_sq(p0.wrap(k0.theta), (X[gi], y[gi])).mean())
+    group = Constraint(_mlp_sq, (X[gi], y[gi]), tau=0.6 * r0, name="group")
+    p1 = ConstrainedProblem(net, Loss(_mlp_sq, (X, y)), [group])
+    k1 = solve(p1, theta0=k0.theta, tol=1e-11)
+    cap = float(k1.theta[-1])
+    prob = ConstrainedProblem(net, Loss(_mlp_sq, (X, y)),
+                              [group, Constraint(lambda m: getattr(m, "2").bias.sum(), None, tau=cap, name="bias_cap")])
+    kkt = solve(prob, theta0=k1.theta, lambdas0=np.r_[k1.lambdas.numpy(), 0.0], tol=1e-11)
+    pos = {int(i): k for k, i in enumerate(grp)}
+    removals = [{"objective": [i], "group": [pos[i]]} if i in pos else {"objective": [i]} for i in range(n)]
+    return prob, kkt, removals, (X, y)

@@ -50,6 +50,10 @@ class DIFResult:
         Names of the active-set constraints that the QP solution keeps at equality.
     multipliers : ndarray (m,)
         QP multipliers (the first-order change of λ), zero off the active set.
+    order : int
+        1: the directional derivative; 2: with the second-order correction (``DIF.result(..., order=2)``),
+        where ``constraint_change`` is g(θ̄ + ω) − g(θ̄) of the removed problem and ``multipliers``
+        the predicted change of λ.
     """
 
     omega: torch.Tensor
@@ -57,6 +61,14 @@ class DIFResult:
     constraint_change: np.ndarray
     active: tuple[str, ...]
     multipliers: np.ndarray
+    order: int = 1
+
+
+def _check_order(order: Any) -> int:
+    if isinstance(order, bool) or order not in (1, 2):
+        raise ProblemError(f"order must be 1 (the directional derivative) or 2 (with one second-order "
+                           f"correction), got {order!r}")
+    return int(order)
 
 
 def _as_removals(removal: Removal | Sequence[Removal]) -> tuple[list[Removal], bool]:
@@ -148,6 +160,8 @@ class DIF:
         else:
             self._setup_matrix_free(floor, auto_damping, krylov, rtol, maxiter, preconditioner)
         self._dual: DualQP | None = None
+        self._v_extra: dict[int, np.ndarray] = {}
+        self._step_duals: dict[tuple[int, ...], DualQP] = {}
 
     def _setup_matrix_free(self, damping: float, auto: bool, krylov: str, rtol: float, maxiter: int | None,
                            preconditioner: Any) -> None:
@@ -177,10 +191,34 @@ class DIF:
     def dual(self) -> DualQP:
         """The dual QP over the active rows, S = C H⁻¹ Cᵀ (formed on first use)."""
         if self._dual is None:
-            V = self.V if self.method == "matrix-free" else self._inv.solve_many(self.C, "H⁻¹∇g_A")
-            self.V = V
-            self._dual = DualQP.build(self.C @ V, self.row_eq, self.backend, self.settings)
+            self._dual = DualQP.build(self.C @ self.active_solves, self.row_eq, self.backend, self.settings)
         return self._dual
+
+    @property
+    def active_solves(self) -> np.ndarray:
+        """V = H⁻¹C_Aᵀ (d, k) of the active rows (the matrix-free path forms it at once, the dense on first use)."""
+        if getattr(self, "V", None) is None:
+            self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A")
+        return self.V
+
+    def constraint_solves(self, rows: np.ndarray) -> tuple[np.ndarray, DualQP]:
+        """(H⁻¹C̄_Rᵀ (d, |R|), the dual QP over the rows R) for any constraints R (second-order steps).
+
+        The active rows' solves are ``V``'s; another row's is solved once and kept.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        V = self.active_solves
+        pos = {int(j): i for i, j in enumerate(self.rows)}
+        for j in rows:
+            if int(j) not in pos and int(j) not in self._v_extra:
+                self._v_extra[int(j)] = self._inv.solve(self.lin.G[j], f"H⁻¹∇g[{int(j)}] (second order)")
+        VR = np.column_stack([V[:, pos[int(j)]] if int(j) in pos else self._v_extra[int(j)] for j in rows]) \
+            if rows.size else np.zeros((self.problem.dim, 0))
+        key = tuple(int(j) for j in rows)
+        if key not in self._step_duals:
+            self._step_duals[key] = DualQP.build(self.lin.G[rows] @ VR, self.problem.eq_mask[rows], self.backend,
+                                                 self.settings)
+        return VR, self._step_duals[key]
 
     def qp_data(self, removal: Removal) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(H, c, C, u, eq) of the DIF QP ``min cᵀω + ½ωᵀHω s.t. Cω = u (eq), Cω <= u`` (u = −r); dense only."""
@@ -194,16 +232,37 @@ class DIF:
         return c0 + self.lin.lam @ cc, r
 
     # ------------------------------------------------------------------ one removal
-    def result(self, removal: Removal) -> DIFResult:
-        """The full :class:`DIFResult` for one removal (subset of samples, possibly of several losses)."""
+    def result(self, removal: Removal, order: int = 1) -> DIFResult:
+        """The full :class:`DIFResult` for one removal (subset of samples, possibly of several losses).
+
+        ``order=2`` adds one chord-Newton correction on the removed problem's exact KKT residual at
+        θ̄ + ω (:mod:`~polyproj.adapters.dif.second_order`): ω is then exact to second order in the
+        removal's size, at the cost of one pass over the data and one more solve with H per removal.
+        """
+        order = _check_order(order)
         c, r = self._terms(removal)
         if self.method == "matrix-free":
-            return self._result_schur(c, r)
-        from .qp import solve_qp_exact
+            first = self._result_schur(c, r)
+        else:
+            from .qp import solve_qp_exact
 
-        sol = solve_qp_exact(self.H, c, self.C, -r[self.rows], self.row_eq, backend=self.backend, **self.settings)
-        names = tuple(self.kkt.names[j] for j, a in zip(self.rows, sol.active, strict=True) if a)
-        return self._pack(np.nan_to_num(sol.x, nan=np.nan), sol.z, sol.status, r, names)
+            sol = solve_qp_exact(self.H, c, self.C, -r[self.rows], self.row_eq, backend=self.backend,
+                                 **self.settings)
+            names = tuple(self.kkt.names[j] for j, a in zip(self.rows, sol.active, strict=True) if a)
+            first = self._pack(np.nan_to_num(sol.x, nan=np.nan), sol.z, sol.status, r, names)
+        if order == 1 or not first.status.ok:
+            return first
+        from .second_order import correction
+
+        step = correction(self, removal, first.omega.numpy(), first.multipliers)
+        omega = first.omega.numpy() + step.delta
+        change = self.problem.remove(removal).constraint_values(self.kkt.theta + torch.as_tensor(omega)).numpy() \
+            - self.lin.g if self.problem.m else np.zeros(0)
+        eq = self.problem.eq_mask
+        floor = 1e-10 * (1.0 + float(np.max(np.abs(step.lambdas), initial=0.0)))  # round-off multipliers
+        names = tuple(self.kkt.names[j] for j in step.rows if eq[j] or step.lambdas[j] > floor)
+        return DIFResult(omega=torch.as_tensor(omega), status=first.status, constraint_change=change, active=names,
+                         multipliers=step.lambdas - self.lin.lam, order=2)
 
     def _result_schur(self, c: np.ndarray, r: np.ndarray) -> DIFResult:
         y = self._inv.solve(c, "H⁻¹c")
@@ -225,11 +284,12 @@ class DIF:
         return DIFResult(omega=torch.as_tensor(omega), status=status, constraint_change=change, active=names,
                          multipliers=mult)
 
-    def delta_theta(self, removal: Removal | Sequence[Removal]) -> torch.Tensor:
+    def delta_theta(self, removal: Removal | Sequence[Removal], order: int = 1) -> torch.Tensor:
         """Predicted parameter change Δθ for a removal (d,), or for a list of removals (k, d).
 
         ``removal`` maps ``"objective"`` or a constraint's name to the indices removed from that loss's
-        data; a subset is removed jointly (not the sum of single removals).
+        data; a subset is removed jointly (not the sum of single removals). ``order=2``: with the
+        second-order correction (:meth:`result`).
 
         Raises
         ------
@@ -241,7 +301,7 @@ class DIF:
         removals, single = _as_removals(removal)
         out = []
         for rem in removals:
-            res = self.result(rem)
+            res = self.result(rem, order)
             if not res.status.ok:
                 raise SolverError(f"the DIF QP returned {res.status.name}: {res.status.message}")
             out.append(res.omega)
@@ -251,7 +311,7 @@ class DIF:
     # ------------------------------------------------------------------ all points
     def influence(self, test_fn: Callable[[Any], Any] | None = None, removals: Sequence[Removal] | None = None, *,
                   executor: Executor | None = None, chunk_size: int | None = None,
-                  progress: bool | None = None) -> torch.Tensor:
+                  progress: bool | None = None, order: int = 1) -> torch.Tensor:
         """Predicted change of ``test_fn`` when each objective sample (or each removal) is removed.
 
         Parameters
@@ -271,14 +331,24 @@ class DIF:
             activations.
         progress : bool, optional
             Progress bar over chunks (default: for 8 or more chunks without an executor).
+        order : {1, 2}
+            1 (default): the first-order scores ∇F(θ̄)ᵀω. 2: F(θ̄ + ω₂) − F(θ̄) with ω₂ the
+            second-order prediction (:meth:`result`), one pass over the data and one solve with H
+            per removal: for tens to thousands of removals (groups, a top-k's candidates), not for
+            every point of a large data set; in process only (no ``executor``).
 
         Returns
         -------
         torch.Tensor
-            (N₀,) or (len(removals),): ∇F(θ̄)ᵀω for each removal.
+            (N₀,) or (len(removals),): ∇F(θ̄)ᵀω (order 2: F(θ̄ + ω₂) − F(θ̄)) for each removal.
         """
+        order = _check_order(order)
         rems = list(removals) if removals is not None else \
             [{"objective": [i]} for i in range(self.problem.objective.n_samples)]
+        if order == 2:
+            if executor is not None:
+                raise ProblemError("influence(order=2) runs in process: pass executor=None")
+            return self._second_order_scores(test_fn, rems, progress)
         if test_fn is None:
             return self._all_omegas(removals) if self.method == "dense" else self.delta_theta(rems)
         if self.method == "dense" and executor is None:
@@ -289,6 +359,29 @@ class DIF:
         parts = map_jobs(job, chunks, executor=executor, progress=progress, bar_from=8, description="DIF scores")
         scores = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
         return torch.as_tensor(scores)
+
+    def _second_order_scores(self, test_fn: Callable[[Any], Any] | None, rems: list[Removal],
+                             progress: bool | None) -> torch.Tensor:
+        omegas = map_jobs(lambda rem: self.result(rem, order=2), rems, progress=progress, bar_from=20,
+                          description="DIF scores (order 2)")
+        bad = [i for i, r in enumerate(omegas) if not r.status.ok]
+        if bad:
+            raise SolverError(f"the DIF QP failed for {len(bad)} removals (first: #{bad[0]}, "
+                              f"{omegas[bad[0]].status.name})")
+        if test_fn is None:
+            return torch.stack([r.omega for r in omegas]) if omegas else torch.zeros(0, self.problem.dim,
+                                                                                    dtype=torch.float64)
+        theta = self.kkt.theta
+
+        def F(t: torch.Tensor) -> float:
+            out = torch.as_tensor(test_fn(self.problem.wrap(t)))
+            if out.numel() != 1:
+                raise ProblemError(f"test_fn must return a scalar, got shape {tuple(out.shape)}")
+            return float(out.detach())
+
+        with torch.no_grad():
+            F0 = F(theta)
+            return torch.as_tensor([F(theta + r.omega) - F0 for r in omegas], dtype=torch.float64)
 
     def score_job(self, test_fn: Callable[[Any], Any], chunk_size: int | None = None) -> ScoreJob:
         """The self-contained scoring job for ``test_fn`` (s_test = H⁻¹∇F solved once, here)."""

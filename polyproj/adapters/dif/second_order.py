@@ -1,0 +1,85 @@
+"""Second-order DIF: one chord-Newton correction of the first-order prediction.
+
+The first-order DIF ω₁ (with μ₁, the change of λ) is the first step of Newton's method on the
+removed problem's KKT system from (θ̄, λ̄), with the removal's terms to first order in its size ε
+(ε = 1/N for one sample, |Z|/N for a group); its error is O(ε²). One more step with the *same*
+KKT matrix at θ̄, J̄ = [[H, C̄ᵀ], [C̄, 0]] (H and the constraint Jacobian C̄ at θ̄, so H⁻¹C̄ᵀ and the
+dual matrix are reused), on the exact residual of the removed problem at (θ₁, λ₁) = (θ̄ + ω₁, λ̄ + μ₁),
+
+    F(θ₁, λ₁) = (∇f₀'(θ₁) + G'(θ₁)ᵀλ₁,  g'(θ₁)),
+
+is a chord step, whose error is O(‖J̄ − J*‖·‖e₁‖) = O(ε·ε²): ω₂ = ω₁ + δ is exact to second order.
+Written as a QP in δ, so that multipliers keep their signs and a constraint may leave (a binding
+row with a tiny λ̄) or join (an inactive row that θ₁ violates) the active set::
+
+    min qᵀδ + ½δᵀHδ   s.t.  g'ⱼ(θ₁) + C̄ⱼδ <= 0  (= 0 for equalities),   q = ∇f₀'(θ₁) + (G'(θ₁) − C̄)ᵀλ₁,
+
+whose multipliers ν are the new λ itself (stationarity Hδ + C̄ᵀν = −q is the chord step's first
+row, H δ + C̄ᵀ(ν − λ₁) = −(∇f₀' + G'ᵀλ₁)). By its dual, as on the matrix-free path::
+
+    δ = −H⁻¹(q + C̄ᵀν),   ν = argmin ½νᵀ(C̄H⁻¹C̄ᵀ)ν + (C̄H⁻¹q − g')ᵀν,   ν >= 0 on inequality rows.
+
+Rows: the KKT point's active rows and every constraint that θ₁ violates. Cost per removal: one pass
+over the removed problem's data (the gradients of f₀ and of each gⱼ at θ₁) and one solve with H
+(Krylov on the matrix-free path); a test function is then evaluated at θ̄ + ω₂, not linearised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .problem import Removal
+
+__all__ = ["SecondOrderStep", "correction"]
+
+
+@dataclass(frozen=True)
+class SecondOrderStep:
+    """The correction δ of one removal and what it was computed from.
+
+    Attributes
+    ----------
+    delta : ndarray (d,)
+        ω₂ − ω₁.
+    lambdas : ndarray (m,)
+        ν: the predicted multipliers of the removed problem (zero off ``rows``).
+    rows : ndarray of int
+        Constraints in the step's QP (active at θ̄, or violated at θ̄ + ω₁).
+    stationarity : float
+        ‖∇f₀' + G'ᵀλ₁‖∞ at (θ₁, λ₁): the first-order prediction's residual that δ corrects.
+    """
+
+    delta: np.ndarray
+    lambdas: np.ndarray
+    rows: np.ndarray
+    stationarity: float
+
+
+def correction(dif, removal: Removal, omega1: np.ndarray, dlam1: np.ndarray) -> SecondOrderStep:
+    """δ for ``removal`` from the first-order (ω₁, μ₁) of :class:`~polyproj.adapters.dif.engine.DIF` ``dif``."""
+    from .newton import first_order
+
+    problem, lin = dif.problem, dif.lin
+    removed = problem.remove(removal)
+    lam1 = lin.lam + dlam1
+    theta1 = dif.kkt.theta + torch.as_tensor(omega1, dtype=torch.float64)
+    _, gf, g, G = first_order(removed, theta1, dif.chunk_size)
+    Cbar = lin.G
+    q = gf + (G - Cbar).T @ lam1 if problem.m else gf
+    y = dif._inv.solve(q, "second order: H⁻¹q")
+    m = problem.m
+    violated = np.flatnonzero(g > 0.0) if m else np.zeros(0, np.int64)
+    rows = np.union1d(dif.rows, violated).astype(np.int64)
+    nu = np.zeros(m)
+    if rows.size:
+        V, dual = dif.constraint_solves(rows)
+        nu[rows] = dual.solve(Cbar[rows] @ y - g[rows])
+        delta = -(y + V @ nu[rows])
+    else:
+        delta = -y
+    stat = float(np.max(np.abs(gf + G.T @ lam1 if m else gf), initial=0.0))
+    return SecondOrderStep(delta=delta, lambdas=nu, rows=rows, stationarity=stat)
+
