@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     n = singles + groups
     keys = [f"s{k}" for k in range(singles)] + [f"g{k}" for k in range(groups)]
     pred = {"DIF": np.load(cache / f"dif_scores_{n}.npy")}
+    if (cache / f"dif2_scores_{n}.npy").exists():
+        pred["DIF (order 2)"] = np.load(cache / f"dif2_scores_{n}.npy")
     base = np.load(cache / f"baseline_scores_{n}.npz")
     for k in base.files:
         pred.setdefault(k.replace("_", " ").replace("Penalty IF", "Penalty-IF"), base[k])

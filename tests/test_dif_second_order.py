@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from polyproj.adapters.dif import DIF, retrain
-from polyproj.errors import ProblemError
+from polyproj.errors import PolyprojWarning, ProblemError
 
 pytestmark = [pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning"),
               pytest.mark.usefixtures("one_torch_thread", "quiet_polyproj_warnings")]
@@ -98,3 +98,19 @@ def test_order_is_checked(study):
     with pytest.raises(ProblemError, match="in process"), ThreadPoolExecutor(1) as ex:
         dif.influence(study.test_loss, study.removals[:2], order=2, executor=ex)
     assert dif.influence(study.test_loss, [], order=2).shape == (0,)
+
+
+def test_no_contraction_keeps_the_first_order_answer(study):
+    """Removing half the data: the correction would exceed the step, so it is not applied (and said)."""
+    prob, kkt, F = study.problem, study.kkt, study.test_loss
+    dif = DIF(prob, kkt, method="dense")
+    half = {"objective": np.arange(40)}
+    first, second = dif.result(half), dif.result(half, order=2)
+    assert second.order == 1 and second.correction_ratio > 1.0
+    np.testing.assert_array_equal(second.omega.numpy(), first.omega.numpy())
+    small = dif.result(study.removals[0], order=2)
+    assert small.order == 2 and small.correction_ratio < 1.0
+    assert dif.second_order_log[-2:] == [second.correction_ratio, small.correction_ratio]
+    with pytest.warns(PolyprojWarning, match="1 of 2 removals"):
+        s = dif.influence(F, [half, study.removals[0]], order=2).numpy()
+    np.testing.assert_allclose(s[0], float(dif.influence(F, [half])[0]), rtol=1e-12)

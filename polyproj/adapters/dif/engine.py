@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,10 @@ class DIFResult:
         1: the directional derivative; 2: with the second-order correction (``DIF.result(..., order=2)``),
         where ``constraint_change`` is g(θ̄ + ω) − g(θ̄) of the removed problem and ``multipliers``
         the predicted change of λ.
+    correction_ratio : float or None
+        With ``order=2`` asked: ‖δ‖/‖ω₁‖, the second-order correction against the first-order step.
+        Above 1 the correction is not applied (no contraction: the removal is outside the expansion's
+        range) and the result is the first-order one (``order`` 1).
     """
 
     omega: torch.Tensor
@@ -62,6 +66,7 @@ class DIFResult:
     active: tuple[str, ...]
     multipliers: np.ndarray
     order: int = 1
+    correction_ratio: float | None = None
 
 
 def _check_order(order: Any) -> int:
@@ -161,7 +166,9 @@ class DIF:
             self._setup_matrix_free(floor, auto_damping, krylov, rtol, maxiter, preconditioner)
         self._dual: DualQP | None = None
         self._v_extra: dict[int, np.ndarray] = {}
-        self._step_duals: dict[tuple[int, ...], DualQP] = {}
+        self._step_duals: dict[tuple, DualQP] = {}
+        #: ‖δ‖/‖ω₁‖ of every second-order result, in order (above 1: the correction was not applied)
+        self.second_order_log: list[float] = []
 
     def _setup_matrix_free(self, damping: float, auto: bool, krylov: str, rtol: float, maxiter: int | None,
                            preconditioner: Any) -> None:
@@ -201,10 +208,10 @@ class DIF:
             self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A")
         return self.V
 
-    def constraint_solves(self, rows: np.ndarray) -> tuple[np.ndarray, DualQP]:
-        """(H⁻¹C̄_Rᵀ (d, |R|), the dual QP over the rows R) for any constraints R (second-order steps).
+    def constraint_solves(self, rows: np.ndarray, eq: np.ndarray) -> tuple[np.ndarray, DualQP]:
+        """(H⁻¹C̄_Rᵀ (d, |R|), the dual QP over the rows R, free where ``eq``) for any constraints R.
 
-        The active rows' solves are ``V``'s; another row's is solved once and kept.
+        For second-order steps: the active rows' solves are ``V``'s; another row's is solved once and kept.
         """
         rows = np.asarray(rows, dtype=np.int64)
         V = self.active_solves
@@ -214,9 +221,9 @@ class DIF:
                 self._v_extra[int(j)] = self._inv.solve(self.lin.G[j], f"H⁻¹∇g[{int(j)}] (second order)")
         VR = np.column_stack([V[:, pos[int(j)]] if int(j) in pos else self._v_extra[int(j)] for j in rows]) \
             if rows.size else np.zeros((self.problem.dim, 0))
-        key = tuple(int(j) for j in rows)
+        key = (tuple(int(j) for j in rows), tuple(bool(e) for e in eq))
         if key not in self._step_duals:
-            self._step_duals[key] = DualQP.build(self.lin.G[rows] @ VR, self.problem.eq_mask[rows], self.backend,
+            self._step_duals[key] = DualQP.build(self.lin.G[rows] @ VR, np.asarray(eq, dtype=bool), self.backend,
                                                  self.settings)
         return VR, self._step_duals[key]
 
@@ -255,6 +262,12 @@ class DIF:
         from .second_order import correction
 
         step = correction(self, removal, first.omega.numpy(), first.multipliers)
+        ratio = float(np.linalg.norm(step.delta)) / max(float(first.omega.norm()), 1e-300)
+        self.second_order_log.append(ratio)
+        if not ratio <= 1.0:
+            # no contraction: the correction is larger than the step it corrects, so the removal lies
+            # outside the range of the expansion around θ̄ (e.g. retraining moves to another basin)
+            return replace(first, correction_ratio=ratio)
         omega = first.omega.numpy() + step.delta
         change = self.problem.remove(removal).constraint_values(self.kkt.theta + torch.as_tensor(omega)).numpy() \
             - self.lin.g if self.problem.m else np.zeros(0)
@@ -262,7 +275,7 @@ class DIF:
         floor = 1e-10 * (1.0 + float(np.max(np.abs(step.lambdas), initial=0.0)))  # round-off multipliers
         names = tuple(self.kkt.names[j] for j in step.rows if eq[j] or step.lambdas[j] > floor)
         return DIFResult(omega=torch.as_tensor(omega), status=first.status, constraint_change=change, active=names,
-                         multipliers=step.lambdas - self.lin.lam, order=2)
+                         multipliers=step.lambdas - self.lin.lam, order=2, correction_ratio=ratio)
 
     def _result_schur(self, c: np.ndarray, r: np.ndarray) -> DIFResult:
         y = self._inv.solve(c, "H⁻¹c")
@@ -379,9 +392,21 @@ class DIF:
                 raise ProblemError(f"test_fn must return a scalar, got shape {tuple(out.shape)}")
             return float(out.detach())
 
+        rejected = [i for i, r in enumerate(omegas) if r.order == 1]
+        if rejected:
+            import warnings
+
+            from ...errors import PolyprojWarning
+
+            warnings.warn(f"{len(rejected)} of {len(omegas)} removals: the second-order correction is larger than "
+                          "the first-order step (no contraction, outside the expansion's range); their scores are "
+                          f"the first-order ones (first: #{rejected[0]}, ‖δ‖/‖ω‖ = "
+                          f"{omegas[rejected[0]].correction_ratio:.3g})", PolyprojWarning, stacklevel=3)
+            gF = _test_grad(self.problem, test_fn, theta)
         with torch.no_grad():
             F0 = F(theta)
-            return torch.as_tensor([F(theta + r.omega) - F0 for r in omegas], dtype=torch.float64)
+            return torch.as_tensor([float(gF @ r.omega) if r.order == 1 else F(theta + r.omega) - F0
+                                    for r in omegas], dtype=torch.float64)
 
     def score_job(self, test_fn: Callable[[Any], Any], chunk_size: int | None = None) -> ScoreJob:
         """The self-contained scoring job for ``test_fn`` (s_test = H⁻¹∇F solved once, here)."""

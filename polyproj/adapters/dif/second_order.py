@@ -12,14 +12,15 @@ is a chord step, whose error is O(‖J̄ − J*‖·‖e₁‖) = O(ε·ε²): �
 Written as a QP in δ, so that multipliers keep their signs and a constraint may leave (a binding
 row with a tiny λ̄) or join (an inactive row that θ₁ violates) the active set::
 
-    min qᵀδ + ½δᵀHδ   s.t.  g'ⱼ(θ₁) + C̄ⱼδ <= 0  (= 0 for equalities),   q = ∇f₀'(θ₁) + (G'(θ₁) − C̄)ᵀλ₁,
+    min qᵀδ + ½δᵀHδ   s.t.  g'ⱼ(θ₁) + C̄ⱼδ <= 0  (= 0 on kept rows),   q = ∇f₀'(θ₁) + (G'(θ₁) − C̄)ᵀλ₁,
 
 whose multipliers ν are the new λ itself (stationarity Hδ + C̄ᵀν = −q is the chord step's first
 row, H δ + C̄ᵀ(ν − λ₁) = −(∇f₀' + G'ᵀλ₁)). By its dual, as on the matrix-free path::
 
     δ = −H⁻¹(q + C̄ᵀν),   ν = argmin ½νᵀ(C̄H⁻¹C̄ᵀ)ν + (C̄H⁻¹q − g')ᵀν,   ν >= 0 on inequality rows.
 
-Rows: the KKT point's active rows and every constraint that θ₁ violates. Cost per removal: one pass
+Rows: the KKT point's active rows and every constraint that θ₁ violates; equalities and binding rows
+with λ₁ⱼ > |μⱼ| are kept at equality (ν free), the others sign-constrained. Cost per removal: one pass
 over the removed problem's data (the gradients of f₀ and of each gⱼ at θ₁) and one solve with H
 (Krylov on the matrix-free path); a test function is then evaluated at θ̄ + ω₂, not linearised.
 """
@@ -75,7 +76,13 @@ def correction(dif, removal: Removal, omega1: np.ndarray, dlam1: np.ndarray) -> 
     rows = np.union1d(dif.rows, violated).astype(np.int64)
     nu = np.zeros(m)
     if rows.size:
-        V, dual = dif.constraint_solves(rows)
+        # a binding row stays at equality when its predicted multiplier is larger than its predicted
+        # change (λ₁ⱼ > |μⱼ|: a margin the removal does not use up), so that on a far step the
+        # quadratic model cannot drop a clearly binding row; the others (weakly active, binding with a
+        # multiplier the removal may move through zero, violated) keep the sign constraint ν >= 0
+        binding = np.isin(rows, dif.rows[dif.row_eq])
+        fixed = problem.eq_mask[rows] | (binding & (lam1[rows] > np.abs(dlam1[rows])))
+        V, dual = dif.constraint_solves(rows, fixed)
         nu[rows] = dual.solve(Cbar[rows] @ y - g[rows])
         delta = -(y + V @ nu[rows])
     else:
