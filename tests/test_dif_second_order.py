@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+pytest.importorskip("torch")
+
 from polyproj.adapters.dif import DIF, retrain
 from polyproj.errors import PolyprojWarning, ProblemError
 
