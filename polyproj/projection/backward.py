@@ -49,6 +49,11 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
     at_lb = xp.astype(info.active[:, m: m + n], g.dtype) * (1.0 - at_ub)
     free = 1.0 - (at_lb + at_ub)
     activeA = info.active[:, :m]
+    if len(info.faces) == 1 and info.faces[0].idx is None and bool(xp.all(info.faces[0].use)):
+        face = info.faces[0].face  # one recorded face serves the whole batch
+        Jg, r, Mr = face.vjp(g)
+        rA, rB = expand_rows(face.rows, r)
+        return VJPParts(Jg, rA, rB, Mr, at_lb, at_ub)
     Jg, Mr = xp.zeros_like(g), xp.zeros_like(g)
     rA = xp.zeros((batch, m), dtype=g.dtype, device=_device(g))
     rB = xp.zeros((batch, p), dtype=g.dtype, device=_device(g))

@@ -143,7 +143,10 @@ class Polyhedral(Projector):
             raise ProblemError(f"the constraint data carry a batch of {self._batch_size()} but X has "
                                f"{X.shape[0]} points")
         X64 = xp.astype(X, xp.float64)
-        out = run(X64, data, self._solver_for(X), replace(self.options, record=record), warm=self._warm(X, warm_start))
+        solver, opts, warm = self._solver_for(X), replace(self.options, record=record), self._warm(X, warm_start)
+        out = self._direct(X64, data, solver, opts, warm)
+        if out is None:
+            out = run(X64, data, solver, opts, warm=warm)
         viol = data.violation(out.Y)
         info = FaceInfo(data, out.Y, out.active, out.mult, out.mu, out.faces)
         active, mult = out.active, out.mult
@@ -154,6 +157,39 @@ class Polyhedral(Projector):
         return ProjectionResult(xp.astype(out.Y, X.dtype), active, xp.concat([mult, out.mu], axis=1), out.status,
                                 float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
                                 solution=out.start.solution, degenerate=report, face=info)
+
+    def _direct(self, X: Any, data: PolyData, solver: Any, opts: PolishOptions, warm: Any) -> Any:
+        """The direct path (:mod:`polyproj.projection.direct`) for a small NumPy batch, or None when not taken.
+
+        Taken for shared data, the default backend choice (or DAQP) without settings and the default polish,
+        on data of unit scale; the samples it does not take go through :func:`run` as a batch of their own
+        (the ``"auto"`` choice for that batch; their part of the warm start).
+        """
+        from ..projection import direct
+        from ..projection.pipeline import _unit_scale
+
+        if not (isinstance(X, np.ndarray) and 0 < X.shape[0] <= direct.DIRECT_BATCH and X.shape[1]
+                and not data.batched and opts.polish and opts.max_rounds is None and not self.settings
+                and (self.auto or self.solver.name == "daqp")) or _unit_scale(X, data) != 1.0:
+            return None
+        dd = self._like.get("direct")
+        if dd is None:
+            from ..registry import get_backend
+
+            try:
+                daqp = get_backend("daqp")
+            except Exception:  # DAQP missing: the pipeline only
+                return None
+            dd = self._like["direct"] = (direct.DirectData.of(data), daqp)
+
+        def fallback(idx):
+            Xs = X[idx]
+            if _unit_scale(Xs, data) != 1.0:
+                return None  # the pipeline would scale the part otherwise than the batch: the batch goes there
+            return run(Xs, data, self._solver_for(Xs) if self.auto else solver, opts,
+                       warm=None if warm is None else warm[idx])
+
+        return direct.project_direct(X, data, dd[0], dd[1], opts.tol, opts.record, fallback)
 
     def _eq_deficiency(self) -> int:
         """``p − rank(B)``: the dependency of the equality rows that the polyhedron itself implies."""
