@@ -1,0 +1,204 @@
+"""The direct path for small NumPy batches (polyproj/projection/direct.py) against the pipeline.
+
+The pipeline's answers are the reference: the direct path is switched off by setting
+``direct.DIRECT_BATCH = 0``. Projections must agree to 1e-12, the HS-Jacobian products and the
+constraint-data gradients to 1e-10; degenerate points must go to the pipeline and give its answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyproj as pp
+from polyproj.projection import direct
+from polyproj.sets.polyhedral import Polyhedral
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("daqp")
+
+from polyproj.adapters.torch import ProjectionLayer, project  # noqa: E402
+
+PARTS = ("A", "a", "B", "b", "lb", "ub")
+
+
+def problem(n: int, m: int, batch: int, seed: int):
+    """A bounded polytope with an interior point x0 and points around it (as the layer benchmark's)."""
+    rng = np.random.default_rng(seed)
+    x0 = rng.normal(size=n)
+    A = rng.normal(size=(m, n))
+    a = A @ x0 + rng.uniform(0.1, 1.0, size=m)
+    B = rng.normal(size=(1, n))
+    b = B @ x0
+    d = dict(A=A, a=a, B=B, b=b, lb=x0 - 2.0, ub=x0 + 2.0)
+    return d, x0 + 3.0 * rng.normal(size=(batch, n)), rng.normal(size=(batch, n))
+
+
+def taken(S: Polyhedral, X: np.ndarray) -> np.ndarray:
+    """(batch,) the samples the direct path served (their face record is a DirectFace)."""
+    res = S.project_batch(X, record=True)
+    out = np.zeros(X.shape[0], dtype=bool)
+    for rec in res.face.faces:
+        if isinstance(rec.face, direct.DirectFace):
+            out[np.arange(X.shape[0]) if rec.idx is None else rec.idx] = True
+    return out
+
+
+def layer_run(d, X, V, dtype, learn: bool):
+    """y, dL/dx and the constraint gradients of L = <V, project(x)> through the torch layer."""
+    cons = [torch.tensor(d[k], dtype=dtype).requires_grad_(learn) for k in PARTS]
+    x = torch.tensor(X, dtype=dtype).requires_grad_()
+    y = project(x, *cons)
+    (y * torch.tensor(V, dtype=dtype)).sum().backward()
+    return y.detach().double(), x.grad.double(), [c.grad.double() if learn else None for c in cons]
+
+
+def pipeline_too(monkeypatch, fn):
+    """``fn()`` with the direct path switched off."""
+    with monkeypatch.context() as mp:
+        mp.setattr(direct, "DIRECT_BATCH", 0)
+        return fn()
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_direct_equals_pipeline_float64(monkeypatch, batch, seed):
+    d, X, V = problem(50, 100, batch, seed)
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert taken(S, X).sum() >= max(1, batch - 2)  # the clean points go the direct way
+    y1, g1, c1 = layer_run(d, X, V, torch.float64, learn=True)
+    y0, g0, c0 = pipeline_too(monkeypatch, lambda: layer_run(d, X, V, torch.float64, learn=True))
+    assert float((y1 - y0).abs().max()) <= 1e-12 * (1 + float(y0.abs().max()))
+    assert float((g1 - g0).abs().max()) <= 1e-10 * (1 + float(g0.abs().max()))
+    for k, a, b in zip(PARTS, c1, c0, strict=True):
+        assert float((a - b).abs().max()) <= 1e-10 * (1 + float(b.abs().max())), k
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_direct_equals_pipeline_float32(monkeypatch, batch):
+    d, X, V = problem(20, 40, batch, 3)
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert taken(S, X.astype(np.float32)).sum() >= max(1, batch - 2)
+    y1, g1, c1 = layer_run(d, X, V, torch.float32, learn=True)
+    y0, g0, c0 = pipeline_too(monkeypatch, lambda: layer_run(d, X, V, torch.float32, learn=True))
+    # both compute in float64 and round to float32: at most one float32 rounding apart
+    assert float((y1 - y0).abs().max()) <= 2e-7 * (1 + float(y0.abs().max()))
+    assert float((g1 - g0).abs().max()) <= 2e-7 * (1 + float(g0.abs().max()))
+    for k, a, b in zip(PARTS, c1, c0, strict=True):
+        assert float((a - b).abs().max()) <= 2e-7 * (1 + float(b.abs().max())), k
+
+
+def test_direct_numpy_result_semantics(monkeypatch):
+    """The result's arrays (active sets, multipliers, statuses, report) are the pipeline's."""
+    d, X, V = problem(30, 60, 8, 4)
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert taken(S, X).all()
+    r1 = S.project_batch(X, record=True)
+    r0 = pipeline_too(monkeypatch, lambda: Polyhedral(pp.Polyhedron(**d)).project_batch(X, record=True))
+    np.testing.assert_allclose(r1.y, r0.y, rtol=0, atol=1e-12 * (1 + np.abs(r0.y).max()))
+    np.testing.assert_array_equal(r1.active, r0.active)
+    np.testing.assert_allclose(r1.multipliers, r0.multipliers, rtol=0, atol=1e-10 * (1 + np.abs(r0.multipliers).max()))
+    assert r1.status == r0.status and bool(np.all(r1.polished))
+    np.testing.assert_array_equal(r1.degenerate.weak, r0.degenerate.weak)
+    np.testing.assert_array_equal(r1.degenerate.dependent, r0.degenerate.dependent)
+    assert r1.max_violation <= 1e-12 * (1 + np.abs(X).max())
+    # the backward without recorded faces (record=False) factors the active faces itself: same product
+    g_rec = S.vjp(r1, V)
+    g_unrec = S.vjp(S.project_batch(X), V)
+    np.testing.assert_allclose(g_rec, g_unrec, rtol=0, atol=1e-12 * (1 + np.abs(V).max()))
+    np.testing.assert_allclose(g_rec, S.vjp(r0, V), rtol=0, atol=1e-10 * (1 + np.abs(V).max()))
+
+
+def degenerate_points(d):
+    """Points whose projection has a row at zero slack with a zero (or tiny) multiplier.
+
+    ``on``: the point of P nearest the interior point ``x0 = (lb + ub) / 2`` on the hyperplane of the
+    row nearest x0, strictly inside every other row (y = x there, the row active with multiplier 0);
+    ``weak``: that point moved off P along the row's normal by 1e-13 (multiplier ~1e-13, weakly
+    active). Returns them and the row.
+    """
+    A, a, B, b = d["A"], d["a"], d["B"], d["b"]
+    x0 = (d["lb"] + d["ub"]) / 2
+    for i in np.argsort((a - A @ x0) / np.linalg.norm(A, axis=1)):
+        M, c = np.vstack([A[i], B]), np.r_[a[i], b]
+        on = x0 - M.T @ np.linalg.solve(M @ M.T, M @ x0 - c)
+        others = np.delete(A @ on - a, i)
+        if np.all(others < -1e-3) and np.all(on > d["lb"] + 1e-3) and np.all(on < d["ub"] - 1e-3):
+            return on, on + 1e-13 * A[i] / np.linalg.norm(A[i]), int(i)
+    raise AssertionError("no row gives a degenerate point")
+
+
+def test_degenerate_points_go_to_the_pipeline(monkeypatch):
+    n, m = 10, 20
+    d, X, V = problem(n, m, 4, 5)
+    on, weak, i = degenerate_points(d)
+    assert abs(d["A"][i] @ on - d["a"][i]) <= 1e-12 * (1 + abs(d["a"][i]))
+    Xd = np.vstack([on, X[:2], weak, X[2:]])
+    S = Polyhedral(pp.Polyhedron(**d))
+    t = taken(S, Xd)
+    assert not t[0] and not t[3]  # the degenerate points go to the pipeline
+    r1 = S.project_batch(Xd, record=True)
+    r0 = pipeline_too(monkeypatch, lambda: Polyhedral(pp.Polyhedron(**d)).project_batch(Xd, record=True))
+    np.testing.assert_array_equal(r1.active, r0.active)
+    np.testing.assert_array_equal(r1.degenerate.weak, r0.degenerate.weak)
+    assert bool(r1.degenerate.weak[0])  # the report still sees them, as the pipeline does
+    np.testing.assert_allclose(r1.y, r0.y, rtol=0, atol=1e-12 * (1 + np.abs(r0.y).max()))
+    Vd = np.vstack([V[:1], V, V[:1]])
+    np.testing.assert_allclose(S.vjp(r1, Vd), S.vjp(r0, Vd), rtol=0, atol=1e-10)
+    # through the layer, with every gradient
+    y1, g1, c1 = layer_run(d, Xd, Vd, torch.float64, learn=True)
+    y0, g0, c0 = pipeline_too(monkeypatch, lambda: layer_run(d, Xd, Vd, torch.float64, learn=True))
+    assert float((y1 - y0).abs().max()) <= 1e-12 * (1 + float(y0.abs().max()))
+    assert float((g1 - g0).abs().max()) <= 1e-10
+    for k, a, b in zip(PARTS, c1, c0, strict=True):
+        assert float((a - b).abs().max()) <= 1e-10 * (1 + float(b.abs().max())), k
+
+
+def test_single_degenerate_point_is_the_pipelines(monkeypatch):
+    n, m = 10, 20
+    d, _, _ = problem(n, m, 1, 6)
+    on, _, _ = degenerate_points(d)
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert not taken(S, on[None, :])[0]
+    r1 = S.project_batch(on[None, :], record=True)
+    r0 = pipeline_too(monkeypatch, lambda: Polyhedral(pp.Polyhedron(**d)).project_batch(on[None, :], record=True))
+    np.testing.assert_array_equal(r1.y, r0.y)
+    np.testing.assert_array_equal(r1.active, r0.active)
+    np.testing.assert_array_equal(r1.multipliers, r0.multipliers)
+
+
+def test_warm_start_layer(monkeypatch):
+    d, X, V = problem(20, 40, 4, 7)
+    ys = []
+    for off in (False, True):
+        def run():
+            layer = ProjectionLayer(**d, warm_start=True)
+            x = torch.tensor(X, requires_grad=True)
+            out = [layer(x) for _ in range(3)]
+            (out[-1] * torch.tensor(V)).sum().backward()
+            return [o.detach() for o in out], x.grad
+        ys.append(pipeline_too(monkeypatch, run) if off else run())
+    for a, b in zip(ys[0][0], ys[1][0], strict=True):
+        assert float((a - b).abs().max()) <= 1e-12 * (1 + float(b.abs().max()))
+    assert float((ys[0][1] - ys[1][1]).abs().max()) <= 1e-10
+
+
+def test_gradcheck_direct_path():
+    d, X, _ = problem(6, 8, 2, 8)
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert taken(S, X).all()
+    A, a, B, b = (torch.tensor(d[k], requires_grad=True) for k in ("A", "a", "B", "b"))
+    lb, ub = torch.tensor(d["lb"]), torch.tensor(d["ub"])
+    x = torch.tensor(X, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, A, a, B, b: project(x, A, a, B, b, lb, ub), (x, A, a, B, b),
+                                    eps=1e-6, atol=1e-6)
+
+
+def test_settings_or_other_backends_skip_the_direct_path():
+    d, X, _ = problem(10, 20, 2, 9)
+    P = pp.Polyhedron(**d)
+    assert not taken(Polyhedral(P, "admm"), X).any()
+    assert not taken(Polyhedral(P, eps_abs=1e-7), X).any()
+    assert not taken(Polyhedral(P, max_polish_iter=3), X).any()
+    assert taken(Polyhedral(P, "daqp"), X).all()
+    assert not taken(Polyhedral(P), np.vstack([X] * 9)).any()  # more than DIRECT_BATCH points
