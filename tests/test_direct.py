@@ -202,3 +202,16 @@ def test_settings_or_other_backends_skip_the_direct_path():
     assert not taken(Polyhedral(P, max_polish_iter=3), X).any()
     assert taken(Polyhedral(P, "daqp"), X).all()
     assert not taken(Polyhedral(P), np.vstack([X] * 9)).any()  # more than DIRECT_BATCH points
+
+
+def test_double_backward_on_the_direct_path():
+    """create_graph builds the backward as a Function of the output gradient (J is symmetric)."""
+    d, X, _ = problem(6, 8, 2, 8)
+    cons = [torch.tensor(d[k]) for k in PARTS]
+    x = torch.tensor(X, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x: project(x, *cons), (x,), eps=1e-6, atol=1e-6)
+    v = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad((project(x, *cons) * v).sum(), x, create_graph=True)
+    (gv,) = torch.autograd.grad(g.sum(), v)  # d/dv <1, J v> = J 1
+    (j1,) = torch.autograd.grad(project(x, *cons), x, torch.ones_like(x))
+    assert float((gv - j1).abs().max()) <= 1e-12

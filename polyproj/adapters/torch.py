@@ -90,7 +90,10 @@ class _Project(torch.autograd.Function):
     def backward(ctx, gy, *_):
         need = ctx.needs_input_grad
         wanted = tuple(k for k, nd in zip(ctx.names, need[3:], strict=True) if nd)
-        out = _VJP.apply(gy, ctx.set, ctx.result, wanted, bool(need[0]))
+        args = (gy, ctx.set, ctx.result, wanted, bool(need[0]))
+        # the product is a Function of gy only for a graph of the backward (create_graph, torch.func)
+        graph = torch.is_grad_enabled() or torch._C._are_functorch_transforms_active()
+        out = _VJP.apply(*args) if graph else _VJP.forward(*args)
         grads = dict(zip(wanted, out[1:], strict=True))
         return (out[0] if need[0] else None, None, None, *[grads.get(k) for k in ctx.names])
 
