@@ -215,3 +215,35 @@ def test_double_backward_on_the_direct_path():
     (gv,) = torch.autograd.grad(g.sum(), v)  # d/dv <1, J v> = J 1
     (j1,) = torch.autograd.grad(project(x, *cons), x, torch.ones_like(x))
     assert float((gv - j1).abs().max()) <= 1e-12
+
+
+@pytest.mark.parametrize("variant", ["no_equality", "no_inequality", "one_sided_bounds", "no_bounds", "interior"])
+def test_direct_structures(monkeypatch, variant):
+    """Missing parts (no B, no A, infinite bounds) on the direct path equal the pipeline's answers."""
+    d, X, V = problem(12, 24, 4, 10)
+    if variant in ("no_equality", "interior"):
+        d = {k: v for k, v in d.items() if k not in ("B", "b")}
+        if variant == "interior":  # no active row: y = x, J = I
+            X = (d["lb"] + d["ub"]) / 2 + 1e-3 * X
+    elif variant == "no_inequality":
+        d = {k: v for k, v in d.items() if k not in ("A", "a")}
+    elif variant == "one_sided_bounds":
+        d["lb"] = np.where(np.arange(12) % 2 == 0, -np.inf, d["lb"])
+        d["ub"] = np.where(np.arange(12) % 3 == 0, np.inf, d["ub"])
+        d["a"] = np.where(np.arange(24) % 5 == 0, np.inf, d["a"])
+    else:
+        d = {k: v for k, v in d.items() if k not in ("lb", "ub")}
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert taken(S, X).sum() >= 3
+    r1 = S.project_batch(X, record=True)
+    if variant == "interior":
+        np.testing.assert_array_equal(r1.y, X)
+        np.testing.assert_array_equal(S.vjp(r1, V), V)
+    r0 = pipeline_too(monkeypatch, lambda: Polyhedral(pp.Polyhedron(**d)).project_batch(X, record=True))
+    np.testing.assert_allclose(r1.y, r0.y, rtol=0, atol=1e-12 * (1 + np.abs(r0.y).max()))
+    np.testing.assert_array_equal(r1.active, r0.active)
+    np.testing.assert_allclose(S.vjp(r1, V), S.vjp(r0, V), rtol=0, atol=1e-10 * (1 + np.abs(V).max()))
+    names = tuple(k for k in PARTS if k in d)
+    g1, g0 = S.parameter_vjp(r1, V, names), S.parameter_vjp(r0, V, names)
+    for k in names:
+        np.testing.assert_allclose(g1[k], g0[k], rtol=0, atol=1e-10 * (1 + np.abs(g0[k]).max()), err_msg=k)
