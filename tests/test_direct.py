@@ -247,3 +247,21 @@ def test_direct_structures(monkeypatch, variant):
     g1, g0 = S.parameter_vjp(r1, V, names), S.parameter_vjp(r0, V, names)
     for k in names:
         np.testing.assert_allclose(g1[k], g0[k], rtol=0, atol=1e-10 * (1 + np.abs(g0[k]).max()), err_msg=k)
+
+
+def test_without_daqp_the_pipeline_projects(monkeypatch):
+    from polyproj import registry
+    from polyproj.errors import BackendUnavailable
+
+    d, X, _ = problem(10, 20, 2, 11)
+    S = Polyhedral(pp.Polyhedron(**d), "daqp")
+    real = registry.get_backend
+
+    def missing(name, **kw):
+        if name == "daqp":
+            raise BackendUnavailable("daqp is not installed")
+        return real(name, **kw)
+
+    monkeypatch.setattr(registry, "get_backend", missing)
+    assert not taken(S, X).any()
+    assert bool(np.all(S.project_batch(X).polished))

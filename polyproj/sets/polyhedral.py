@@ -16,7 +16,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from ..errors import InfeasibleError, ProblemError
+from ..errors import InfeasibleError, PolyprojError, ProblemError
 from ..polydata import PolyData, RowLayout
 from ..problem import Polyhedron
 from ..projection import backward
@@ -132,7 +132,7 @@ class Polyhedral(Projector):
         return d
 
     def project_batch(self, X: Any, *, record: bool = False, warm_start: Any = None) -> ProjectionResult:
-        """Project a batch through the pipeline.
+        """Project a batch: small NumPy batches by the direct path first (:meth:`_direct`), else the pipeline.
 
         ``record`` keeps the faces for :meth:`vjp`; ``warm_start`` (a previous :class:`ProjectionResult`
         of a batch of the same size) starts the polish from its active sets instead of asking the backend.
@@ -143,10 +143,10 @@ class Polyhedral(Projector):
             raise ProblemError(f"the constraint data carry a batch of {self._batch_size()} but X has "
                                f"{X.shape[0]} points")
         X64 = xp.astype(X, xp.float64)
-        solver, opts, warm = self._solver_for(X), replace(self.options, record=record), self._warm(X, warm_start)
-        out = self._direct(X64, data, solver, opts, warm)
+        opts, warm = replace(self.options, record=record), self._warm(X, warm_start)
+        out = self._direct(X64, data, opts, warm)
         if out is None:
-            out = run(X64, data, solver, opts, warm=warm)
+            out = run(X64, data, self._solver_for(X), opts, warm=warm)
         viol = data.violation(out.Y)
         info = FaceInfo(data, out.Y, out.active, out.mult, out.mu, out.faces)
         active, mult = out.active, out.mult
@@ -158,7 +158,7 @@ class Polyhedral(Projector):
                                 float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
                                 solution=out.start.solution, degenerate=report, face=info)
 
-    def _direct(self, X: Any, data: PolyData, solver: Any, opts: PolishOptions, warm: Any) -> Any:
+    def _direct(self, X: Any, data: PolyData, opts: PolishOptions, warm: Any) -> Any:
         """The direct path (:mod:`polyproj.projection.direct`) for a small NumPy batch, or None when not taken.
 
         Taken for shared data, the default backend choice (or DAQP) without settings and the default polish,
@@ -177,17 +177,18 @@ class Polyhedral(Projector):
             from ..registry import get_backend
 
             try:
-                daqp = get_backend("daqp")
-            except Exception:  # DAQP missing: the pipeline only
-                return None
-            dd = self._like["direct"] = (direct.DirectData.of(data), daqp)
+                dd = (direct.DirectData.of(data), get_backend("daqp"))
+            except PolyprojError:  # DAQP missing: the pipeline only
+                dd = False
+            self._like["direct"] = dd
+        if dd is False:
+            return None
 
         def fallback(idx):
             Xs = X[idx]
             if _unit_scale(Xs, data) != 1.0:
                 return None  # the pipeline would scale the part otherwise than the batch: the batch goes there
-            return run(Xs, data, self._solver_for(Xs) if self.auto else solver, opts,
-                       warm=None if warm is None else warm[idx])
+            return run(Xs, data, self._solver_for(Xs), opts, warm=None if warm is None else warm[idx])
 
         return direct.project_direct(X, data, dd[0], dd[1], opts.tol, opts.record, fallback)
 
