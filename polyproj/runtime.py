@@ -110,10 +110,36 @@ def small_blas() -> Iterator[None]:
             if ctl is None:  # pragma: no cover
                 yield
                 return
-            with ctl.limit(limits=1, user_api="blas"):
+            with _one_blas_thread(ctl):
                 yield
     finally:
         _SMALL.inside = False
+
+
+@functools.cache
+def _blas_pools(ctl: Any) -> tuple[Any, ...]:
+    """The BLAS thread pools of the controller's snapshot of the loaded libraries."""
+    return tuple(lc for lc in ctl.lib_controllers if lc.user_api == "blas")
+
+
+@contextlib.contextmanager
+def _one_blas_thread(ctl: Any) -> Iterator[None]:
+    """One thread for every BLAS pool in the block: ``ctl.limit(limits=1, user_api="blas")`` without its bookkeeping.
+
+    The pools above one thread are set to one and restored after the block (~1 µs against ~10 µs).
+    """
+    changed = []
+    for lc in _blas_pools(ctl):
+        threads = lc.get_num_threads()
+        if threads is not None and threads > 1:
+            changed.append((lc, threads))
+    for lc, _ in changed:
+        lc.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lc, threads in changed:
+            lc.set_num_threads(threads)
 
 
 #: per thread: inside a small_blas block

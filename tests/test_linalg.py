@@ -96,6 +96,25 @@ def test_small_blas_runs_torch_on_one_thread_and_restores_it():
         torch.set_num_threads(prev)
 
 
+def test_small_blas_runs_blas_on_one_thread_and_restores_it():
+    from polyproj.runtime import _blas_pools, _controller
+
+    pools = _blas_pools(_controller())
+    if not pools:
+        pytest.skip("no BLAS thread pool found")
+    before = [lc.get_num_threads() for lc in pools]
+    try:
+        for lc in pools:
+            lc.set_num_threads(2)
+        outside = [lc.get_num_threads() for lc in pools]  # a BLAS built for one core keeps 1
+        with small_blas():
+            assert all(lc.get_num_threads() == 1 for lc in pools)
+        assert [lc.get_num_threads() for lc in pools] == outside
+    finally:
+        for lc, t in zip(pools, before, strict=True):
+            lc.set_num_threads(t)
+
+
 def test_read_only_inputs_are_solved_without_warnings(rng, recwarn):
     K = _spd_batch(rng, 20, 6)
     L, _ = cholesky(xnp, K)
