@@ -85,10 +85,6 @@ class DAQPSolver(QPSolver):
         the pipeline verifies every answer by the exact polish (KKT), and data far from unit scale (which
         the guard would normalise) take the generic path (:func:`~polyproj.backends.projection.solve_on_host`).
         """
-        import daqp
-
-        from ..errors import SolverError
-        from ..solution import BatchSolution
         from .projection import _host_data, _sample, projection_qp, solve_on_host, start_from_solution, to_host
         from .scaling import plan
 
@@ -100,29 +96,43 @@ class DAQPSolver(QPSolver):
         qp = projection_qp(*_sample(d, 0), Xn[0])
         if plan(qp, q=-Xn) is not None:
             return solve_on_host(self, X, data, rough=rough)
+        sol, _ = self.solve_points(Xn, self._data(qp))
+        return start_from_solution(sol, X, d.m, float(self.settings.get("eps_abs", 1e-8)))
+
+    def solve_points(self, X: np.ndarray, arrays: tuple[np.ndarray, ...]) -> tuple[Any, np.ndarray]:
+        """``daqp.solve`` for each row ``x`` of ``X`` (f = −x) on one projection QP's arrays (:meth:`_data`).
+
+        Returns the :class:`~polyproj.solution.BatchSolution` and DAQP's exit flags (1: optimal, 2: its
+        soft optimum, both reported as solved; 0 for a point the time limit left unsolved).
+        """
+        import daqp
+
+        from ..errors import SolverError
+        from ..solution import BatchSolution
+
         t0 = time.perf_counter()
-        H, A, upper, lower, sense = self._data(qp)
+        H, A, upper, lower, sense = arrays
         kw = self._kwargs()
         limit = self.settings["time_limit"]
-        N, n, rows = Xn.shape[0], qp.n, qp.m
-        x, lam = np.full((N, n), np.nan), np.zeros((N, n + rows))
-        status, its = [], np.zeros(N, dtype=np.int64)
+        N, n = X.shape[0], H.shape[0]
+        x, lam = np.full((N, n), np.nan), np.zeros((N, A.shape[0] + n))
+        status, its, flags = [], np.zeros(N, dtype=np.int64), np.zeros(N, dtype=np.int64)
         for i in range(N):
             if limit is not None and time.perf_counter() - t0 > limit:
                 status.append(Status.TIME_LIMIT)
                 continue
             try:
-                xi, _, flag, info = daqp.solve(H, -Xn[i], A, upper, lower, sense.copy(), **kw)
+                xi, _, flag, info = daqp.solve(H, -X[i], A, upper, lower, sense.copy(), **kw)
             except Exception as exc:  # the guard's rule: a backend's exception is a SolverError
                 raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
             st, x[i], lam[i] = _answer(flag, xi, info, n)
             if st.ok and not (np.isfinite(x[i]).all() and np.isfinite(lam[i]).all()):
                 st, x[i] = Status.NUMERICAL_ERROR, np.nan  # the guard's rule: a solved answer is finite
             status.append(st)
-            its[i] = int(info["iterations"])
+            its[i], flags[i] = int(info["iterations"]), int(flag)
         sol = BatchSolution(x=x, z=lam[:, n:], z_box=lam[:, :n], status=tuple(status), iterations=its,
                             solve_time=time.perf_counter() - t0, backend=self.name)
-        return start_from_solution(sol, X, d.m, float(self.settings.get("eps_abs", 1e-8)))
+        return sol, flags
 
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP with DAQP."""

@@ -35,16 +35,14 @@ unchanged, with its warm start where one was given.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from scipy.linalg.lapack import dpotrf, dpotrs
 
-from ..backends.projection import ProjectionStart
-from ..polydata import PolyData, qp_multipliers_to_rows
-from ..solution import BatchSolution, Status
+from ..polydata import PolyData
+from ..solution import Status
 from .pipeline import PipelineOutput
 from .polish import CANCELLATION, FaceRecord
 
@@ -56,18 +54,13 @@ DIRECT_BATCH = 16
 SEPARATION = 100.0
 #: smallest Cholesky pivot of the normalised face Gram matrix (its diagonal is 1)
 PIVOT = 1e-3
-_INF = 1e30  # DAQP's infinity
 
 
 @dataclass(frozen=True)
 class DirectData:
     """The DAQP arrays of the projection QP and the row norms of the KKT tests (built once per data)."""
 
-    H: np.ndarray
-    C: np.ndarray
-    upper: np.ndarray
-    lower: np.ndarray
-    sense: np.ndarray
+    arrays: tuple[np.ndarray, ...]  # (H, C = [A; B], upper, lower, sense): the backend's own layout
     rhs: np.ndarray  # (m + 2n) right-hand sides [a, −lb, ub], 0 where infinite
     fin: np.ndarray  # (m + 2n) finite right-hand side
     rn1: np.ndarray  # (m + 2n) 1-norms of the inequality rows
@@ -78,23 +71,26 @@ class DirectData:
     lb: np.ndarray
     ub: np.ndarray
 
+    @property
+    def C(self) -> np.ndarray:
+        """The rows ``[A; B]`` (m + p, n)."""
+        return self.arrays[1]
+
     @classmethod
-    def of(cls, d: PolyData) -> DirectData:
-        """The arrays of shared NumPy data ``d``."""
+    def of(cls, d: PolyData, solver: Any) -> DirectData:
+        """The arrays of shared NumPy data ``d`` for the DAQP backend ``solver``."""
+        from ..backends.projection import projection_qp
+
         n, m, p = d.n, d.m, d.p
         A, a, B, b, lb, ub = (np.asarray(v, dtype=np.float64) for v in d.parts())
-        upper = np.concatenate([ub, a, b])
-        lower = np.concatenate([lb, np.full(m, -np.inf), b])
-        sense = np.zeros(n + m + p, dtype=np.intc)
-        sense[n + m:] = 5
+        arrays = solver._data(projection_qp(A, a, B, b, lb, ub, np.zeros(n)))
         rhs = np.concatenate([a, -lb, ub])
         fin = np.isfinite(rhs)
         ones = np.ones(2 * n)
         rn2 = np.concatenate([np.linalg.norm(A, axis=1), ones])
-        return cls(np.eye(n), np.ascontiguousarray(np.vstack([A, B])), np.where(np.isfinite(upper), upper, _INF),
-                   np.where(np.isfinite(lower), lower, -_INF), sense, np.where(fin, rhs, 0.0), fin,
-                   np.concatenate([np.abs(A).sum(axis=1), ones]), np.where(rn2 > 0, rn2, 1.0), np.abs(B).sum(axis=1),
-                   np.where(np.isfinite(np.concatenate([a, b])), np.concatenate([a, b]), 0.0),
+        c = np.concatenate([a, b])
+        return cls(arrays, np.where(fin, rhs, 0.0), fin, np.concatenate([np.abs(A).sum(axis=1), ones]),
+                   np.where(rn2 > 0, rn2, 1.0), np.abs(B).sum(axis=1), np.where(np.isfinite(c), c, 0.0),
                    np.arange(m, m + p, dtype=np.intp), lb, ub)
 
 
@@ -210,31 +206,20 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
     does not take through the pipeline and returns its :class:`~polyproj.projection.pipeline.PipelineOutput`
     (or None to send the whole batch there). Returns None when no sample is taken.
     """
-    import daqp
-
-    from ..backends.daqp import _answer
-    from ..errors import SolverError
+    from ..backends.projection import start_from_solution
     from .pipeline import _merge
 
     N, n, m, p = X.shape[0], d.n, d.m, d.p
-    kw = solver._kwargs()
-    xs, lams, status = np.full((N, n), np.nan), np.zeros((N, n + m + p)), []
-    its, t0 = np.zeros(N, dtype=np.int64), time.perf_counter()
+    sol, flags = solver.solve_points(X, dd.arrays)
+    status = sol.status
+    lams = np.concatenate([sol.z_box, sol.z], axis=1)
     Y, mult = np.zeros((N, n)), np.zeros((N, m + 2 * n))
     mu, active = np.zeros((N, p)), np.zeros((N, m + 2 * n), dtype=bool)
     points: list[_Point | None] = []
     for i in range(N):
-        try:
-            xi, _, flag, info = daqp.solve(dd.H, -X[i], dd.C, dd.upper, dd.lower, dd.sense.copy(), **kw)
-        except Exception as exc:  # the backend's rule: its exception is a SolverError
-            raise SolverError(f"backend {solver.name!r} raised {type(exc).__name__}: {exc}") from exc
-        st, xs[i], lams[i] = _answer(flag, xi, info, n)
-        its[i] = int(info["iterations"])
-        finite = bool(np.isfinite(xs[i]).all() and np.isfinite(lams[i]).all())
-        status.append(Status.NUMERICAL_ERROR if st.ok and not finite else st)
-        ok = int(flag) == 1 and finite  # optimal (not DAQP's soft optimum)
         lam = lams[i]
-        got = _face(X[i], d, dd, lam) if ok else None
+        # optimal (not DAQP's soft optimum), with a finite answer
+        got = _face(X[i], d, dd, lam) if flags[i] == 1 and status[i].ok else None
         points.append(None if got is None else got[3])
         if got is None:
             continue
@@ -262,10 +247,7 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
         rows = DirectRows(np, k, m, p, order)
         face = DirectFace([points[i] for i in taken], rows)
         faces.append(FaceRecord(None if len(taken) == N else idx, np.ones(len(taken), dtype=bool), face))
-    sol = BatchSolution(x=xs, z=lams[:, n:], z_box=lams[:, :n], status=tuple(status), iterations=its,
-                        solve_time=time.perf_counter() - t0, backend=solver.name)
-    start = ProjectionStart(xs, qp_multipliers_to_rows(np, lams[:, n:], lams[:, :n], m), np.nan_to_num(lams[:, n + m:]),
-                            tuple(status), float(solver.settings.get("eps_abs", 1e-8)), solution=sol)
+    start = start_from_solution(sol, X, m, float(solver.settings.get("eps_abs", 1e-8)))
     out = PipelineOutput(Y, active, mult, mu, tuple(Status.SOLVED if t else st for t, st in
                                                     zip(polished, status, strict=True)),
                          polished, solver.name, faces, start)

@@ -177,7 +177,8 @@ class Polyhedral(Projector):
             from ..registry import get_backend
 
             try:
-                dd = (direct.DirectData.of(data), get_backend("daqp"))
+                daqp = get_backend("daqp")
+                dd = (direct.DirectData.of(data, daqp), daqp)
             except PolyprojError:  # DAQP missing: the pipeline only
                 dd = False
             self._like["direct"] = dd
