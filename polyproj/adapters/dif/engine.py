@@ -149,6 +149,7 @@ class DIF:
         self.problem, self.kkt = problem, kkt
         self.backend, self.renormalize, self.settings = backend, bool(renormalize), settings
         self.method = ("dense" if problem.dim <= DENSE_MAX_DIM else "matrix-free") if method == "auto" else method
+        self.V: np.ndarray | None = None  # H⁻¹C_Aᵀ: at once on the matrix-free path, on first use on the dense
         self.chunk_size = int(chunk_size) if chunk_size else DEFAULT_CHUNK
         st = kkt.status
         self.rows = np.array([j for j, s in enumerate(st) if s in (BINDING, EQUALITY, WEAK)], dtype=np.int64)
@@ -204,7 +205,7 @@ class DIF:
     @property
     def active_solves(self) -> np.ndarray:
         """V = H⁻¹C_Aᵀ (d, k) of the active rows (the matrix-free path forms it at once, the dense on first use)."""
-        if getattr(self, "V", None) is None:
+        if self.V is None:
             self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A")
         return self.V
 
@@ -261,7 +262,8 @@ class DIF:
             return first
         from .second_order import correction
 
-        step = correction(self, removal, first.omega.numpy(), first.multipliers)
+        removed = self.problem.remove(removal)
+        step = correction(self, removed, first.omega.numpy(), first.multipliers)
         ratio = float(np.linalg.norm(step.delta)) / max(float(first.omega.norm()), 1e-300)
         self.second_order_log.append(ratio)
         if not ratio <= 1.0:
@@ -269,8 +271,8 @@ class DIF:
             # outside the range of the expansion around θ̄ (e.g. retraining moves to another basin)
             return replace(first, correction_ratio=ratio)
         omega = first.omega.numpy() + step.delta
-        change = self.problem.remove(removal).constraint_values(self.kkt.theta + torch.as_tensor(omega)).numpy() \
-            - self.lin.g if self.problem.m else np.zeros(0)
+        change = removed.constraint_values(self.kkt.theta + torch.as_tensor(omega)).numpy() - self.lin.g \
+            if self.problem.m else np.zeros(0)
         eq = self.problem.eq_mask
         floor = 1e-10 * (1.0 + float(np.max(np.abs(step.lambdas), initial=0.0)))  # round-off multipliers
         names = tuple(self.kkt.names[j] for j in step.rows if eq[j] or step.lambdas[j] > floor)
@@ -384,14 +386,7 @@ class DIF:
         if test_fn is None:
             return torch.stack([r.omega for r in omegas]) if omegas else torch.zeros(0, self.problem.dim,
                                                                                     dtype=torch.float64)
-        theta = self.kkt.theta
-
-        def F(t: torch.Tensor) -> float:
-            out = torch.as_tensor(test_fn(self.problem.wrap(t)))
-            if out.numel() != 1:
-                raise ProblemError(f"test_fn must return a scalar, got shape {tuple(out.shape)}")
-            return float(out.detach())
-
+        theta, F = self.kkt.theta, _test_scalar(self.problem, test_fn)
         rejected = [i for i, r in enumerate(omegas) if r.order == 1]
         if rejected:
             import warnings
@@ -404,8 +399,8 @@ class DIF:
                           f"{omegas[rejected[0]].correction_ratio:.3g})", PolyprojWarning, stacklevel=3)
             gF = _test_grad(self.problem, test_fn, theta)
         with torch.no_grad():
-            F0 = F(theta)
-            return torch.as_tensor([float(gF @ r.omega) if r.order == 1 else F(theta + r.omega) - F0
+            F0 = float(F(theta))
+            return torch.as_tensor([float(gF @ r.omega) if r.order == 1 else float(F(theta + r.omega)) - F0
                                     for r in omegas], dtype=torch.float64)
 
     def score_job(self, test_fn: Callable[[Any], Any], chunk_size: int | None = None) -> ScoreJob:
@@ -456,10 +451,15 @@ class DIF:
         return torch.as_tensor(np.array([s.x for s in sols]).reshape(-1, self.problem.dim))
 
 
-def _test_grad(problem: ConstrainedProblem, test_fn: Callable[[Any], Any], theta: torch.Tensor) -> torch.Tensor:
+def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """θ ↦ test_fn at θ as a 0-d tensor (a ``ProblemError`` when test_fn does not return a scalar)."""
     def f(t):
         out = torch.as_tensor(test_fn(problem.wrap(t)))
         if out.numel() != 1:
             raise ProblemError(f"test_fn must return a scalar, got shape {tuple(out.shape)}")
         return out.reshape(())
-    return torch.func.grad(f)(theta).detach().to(torch.float64)
+    return f
+
+
+def _test_grad(problem: ConstrainedProblem, test_fn: Callable[[Any], Any], theta: torch.Tensor) -> torch.Tensor:
+    return torch.func.grad(_test_scalar(problem, test_fn))(theta).detach().to(torch.float64)

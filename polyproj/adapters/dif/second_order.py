@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .problem import Removal
+from .problem import ConstrainedProblem
 
 __all__ = ["SecondOrderStep", "correction"]
 
@@ -49,22 +49,18 @@ class SecondOrderStep:
         ν: the predicted multipliers of the removed problem (zero off ``rows``).
     rows : ndarray of int
         Constraints in the step's QP (active at θ̄, or violated at θ̄ + ω₁).
-    stationarity : float
-        ‖∇f₀' + G'ᵀλ₁‖∞ at (θ₁, λ₁): the first-order prediction's residual that δ corrects.
     """
 
     delta: np.ndarray
     lambdas: np.ndarray
     rows: np.ndarray
-    stationarity: float
 
 
-def correction(dif, removal: Removal, omega1: np.ndarray, dlam1: np.ndarray) -> SecondOrderStep:
-    """δ for ``removal`` from the first-order (ω₁, μ₁) of :class:`~polyproj.adapters.dif.engine.DIF` ``dif``."""
+def correction(dif, removed: ConstrainedProblem, omega1: np.ndarray, dlam1: np.ndarray) -> SecondOrderStep:
+    """δ on ``removed`` (``dif.problem.remove(removal)``) from the first-order (ω₁, μ₁) of ``dif`` (a DIF)."""
     from .newton import first_order
 
     problem, lin = dif.problem, dif.lin
-    removed = problem.remove(removal)
     lam1 = lin.lam + dlam1
     theta1 = dif.kkt.theta + torch.as_tensor(omega1, dtype=torch.float64)
     _, gf, g, G = first_order(removed, theta1, dif.chunk_size)
@@ -87,6 +83,5 @@ def correction(dif, removal: Removal, omega1: np.ndarray, dlam1: np.ndarray) -> 
         delta = -(y + V @ nu[rows])
     else:
         delta = -y
-    stat = float(np.max(np.abs(gf + G.T @ lam1 if m else gf), initial=0.0))
-    return SecondOrderStep(delta=delta, lambdas=nu, rows=rows, stationarity=stat)
+    return SecondOrderStep(delta=delta, lambdas=nu, rows=rows)
 
