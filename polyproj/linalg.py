@@ -21,7 +21,8 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
-__all__ = ["SMALL", "cho_solve", "cholesky", "entrywise", "small_cho_solve", "small_cholesky", "tri_inv"]
+__all__ = ["SMALL", "cho_solve", "cholesky", "entrywise", "identity_where", "small_cho_solve", "small_cholesky",
+           "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
 
@@ -46,7 +47,7 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
     if is_torch_namespace(xp):  # torch's own kernel: tensors never become NumPy arrays
         L, info = xp.linalg.cholesky_ex(K)
         ok = info == 0
-        return (L if bool(xp.all(ok)) else xp.where(ok[:, None, None], L, eye)), ok
+        return identity_where(xp, ok, L, own=True), ok
     if is_numpy_namespace(xp) and b <= _FEW:  # a few matrices: LAPACK per matrix (the solves use the
         from scipy.linalg import lapack  # same LAPACK: an IPM near its end is sensitive to the pairing)
 
@@ -75,6 +76,23 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
         return xp.broadcast_to(eye, K.shape), xp.zeros((b,), dtype=xp.bool, device=_device(K))
 
 
+def identity_where(xp: Any, ok: Any, L: Any, *, own: bool = False) -> Any:
+    """``L`` (b, n, n) with the identity in place of the matrices where ``ok`` (b,) is False.
+
+    ``own``: ``L`` is the caller's own array (a fresh factorisation), overwritten at the failed matrices
+    only (torch and NumPy, outside an autograd graph); otherwise a new array. A batch where most
+    matrices are fine then costs a write of the few that failed, not a copy of the whole batch.
+    """
+    if bool(xp.all(ok)):
+        return L
+    n = L.shape[-1]
+    eye = xp.eye(n, dtype=L.dtype, device=_device(L))
+    if own and ((is_torch_namespace(xp) and not L.requires_grad) or isinstance(L, np.ndarray)):
+        L[~ok] = eye
+        return L
+    return xp.where(ok[:, None, None], L, xp.broadcast_to(eye, L.shape))
+
+
 def _cholesky_gufunc(K: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """NumPy's batched Cholesky gufunc into ``L``; a failed element gets the identity.
 
@@ -85,9 +103,7 @@ def _cholesky_gufunc(K: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarr
         _CHOLESKY_LO(K, out=L, signature="d->d" if K.dtype == np.float64 else "f->f")
     # a NaN or inf anywhere in a row reaches that row's pivot: the diagonal tells
     ok = np.isfinite(np.diagonal(L, axis1=1, axis2=2)).all(axis=1)
-    if not ok.all():
-        L[~ok] = np.eye(K.shape[-1], dtype=K.dtype)
-    return L, ok
+    return identity_where(np, ok, L, own=True), ok
 
 
 def cho_solve(xp: Any, L: Any, R: Any) -> Any:
@@ -182,9 +198,7 @@ def small_cholesky(xp: Any, K: Any) -> tuple[Any, Any]:
                 e = e - L[i][p] * L[j][p]
             L[i][j] = F[:, i, j] = e * inv
     ok = low > 0
-    if not bool(xp.all(ok)):
-        F = xp.where(ok[:, None, None], F, xp.eye(n, dtype=K.dtype, device=_device(K)))
-    return F, ok
+    return identity_where(xp, ok, F, own=True), ok
 
 
 def small_cho_solve(xp: Any, L: Any, r: Any) -> Any:

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from polyproj.linalg import cho_solve, cholesky
+from polyproj.linalg import cho_solve, cholesky, identity_where
 from polyproj.runtime import small_blas
 
 torch = pytest.importorskip("torch")
@@ -57,6 +57,31 @@ def test_torch_cholesky_stays_torch(rng, monkeypatch):
     assert ok.tolist() == [i != 5 for i in range(25)]
     torch.testing.assert_close(L[ok], torch.linalg.cholesky(K[ok]), rtol=0, atol=1e-12)
     torch.testing.assert_close(K[ok] @ X[ok], R[ok], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_identity_where_overwrites_only_its_own_failed_factors(rng, lib):
+    """Failed factors become the identity: in place on the caller's own array (only those written),
+    a new array otherwise, and never in place on a tensor of an autograd graph."""
+    L0 = rng.standard_normal((6, 4, 4))
+    ok0 = np.array([True, False, True, True, False, True])
+    xp, arr, okv = (xnp, L0.copy(), ok0) if lib == "numpy" else (xtorch, torch.from_numpy(L0.copy()),
+                                                                 torch.from_numpy(ok0))
+    want = np.where(ok0[:, None, None], L0, np.eye(4))
+    kept = arr.copy() if lib == "numpy" else arr.clone()
+    out = identity_where(xp, okv, arr)  # not own: a new array, the input unchanged
+    np.testing.assert_array_equal(np.asarray(out), want)
+    np.testing.assert_array_equal(np.asarray(arr), np.asarray(kept))
+    out = identity_where(xp, okv, arr, own=True)  # own: the same array, written where it failed
+    assert out is arr
+    np.testing.assert_array_equal(np.asarray(arr), want)
+    all_ok = okv | ~okv
+    assert identity_where(xp, all_ok, arr, own=True) is arr
+    if lib == "torch":  # a factor in a graph is never modified in place (its backward needs it)
+        g = torch.from_numpy(L0.copy()).requires_grad_()
+        out = identity_where(xp, okv, g * 1.0, own=True)
+        out.sum().backward()
+        np.testing.assert_array_equal(g.grad.numpy(), np.broadcast_to(ok0[:, None, None], L0.shape).astype(float))
 
 
 @pytest.mark.parametrize("k", [None, 1, 3])

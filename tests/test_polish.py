@@ -205,3 +205,34 @@ def test_layer_hands_the_admm_tail_to_daqp(rng, monkeypatch):
     y = project(torch.tensor(X), backend="admm", **t)
     assert np.max(np.abs(y.numpy() - ref.y)) < 1e-9
     assert names and all(nm == "daqp" for nm in names)  # asked once at most, and it chose DAQP
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("share_fixed", [0.0, 0.25, 0.75, 1.0])
+def test_face_gram_of_shared_rows_equals_the_masked_product(rng, lib, share_fixed):
+    """The Gram matrices of gathered shared rows (table gather, per-sample products for samples with
+    fixed columns, or one product for all when most have them) equal ``M_n M_nᵀ`` formed directly."""
+    from polyproj.projection.faces import gather_active_rows
+
+    b, m, p, n = 12, 9, 2, 6
+    A, B = rng.standard_normal((m, n)), rng.standard_normal((p, n))
+    active = rng.random((b, m)) < 0.4
+    free = np.ones((b, n))
+    for i in range(round(share_fixed * b)):
+        free[i, rng.choice(n, size=2, replace=False)] = 0.0
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        A, B, active, free = (torch.from_numpy(v) for v in (A, B, active, free))
+    R = gather_active_rows(A, B, active, free)
+    G = np.asarray(R.gram())
+    Mn = np.asarray(R.Mn)
+    np.testing.assert_allclose(G, Mn @ Mn.transpose(0, 2, 1), rtol=0, atol=1e-13)
+    for i in range(b):  # the rows themselves: active rows of A then B, on the free columns, unit norm
+        rows = np.concatenate([np.asarray(A)[np.asarray(active)[i]], np.asarray(B)]) * np.asarray(free)[i]
+        rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        k = int(np.asarray(active)[i].sum())
+        kk = G.shape[1]
+        want = np.zeros((kk, kk))
+        idx = list(range(k)) + list(range(kk - p, kk))
+        want[np.ix_(idx, idx)] = rows @ rows.T
+        np.testing.assert_allclose(G[i], want, rtol=0, atol=1e-13)

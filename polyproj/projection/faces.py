@@ -27,7 +27,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
-from ..linalg import cho_solve, cholesky
+from ..linalg import cho_solve, cholesky, identity_where
 
 __all__ = ["ActiveRows", "Face", "expand_rows", "face_rhs", "gather_active_rows", "put_rows", "scatter_rows",
            "svd_factor"]
@@ -118,7 +118,8 @@ class ActiveRows:
         """The Gram matrices ``M_n M_nᵀ`` (b, k+p, k+p) of the normalised free-column rows.
 
         Shared rows: entries of the table's Gram matrix gathered (one flat gather); samples with fixed
-        columns are formed from their masked rows. Per-sample rows: a batched product.
+        columns are formed from their masked rows (all samples so when most have fixed columns). Per-sample
+        rows: a batched product.
         """
         xp = self.xp
         if self.table is not None:
@@ -127,11 +128,15 @@ class ActiveRows:
         if self.table is None or r * r > b * kk * kk:  # the table's Gram would cost more
             Mn = self.Mn
             return xp.matmul(Mn, xp.matrix_transpose(Mn))
+        hasfix = xp.any(self.free == 0, axis=1)
+        nfix = int(xp.sum(xp.astype(hasfix, xp.int64)))
+        if 2 * nfix > b:  # most samples need their own product: one product for all, no gather
+            Mn = self.Mn
+            return xp.matmul(Mn, xp.matrix_transpose(Mn))
         Gf = xp.matmul(self.tabn, xp.matrix_transpose(self.tabn))
         flat = self.ridx[:, :, None] * r + self.ridx[:, None, :]
         G = Gf.take(flat)  # NumPy's ndarray.take and torch's Tensor.take both index the flattened array
-        hasfix = xp.any(self.free == 0, axis=1)
-        if bool(xp.any(hasfix)):
+        if nfix:
             idx = xp.nonzero(hasfix)[0]
             sub = self.take(idx)
             G[idx] = xp.matmul(sub.Mn, xp.matrix_transpose(sub.Mn))
@@ -257,9 +262,7 @@ def gram_cholesky(xp, R: ActiveRows, eps: float):
     L, ok = cholesky(xp, G)
     diag = xp.linalg.diagonal(L)
     ok = ok & xp.all(xp.where(pos, diag, xp.ones_like(diag)) >= eps ** 0.25, axis=1)
-    if bool(xp.all(ok)):
-        return L, ok
-    return xp.where(ok[:, None, None], L, xp.broadcast_to(eye, L.shape)), ok
+    return identity_where(xp, ok, L, own=True), ok
 
 
 # ----------------------------------------------------------------------------- the face factorisation
