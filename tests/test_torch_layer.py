@@ -642,15 +642,17 @@ def test_constraint_tensors_reused_only_while_equal(rng):
     assert a.grad is not None and torch.isfinite(a.grad).all()
 
 
+@pytest.mark.parametrize("batch", [5, 70])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_small_batches_on_numpy_equal_the_torch_path(dtype, rng, monkeypatch):
-    """Small CPU batches run the pipeline on NumPy views (HOST_BATCH): the projection, the gradients with
-    respect to x and to learned constraint data, and the warm start equal those of the torch path."""
+def test_cpu_batches_on_numpy_equal_the_torch_path(dtype, batch, rng, monkeypatch):
+    """CPU batches run the pipeline on NumPy views (HOST_BATCH; 5 points: the direct path, 70: the ADMM
+    start and the polish): the projection, the gradients with respect to x and to learned constraint
+    data, and the warm start equal those of the torch path."""
     import polyproj.adapters.torch as pt
 
     P = _polytope(rng, n=6, m=9)
-    X = 2.0 * rng.normal(size=(5, 6))
-    V = rng.normal(size=(5, 6))
+    X = 2.0 * rng.normal(size=(batch, 6))
+    V = rng.normal(size=(batch, 6))
 
     def run():
         x = torch.tensor(X, dtype=dtype, requires_grad=True)

@@ -118,17 +118,19 @@ class _Project(torch.autograd.Function):
         return (y.reshape(V, N, -1), res, Sx), (0, None, None)
 
 
-#: CPU batches of at most this many points are projected on NumPy views of the tensors: the pipeline's
-#: few hundred small array operations cost ~1 µs each in NumPy against several in torch, which wins from
-#: about 64 points on (its batched kernels); measured in docs/torch.md ("Small batches")
-HOST_BATCH = 32
+#: CPU batches of at most this many points (None: any batch) onto shared polyhedral data are projected on
+#: NumPy views of the tensors: the pipeline's small array operations cost ~1 µs each in NumPy against
+#: several in torch, and its batched kernels (NumPy's gufuncs, torch's batched triangular solves on the
+#: same memory) are as fast or faster from batch 1 to 4096 and n 10 to 500, on one thread and on two
+#: (docs/torch.md, "Small batches"); 0 sends every batch through the torch namespace
+HOST_BATCH: int | None = None
 _NP = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _on_host(x: torch.Tensor, S: Projector) -> bool:
     """True when the forward of ``x`` runs on NumPy (a small CPU batch onto shared polyhedral data)."""
-    return (x.device.type == "cpu" and x.shape[0] <= HOST_BATCH and isinstance(S, Polyhedral)
-            and not S.data.batched)
+    return (x.device.type == "cpu" and (HOST_BATCH is None or x.shape[0] <= HOST_BATCH)
+            and isinstance(S, Polyhedral) and not S.data.batched)
 
 
 def _is_host(res: Any) -> bool:
