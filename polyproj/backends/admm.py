@@ -39,7 +39,7 @@ class ADMMSolver(QPSolver):
 
     Backend-specific options: ``rho`` (10), ``alpha`` (over-relaxation, 1.6), ``check`` (iterations
     between stopping tests, 25), ``stable`` (rough projections: fraction of samples whose faces may still
-    change at the stop; default ``0.03 (N − 256)/N`` for a batch of N > 256, else 0), ``start_dtype``
+    change at the stop; default :data:`STABLE` = 0.05 for a batch of at least 64, else 0), ``start_dtype``
     (``"float32"`` or ``"float64"``: rough projections), ``rough_iter`` (iteration limit of rough
     projections, 300).
     """
@@ -151,11 +151,17 @@ class ADMMSolver(QPSolver):
             return admm.Stop("residuals", float(self.settings["eps_abs"]), float(self.settings["eps_rel"]),
                              int(self.settings["max_iter"] or 4000), check, deadline=self._deadline())
         stable = self._opt("stable")
-        # stragglers allowed at the stop: the polish corrects their few wrong rows, while every check
-        # more costs `check` iterations of the whole batch (docs/performance.md)
-        stable = 0.03 * max(0, N - 256) / max(N, 1) if stable is None else float(stable)
+        # stragglers allowed at the stop: the polish corrects their few wrong rows (the last few go to
+        # DAQP), while every check more costs `check` iterations of the whole batch; below 64 samples a
+        # straggler costs a polish round of its own (docs/performance.md)
+        stable = (STABLE if N >= STABLE_FROM else 0.0) if stable is None else float(stable)
         limit = int(self.settings["max_iter"] or self._opt("rough_iter"))
         return admm.Stop("faces", max_iter=limit, check=check, stable=stable, deadline=self._deadline())
+
+
+#: share of a rough start's samples whose faces may still change when the ADMM stops (batches of at
+#: least STABLE_FROM samples)
+STABLE, STABLE_FROM = 0.05, 64
 
 
 def _on_cpu(X: Any) -> bool:
