@@ -128,7 +128,7 @@ _NP = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _on_host(x: torch.Tensor, S: Projector) -> bool:
-    """True when the forward of ``x`` runs on NumPy (a small CPU batch onto shared polyhedral data)."""
+    """True when the forward of ``x`` runs on NumPy (a CPU batch onto shared polyhedral data, :data:`HOST_BATCH`)."""
     return (x.device.type == "cpu" and (HOST_BATCH is None or x.shape[0] <= HOST_BATCH)
             and isinstance(S, Polyhedral) and not S.data.batched)
 
