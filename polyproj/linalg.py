@@ -41,7 +41,6 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
     batch is 40 MB, above glibc's largest mmap threshold: a fresh one costs ~10k page faults).
     """
     b, n = K.shape[0], K.shape[-1]
-    eye = xp.eye(n, dtype=K.dtype, device=_device(K))
     if is_numpy_namespace(xp) and b > _FEW and _CHOLESKY_LO is not None and K.dtype in (np.float64, np.float32):
         return _cholesky_gufunc(K, np.empty_like(K) if out is None else out)
     if is_torch_namespace(xp):  # torch's own kernel: tensors never become NumPy arrays
@@ -62,7 +61,7 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
     try:
         L = xp.linalg.cholesky(K)
         ok = xp.all(xp.isfinite(xp.reshape(L, (b, -1))), axis=1)
-        return L, ok
+        return identity_where(xp, ok, L, own=True), ok
     except Exception:  # NumPy (and array_api_strict) fail the whole batch: find the culprits
         if is_numpy_namespace(xp):
             L = np.empty_like(K)
@@ -73,6 +72,7 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
                 except np.linalg.LinAlgError:
                     L[i], ok[i] = np.eye(n, dtype=K.dtype), False
             return L, ok
+        eye = xp.eye(n, dtype=K.dtype, device=_device(K))
         return xp.broadcast_to(eye, K.shape), xp.zeros((b,), dtype=xp.bool, device=_device(K))
 
 
