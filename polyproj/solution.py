@@ -228,6 +228,14 @@ class BatchSolution:
             qp=None if self.qps is None else self.qps[i],
         )
 
+    def take(self, idx: Sequence[int] | np.ndarray) -> BatchSolution:
+        """The elements ``idx`` as a batch record of their own (times shared out by count)."""
+        idx = np.asarray(idx, dtype=np.intp)
+        share = len(idx) / max(len(self), 1)
+        return BatchSolution(self.x[idx], self.z[idx], self.z_box[idx], tuple(self.status[i] for i in idx),
+                             self.iterations[idx], self.solve_time * share, self.setup_time * share, self.backend,
+                             None if self.qps is None else tuple(self.qps[i] for i in idx), dict(self.info))
+
     @classmethod
     def stack(cls, sols: list[Solution], backend: str = "", **kw: Any) -> BatchSolution:
         """Stack single solutions into a batch record."""

@@ -160,6 +160,26 @@ def test_single_degenerate_point_is_the_pipelines(monkeypatch):
     np.testing.assert_array_equal(r1.multipliers, r0.multipliers)
 
 
+def test_handed_points_are_solved_by_daqp_once(monkeypatch):
+    """The pipeline starts the points the direct path hands over from the direct path's own DAQP solves."""
+    import daqp
+
+    d, X, _ = problem(10, 20, 4, 5)
+    on, weak, _ = degenerate_points(d)
+    Xd = np.vstack([on, X[:2], weak, X[2:]])
+    calls = []
+    real = daqp.solve
+    monkeypatch.setattr(daqp, "solve", lambda *a, **k: calls.append(1) or real(*a, **k))
+    S = Polyhedral(pp.Polyhedron(**d))
+    t = taken(S, Xd)
+    assert not t[0] and not t[3] and t[1:3].all()
+    assert len(calls) == len(Xd)  # one solve a point, the handed two included
+    r0 = pipeline_too(monkeypatch, lambda: Polyhedral(pp.Polyhedron(**d)).project_batch(Xd, record=True))
+    r1 = S.project_batch(Xd, record=True)
+    np.testing.assert_array_equal(r1.active, r0.active)
+    np.testing.assert_allclose(r1.y, r0.y, rtol=0, atol=1e-12 * (1 + np.abs(r0.y).max()))
+
+
 def test_warm_start_layer(monkeypatch):
     d, X, V = problem(20, 40, 4, 7)
     ys = []

@@ -76,7 +76,7 @@ class DAQPSolver(QPSolver):
                                      np.where(np.isfinite(lower), lower, -_INF), sense)
         return hit
 
-    def solve_projections(self, X: Any, data: Any, *, rough: bool = False) -> Any:
+    def solve_projections(self, X: Any, data: Any, *, rough: bool = False, solved: Any = None) -> Any:
         """Projections onto shared constraint data: ``daqp.solve`` per point on arrays built once.
 
         The projection QP (``H = I``, ``f = −x``) changes only in ``f`` from point to point, so its DAQP
@@ -84,6 +84,8 @@ class DAQPSolver(QPSolver):
         point is one call of the solver. What the guard of :meth:`solve` adds per point is not needed here:
         the pipeline verifies every answer by the exact polish (KKT), and data far from unit scale (which
         the guard would normalise) take the generic path (:func:`~polyproj.backends.projection.solve_on_host`).
+        ``solved``: what :meth:`solve_points` already returned for ``X`` on these arrays (the direct path's
+        solves), taken instead of solving again where this path applies.
         """
         from .projection import _host_data, _sample, projection_qp, solve_on_host, start_from_solution, to_host
         from .scaling import plan
@@ -96,7 +98,7 @@ class DAQPSolver(QPSolver):
         qp = projection_qp(*_sample(d, 0), Xn[0])
         if plan(qp, q=-Xn) is not None:
             return solve_on_host(self, X, data, rough=rough)
-        sol, _ = self.solve_points(Xn, self._data(qp))
+        sol = solved if solved is not None else self.solve_points(Xn, self._data(qp))[0]
         return start_from_solution(sol, X, d.m, float(self.settings.get("eps_abs", 1e-8)))
 
     def solve_points(self, X: np.ndarray, arrays: tuple[np.ndarray, ...]) -> tuple[Any, np.ndarray]:

@@ -202,9 +202,10 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
                    fallback: Any) -> PipelineOutput | None:
     """The direct path on a NumPy batch (float64, shared data; see the module docstring).
 
-    ``solver``: the DAQP backend (its settings); ``fallback(idx)`` projects the samples ``idx`` the path
-    does not take through the pipeline and returns its :class:`~polyproj.projection.pipeline.PipelineOutput`
-    (or None to send the whole batch there). Returns None when no sample is taken.
+    ``solver``: the DAQP backend (its settings); ``fallback(idx, solved)`` projects the samples ``idx`` the
+    path does not take through the pipeline — ``solved`` their DAQP solutions, a start it may reuse — and
+    returns its :class:`~polyproj.projection.pipeline.PipelineOutput` (or None to send the whole batch
+    there). Returns None when no sample is taken.
     """
     from ..backends.projection import start_from_solution
     from .pipeline import _merge
@@ -254,5 +255,5 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
     if len(taken) == N:
         return out
     rest = np.flatnonzero(~polished)
-    sub = fallback(rest)
+    sub = fallback(rest, sol.take(rest))
     return None if sub is None else _merge(np, out, rest, sub)

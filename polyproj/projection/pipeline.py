@@ -80,24 +80,27 @@ class PipelineOutput:
 
 
 def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool | None = None,
-        warm: Any = None) -> PipelineOutput:
+        warm: Any = None, start: ProjectionStart | None = None) -> PipelineOutput:
     """Project the rows of ``X`` onto ``data`` with ``solver`` (see the module docstring).
 
     ``rough`` (default: when the polish is on and the backend can stop early) asks the backend for a
     rough start. ``warm`` (b, m + 2n) bool: guessed active sets (a previous step's); the polish starts
     from them without asking the backend, and only the samples it cannot verify in a few rounds go
-    through the whole pipeline.
+    through the whole pipeline. ``start``: ``solver``'s projections of ``X`` already computed (its
+    :meth:`solve_projections` on the unscaled data), taken instead of asking it again.
     """
     if rough is None:
         rough = opts.polish and solver.capabilities.early_stop
     s = _unit_scale(X, data)
     if s != 1.0:  # Π_{sP}(s x) = s Π_P(x): the backend sees data of unit size (s a power of 2: exact)
-        out = run(X / s, _scaled(data, 1.0 / s), solver, opts, rough=rough, warm=warm)
+        given = None if start is None else replace(start, y=start.y / s, mult=start.mult / s, mu=start.mu / s)
+        out = run(X / s, _scaled(data, 1.0 / s), solver, opts, rough=rough, warm=warm, start=given)
         return replace(out, Y=out.Y * s, mult=out.mult * s, mu=out.mu * s, faces=out.faces,
                        start=replace(out.start, y=out.start.y * s, mult=out.start.mult * s, mu=out.start.mu * s))
     if warm is not None and opts.polish:
         return _warm(X, data, solver, opts, warm)
-    start = solver.solve_projections(X, data, rough=rough)
+    if start is None:
+        start = solver.solve_projections(X, data, rough=rough)
     start, flagged, report = _recover(solver, X, data, start)
     if not opts.polish:
         out = _unpolished_output(X, data, start, solver.name)

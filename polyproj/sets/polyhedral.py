@@ -163,7 +163,8 @@ class Polyhedral(Projector):
 
         Taken for shared data, the default backend choice (or DAQP) without settings and the default polish,
         on data of unit scale; the samples it does not take go through :func:`run` as a batch of their own
-        (the ``"auto"`` choice for that batch; their part of the warm start).
+        (the ``"auto"`` choice for that batch; their part of the warm start; DAQP's start from the direct
+        path's solves when DAQP is that choice).
         """
         from ..projection import direct
         from ..projection.pipeline import _unit_scale
@@ -185,11 +186,15 @@ class Polyhedral(Projector):
         if dd is False:
             return None
 
-        def fallback(idx):
+        def fallback(idx, solved):
             Xs = X[idx]
             if _unit_scale(Xs, data) != 1.0:
                 return None  # the pipeline would scale the part otherwise than the batch: the batch goes there
-            return run(Xs, data, self._solver_for(Xs), opts, warm=None if warm is None else warm[idx])
+            solver, part = self._solver_for(Xs), None if warm is None else warm[idx]
+            # DAQP's start for these samples is the direct path's own solves: not computed twice
+            start = solver.solve_projections(Xs, data, solved=solved) if part is None and \
+                type(solver) is type(dd[1]) else None
+            return run(Xs, data, solver, opts, warm=part, start=start)
 
         return direct.project_direct(X, data, dd[0], dd[1], opts.tol, opts.record, fallback)
 
