@@ -180,6 +180,47 @@ def test_handed_points_are_solved_by_daqp_once(monkeypatch):
     np.testing.assert_allclose(r1.y, r0.y, rtol=0, atol=1e-12 * (1 + np.abs(r0.y).max()))
 
 
+@pytest.mark.parametrize("ratio", [0.5, 30.0, 1e3])
+def test_row_near_its_hyperplane(monkeypatch, ratio):
+    """A row placed at ``ratio`` times its feasibility tolerance from a point's projection: the direct path
+    takes the point only beyond SEPARATION, and either way the answer is the pipeline's."""
+    d, X, V = problem(20, 40, 4, 11)
+    r = Polyhedral(pp.Polyhedron(**d)).project_batch(X)
+    j = int(np.flatnonzero(~r.active[0, :40])[0])
+    tol = Polyhedral(pp.Polyhedron(**d)).options.tol
+    row_tol = tol * (abs(d["a"][j]) + np.abs(d["A"][j]).sum() * np.abs(r.y[0]).max())
+    d["a"] = d["a"].copy()
+    d["a"][j] = d["A"][j] @ r.y[0] + ratio * row_tol  # y stays the projection: the row is not active there
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert bool(taken(S, X)[0]) == (ratio > direct.SEPARATION)
+    r1 = S.project_batch(X, record=True)
+    r0 = pipeline_too(monkeypatch, lambda: Polyhedral(pp.Polyhedron(**d)).project_batch(X, record=True))
+    np.testing.assert_array_equal(r1.active, r0.active)
+    np.testing.assert_allclose(r1.y, r0.y, rtol=0, atol=1e-12 * (1 + np.abs(r0.y).max()))
+    np.testing.assert_allclose(S.vjp(r1, V), S.vjp(r0, V), rtol=0, atol=1e-10)
+    assert r1.max_violation <= 1e-9
+
+
+@pytest.mark.parametrize("backend", ["daqp", "highs"])
+def test_degenerate_vertex_is_polished(monkeypatch, backend):
+    """A row within tolerance of a vertex's projection: the pipeline's first candidates (backed and near
+    rows) are dependent and the corrections cycle; the second try from the backed rows verifies it."""
+    if backend == "highs":
+        pytest.importorskip("highspy")
+    d, X, _ = problem(20, 40, 4, 11)
+    ref = Polyhedral(pp.Polyhedron(**d)).project_batch(X)
+    j = int(np.flatnonzero(~ref.active[0, :40])[0])
+    row_tol = 1e-9 * (abs(d["a"][j]) + np.abs(d["A"][j]).sum() * np.abs(ref.y[0]).max())
+    d["a"] = d["a"].copy()
+    d["a"][j] = d["A"][j] @ ref.y[0] + 0.5 * row_tol
+    with monkeypatch.context() as mp:
+        mp.setattr(direct, "DIRECT_BATCH", 0)
+        r = Polyhedral(pp.Polyhedron(**d), backend=backend).project_batch(X[:1])  # no "polish refused" warning
+    assert bool(r.polished[0]) and r.status[0] is pp.Status.SOLVED
+    np.testing.assert_allclose(r.y[0], ref.y[0], rtol=0, atol=1e-12 * (1 + np.abs(ref.y[0]).max()))
+    assert bool(r.active[0, j]) and bool(r.degenerate.weak[0])  # reported: a row at zero slack, no multiplier
+
+
 def test_warm_start_layer(monkeypatch):
     d, X, V = problem(20, 40, 4, 7)
     ys = []

@@ -209,7 +209,7 @@ def _polish_part(n: int) -> int:
 
 
 def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, rounds: int,
-            candidates: Any = None, handoff: int = 0, give_up: float = 1.0) -> PolishResult:
+            candidates: Any = None, handoff: int = 0, give_up: float = 1.0, backed_only: bool = False) -> PolishResult:
     """The polish from the backend's start; NumPy batches in parts on one BLAS thread, one part per core.
 
     ``handoff``: the samples of the whole batch that may be left to the fallback once the rounds stop
@@ -227,7 +227,7 @@ def _polish(X, data: PolyData, start: ProjectionStart, opts: PolishOptions, roun
         cand = None if candidates is None else candidates[sl, ...]
         return polish(X[sl, ...], d, start.y[sl, ...], start.mult[sl, ...], cand_tol=cand_tol, dist_tol=dist_tol,
                       tol=opts.tol, max_iter=rounds, block_iter=opts.block_rounds, record=opts.record,
-                      candidates=cand, handoff=share, give_up=give_up)
+                      candidates=cand, handoff=share, give_up=give_up, backed_only=backed_only)
 
     if not numpy:
         return part(slices[0])
@@ -266,11 +266,37 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
     if start.rough:
         idx = xp.nonzero(refused)[0]
         return _merge(xp, out, idx, _resolve(X, data, solver, opts, idx))
+    out = _backed_retry(X, data, solver, opts, start, out, refused)
+    refused = ~out.polished & ~flagged
+    if not bool(xp.any(refused)):
+        return out
     bad = int(xp.sum(xp.astype(refused, xp.int64)))
     warnings.warn(f"polish refused for {bad} of {refused.shape[0]} points: the KKT conditions could not be "
                   "verified on the identified active set; those points keep the backend's accuracy "
                   f"(backend {solver.name!r})", PolyprojWarning, stacklevel=5)
     return _keep_start(X, data, out, refused)
+
+
+def _backed_retry(X, data: PolyData, solver, opts: PolishOptions, start: ProjectionStart, out: PipelineOutput,
+                  refused) -> PipelineOutput:
+    """The refused samples of an accurate start polished once more from the rows its multipliers back.
+
+    At a degenerate vertex — a row through the projection (within the distance threshold) on top of a
+    face that already fixes it — the first candidates are dependent: their minimum-norm multipliers
+    have negative entries, each drop moves the point off a row that is then violated, and the
+    corrections cycle; the backend's own working set, without the rows merely near the point, is often
+    a face the KKT tests verify at once.
+    """
+    xp = array_namespace(X)
+    idx = xp.nonzero(refused)[0]
+    Xs, ds = xp.take(X, idx, axis=0), data.take(idx)
+    take = lambda v: xp.take(v, idx, axis=0)  # noqa: E731
+    sub = replace(start, y=take(start.y), mult=take(start.mult), mu=take(start.mu),
+                  status=tuple(start.status[i] for i in _host_ints(idx)), solution=None)
+    pol = _polish(Xs, ds, sub, opts, _rounds(opts, solver, sub, X.shape[1]), backed_only=True)
+    if not bool(xp.any(pol.accepted)):
+        return out
+    return _merge(xp, out, idx, _output(ds, sub, pol, solver.name))
 
 
 def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:

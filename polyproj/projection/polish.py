@@ -175,7 +175,7 @@ HANDOFF_AFTER = 2
 
 def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, tol: float, max_iter: int,
            block_iter: int = 0, record: bool = False, candidates: Any = None, handoff: int = 0,
-           give_up: float = 1.0) -> PolishResult:
+           give_up: float = 1.0, backed_only: bool = False) -> PolishResult:
     """Primal–dual active-set polish of a batch of projections (see the module docstring).
 
     Parameters
@@ -206,6 +206,9 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     give_up : float
         After the first round, stop when more than this share of the samples is left (a poor warm start;
         1: never).
+    backed_only : bool
+        The first candidates are the rows the start's multipliers back, without the rows near their
+        hyperplane (the second try of a refused sample: see :func:`polyproj.projection.pipeline.run`).
     """
     xp = array_namespace(X, data.A)
     sc = _scales(xp, X, data)
@@ -215,7 +218,8 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     dist0 = ineq_slack(Ystart, *_ineq_parts(data)) / sc.rn2
     mult0_n = mult0 * sc.rn2  # multipliers of the normalised rows: the scale of x − y
     backed = mult0_n > cand_tol * (sig0 + _rmax(xp, mult0_n))
-    S = sc.fin & (((dist0 <= dist_tol * sig0) | backed) if candidates is None else candidates)
+    near = xp.zeros_like(backed) if backed_only else dist0 <= dist_tol * sig0
+    S = sc.fin & ((near | backed) if candidates is None else candidates)
     # how little the backend supports a candidate (an inconsistent face drops the least supported):
     # multiplier not clearly positive first, then farthest from its hyperplane
     weak = xp.where(backed, xp.full_like(dist0, -1e30), dist0)
