@@ -52,6 +52,36 @@ class _Config:
     warm: Any = None
 
 
+@dataclass(frozen=True)
+class _Folded:
+    """A result of :meth:`_Project.vmap`: ``inner`` projected ``size`` slices of ``rows`` points as one batch.
+
+    ``level`` names the vmap level folded into it (the one below it, as ``maybe_current_level`` reads
+    inside the rule).
+    """
+
+    inner: Any
+    level: Any
+    size: int
+    rows: int
+
+
+def _unfold(res: Any, g: torch.Tensor) -> Any:
+    """The innermost result, once every fold's level has mapped ``g`` onto its rows (:meth:`_VJP.vmap`).
+
+    A fold left here means a cotangent the mapped level does not batch (the same for every slice, e.g.
+    ``vmap(grad(lambda x: project(x).sum()))``) while the product differs from slice to slice: refused,
+    rather than one slice's answer for all.
+    """
+    while isinstance(res, _Folded):
+        if res.size > 1 or g.shape[0] != res.rows:
+            raise ProblemError("torch.func.vmap of a derivative whose output gradient does not depend on the mapped "
+                               "input (e.g. grad of project(x).sum()) is not supported: project the batch at once, "
+                               "or use jacrev / a loss that depends on the output")
+        res = res.inner
+    return res
+
+
 class _Project(torch.autograd.Function):
     """``y = Π_S(x)`` with the set's HS-Jacobian backward; ``params`` are the set's differentiable data.
 
@@ -114,8 +144,9 @@ class _Project(torch.autograd.Function):
                                "whole batch at once")
         xb = x.movedim(in_dims[0], 0)
         V, N = xb.shape[0], xb.shape[1]
+        level = torch._C._functorch.maybe_current_level()
         y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, _Config(cfg.names), *params)
-        return (y.reshape(V, N, -1), res, Sx), (0, None, None)
+        return (y.reshape(V, N, -1), _Folded(res, level, V, N), Sx), (0, None, None)
 
 
 #: CPU batches of at most this many points (None: any batch) onto shared polyhedral data are projected on
@@ -153,6 +184,7 @@ def _backward_parts(S: Projector, res: Any, g: torch.Tensor, wanted: tuple[str, 
 
 def _vjp_x(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
     g = g.contiguous()
+    res = _unfold(res, g)
     if g.shape[0] == 0:
         return torch.zeros_like(g)
     with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
@@ -165,6 +197,7 @@ class _VJP(torch.autograd.Function):
     @staticmethod
     def forward(gy, S, res, wanted, need_x):
         g = gy.contiguous()
+        res = _unfold(res, g)
         if g.shape[0] == 0:
             params = S.parameters()
             return (torch.zeros_like(g), *[torch.zeros_like(params[k]) for k in wanted])
@@ -182,8 +215,28 @@ class _VJP(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, gy, S, res, wanted, need_x):
+        """Map the backward over one vmap level.
+
+        A level the forward folded into the batch (per-sample gradients: ``vmap(grad(f))``) is folded the
+        same way, slice ``v`` on rows ``v N .. (v+1) N`` of the result; any other level (``jacrev``'s
+        basis vectors) maps whole cotangents, one call each.
+        """
         gb = gy.movedim(in_dims[0], 0)
-        outs = [_VJP.apply(gb[v], S, res, wanted, need_x) for v in range(gb.shape[0])]
+        if isinstance(res, _Folded) and res.level == torch._C._functorch.maybe_current_level() and \
+                res.size == gb.shape[0]:
+            V, N, rest = res.size, res.rows, res.inner
+            flat = gb.reshape(V * N, *gb.shape[2:])
+            if not wanted:  # J is block diagonal over the samples: one product for all of them
+                out = _VJP.apply(flat, S, rest, wanted, need_x)
+                return (out[0].reshape(gb.shape),), (0,)
+            outs = []  # the data gradients of each sample: its rows alone (the others' cotangent zero)
+            for v in range(V):
+                part = torch.zeros_like(flat)
+                part[v * N:(v + 1) * N] = gb[v]
+                o = _VJP.apply(part, S, rest, wanted, need_x)
+                outs.append((o[0].reshape(gb.shape)[v], *o[1:]))
+        else:
+            outs = [_VJP.apply(gb[v], S, res, wanted, need_x) for v in range(gb.shape[0])]
         stacked = tuple(torch.stack(parts) for parts in zip(*outs, strict=True))
         return stacked, tuple(0 for _ in stacked)
 
