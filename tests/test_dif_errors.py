@@ -181,7 +181,42 @@ def test_retrain_thread_pool_matches_single(setup):
     from concurrent.futures import ThreadPoolExecutor
 
     prob, kkt = setup
-    single = retrain(prob, {"objective": [2]}, warm_start=kkt)
-    with ThreadPoolExecutor(2) as ex:
-        many = retrain(prob, [{"objective": [2]}], warm_start=kkt, executor=ex)
-    np.testing.assert_allclose(single.theta.numpy(), many[0].theta.numpy(), atol=1e-14)
+    removals = [{"objective": [i]} for i in range(6)]
+    single = retrain(prob, removals, warm_start=kkt)
+    # several re-solves at once: torch's forward-mode AD (the SQP's Hessian) is process-wide state
+    with ThreadPoolExecutor(3) as ex:
+        many = retrain(prob, removals, warm_start=kkt, executor=ex)
+    for a, b in zip(single, many, strict=True):
+        np.testing.assert_allclose(a.theta.numpy(), b.theta.numpy(), atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- arguments of the engine
+def test_bad_engine_arguments(setup):
+    prob, kkt = setup
+    F = lambda th: _sq(th, (prob.objective.data[0][:5], prob.objective.data[1][:5])).mean()  # noqa: E731
+    with pytest.raises(pp.ProblemError, match="damping"):
+        DIF(prob, kkt, damping=None)
+    dm = DIF(prob, kkt, method="matrix-free")
+    for bad in (-1, 0, 2.5):
+        with pytest.raises(pp.ProblemError, match="chunk_size"):
+            dm.influence(F, chunk_size=bad)
+        with pytest.raises(pp.ProblemError, match="chunk_size"):
+            DIF(prob, kkt, chunk_size=bad)
+    d = DIF(prob, kkt)
+    for k in (-1, 2.5, 30, 31):
+        with pytest.raises(pp.ProblemError, match="top_k"):
+            d.top_k(F, k)
+    assert d.top_k(F, 0)[0].size == 0 and d.top_k(F, 29)[0].size == 29
+
+
+def test_influence_keeps_grad_mode_and_takes_iterables(setup):
+    prob, kkt = setup
+    F = lambda th: _sq(th, (prob.objective.data[0][:5], prob.objective.data[1][:5])).mean()  # noqa: E731
+    for method in ("dense", "matrix-free"):
+        d = DIF(prob, kkt, method=method)
+        ref = d.influence(F, [{"objective": [i]} for i in range(3)])
+        got = d.influence(F, ({"objective": [i]} for i in range(3)))  # a generator
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=0, atol=1e-14)
+        with torch.no_grad():
+            d.influence(F)
+            assert not torch.is_grad_enabled(), method

@@ -155,6 +155,36 @@ def test_indefinite_hessian_cg_error_minres_exact(indefinite):
         assert _rel(mr.delta_theta(rem).numpy(), _kkt_reference(mr, rem)) < 1e-8
     damped = DIF(prob, kkt, method="matrix-free", damping="auto")
     assert damped.damping > 0 and np.all(np.isfinite(damped.delta_theta({"objective": [0]}).numpy()))
+    # the dense path: H convexified by the equality row (same solution and multipliers), then polished;
+    # one removal and the batch give the same ω
+    dense = DIF(prob, kkt, method="dense")
+    rems = [{"objective": [i]} for i in range(6)]
+    batch = dense.influence(None, rems).numpy()
+    for i, rem in enumerate(rems):
+        res = dense.result(rem)
+        assert res.status is pp.Status.SOLVED
+        assert _rel(res.omega.numpy(), _kkt_reference(mr, rem)) < 1e-8
+        assert _rel(batch[i], res.omega.numpy()) < 1e-10
+
+
+def test_dependent_active_constraints_matrix_free_equals_dense():
+    """LICQ fails (two active constraints with parallel gradients): the dual matrix is singular; the
+    minimum-norm multipliers give the unique ω on both paths."""
+    rng = np.random.default_rng(3)
+    X = torch.as_tensor(rng.normal(size=(100, 3)))
+    y = X @ torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64) + 0.1 * torch.as_tensor(rng.normal(size=100))
+    sq = lambda th, b: (b[0] @ th - b[1]) ** 2  # noqa: E731
+    F = lambda th: sq(th, (X[:5], y[:5])).mean()  # noqa: E731
+    for kind in ("eq", "ineq"):
+        prob = ConstrainedProblem(torch.zeros(3), Loss(sq, (X, y)), [
+            Constraint(lambda th: th[2], None, tau=1.0, name="c1", kind=kind),
+            Constraint(lambda th: 2 * th[2], None, tau=2.0, name="c2", kind=kind)])
+        kkt = solve(prob, warn=False)
+        dense, mf = DIF(prob, kkt, method="dense"), DIF(prob, kkt, method="matrix-free")
+        for rem in ({"objective": [0, 1]}, {"objective": [7]}):
+            assert _rel(mf.delta_theta(rem).numpy(), dense.delta_theta(rem).numpy()) < 1e-8, kind
+        np.testing.assert_allclose(mf.influence(F).numpy(), dense.influence(F).numpy(), rtol=0,
+                                   atol=1e-8 * float(dense.influence(F).abs().max()))
 
 
 # ----------------------------------------------------------------------------- vmap, executors

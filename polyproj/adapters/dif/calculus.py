@@ -9,6 +9,7 @@ instead.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,13 @@ import torch
 
 from .problem import ConstrainedProblem
 
-__all__ = ["constraint_jacobian", "lagrangian_hessian", "objective_grad", "per_sample", "per_sample_grads"]
+__all__ = ["FORWARD_AD", "constraint_jacobian", "lagrangian_hessian", "objective_grad", "per_sample",
+           "per_sample_grads"]
+
+#: held around every forward-mode section (``torch.func.hessian``, ``jvp``): torch's forward-AD levels
+#: are process-wide, so two threads in forward mode at once corrupt each other's (e.g. re-solves on a
+#: thread pool); reverse mode is per thread and runs unlocked
+FORWARD_AD = threading.RLock()
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -40,7 +47,8 @@ def constraint_jacobian(problem: ConstrainedProblem, theta: torch.Tensor) -> tup
 def lagrangian_hessian(problem: ConstrainedProblem, theta: torch.Tensor, lambdas: Any) -> np.ndarray:
     """∇²_θ L(θ, λ) = ∇²f₀ + Σ λⱼ∇²gⱼ, symmetrised, (d, d)."""
     lam = torch.as_tensor(np.asarray(lambdas, dtype=np.float64))
-    H = _np(torch.func.hessian(lambda t: problem.lagrangian(t, lam))(theta))
+    with FORWARD_AD:
+        H = _np(torch.func.hessian(lambda t: problem.lagrangian(t, lam))(theta))
     return 0.5 * (H + H.T)
 
 

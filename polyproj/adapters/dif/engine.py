@@ -143,14 +143,15 @@ class DIF:
         auto_damping = isinstance(damping, str)
         if auto_damping and damping != "auto":
             raise ProblemError(f"damping must be a number >= 0 or 'auto', got {damping!r}")
-        if not auto_damping and (not np.isfinite(damping) or damping < 0):
+        if not auto_damping and (isinstance(damping, bool) or not isinstance(damping, (int, float, np.number))
+                                 or not np.isfinite(damping) or damping < 0):
             raise ProblemError(f"damping must be a finite number >= 0 or 'auto', got {damping}")
         self.lin = Linearisation(problem, kkt)
         self.problem, self.kkt = problem, kkt
         self.backend, self.renormalize, self.settings = backend, bool(renormalize), settings
         self.method = ("dense" if problem.dim <= DENSE_MAX_DIM else "matrix-free") if method == "auto" else method
         self.V: np.ndarray | None = None  # H⁻¹C_Aᵀ: at once on the matrix-free path, on first use on the dense
-        self.chunk_size = int(chunk_size) if chunk_size else DEFAULT_CHUNK
+        self.chunk_size = _chunk(chunk_size, DEFAULT_CHUNK)
         st = kkt.status
         self.rows = np.array([j for j, s in enumerate(st) if s in (BINDING, EQUALITY, WEAK)], dtype=np.int64)
         self.row_eq = np.array([st[j] != WEAK for j in self.rows], dtype=bool)
@@ -318,7 +319,7 @@ class DIF:
         for rem in removals:
             res = self.result(rem, order)
             if not res.status.ok:
-                raise SolverError(f"the DIF QP returned {res.status.name}: {res.status.message}")
+                raise SolverError(_qp_failure(res.status))
             out.append(res.omega)
         return out[0] if single else torch.stack(out) if out else torch.zeros(0, self.problem.dim,
                                                                               dtype=torch.float64)
@@ -365,11 +366,13 @@ class DIF:
                 raise ProblemError("influence(order=2) runs in process: pass executor=None")
             return self._second_order_scores(test_fn, rems, progress)
         if test_fn is None:
-            return self._all_omegas(removals) if self.method == "dense" else self.delta_theta(rems)
+            return self._all_omegas(None if removals is None else rems) if self.method == "dense" else \
+                self.delta_theta(rems)
         if self.method == "dense" and executor is None:
-            return self._all_omegas(removals) @ _test_grad(self.problem, test_fn, self.kkt.theta)
-        job = self.score_job(test_fn, chunk_size)
-        step = int(chunk_size) if chunk_size else self.chunk_size
+            return self._all_omegas(None if removals is None else rems) @ _test_grad(self.problem, test_fn,
+                                                                                      self.kkt.theta)
+        step = _chunk(chunk_size, self.chunk_size)
+        job = self.score_job(test_fn, step)
         chunks = [rems[s:s + step] for s in range(0, len(rems), step)]
         parts = map_jobs(job, chunks, executor=executor, progress=progress, bar_from=8, description="DIF scores")
         scores = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
@@ -413,7 +416,7 @@ class DIF:
         return ScoreJob(problem=self.problem, theta=self.kkt.theta, lam=self.lin.lam, g=self.lin.g, basis=M,
                         grad_f0=self.lin.grad_f0 @ M, G=self.lin.G @ M, rows=self.rows, b=b, dual=dual,
                         renormalize=self.renormalize,
-                        chunk_size=int(chunk_size) if chunk_size else self.chunk_size)
+                        chunk_size=_chunk(chunk_size, self.chunk_size))
 
     def top_k(self, test_fn: Callable[[Any], Any], k: int, *, largest: bool = False,
               candidates: Sequence[int] | None = None) -> tuple[np.ndarray, float]:
@@ -422,7 +425,10 @@ class DIF:
         Returns the indices and the predicted change of removing them *together* (the group's own
         dual QP, not the sum of the single scores).
         """
-        cand = np.arange(self.problem.objective.n_samples) if candidates is None else np.asarray(candidates)
+        n = self.problem.objective.n_samples
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < n:
+            raise ProblemError(f"top_k: k must be an integer in [0, {n}) (the objective has {n} samples), got {k!r}")
+        cand = np.arange(n) if candidates is None else np.asarray(candidates, dtype=np.int64).reshape(-1)
         scores = self.influence(test_fn, [{"objective": [int(i)]} for i in cand]).numpy()
         order = np.argsort(-scores if largest else scores, kind="stable")[:k]
         idx = np.sort(cand[order])
@@ -446,9 +452,26 @@ class DIF:
                                     backend=self.backend, **self.settings)
         bad = [i for i, s in enumerate(sols) if not s.status.ok]
         if bad:
-            raise SolverError(f"the DIF QP failed for {len(bad)} removals (first: #{bad[0]}, "
-                              f"{sols[bad[0]].status.name}: {sols[bad[0]].status.message})")
+            raise SolverError(f"{len(bad)} removals (first: #{bad[0]}): " + _qp_failure(sols[bad[0]].status))
         return torch.as_tensor(np.array([s.x for s in sols]).reshape(-1, self.problem.dim))
+
+
+def _chunk(value: Any, default: int) -> int:
+    """A chunk size: a positive integer, or ``default`` for None."""
+    if value is None:
+        return int(default)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ProblemError(f"chunk_size must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _qp_failure(status: Status) -> str:
+    """The error message of a DIF QP that was not solved."""
+    if status is Status.NON_CONVEX:
+        return ("the DIF QP is not convex: H is not positive definite on the null space of the binding "
+                "constraints (second-order sufficiency fails at this KKT point); pass damping > 0 (or "
+                "damping='auto') to regularise it")
+    return f"the DIF QP returned {status.name}: {status.message}"
 
 
 def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse.linalg as spla
 import torch
 
+from .calculus import FORWARD_AD
 from .problem import ConstrainedProblem, Constraint, Loss
 
 __all__ = ["DEFAULT_CHUNK", "HessianOperator", "LossPieces"]
@@ -115,9 +116,10 @@ class LossPieces:
     def hvp(self, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """∇²Φ(θ) v by forward-over-reverse, summed over the pieces."""
         out = torch.zeros_like(theta)
-        for grp in self.groups:
-            _, hv = torch.func.jvp(torch.func.grad(lambda t, grp=grp: self._group_value(grp, t)), (theta,), (v,))
-            out += hv
+        with FORWARD_AD:
+            for grp in self.groups:
+                _, hv = torch.func.jvp(torch.func.grad(lambda t, grp=grp: self._group_value(grp, t)), (theta,), (v,))
+                out += hv
         return out
 
 

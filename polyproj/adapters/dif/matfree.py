@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import SolverError
+from ...errors import ProblemError, SolverError
 from .krylov import IndefiniteHessianError
 
 __all__ = ["DualQP"]
@@ -59,7 +59,7 @@ class DualQP:
             return cls(S, eq, False, backend, dict(settings))
         B, W = np.flatnonzero(eq), np.flatnonzero(~eq)
         SBB = S[np.ix_(B, B)]
-        T = S[np.ix_(W, W)] - S[np.ix_(W, B)] @ np.linalg.solve(SBB, S[np.ix_(B, W)]) if B.size else S
+        T = S[np.ix_(W, W)] - S[np.ix_(W, B)] @ _pinv(SBB) @ S[np.ix_(B, W)] if B.size else S
         if not _psd(T):
             raise IndefiniteHessianError(
                 "the DIF is not defined here: H is not positive definite on the critical cone (second-order "
@@ -92,7 +92,7 @@ class DualQP:
         if P.shape[0] == 0:
             return np.zeros((Q.shape[0], 0))
         if not signed.any():
-            return -np.linalg.solve(P, Q.T).T
+            return _consistent_solve(P, -Q.T).T
         Cd = -np.eye(P.shape[0])[signed]
         sols = solve_qp_exact_batch(P, Q, Cd, np.zeros((Q.shape[0], Cd.shape[0])), np.zeros(Cd.shape[0], bool),
                                     backend=self.backend, **self.settings)
@@ -106,7 +106,7 @@ class DualQP:
     def _reduction(self, Hd: np.ndarray):
         B, W = np.flatnonzero(self.eq), np.flatnonzero(~self.eq)
         S = self.S
-        SBBinv = np.linalg.inv(S[np.ix_(B, B)]) if B.size else np.zeros((0, 0))
+        SBBinv = _pinv(S[np.ix_(B, B)]) if B.size else np.zeros((0, 0))
         SBBinv_SBW = SBBinv @ S[np.ix_(B, W)]
         T = S[np.ix_(W, W)] - S[np.ix_(W, B)] @ SBBinv_SBW
         Q = Hd[:, W] - (S[np.ix_(W, B)] @ (SBBinv @ Hd[:, B].T)).T
@@ -115,6 +115,26 @@ class DualQP:
     def solve(self, h: np.ndarray) -> np.ndarray:
         """μ (k,) for one h (k,)."""
         return self.solve_batch(h[None, :])[0]
+
+
+def _pinv(S: np.ndarray) -> np.ndarray:
+    """Pseudo-inverse of a symmetric matrix.
+
+    Dependent active constraints (LICQ failing) make the dual matrix singular; ω = −H⁻¹(c + Gᵀμ) is the
+    same for every μ of the solution set, so the minimum-norm one serves.
+    """
+    return np.linalg.pinv(S, hermitian=True)
+
+
+def _consistent_solve(S: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """μ = S⁺R (columns of R); a clear error when S μ = R has no solution (singular S, R off its range)."""
+    mu = _pinv(S) @ R
+    res = np.abs(S @ mu - R).max(axis=0, initial=0.0)
+    scale = np.abs(R).max(axis=0, initial=0.0) + np.abs(S).max(initial=0.0) * np.abs(mu).max(axis=0, initial=0.0)
+    if (res > 1e-8 * np.maximum(scale, np.finfo(float).tiny)).any():
+        raise ProblemError("the DIF is not defined for this removal: the binding constraints' gradients are "
+                           "linearly dependent (LICQ fails) and the removal asks them to move inconsistently")
+    return mu
 
 
 class KrylovInverse:

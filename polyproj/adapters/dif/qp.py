@@ -58,6 +58,41 @@ def _metric_factor(P: np.ndarray) -> np.ndarray | None:
     return None
 
 
+def _convexified(P: np.ndarray, C: np.ndarray, eq: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """``(P + ρ C_eqᵀC_eq, ρ)``, positive semidefinite, or None when no ρ makes it so.
+
+    On the QP's feasible set ``C_eq x = u_eq`` the term ``½ρ‖C_eq x − u_eq‖²`` vanishes, so adding it (with
+    ``q − ρ C_eqᵀu_eq``) changes neither the solution nor the multipliers; it makes P positive definite
+    exactly when P is positive definite on the null space of C_eq (Finsler's lemma): an indefinite
+    Hessian of the Lagrangian with second-order sufficiency on the binding constraints. ρ = 0 when P
+    is already positive semidefinite.
+    """
+    if _metric_factor(P) is not None:
+        return P, 0.0
+    E = C[eq]
+    if E.shape[0] == 0:
+        return None
+    _, sv, Vt = np.linalg.svd(E)
+    rank = int(np.sum(sv > 1e-12 * sv[0])) if sv.size else 0
+    Z = Vt[rank:].T  # null space of C_eq
+    top = max(1.0, float(np.max(np.abs(P), initial=0.0)))
+    if Z.shape[1] and float(np.linalg.eigvalsh(Z.T @ P @ Z)[0]) <= 1e-10 * top:
+        return None
+    rho = 4.0 * (top + max(0.0, -float(np.linalg.eigvalsh(P)[0]))) / sv[rank - 1] ** 2
+    for _ in range(6):
+        Pc = P + rho * (E.T @ E)
+        if _metric_factor(Pc) is not None:
+            return Pc, rho
+        rho *= 10.0
+    return None
+
+
+def _not_convex(n: int, C: np.ndarray, batch: int | None):
+    res = QPResult(x=np.full(n, np.nan), z=np.full(C.shape[0], np.nan), status=Status.NON_CONVEX,
+                   active=np.zeros(C.shape[0], bool), polished=False, backend="")
+    return res if batch is None else [res] * batch
+
+
 def _polish(P, q, C, u, eq, x, z, max_rounds: int = 50) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The exact active-set polish of the projections (:func:`polyproj.projection.polish.polish`).
 
@@ -119,7 +154,8 @@ def solve_qp_exact(P: np.ndarray, q: np.ndarray, C: np.ndarray, u: np.ndarray, e
 
     Parameters
     ----------
-    P : (n, n) symmetric PSD;  q : (n,);  C : (k, n);  u : (k,);  eq : (k,) bool (rows ``Cx = u``)
+    P : (n, n) symmetric, positive semidefinite or on the null space of the eq rows (:func:`_convexified`)
+    q : (n,);  C : (k, n);  u : (k,);  eq : (k,) bool (rows ``Cx = u``)
     backend : name or QPSolver instance (any registered backend)
     **settings : unified solver settings (default ``eps_abs=1e-10``)
 
@@ -129,6 +165,11 @@ def solve_qp_exact(P: np.ndarray, q: np.ndarray, C: np.ndarray, u: np.ndarray, e
         ``status`` SOLVED when the polish was accepted; otherwise the backend's status.
     """
     settings.setdefault("eps_abs", 1e-10)
+    conv = _convexified(P, C, eq)
+    if conv is None:
+        return _not_convex(P.shape[0], C, None)
+    P, rho = conv
+    q = q - rho * (C[eq].T @ u[eq]) if rho else q
     s = _scale(q, u)
     qp = _qp(P, q / s, C, u / s, eq)
     sol = get_backend(backend, **settings).solve(qp)
@@ -147,6 +188,11 @@ def solve_qp_exact_batch(P: np.ndarray, Q: np.ndarray, C: np.ndarray, U: np.ndar
     settings.setdefault("eps_abs", 1e-10)
     if Q.shape[0] == 0:
         return []
+    conv = _convexified(P, C, eq)
+    if conv is None:
+        return _not_convex(P.shape[0], C, Q.shape[0])
+    P, rho = conv
+    Q = Q - rho * (U[:, eq] @ C[eq]) if rho else Q
     s = max(_scale(Q.ravel(), U.ravel()), 1e-300)
     base = _qp(P, Q[0] / s, C, U[0] / s, eq)
     kw: dict[str, Any] = {"q": Q / s}

@@ -115,8 +115,11 @@ class ScoreJob:
     chunk_size: int
 
     def __call__(self, removals: list[Removal]) -> tuple[np.ndarray, np.ndarray]:
-        """(scores (n,), μ (n, k)) of the removals."""
-        torch.set_grad_enabled(True)
+        """(scores (n,), μ (n, k)) of the removals (gradients on for the call only: the caller's mode stays)."""
+        with torch.enable_grad():
+            return self._scores(removals)
+
+    def _scores(self, removals: list[Removal]) -> tuple[np.ndarray, np.ndarray]:
         checked = [self.problem.check_removal(r) for r in removals]
         src = ProjectedGradients(self.problem, self.theta, self.basis, self.grad_f0, self.G, self.chunk_size)
         src.fill(checked)
