@@ -501,17 +501,25 @@ def test_empty_batch_and_huge_points(rng):
     assert x.grad.shape == (0, P.n)
     # finite |x| >= 1e20 (read as "infinite" in QP data) is projected, not refused as an infinite q: the
     # answer holds its constraints at the scale of y, or the warning says it could not be verified (the
-    # component of y along a face is lost to cancellation at eps |x| in float64)
+    # component of y along a face is lost to cancellation at eps |x| in float64); the layer returns an
+    # unverified point only when it is feasible, else raises InfeasibleError
     big = torch.tensor(np.full((2, P.n), 1e21) * np.sign(rng.normal(size=(2, P.n))))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        y = project(big, **d)
         res = pp.project(big.numpy(), P)
-    np.testing.assert_allclose(y.numpy(), res.y, atol=1e-9)
-    for i in range(2):
-        if res.polished[i]:
-            assert P.violation(y.numpy()[i]) < 1e-9
     assert res.polished.all() or any("polish refused" in str(w.message) for w in caught)
+    usable = res.polished | (res.violation <= 1e-6 * (1 + np.abs(res.y).max(axis=1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        if usable.all():
+            y = project(big, **d)
+            np.testing.assert_allclose(y.numpy(), res.y, atol=1e-9)
+            for i in range(2):
+                if res.polished[i]:
+                    assert P.violation(y.numpy()[i]) < 1e-9
+        else:
+            with pytest.raises(pp.InfeasibleError, match="could not be projected"):
+                project(big, **d)
 
 
 @pytest.mark.parametrize("kind", ["polyhedron", "simplex"])
@@ -700,3 +708,37 @@ def test_cpu_batches_on_numpy_equal_the_torch_path(dtype, batch, rng, monkeypatc
         np.testing.assert_allclose(h.numpy(), d.numpy(), atol=tol, rtol=0)
     ref = pp.project(X, P)
     np.testing.assert_allclose(host[0].numpy(), ref.y, atol=tol)
+
+
+def test_layer_edge_cases_from_a_new_users_trial():
+    """Empty batches (warm start, per-sample data), a recognised set after load_state_dict / in-place
+    changes, and points without an answer (inconsistent equalities) raising instead of returning NaN."""
+    dt = torch.float64
+    gen = torch.Generator().manual_seed(0)
+    # an empty batch is no warm-start guess for the next call
+    L = ProjectionLayer(A=torch.randn(3, 4, dtype=dt, generator=gen), a=torch.ones(3, dtype=dt),
+                        lb=torch.zeros(4, dtype=dt), warm_start=True)
+    x = torch.randn(8, 4, dtype=dt, generator=gen)
+    y0 = L(x)
+    assert L(torch.zeros(0, 4, dtype=dt)).shape == (0, 4)
+    torch.testing.assert_close(L(x), y0, rtol=0, atol=1e-12)
+    # batch 0 with per-sample constraint data
+    empty = project(torch.zeros(0, 4, dtype=dt), torch.zeros(0, 3, 4, dtype=dt), torch.zeros(0, 3, dtype=dt))
+    assert empty.shape == (0, 4)
+    # a recognised structured set follows its buffers
+    n = 4
+    saved = ProjectionLayer(B=torch.ones(1, n), b=[2.0], lb=torch.zeros(n))
+    fresh = ProjectionLayer(B=torch.ones(1, n), b=[1.0], lb=torch.zeros(n))
+    fresh.load_state_dict(saved.state_dict())
+    z = torch.randn(3, n, dtype=dt, generator=gen)
+    torch.testing.assert_close(fresh(z).sum(1), torch.full((3,), 2.0, dtype=dt))
+    saved.b.fill_(3.0)
+    torch.testing.assert_close(saved(z).sum(1), torch.full((3,), 3.0, dtype=dt))
+    # inconsistent equalities the backend does not report: no NaN output
+    B = torch.tensor([[1.0, 0, 0], [1, 0, 0]], dtype=dt)
+    b = torch.tensor([0.0, 1.0], dtype=dt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        for backend in ("auto", "admm"):
+            with pytest.raises(pp.InfeasibleError):
+                project(torch.randn(4, 3, dtype=dt, generator=gen), B=B, b=b, backend=backend)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import ProblemError
+from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
 from ..runtime import small_work
 from ..sets.base import Projector
@@ -100,10 +100,10 @@ class _Project(torch.autograd.Function):
         with torch.no_grad(), small_work(x.device.type == "cpu", _work(x, Sx)):
             xd = x.detach()
             if _on_host(xd, Sx):
-                res = Sx.project_batch(xd.numpy(), record=True, warm_start=cfg.warm)
+                res = _usable(Sx.project_batch(xd.numpy(), record=True, warm_start=cfg.warm))
                 return torch.from_numpy(np.array(res.y, dtype=_NP[x.dtype])), res, Sx
             if isinstance(Sx, Polyhedral):
-                res = Sx.project_batch(xd, record=True, warm_start=cfg.warm)
+                res = _usable(Sx.project_batch(xd, record=True, warm_start=cfg.warm))
             else:
                 res = Sx.project_batch(xd)
         # a copy: the output must not be the tensor the result (kept by ctx) holds, or ctx -> result -> y ->
@@ -147,6 +147,35 @@ class _Project(torch.autograd.Function):
         level = torch._C._functorch.maybe_current_level()
         y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, _Config(cfg.names), *params)
         return (y.reshape(V, N, -1), _Folded(res, level, V, N), Sx), (0, None, None)
+
+
+#: an unverified point (the polish refused it; it keeps the backend's answer, with a warning) is returned
+#: only when it violates no constraint by more than this, relative to ``1 + max |y|``
+UNVERIFIED_VIOLATION = 1e-6
+
+
+def _usable(res: Any) -> Any:
+    """``res`` when every point is one the layer can return: never a NaN or infeasible output.
+
+    ``InfeasibleError`` for a point the backend left without an answer (NaN: e.g. inconsistent equalities
+    it did not report) or an unverified one that violates its constraints (:data:`UNVERIFIED_VIOLATION`).
+    """
+    Y = torch.as_tensor(res.y) if not isinstance(res.y, torch.Tensor) else res.y
+    nan = ~torch.isfinite(Y).all(dim=1)
+    if bool(nan.any()):
+        raise InfeasibleError(f"{int(nan.sum())} of {Y.shape[0]} points have no projection (backend {res.backend!r} "
+                              "returned none; the polyhedron may be empty, e.g. inconsistent equalities)")
+    viol = torch.as_tensor(res.violation, device=Y.device)
+    polished = torch.as_tensor(np.asarray(res.polished) if not isinstance(res.polished, torch.Tensor)
+                               else res.polished, device=Y.device)
+    bad = ~polished & (viol > UNVERIFIED_VIOLATION * (1.0 + Y.abs().amax(dim=1)))
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0, 0])
+        raise InfeasibleError(f"{int(bad.sum())} of {Y.shape[0]} points could not be projected: the exact polish "
+                              f"could not verify them and the backend's answer violates the constraints (point "
+                              f"{i}: {float(viol[i]):.3g}); far points (|x| >> the polyhedron) or an empty "
+                              "polyhedron cause this")
+    return res
 
 
 #: CPU batches of at most this many points (None: any batch) onto shared polyhedral data are projected on
@@ -507,8 +536,10 @@ class ProjectionLayer(nn.Module):
             vals = dict(zip(PARTS, (S if S is not None else A, a, B, b, lb, ub), strict=True))
         self.set = None
         P = self._store(vals, learn, dtype)
-        if structured and not learn and backend == "auto" and not settings:
+        self._recognising = structured and not learn and backend == "auto" and not settings
+        if self._recognising:
             self.set = recognise(P)  # a structured set: its exact method (the buffers stay for state_dict)
+            self._seen = self._buffer_state()
 
     def _store(self, vals: dict[str, Any], learn: Any, dtype: torch.dtype) -> None:
         host = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v) for k, v in vals.items()}
@@ -529,15 +560,32 @@ class ProjectionLayer(nn.Module):
                 self.register_buffer(k, t)
         return P
 
+    def _buffer_state(self) -> tuple:
+        """What identifies the buffers' contents: identity and version counter of each.
+
+        ``load_state_dict``, ``fill_`` and ``.to()`` change one of them.
+        """
+        return tuple((k, None) if getattr(self, k) is None else (k, id(getattr(self, k)), getattr(self, k)._version)
+                     for k in PARTS)
+
+    def _recognised(self) -> Projector | None:
+        """The structured set of the buffers as they are now (recognised again after they changed)."""
+        if getattr(self, "_recognising", False) and self._buffer_state() != self._seen:
+            host = {k: None if getattr(self, k) is None else getattr(self, k).detach().cpu().numpy() for k in PARTS}
+            self.set = recognise(Polyhedron(**host, allow_dependent_rows=self._dependent))
+            self._seen, self._last = self._buffer_state(), None
+        return self.set
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Project ``x`` (..., n); with ``warm_start`` the previous call's active sets start the polish."""
+        self._recognised()
         warm = self._last if self.warm_start else None
         if self.set is not None:
             y, res = _project(x, self.set, dict.fromkeys(PARTS), "auto", {}, warm)
         else:
             parts = dict(A=self.A, a=self.a, B=self.B, b=self.b, lb=self.lb, ub=self.ub)
             y, res = _project(x, None, parts, self.backend, self.settings, warm)
-        if self.warm_start:
+        if self.warm_start and res.y.shape[0]:  # an empty batch is no guess for the next one
             self._last = res
         return y
 

@@ -112,6 +112,12 @@ class Polyhedral(Projector):
         d = PolyData(*(_host(v) for v in self.data.parts()))
         return Polyhedron(A=d.A, a=d.a, B=d.B, b=d.b, lb=d.lb, ub=d.ub, n=d.n)
 
+    def row_counts(self) -> tuple[int, int]:
+        """``(n_ineq, m_eq)`` of the results: per-sample data number their rows as the pipeline does."""
+        if self.data.batched and self.polyhedron is None:
+            return self.data.m + 2 * self.data.n, self.data.p
+        return super().row_counts()
+
     def _data_like(self, X: Any) -> PolyData:
         """The data in X's namespace and device, float64 (cached per namespace and device)."""
         xp = array_namespace(X)
