@@ -742,3 +742,24 @@ def test_layer_edge_cases_from_a_new_users_trial():
         for backend in ("auto", "admm"):
             with pytest.raises(pp.InfeasibleError):
                 project(torch.randn(4, 3, dtype=dt, generator=gen), B=B, b=b, backend=backend)
+
+
+def test_forward_mode_with_respect_to_constraint_data_is_refused(rng):
+    """jvp / jacfwd / make_dual on the constraint tensors raise (they were silently zero); forward mode in
+    x and reverse mode in the data still work."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jacfwd, jacrev, jvp
+
+    P = _polytope(rng, n=4, m=5)
+    d = _tensors(P)
+    X = torch.tensor(2 * rng.normal(size=(3, 4)))
+    f = lambda a: project(X, d["A"], a, d["B"], d["b"], d["lb"], d["ub"])  # noqa: E731
+    with pytest.raises(pp.ProblemError, match="forward-mode"):
+        jvp(f, (d["a"],), (torch.ones_like(d["a"]),))
+    with pytest.raises(pp.ProblemError, match="forward-mode"):
+        jacfwd(f)(d["a"])
+    with fwAD.dual_level(), pytest.raises(pp.ProblemError, match="forward-mode"):
+        f(fwAD.make_dual(d["a"], torch.ones_like(d["a"])))
+    g = lambda x: project(x, **d)  # noqa: E731
+    np.testing.assert_allclose(jacfwd(g)(X[0]).numpy(), jacrev(g)(X[0]).numpy(), rtol=0, atol=1e-12)
+    assert float(jacrev(f)(d["a"]).abs().max()) > 0

@@ -348,7 +348,7 @@ class _SetCache:
             if v is None:
                 ids.append(None)
                 continue
-            if not isinstance(v, torch.Tensor) or v.requires_grad or v.ndim > (2 if k in ("A", "B") else 1):
+            if not isinstance(v, torch.Tensor) or _differentiated(v) or v.ndim > (2 if k in ("A", "B") else 1):
                 return None
             ids.append((id(v), tuple(v.shape), v.dtype, str(v.device)))
         try:
@@ -443,6 +443,7 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
     """:func:`project` with a warm start; returns the projection and the result (for the next warm start)."""
     x = _check_x(x)
     a, B, b, lb, ub, A = (parts[k] for k in ("a", "B", "b", "lb", "ub", "A"))
+    forward: tuple[str, ...] = ()
     if isinstance(S, (Projector, Polyhedron)):
         if any(v is not None for v in (a, B, b, lb, ub, A)):
             raise ProblemError("give either a set S or the constraint data A, a, B, b, lb, ub, not both")
@@ -460,15 +461,31 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
                                "batch dimension instead (per-sample constraints)")
         S = _polyhedral_from_tensors(x, parts, backend, settings)
         x2, bshape, tail = _flatten(x, S)
-    y, res = _apply(x2, S, warm)
+        # the caller's tensors a forward-mode derivative is taken of (they carry no requires_grad)
+        forward = tuple(k for k, v in parts.items() if isinstance(v, torch.Tensor) and _differentiated(v))
+    y, res = _apply(x2, S, warm, forward)
     return y.reshape(*bshape, *tail), res
 
 
-def _apply(x2: torch.Tensor, S: Projector, warm: Any) -> tuple[torch.Tensor, Any]:
+def _differentiated(t: torch.Tensor) -> bool:
+    """True for a caller's tensor a derivative may be taken of.
+
+    ``requires_grad``, a ``torch.func`` transform's wrapped tensor, or a forward-mode dual tensor: the
+    Function must see it (and its ``jvp`` refuses it).
+    """
+    if t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return True
+    from torch.autograd import forward_ad
+
+    return forward_ad._current_level >= 0 and forward_ad.unpack_dual(t).tangent is not None
+
+
+def _apply(x2: torch.Tensor, S: Projector, warm: Any, forward: tuple[str, ...] = ()) -> tuple[torch.Tensor, Any]:
     """The Function on a (batch, n) tensor: the projection and its result (for a later warm start)."""
     # only the data that need a gradient go through the Function: the set is then used as it is (its
     # conversions of the data kept from call to call) unless some part is learned
-    params = {k: v for k, v in S.parameters().items() if isinstance(v, torch.Tensor) and v.requires_grad}
+    params = {k: v for k, v in S.parameters().items() if isinstance(v, torch.Tensor) and (v.requires_grad
+                                                                                     or k in forward)}
     y, res, _ = _Project.apply(x2, S, _Config(tuple(params), warm), *params.values())
     return y, res
 
