@@ -763,3 +763,22 @@ def test_forward_mode_with_respect_to_constraint_data_is_refused(rng):
     g = lambda x: project(x, **d)  # noqa: E731
     np.testing.assert_allclose(jacfwd(g)(X[0]).numpy(), jacrev(g)(X[0]).numpy(), rtol=0, atol=1e-12)
     assert float(jacrev(f)(d["a"]).abs().max()) > 0
+
+
+def test_create_graph_gradient_penalty_and_data_second_derivatives(rng):
+    """With create_graph the input gradient depends on x (zero second derivative: J is piecewise constant),
+    gradgradcheck passes in x, and a second derivative through learned constraint data raises."""
+    P = _polytope(rng, n=4, m=5)
+    d = _tensors(P)
+    x = torch.tensor(2 * rng.normal(size=(5, 4)), requires_grad=True)
+    g, = torch.autograd.grad(project(x, **d)[:, 0].sum(), x, create_graph=True)
+    assert g.requires_grad
+    second, = torch.autograd.grad((g ** 2).sum(), x)
+    assert float(second.abs().max()) == 0.0
+    assert torch.autograd.gradgradcheck(lambda z: project(z, **d), (x,))
+    B = torch.tensor(rng.normal(size=(1, 4)), requires_grad=True)
+    v = torch.tensor(rng.normal(size=(5, 4)))
+    gx, = torch.autograd.grad(project(x, B=B, b=torch.zeros(1, dtype=torch.float64)), x, grad_outputs=v,
+                              create_graph=True)
+    with pytest.raises(pp.ProblemError, match="second derivatives through the constraint data"):
+        torch.autograd.grad((gx ** 2).sum(), B)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.autograd import forward_ad as _forward_ad
 
 from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
@@ -115,15 +116,22 @@ class _Project(torch.autograd.Function):
         _, res, Sx = output
         ctx.result, ctx.set = res, Sx
         ctx.names = inputs[2].names
+        if not torch._C._are_functorch_transforms_active():  # for a graph of the backward (create_graph)
+            ctx.save_for_backward(inputs[0], *inputs[3:])
 
     @staticmethod
     def backward(ctx, gy, *_):
         need = ctx.needs_input_grad
         wanted = tuple(k for k, nd in zip(ctx.names, need[3:], strict=True) if nd)
         args = (gy, ctx.set, ctx.result, wanted, bool(need[0]))
-        # the product is a Function of gy only for a graph of the backward (create_graph, torch.func)
-        graph = torch.is_grad_enabled() or torch._C._are_functorch_transforms_active()
-        out = _VJP.apply(*args) if graph else _VJP.forward(*args)
+        # the product is a Function of gy only for a graph of the backward (create_graph, torch.func); with
+        # create_graph it also depends on x and the data (:class:`_VJPGraph`)
+        if torch._C._are_functorch_transforms_active():
+            out = _VJP.apply(*args)
+        elif torch.is_grad_enabled():
+            out = _VJPGraph.apply(*args, *ctx.saved_tensors)
+        else:
+            out = _VJP.forward(*args)
         grads = dict(zip(wanted, out[1:], strict=True))
         return (out[0] if need[0] else None, None, None, *[grads.get(k) for k in ctx.names])
 
@@ -160,6 +168,8 @@ def _usable(res: Any) -> Any:
     ``InfeasibleError`` for a point the backend left without an answer (NaN: e.g. inconsistent equalities
     it did not report) or an unverified one that violates its constraints (:data:`UNVERIFIED_VIOLATION`).
     """
+    if isinstance(res.y, np.ndarray) and bool(np.asarray(res.polished).all()) and np.isfinite(res.y).all():
+        return res  # the common case, on the host: every point verified
     Y = torch.as_tensor(res.y) if not isinstance(res.y, torch.Tensor) else res.y
     nan = ~torch.isfinite(Y).all(dim=1)
     if bool(nan.any()):
@@ -268,6 +278,37 @@ class _VJP(torch.autograd.Function):
             outs = [_VJP.apply(gb[v], S, res, wanted, need_x) for v in range(gb.shape[0])]
         stacked = tuple(torch.stack(parts) for parts in zip(*outs, strict=True))
         return stacked, tuple(0 for _ in stacked)
+
+
+class _VJPGraph(torch.autograd.Function):
+    """:class:`_VJP` in a graph of the backward (``create_graph=True``), with ``x`` and the data as inputs.
+
+    ``J`` is piecewise constant in ``x``: the derivative of ``J g`` with respect to ``x`` is zero (almost
+    everywhere, as for ``relu``), so a gradient penalty's graph reaches ``x``. Its derivative with respect
+    to the constraint data is not zero and is not implemented: asking for it (the data require grad and
+    the second derivative reaches them) raises, rather than leaving it out of their gradients.
+    """
+
+    @staticmethod
+    def forward(gy, S, res, wanted, need_x, x, *params):
+        return _VJP.forward(gy, S, res, wanted, need_x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.set, ctx.result, ctx.x_shape = inputs[1], inputs[2], tuple(inputs[5].shape)
+        ctx.x_dtype, ctx.x_device = inputs[5].dtype, inputs[5].device
+
+    @staticmethod
+    def backward(ctx, *grads):
+        need = ctx.needs_input_grad
+        data_grads = [g for g in grads[1:] if g is not None and bool((g != 0).any())]
+        if any(need[6:]) or data_grads:
+            raise ProblemError("second derivatives through the constraint data (the derivative of J v with respect "
+                               "to them, or of their gradient) are not supported: detach the learned constraint "
+                               "data in the part of the loss that is differentiated twice")
+        gx = _vjp_x(ctx.set, ctx.result, grads[0]) if need[0] else None
+        zx = torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=ctx.x_device) if need[5] else None
+        return (gx, None, None, None, None, zx, *([None] * (len(need) - 6)))
 
 
 def _flatten(x: torch.Tensor, S: Projector) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
@@ -475,9 +516,7 @@ def _differentiated(t: torch.Tensor) -> bool:
     """
     if t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t):
         return True
-    from torch.autograd import forward_ad
-
-    return forward_ad._current_level >= 0 and forward_ad.unpack_dual(t).tangent is not None
+    return _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(t).tangent is not None
 
 
 def _apply(x2: torch.Tensor, S: Projector, warm: Any, forward: tuple[str, ...] = ()) -> tuple[torch.Tensor, Any]:
