@@ -220,3 +220,33 @@ def test_influence_keeps_grad_mode_and_takes_iterables(setup):
         with torch.no_grad():
             d.influence(F)
             assert not torch.is_grad_enabled(), method
+
+
+def test_engine_checks_its_kkt_point_and_copies_the_data(setup):
+    prob, kkt = setup
+    X, y = prob.objective.data
+    for bad in (dict(rtol=0.0), dict(rtol=-1.0), dict(maxiter=0), dict(maxiter=2.5)):
+        with pytest.raises(pp.ProblemError, match="rtol|maxiter"):
+            DIF(prob, kkt, method="matrix-free", **bad)
+    # the KKT point of another problem (the first 20 samples) is refused, not used
+    other = ConstrainedProblem(kkt.theta, Loss(_sq, (X[:20], y[:20])), list(prob.constraints))
+    with pytest.raises(pp.ProblemError, match="not a KKT point of this problem"):
+        DIF(other, kkt)
+    # the problem holds copies: editing the caller's tensors in place changes nothing
+    Xc = X.clone()
+    p2 = ConstrainedProblem(kkt.theta, Loss(_sq, (Xc, y)), list(prob.constraints))
+    d2 = DIF(p2, kkt)
+    w0 = d2.delta_theta({"objective": [0, 1]})
+    Xc[0] += 5.0
+    np.testing.assert_array_equal(d2.delta_theta({"objective": [0, 1]}).numpy(), w0.numpy())
+
+
+def test_from_params_keeps_inequality_multipliers_nonnegative(setup):
+    prob, kkt = setup
+    loose = Constraint(lambda th: th[0], None, tau=float(kkt.theta[0]) + 10.0, name="loose")  # inactive
+    p3 = ConstrainedProblem(kkt.theta, prob.objective, [*prob.constraints, loose])
+    lam = np.append(kkt.lambdas.numpy(), -1e-9)  # inside the tolerance of the dual test
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        k2 = KKTPoint.from_params(p3, kkt.theta, lam, polish=False, tol=1e-6)
+    assert float(k2.lambdas.min()) >= 0.0 and k2.residuals["dual"] == 0.0

@@ -734,6 +734,12 @@ def test_layer_edge_cases_from_a_new_users_trial():
     torch.testing.assert_close(fresh(z).sum(1), torch.full((3,), 2.0, dtype=dt))
     saved.b.fill_(3.0)
     torch.testing.assert_close(saved(z).sum(1), torch.full((3,), 3.0, dtype=dt))
+    # a warm-start layer pickles after a call (the last result is not part of its state); float storage only
+    import pickle
+
+    torch.testing.assert_close(pickle.loads(pickle.dumps(L))(x), y0, rtol=0, atol=1e-12)
+    with pytest.raises(pp.ProblemError, match="floating"):
+        ProjectionLayer(A=torch.randn(3, 4), a=torch.ones(3), dtype=torch.int64)
     # inconsistent equalities the backend does not report: no NaN output
     B = torch.tensor([[1.0, 0, 0], [1, 0, 0]], dtype=dt)
     b = torch.tensor([0.0, 1.0], dtype=dt)

@@ -574,6 +574,8 @@ class ProjectionLayer(nn.Module):
                  backend: str = "auto", warm_start: bool = False, structured: bool = True,
                  **settings: Any) -> None:
         super().__init__()
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ProblemError(f"dtype must be a floating torch dtype (the constraint data's storage), got {dtype!r}")
         self.warm_start, self._last = bool(warm_start), None
         unknown = set(learn) - set(PARTS)
         if unknown:
@@ -615,6 +617,12 @@ class ProjectionLayer(nn.Module):
             else:
                 self.register_buffer(k, t)
         return P
+
+    def __getstate__(self) -> dict:
+        """Pickling drops the warm start's last result (it holds the projection's factored faces)."""
+        state = dict(self.__dict__)
+        state["_last"] = None
+        return state
 
     def _buffer_state(self) -> tuple:
         """What identifies the buffers' contents: identity and version counter of each.

@@ -146,7 +146,13 @@ class DIF:
         if not auto_damping and (isinstance(damping, bool) or not isinstance(damping, (int, float, np.number))
                                  or not np.isfinite(damping) or damping < 0):
             raise ProblemError(f"damping must be a finite number >= 0 or 'auto', got {damping}")
+        if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.floating)) or not 0 < rtol < 1:
+            raise ProblemError(f"rtol must be a number in (0, 1), got {rtol!r}")
+        if maxiter is not None and (isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer))
+                                    or maxiter < 1):
+            raise ProblemError(f"maxiter must be a positive integer or None, got {maxiter!r}")
         self.lin = Linearisation(problem, kkt)
+        _check_point(problem, kkt, self.lin)
         self.problem, self.kkt = problem, kkt
         self.backend, self.renormalize, self.settings = backend, bool(renormalize), settings
         self.method = ("dense" if problem.dim <= DENSE_MAX_DIM else "matrix-free") if method == "auto" else method
@@ -241,7 +247,7 @@ class DIF:
         return c0 + self.lin.lam @ cc, r
 
     # ------------------------------------------------------------------ one removal
-    def result(self, removal: Removal, order: int = 1) -> DIFResult:
+    def result(self, removal: Removal, order: int = 1, *, warn: bool = True) -> DIFResult:
         """The full :class:`DIFResult` for one removal (subset of samples, possibly of several losses).
 
         ``order=2`` adds one chord-Newton correction on the removed problem's exact KKT residual at
@@ -270,6 +276,15 @@ class DIF:
         if not ratio <= 1.0:
             # no contraction: the correction is larger than the step it corrects, so the removal lies
             # outside the range of the expansion around θ̄ (e.g. retraining moves to another basin)
+            if warn:
+                import warnings
+
+                from ...errors import PolyprojWarning
+
+                warnings.warn("the second-order correction is larger than the first-order step "
+                              f"(‖δ‖/‖ω‖ = {ratio:.3g}: outside the expansion's range); the first-order answer "
+                              "is returned",
+                              PolyprojWarning, stacklevel=2)
             return replace(first, correction_ratio=ratio)
         omega = first.omega.numpy() + step.delta
         change = removed.constraint_values(self.kkt.theta + torch.as_tensor(omega)).numpy() - self.lin.g \
@@ -315,12 +330,22 @@ class DIF:
             The QP (or a Krylov solve) could not be solved (the message says why).
         """
         removals, single = _as_removals(removal)
-        out = []
-        for rem in removals:
-            res = self.result(rem, order)
+        out, rejected = [], []
+        for k, rem in enumerate(removals):
+            res = self.result(rem, order, warn=False)
             if not res.status.ok:
                 raise SolverError(_qp_failure(res.status))
             out.append(res.omega)
+            if order == 2 and res.order == 1:
+                rejected.append((k, res.correction_ratio))
+        if rejected:
+            import warnings
+
+            from ...errors import PolyprojWarning
+
+            warnings.warn(f"{len(rejected)} of {len(out)} removals: the second-order correction is larger than the "
+                          "first-order step (outside the expansion's range); their answers are the first-order ones "
+                          f"(first: #{rejected[0][0]}, ‖δ‖/‖ω‖ = {rejected[0][1]:.3g})", PolyprojWarning, stacklevel=2)
         return out[0] if single else torch.stack(out) if out else torch.zeros(0, self.problem.dim,
                                                                               dtype=torch.float64)
 
@@ -380,7 +405,7 @@ class DIF:
 
     def _second_order_scores(self, test_fn: Callable[[Any], Any] | None, rems: list[Removal],
                              progress: bool | None) -> torch.Tensor:
-        omegas = map_jobs(lambda rem: self.result(rem, order=2), rems, progress=progress, bar_from=20,
+        omegas = map_jobs(lambda rem: self.result(rem, order=2, warn=False), rems, progress=progress, bar_from=20,
                           description="DIF scores (order 2)")
         bad = [i for i, r in enumerate(omegas) if not r.status.ok]
         if bad:
@@ -456,6 +481,23 @@ class DIF:
         return torch.as_tensor(np.array([s.x for s in sols]).reshape(-1, self.problem.dim))
 
 
+def _check_point(problem: ConstrainedProblem, kkt: KKTPoint, lin: Linearisation) -> None:
+    """``kkt`` is a KKT point of *this* problem: its residuals recomputed here match those it carries.
+
+    A point of another problem (other data, other τ) would silently give another problem's DIF.
+    """
+    from .newton import kkt_residuals
+
+    lam = kkt.lambdas.numpy() if isinstance(kkt.lambdas, torch.Tensor) else np.asarray(kkt.lambdas)
+    now = kkt_residuals(lin.grad_f0, lin.G, lin.g, lam, problem.eq_mask)
+    for k in ("stationarity", "feasibility"):
+        was = float(kkt.residuals.get(k, 0.0))
+        if now[k] > 10.0 * was + 1e-8 * (1.0 + float(np.max(np.abs(lin.grad_f0), initial=0.0))):
+            raise ProblemError(f"kkt is not a KKT point of this problem: its {k} residual is {now[k]:.3e} here "
+                               f"against {was:.3e} where it was computed; build it from this problem "
+                               "(solve or KKTPoint.from_params)")
+
+
 def _chunk(value: Any, default: int) -> int:
     """A chunk size: a positive integer, or ``default`` for None."""
     if value is None:
@@ -485,4 +527,13 @@ def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> 
 
 
 def _test_grad(problem: ConstrainedProblem, test_fn: Callable[[Any], Any], theta: torch.Tensor) -> torch.Tensor:
-    return torch.func.grad(_test_scalar(problem, test_fn))(theta).detach().to(torch.float64)
+    g = torch.func.grad(_test_scalar(problem, test_fn))(theta).detach().to(torch.float64)
+    if not bool(g.any()):
+        import warnings
+
+        from ...errors import PolyprojWarning
+
+        warnings.warn("the gradient of test_fn at θ̄ is exactly zero, so every score is 0: does test_fn use its "
+                      "argument (not a detached copy, a Python float, or the model outside it)?",
+                      PolyprojWarning, stacklevel=3)
+    return g

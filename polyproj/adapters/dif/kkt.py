@@ -171,6 +171,9 @@ class KKTPoint:
                 f"{res['complementarity']:.3e}, dual {res['dual']:.3e} exceed tol = {tol:g}"
                 + (" even with the best non-negative multipliers" if polished else "")
                 + "; train further (polyproj.adapters.dif.solve) or pass a looser tol")
+        if np.any(lam[~eq] < 0):  # within tol (checked above): λ >= 0 on inequalities is kept, not stored
+            lam = np.where(eq, lam, np.maximum(lam, 0.0))
+            res = kkt_residuals(grad, G, gval, lam, eq)
         status = tuple(EQUALITY if eq[j] else (INACTIVE if gval[j] < -active_tol else
                                                (BINDING if lam[j] > mult_tol else WEAK))
                        for j in range(problem.m))

@@ -128,9 +128,20 @@ def solve_hessian(op, b: np.ndarray, *, method: str = "cg", rtol: float = 1e-10,
         x, _ = spla.cg(A, b, x0=x0, rtol=rtol, atol=0.0, maxiter=maxiter, M=M)
     else:
         x, _ = spla.minres(A, b, x0=x0, rtol=rtol, maxiter=maxiter, M=M)
+        # MINRES stops on its own recurrence's residual estimate, which drifts from the true residual in
+        # floating point: restarted from x (the true residual recomputed) while that is above the target
+        for _ in range(MINRES_RESTARTS):
+            r = float(np.linalg.norm(op.matvec(x) - b)) / bnorm
+            if r <= rtol or w.count >= maxiter:
+                break
+            x, _ = spla.minres(A, b, x0=x, rtol=rtol, maxiter=maxiter - w.count, M=M)
     iterations = w.count
     res = float(np.linalg.norm(op.matvec(x) - b)) / bnorm
     return x, KrylovInfo(method, iterations, res, bool(res <= 10 * rtol), w.min_curv)
+
+
+#: restarts of MINRES from its answer when the true residual is above the target (see :func:`solve_hessian`)
+MINRES_RESTARTS = 4
 
 
 def check_converged(info: KrylovInfo, what: str, rtol: float) -> None:

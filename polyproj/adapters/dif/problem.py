@@ -32,8 +32,13 @@ Removal = Mapping[str, Any]
 
 
 def _as_float64(t: Any) -> Any:
-    if isinstance(t, torch.Tensor) and t.is_floating_point():
-        return t.detach().to(torch.float64)
+    """A copy of a data tensor (float64 for floating data).
+
+    The problem's data cannot change under its derivatives (the engine caches H and the constraint
+    Jacobian) when the caller edits their tensors in place.
+    """
+    if isinstance(t, torch.Tensor):
+        return t.detach().to(torch.float64, copy=True) if t.is_floating_point() else t.detach().clone()
     return t
 
 
