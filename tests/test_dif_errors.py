@@ -196,6 +196,8 @@ def test_bad_engine_arguments(setup):
     F = lambda th: _sq(th, (prob.objective.data[0][:5], prob.objective.data[1][:5])).mean()  # noqa: E731
     with pytest.raises(pp.ProblemError, match="damping"):
         DIF(prob, kkt, damping=None)
+    with pytest.raises(pp.PolyprojError, match="bogus"):  # at construction, whichever path
+        DIF(prob, kkt, backend="bogus", method="matrix-free")
     dm = DIF(prob, kkt, method="matrix-free")
     for bad in (-1, 0, 2.5):
         with pytest.raises(pp.ProblemError, match="chunk_size"):

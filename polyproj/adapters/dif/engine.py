@@ -151,6 +151,10 @@ class DIF:
         if maxiter is not None and (isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer))
                                     or maxiter < 1):
             raise ProblemError(f"maxiter must be a positive integer or None, got {maxiter!r}")
+        if isinstance(backend, str):  # a misspelt backend fails here, not at the first weakly active removal
+            from ...registry import get_backend
+
+            get_backend(backend, **settings)
         self.lin = Linearisation(problem, kkt)
         _check_point(problem, kkt, self.lin)
         self.problem, self.kkt = problem, kkt
