@@ -134,3 +134,11 @@ def test_torch_namespace_stays_torch(rng):
     out32 = _null(Face.factor(t(A).float(), t(B).float(), t(active), t(free).float()), t(V).float())
     assert out32.dtype == torch.float32
     np.testing.assert_allclose(out32.numpy(), ref, atol=1e-5)
+
+
+def test_hs_functions_reject_bad_arguments():
+    P = pp.Polyhedron(lb=np.zeros(3))
+    with pytest.raises(pp.ProblemError, match="2 samples but V has 3"):
+        pp.hs_vjp(P, np.zeros((2, 3), bool), np.ones((3, 3)))
+    with pytest.raises(pp.ProblemError, match="take a Polyhedron"):
+        pp.hs_jacobian(pp.sets.Simplex(3), np.zeros(3, bool))

@@ -23,6 +23,11 @@ __all__ = ["hs_jacobian", "hs_vjp"]
 
 
 def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool, Face]:
+    from ..problem import Polyhedron
+
+    if not isinstance(polyhedron, Polyhedron):
+        raise ProblemError(f"the HS-Jacobian functions take a Polyhedron, got {type(polyhedron).__name__}; for a "
+                           "set use S.as_polyhedron() (or S.vjp on its projection result)")
     act = np.asarray(active, dtype=bool)
     single = act.ndim == 1
     act = np.atleast_2d(act)
@@ -32,6 +37,8 @@ def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool,
                            f"then finite ub), got shape {np.shape(active)}")
     if batch is not None and act.shape[0] == 1 and batch > 1:
         act = np.broadcast_to(act, (batch, act.shape[1]))
+    if batch is not None and act.shape[0] != batch:
+        raise ProblemError(f"active has {act.shape[0]} samples but V has {batch}")
     full = layout.to_full(act, fill=False)
     m, n = polyhedron.m_ineq, polyhedron.n
     at_ub = full[:, m + n:]
