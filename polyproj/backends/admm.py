@@ -10,19 +10,20 @@ as fast). Constraint matrices must be shared by the batch.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from ..errors import ProblemError, SettingsError
+from ..errors import ProblemError
 from ..polydata import PolyData
 from ..problem import QP
 from ..runtime import small_work
 from ..solution import BatchSolution, ElementQPs, Solution, Status
 from .base import Capabilities, QPSolver
 from .convexity import is_nonconvex
+from .options import positive, positive_int, unit_interval, within
 from .projection import ProjectionStart
 
 __all__ = ["ADMMSolver"]
@@ -50,16 +51,10 @@ class ADMMSolver(QPSolver):
     requires = ("array_api_compat",)
     extra = "ipm"
     options = {"rho": 10.0, "alpha": 1.6, "check": 25, "stable": None, "start_dtype": "float32", "rough_iter": 300}
-
-    def __init__(self, **settings: Any) -> None:
-        super().__init__(**settings)
-        if str(self.backend_options.get("start_dtype", "float32")).replace("torch.", "") not in ("float32", "float64"):
-            got = self.backend_options["start_dtype"]
-            raise SettingsError(f"start_dtype must be 'float32' or 'float64', got {got!r}")
-        for k in ("rho", "alpha", "check", "rough_iter"):
-            v = self.backend_options.get(k, self.options[k])
-            if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
-                raise SettingsError(f"{k} must be a positive number, got {v!r}")
+    option_checks: ClassVar[dict[str, Any]] = {
+        "rho": positive, "alpha": within(0.0, 2.0), "check": positive_int, "stable": unit_interval,
+        "start_dtype": lambda v: None if str(v).replace("torch.", "") in ("float32", "float64")
+        else "must be 'float32' or 'float64'", "rough_iter": positive_int}
 
     @classmethod
     def version(cls) -> str:

@@ -42,6 +42,7 @@ import numpy as np
 from ..errors import BackendUnavailable, SettingsError, close_matches
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
+from .options import Check, check_options, positive, positive_int
 from .validation import guard
 
 __all__ = ["SETTINGS", "Capabilities", "QPSolver"]
@@ -107,6 +108,8 @@ class QPSolver(abc.ABC):
     extra: ClassVar[str | None] = None
     #: backend-specific option names (passed through to the solver)
     options: ClassVar[Mapping[str, Any]] = {}
+    #: checks of the values given for ``options`` (:mod:`polyproj.backends.options`), run at construction
+    option_checks: ClassVar[Mapping[str, Check]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Wrap the subclass's own ``solve`` / ``solve_batch`` with polyproj's checks (module docstring)."""
@@ -131,10 +134,11 @@ class QPSolver(abc.ABC):
             v = self.settings[k]
             if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
                 raise SettingsError(f"{k} must be a finite number >= 0, got {v!r}")
-        for k in ("max_iter", "time_limit"):
+        for k, check, what in (("max_iter", positive_int, "integer"), ("time_limit", positive, "number")):
             v = self.settings[k]
-            if v is not None and not (isinstance(v, (int, float)) and v > 0):
-                raise SettingsError(f"{k} must be a positive number or None, got {v!r}")
+            if v is not None and check(v) is not None:
+                raise SettingsError(f"{k} must be a positive {what} or None, got {v!r}")
+        check_options(self.name, self.backend_options, self.option_checks)
 
     # ------------------------------------------------------------------ availability
     @classmethod

@@ -23,6 +23,7 @@ from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .convexity import is_nonconvex
+from .options import boolean, fraction, nonnegative_int, positive, text
 
 __all__ = ["ClarabelSolver"]
 
@@ -74,6 +75,12 @@ class ClarabelSolver(QPSolver):
         "presolve_enable": None, "static_regularization_enable": None, "dynamic_regularization_enable": None,
         "iterative_refinement_enable": None, "max_step_fraction": None, "direct_solve_method": None,
         "max_threads": None}
+    option_checks: ClassVar[dict[str, Any]] = {
+        "tol_ktratio": positive, "tol_infeas_abs": positive, "tol_infeas_rel": positive,
+        "equilibrate_enable": boolean, "presolve_enable": boolean, "static_regularization_enable": boolean,
+        "dynamic_regularization_enable": boolean, "iterative_refinement_enable": boolean,
+        "max_step_fraction": fraction, "direct_solve_method": text, "max_threads": nonnegative_int}
+
 
     def _settings(self) -> Any:
         import clarabel

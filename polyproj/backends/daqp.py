@@ -22,6 +22,7 @@ from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .convexity import is_nonconvex
+from .options import nonnegative, positive, positive_int
 
 __all__ = ["DAQPSolver"]
 
@@ -48,6 +49,11 @@ class DAQPSolver(QPSolver):
     options: ClassVar[dict[str, Any]] = {
         "dual_tol": None, "zero_tol": None, "pivot_tol": None, "progress_tol": None, "cycle_tol": None,
         "eps_prox": None, "eta_prox": None, "sing_tol": None, "refactor_tol": None}
+    option_checks: ClassVar[dict[str, Any]] = {
+        "dual_tol": positive, "zero_tol": positive, "pivot_tol": positive, "progress_tol": nonnegative,
+        "cycle_tol": positive_int, "eps_prox": nonnegative, "eta_prox": positive, "sing_tol": positive,
+        "refactor_tol": positive}
+
 
     def _kwargs(self) -> dict[str, Any]:
         s = self.settings

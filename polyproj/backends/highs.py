@@ -17,11 +17,13 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 
+from ..errors import SettingsError
 from ..problem import QP
 from ..solution import Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex, is_strictly_convex
+from .options import nonnegative, nonnegative_int, one_of, positive
 from .presolve import fixed_variables
 from .quiet import c_stdout_silenced
 from .validation import empty_solution
@@ -130,8 +132,14 @@ class HiGHSSolver(QPSolver):
     extra = "highs"
     options: ClassVar[dict[str, Any]] = {"primal_feasibility_tolerance": None, "dual_feasibility_tolerance": None,
                "presolve": None, "threads": None, "qp_regularization_value": None}
+    option_checks: ClassVar[dict[str, Any]] = {
+        "primal_feasibility_tolerance": positive, "dual_feasibility_tolerance": positive,
+        "presolve": one_of("choose", "on", "off"), "threads": nonnegative_int, "qp_regularization_value": nonnegative}
+
 
     def _highs(self) -> Any:
+        import highspy
+
         h = _new_highs()
         s = self.settings
         h.setOptionValue("output_flag", bool(s["verbose"]))
@@ -148,8 +156,8 @@ class HiGHSSolver(QPSolver):
         # tolerance (measured: 1e-3 tol still fails the gap, 1e-9 tol passes; an explicit option wins)
         h.setOptionValue("qp_regularization_value", min(1e-7, 1e-9 * tol))
         for k, v in self.backend_options.items():
-            if v is not None:
-                h.setOptionValue(k, v)
+            if v is not None and h.setOptionValue(k, v) == highspy.HighsStatus.kError:
+                raise SettingsError(f"HiGHS rejected the value {v!r} of its option {k!r}")
         return h
 
     @staticmethod

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 from array_api_compat import device as _device
 
-from ..errors import SettingsError
 from ..polydata import PolyData, qp_multipliers_to_rows
 from ..problem import QP
 from ..runtime import small_blas
 from ..solution import BatchSolution, ElementQPs, Solution
 from .base import Capabilities, QPSolver
+from .options import nonnegative_int, one_of, positive_int
 from .projection import ProjectionStart
 
 __all__ = ["IPMSolver"]
@@ -43,6 +43,10 @@ class IPMSolver(QPSolver):
     requires = ("array_api_compat",)
     extra = "ipm"
     options = {"ruiz_iter": 10, "batch_chunk": None, "namespace": "numpy", "threads": None}
+    option_checks: ClassVar[dict[str, Any]] = {
+        "ruiz_iter": nonnegative_int, "batch_chunk": positive_int, "namespace": one_of("numpy", "torch"),
+        "threads": positive_int}
+
     #: ``solve_projections(rough=True)`` stops at this relative tolerance (``eps_rel``) and leaves the
     #: rest to the exact polish (docs/performance.md: the active faces are identified well before the
     #: IPM's own stop)
@@ -54,12 +58,6 @@ class IPMSolver(QPSolver):
         from .._version import __version__
 
         return f"polyproj {__version__}"
-
-    def __init__(self, **settings: Any) -> None:
-        super().__init__(**settings)
-        ns = self.backend_options.get("namespace", "numpy")
-        if ns not in ("numpy", "torch"):
-            raise SettingsError(f"namespace must be 'numpy' or 'torch', got {ns!r}")
 
     # ---------------------------------------------------------------- namespace conversion
     def _to(self, a: np.ndarray | None):

@@ -15,10 +15,12 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 
+from ..errors import SettingsError
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
+from .options import boolean, nonnegative, nonnegative_int, positive, within
 from .quiet import c_stdout_silenced
 
 __all__ = ["OSQPSolver"]
@@ -62,6 +64,12 @@ class OSQPSolver(QPSolver):
         "rho": None, "sigma": None, "alpha": None, "adaptive_rho": None, "scaling": None, "polishing": True,
         "polish_refine_iter": None, "check_dualgap": None, "eps_prim_inf": None, "eps_dual_inf": None,
         "scaled_termination": None, "check_termination": None}
+    option_checks: ClassVar[dict[str, Any]] = {
+        "rho": positive, "sigma": positive, "alpha": within(0.0, 2.0), "adaptive_rho": boolean,
+        "scaling": nonnegative_int, "polishing": boolean, "polish_refine_iter": nonnegative_int,
+        "check_dualgap": boolean, "eps_prim_inf": nonnegative, "eps_dual_inf": nonnegative,
+        "scaled_termination": boolean, "check_termination": nonnegative_int}
+
 
     # ---------------------------------------------------------------- problem mapping
     def _osqp_settings(self) -> dict[str, Any]:
@@ -115,7 +123,16 @@ class OSQPSolver(QPSolver):
 
         P, A, l, u, box = self._matrices(qp)
         solver = osqp.OSQP()
-        solver.setup(P, qp.q, A, l, u, **self._osqp_settings())
+        settings = self._osqp_settings()
+        try:
+            with c_stdout_silenced(not self.settings["verbose"]):  # OSQP prints its validation errors
+                solver.setup(P, qp.q, A, l, u, **settings)
+        except osqp.OSQPException as exc:
+            if exc.args and exc.args[0] == int(osqp.SolverError.OSQP_SETTINGS_VALIDATION_ERROR):
+                given = {k: v for k, v in self.backend_options.items() if v is not None}
+                raise SettingsError(f"OSQP rejected the settings (its own validation; backend options given: "
+                                    f"{given}, all: {settings})") from exc
+            raise
         return solver, box
 
     @staticmethod
@@ -166,6 +183,8 @@ class OSQPSolver(QPSolver):
         t0 = time.perf_counter()
         try:
             solver, box = self._setup(qp)
+        except SettingsError:
+            raise
         except Exception as exc:  # OSQPException(code) on data OSQP rejects, e.g. a non-convex P
             import osqp
 
@@ -196,6 +215,8 @@ class OSQPSolver(QPSolver):
         t0 = time.perf_counter()
         try:
             solver, box = self._setup(qp)
+        except SettingsError:
+            raise
         except Exception:
             return super().solve_batch(qp, q=q, l=l, u=u, lb=lb, ub=ub, warm_start=warm_start)
         setup = time.perf_counter() - t0

@@ -22,6 +22,7 @@ from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .convexity import is_nonconvex
+from .options import boolean, nonnegative_int, positive, within
 
 __all__ = ["PIQPSolver"]
 
@@ -52,6 +53,12 @@ class PIQPSolver(QPSolver):
         "rho_init": None, "delta_init": None, "check_duality_gap": True, "reg_lower_limit": None,
         "reg_finetune_lower_limit": None, "preconditioner_iter": None, "preconditioner_scale_cost": None,
         "iterative_refinement_always_enabled": None, "eps_primal_inf": None, "eps_dual_inf": None, "tau": None}
+    option_checks: ClassVar[dict[str, Any]] = {
+        "rho_init": positive, "delta_init": positive, "check_duality_gap": boolean, "reg_lower_limit": positive,
+        "reg_finetune_lower_limit": positive, "preconditioner_iter": nonnegative_int,
+        "preconditioner_scale_cost": boolean, "iterative_refinement_always_enabled": boolean,
+        "eps_primal_inf": positive, "eps_dual_inf": positive, "tau": within(0.0, 1.0)}
+
 
     def _configure(self, solver: Any) -> None:
         st, s = solver.settings, self.settings

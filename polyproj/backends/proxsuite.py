@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -22,6 +22,7 @@ from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex
+from .options import boolean, positive, positive_int
 
 __all__ = ["ProxSuiteSolver"]
 
@@ -39,6 +40,10 @@ class ProxSuiteSolver(QPSolver):
     extra = "proxsuite"
     options = {"num_threads": None, "rho": None, "mu_eq": None, "mu_in": None,
                "compute_preconditioner": True, "check_duality_gap": True}
+    option_checks: ClassVar[dict[str, Any]] = {
+        "num_threads": positive_int, "rho": positive, "mu_eq": positive, "mu_in": positive,
+        "compute_preconditioner": boolean, "check_duality_gap": boolean}
+
 
     # ---------------------------------------------------------------- problem mapping
     @staticmethod

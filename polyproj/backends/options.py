@@ -1,0 +1,103 @@
+"""Checks of backend-specific option values, run when a backend is built.
+
+A backend declares ``option_checks = {"rho": positive, ...}``; :class:`~polyproj.backends.base.QPSolver`
+calls each check on the value a user gave (``None`` means the solver's own default and is not checked).
+A value a solver would reject later, or silently ignore, becomes a
+:class:`~polyproj.errors.SettingsError` naming the option, the backend and what it accepts.
+
+Each check takes the value and returns ``None`` when it is acceptable, else the phrase "must be …".
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Check", "boolean", "check_options", "fraction", "nonnegative", "nonnegative_int", "one_of",
+           "positive", "positive_int", "text", "unit_interval", "within"]
+
+Check = Callable[[Any], "str | None"]
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and bool(np.isfinite(v))
+
+
+def _integral(v: Any) -> bool:
+    return _real(v) and float(v) == int(v)
+
+
+def positive(v: Any) -> str | None:
+    """A finite number > 0."""
+    return None if _real(v) and v > 0 else "must be a finite number > 0"
+
+
+def nonnegative(v: Any) -> str | None:
+    """A finite number >= 0."""
+    return None if _real(v) and v >= 0 else "must be a finite number >= 0"
+
+
+def fraction(v: Any) -> str | None:
+    """A number in (0, 1]."""
+    return None if _real(v) and 0 < v <= 1 else "must be a number in (0, 1]"
+
+
+def unit_interval(v: Any) -> str | None:
+    """A number in [0, 1]."""
+    return None if _real(v) and 0 <= v <= 1 else "must be a number in [0, 1]"
+
+
+def within(lo: float, hi: float) -> Check:
+    """A number in the open interval (lo, hi)."""
+
+    def check(v: Any) -> str | None:
+        return None if _real(v) and lo < v < hi else f"must be a number in ({lo:g}, {hi:g})"
+
+    return check
+
+
+def positive_int(v: Any) -> str | None:
+    """An integer >= 1 (an integral float such as 1e3 is accepted)."""
+    return None if _integral(v) and v >= 1 else "must be an integer >= 1"
+
+
+def nonnegative_int(v: Any) -> str | None:
+    """An integer >= 0."""
+    return None if _integral(v) and v >= 0 else "must be an integer >= 0"
+
+
+def boolean(v: Any) -> str | None:
+    """True or False (0 and 1 are accepted: some solvers take their flags as integers)."""
+    if isinstance(v, (bool, np.bool_)) or (_integral(v) and v in (0, 1)):
+        return None
+    return "must be True or False"
+
+
+def text(v: Any) -> str | None:
+    """A non-empty string (the solver checks its value)."""
+    return None if isinstance(v, str) and v else "must be a non-empty string"
+
+
+def one_of(*values: Any) -> Check:
+    """One of the given values."""
+
+    def check(v: Any) -> str | None:
+        return None if any(v == w and type(v) is type(w) for w in values) else f"must be one of {list(values)}"
+
+    return check
+
+
+def check_options(backend: str, given: dict[str, Any], checks: dict[str, Check]) -> None:
+    """Raise SettingsError for the first given option whose check fails."""
+    from ..errors import SettingsError
+
+    for k, v in given.items():
+        check = checks.get(k)
+        if v is None or check is None:
+            continue
+        why = check(v)
+        if why is not None:
+            raise SettingsError(f"option {k!r} of backend {backend!r} {why}, got {v!r}")
