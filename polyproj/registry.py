@@ -126,15 +126,24 @@ def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False)
     overwrite : bool
         Replace an existing registration of the same name (built-ins included).
     """
+    if not isinstance(name, str) or not name.strip() or name != name.strip() or ":" in name:
+        raise PolyprojError(f"a backend name must be a non-empty string without surrounding spaces or ':' "
+                            f"(reserved for 'module:Class'), got {name!r}")
     _check_class(cls, name)
     if not overwrite and (name in _RUNTIME or name in _BUILTIN):
         raise PolyprojError(f"backend {name!r} is already registered; pass overwrite=True to replace it")
     _RUNTIME[name] = cls
 
 
-def unregister_backend(name: str) -> None:
-    """Remove a run-time registration (built-ins and entry points are not affected)."""
-    _RUNTIME.pop(name, None)
+def unregister_backend(name: str, *, missing_ok: bool = False) -> None:
+    """Remove a run-time registration (built-ins and entry points are not affected).
+
+    Raises BackendNotFound when ``name`` has no run-time registration, unless ``missing_ok``.
+    """
+    if _RUNTIME.pop(name, None) is None and not missing_ok:
+        where = " (a built-in or entry-point backend: those cannot be unregistered)" if name in _all_names() else ""
+        raise BackendNotFound(f"no run-time registration named {name!r}{where}; registered at run time: "
+                              f"{sorted(_RUNTIME) or 'none'}")
 
 
 def get_backend(backend: str | QPSolver | type[QPSolver] | None = None, **settings: Any) -> QPSolver:

@@ -202,3 +202,53 @@ def test_the_default_backend_is_the_measured_best(rng):
     qp, _, _ = _eq_qp(rng)
     assert pp.solve_qp(qp).backend == DEFAULT_BACKEND
     assert pp.get_backend().name == DEFAULT_BACKEND
+
+
+def test_backend_option_values_are_checked_at_construction():
+    """A value the solver would reject later (or ignore) is a SettingsError naming option and backend."""
+    with pytest.raises(pp.SettingsError, match="max_iter must be a positive integer"):
+        pp.get_backend("proxsuite", max_iter=2.5)
+    assert pp.get_backend("proxsuite", max_iter=1e3).settings["max_iter"] == 1e3  # integral floats are fine
+    cases = [("proxsuite", "rho", -1.0), ("proxsuite", "num_threads", 0), ("proxsuite", "check_duality_gap", "zz"),
+             ("ipm", "batch_chunk", -1), ("ipm", "ruiz_iter", "zz"), ("ipm", "threads", 1.5),
+             ("ipm", "namespace", "cupy"), ("admm", "stable", 2.0), ("admm", "alpha", 2.0),
+             ("admm", "start_dtype", "float16")]
+    for name, key, value in cases:
+        with pytest.raises(pp.SettingsError, match=rf"option '{key}' of backend '{name}' must be"):
+            pp.get_backend(name, **{key: value})
+    for name, key, value in [("osqp", "alpha", 0.0), ("osqp", "scaling", -1), ("highs", "presolve", "zz"),
+                             ("highs", "threads", -1), ("piqp", "tau", 1.5), ("clarabel", "max_step_fraction", 0.0),
+                             ("clarabel", "presolve_enable", -1), ("daqp", "cycle_tol", "zz")]:
+        if name in pp.available_backends():
+            with pytest.raises(pp.SettingsError, match=rf"option '{key}' of backend '{name}' must be"):
+                pp.get_backend(name, **{key: value})
+    # accepted values still solve
+    assert pp.get_backend("ipm", namespace="numpy", batch_chunk=64).backend_options["batch_chunk"] == 64
+
+
+def test_solver_side_option_rejections_are_settings_errors():
+    """What only the solver can judge (OSQP's own validation, HiGHS's option table) is a SettingsError too."""
+    P = pp.Polyhedron(A=np.array([[1.0, 1.0]]), a=[1.0])
+    x = np.array([2.0, 2.0])
+    if "osqp" in pp.available_backends():
+        with pytest.raises(pp.SettingsError, match="OSQP rejected"):
+            pp.project(x, P, backend="osqp", eps_prim_inf=0.0, structured=False)
+        with pytest.raises(pp.SettingsError, match="OSQP rejected"):
+            pp.project(np.stack([x, -x]), P, backend="osqp", eps_dual_inf=0.0, structured=False)
+    if "highs" in pp.available_backends():
+        with pytest.raises(pp.SettingsError, match="HiGHS rejected"):
+            pp.project(x, P, backend="highs", primal_feasibility_tolerance=1e-30, structured=False)
+        res = pp.project(x, P, backend="highs", presolve="off", structured=False)
+        np.testing.assert_allclose(res.y, [0.5, 0.5], atol=1e-12)
+
+
+def test_registration_names_are_checked_and_unregistering_an_unknown_name_is_an_error():
+    for bad in ("", "  ", " toy", "pkg:Cls", None, 3):
+        with pytest.raises(pp.PolyprojError, match="backend name must be a non-empty string"):
+            pp.register_backend(bad, ToyKKTSolver)
+    with pytest.raises(pp.BackendNotFound, match="no run-time registration named 'nope'"):
+        pp.unregister_backend("nope")
+    with pytest.raises(pp.BackendNotFound, match="built-in or entry-point"):
+        pp.unregister_backend("proxsuite")
+    pp.unregister_backend("nope", missing_ok=True)
+    assert "proxsuite" in pp.available_backends()
