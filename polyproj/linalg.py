@@ -197,6 +197,8 @@ def small_cholesky(xp: Any, K: Any) -> tuple[Any, Any]:
             for p in range(j):
                 e = e - L[i][p] * L[j][p]
             L[i][j] = F[:, i, j] = e * inv
+    if low is None:  # n = 0: empty factors, nothing can fail
+        return F, xp.ones((b,), dtype=xp.bool, device=_device(K))
     ok = low > 0
     return identity_where(xp, ok, F, own=True), ok
 
@@ -207,6 +209,8 @@ def small_cho_solve(xp: Any, L: Any, r: Any) -> Any:
     Forward and backward substitution on the entries, one array operation over the batch per term.
     """
     n = L.shape[-1]
+    if n == 0:
+        return r[:, :0]
     inv = [1.0 / L[:, i, i] for i in range(n)]
     y: list[Any] = []
     for i in range(n):

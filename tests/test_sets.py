@@ -16,6 +16,8 @@ from polyproj.sets.detect import recognise
 from tests.helpers import kkt_residuals
 
 SETS = {
+    "birkhoff-1": lambda: pp.sets.Birkhoff(1),  # the single point {1}: empty dual systems
+    "birkhoff-2": lambda: pp.sets.Birkhoff(2),
     "birkhoff-3": lambda: pp.sets.Birkhoff(3),
     "birkhoff-4": lambda: pp.sets.Birkhoff(4),
     "birkhoff-8": lambda: pp.sets.Birkhoff(8),
@@ -25,6 +27,9 @@ SETS = {
     "matching-3x4": lambda: pp.sets.PartialMatching(3, 4, max_matches=2.0),
     "matching-4x4-free": lambda: pp.sets.PartialMatching(4, 4),
     "matching-3x3-tight": lambda: pp.sets.PartialMatching(3, 3, max_matches=0.5),
+    "matching-1x3": lambda: pp.sets.PartialMatching(1, 3),
+    "simplex-1": lambda: pp.sets.Simplex(1, total=2.0),
+    "capped-1": lambda: pp.sets.CappedSimplex(1, total=0.5, upper=1.0),
 }
 
 
@@ -225,7 +230,8 @@ def _away_from_kinks(S, X, margin=1e-4):
     return X[ok & ~res.degenerate.any]
 
 
-@pytest.mark.parametrize("name", ["birkhoff-3", "birkhoff-4", "capped-6", "matching-3x4", "matching-4x4-free"])
+@pytest.mark.parametrize("name", ["birkhoff-1", "birkhoff-2", "birkhoff-3", "birkhoff-4", "capped-6", "matching-3x4",
+                                  "matching-4x4-free", "matching-1x3", "simplex-1"])
 def test_layer_gradient_is_the_hs_jacobian_and_passes_gradcheck(name, rng):
     torch = pytest.importorskip("torch")
     from polyproj.adapters.torch import ProjectionLayer, project

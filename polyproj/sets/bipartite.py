@@ -253,7 +253,7 @@ class DualSystem:
         if self.d is not None:
             s = s * self.d
         if self.fv is None:
-            dv = xp.concat([s, xp.zeros_like(s[:, :1])], axis=1)
+            dv = xp.concat([s, xp.zeros_like(rv[:, :1])], axis=1)  # v_c = 0 (s is empty for c = 1)
         else:
             s = s * self.fv
             dv = s[:, :c]
