@@ -257,7 +257,7 @@ class QP:
     check_psd: bool = field(default=True, repr=False)
 
     def __post_init__(self) -> None:
-        q = _vector(self.q, "q", np.size(self.q))
+        q = _vector(self.q, "q", int(np.prod(np.shape(self.q), dtype=np.int64)))
         n = q.shape[0]
         P = _matrix(self.P, "P", n, allow_none=False)
         if P.shape != (n, n):
@@ -481,18 +481,18 @@ class Polyhedron:
                 n = int(shp[-1]) if len(shp) else None
         for v in (self.lb, self.ub):
             if v is not None and n is None:
-                n = int(np.size(v))
+                n = int(np.prod(np.shape(v), dtype=np.int64))  # np.size would call a tensor's .size()
         if n is None or n <= 0:
             raise ProblemError("cannot tell the number of variables: give A, B, lb/ub or n")
         A = _matrix(self.A, "A", n)
         B = _matrix(self.B, "B", n)
         if A is None:
             A = np.zeros((0, n))
-            if self.a is not None and np.size(self.a):
+            if self.a is not None and np.prod(np.shape(self.a)):
                 raise ProblemError("a given without A")
         if B is None:
             B = np.zeros((0, n))
-            if self.b is not None and np.size(self.b):
+            if self.b is not None and np.prod(np.shape(self.b)):
                 raise ProblemError("b given without B")
         a = _vector(self.a, "a", A.shape[0], default=np.inf if A.shape[0] == 0 else None, allow_inf=1)
         b = _vector(self.b, "b", B.shape[0], default=0.0 if B.shape[0] == 0 else None)

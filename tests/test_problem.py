@@ -161,6 +161,18 @@ def test_polyhedron_needs_a_dimension():
         pp.Polyhedron()
 
 
+def test_tensor_data_gives_the_dimension():
+    """The dimension is read from a tensor's shape (``np.size`` would call a torch tensor's ``.size()``)."""
+    torch = pytest.importorskip("torch")
+    box = pp.sets.Box(torch.zeros(3), torch.ones(3))
+    assert box.n == 3 and box.lb.dtype == np.float64
+    P = pp.Polyhedron(A=torch.ones(1, 2), a=torch.ones(1), lb=torch.zeros(2))
+    assert (P.n, P.n_ineq) == (2, 3)
+    assert pp.QP(P=np.eye(2), q=torch.ones(2)).n == 2
+    with pytest.raises(pp.ProblemError, match="a given without A"):
+        pp.Polyhedron(a=torch.ones(3), n=2)
+
+
 def test_polyhedron_constraint_form_and_projection_qp(rng):
     A, B = rng.normal(size=(3, 4)), rng.normal(size=(1, 4))
     P = pp.Polyhedron(A=A, a=np.ones(3), B=B, b=[0.5], lb=-np.ones(4))
