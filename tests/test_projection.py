@@ -61,8 +61,27 @@ def test_single_point_and_batch_agree(rng):
         assert single.y.shape == (15,)
         assert single.active.shape == (P.n_ineq,)
         assert isinstance(single.status, pp.Status)
+        assert np.shape(single.violation) == () and single.violation <= 1e-12 * (1 + np.abs(X[i]).max())
         np.testing.assert_allclose(single.y, batch.y[i], atol=1e-12)
         assert_active_sets_agree_up_to_weak_rows(P, batch.y[i], [single, _row(batch, i)])
+
+
+@pytest.mark.parametrize("backend", ["auto", "daqp", "proxsuite"])
+def test_float32_points_give_float32_results_that_report_their_rounding(rng, backend):
+    """Every array of the result is in the input's dtype; the violation is that of the returned points."""
+    if backend not in pp.available_backends() and backend != "auto":
+        pytest.skip(f"{backend} not installed")
+    P = random_polytope(rng, 12, 25, 1)
+    X = (3.0 * rng.normal(size=(5, 12))).astype(np.float32)
+    res = pp.project(X, P, backend=backend)
+    assert res.y.dtype == res.multipliers.dtype == res.violation.dtype == np.float32
+    ref = pp.project(X.astype(np.float64), P, backend=backend)
+    np.testing.assert_allclose(res.y, ref.y, atol=1e-6 * (1 + np.abs(ref.y).max()))
+    true = P.violation(res.y.astype(np.float64))
+    np.testing.assert_allclose(res.violation, true, rtol=1e-6, atol=1e-30)
+    assert res.max_violation == pytest.approx(float(true.max()), rel=1e-6)
+    one = pp.project(X[0], P, backend=backend)
+    assert one.multipliers.dtype == np.float32 and np.shape(one.violation) == ()
 
 
 def test_simplex_projection_matches_closed_form(rng):

@@ -82,6 +82,8 @@ class ProjectionResult:
     max_violation : float
         Largest constraint violation over the batch.
     violation : (batch,)
+        Largest constraint violation of each returned point (in its dtype: a float32 result includes its
+        rounding).
     polished : bool or (batch,) bool
         The KKT conditions were verified (the exact polish, or a closed form).
     backend : str
@@ -118,5 +120,5 @@ class ProjectionResult:
         if sol is not None and hasattr(sol, "solution"):
             sol = sol.solution(0)
         return replace(self, y=self.y[0], active=self.active[0], multipliers=self.multipliers[0],
-                       status=self.status[0], violation=self.violation, polished=bool(self.polished[0]),
+                       status=self.status[0], violation=self.violation[0], polished=bool(self.polished[0]),
                        solution=sol, degenerate=None if self.degenerate is None else self.degenerate.single())

@@ -153,14 +153,16 @@ class Polyhedral(Projector):
         out = self._direct(X64, data, opts, warm)
         if out is None:
             out = run(X64, data, self._solver_for(X), opts, warm=warm)
-        viol = data.violation(out.Y)
+        Y = xp.astype(out.Y, X.dtype)
+        # the violation of the returned points (their rounding to X's dtype included), in X's dtype
+        viol = xp.astype(data.violation(out.Y if Y.dtype == xp.float64 else xp.astype(Y, xp.float64)), X.dtype)
         info = FaceInfo(data, out.Y, out.active, out.mult, out.mu, out.faces)
         active, mult = out.active, out.mult
         if self.layout is not None:
             active, mult = self.layout.to_compact(active), self.layout.to_compact(mult)
         batch = X.shape[0]
         report = degeneracy(X64, info, self.options.tol, self._eq_deficiency())
-        return ProjectionResult(xp.astype(out.Y, X.dtype), active, xp.concat([mult, out.mu], axis=1), out.status,
+        return ProjectionResult(Y, active, xp.astype(xp.concat([mult, out.mu], axis=1), X.dtype), out.status,
                                 float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
                                 solution=out.start.solution, degenerate=report, face=info)
 
