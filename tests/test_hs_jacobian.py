@@ -142,3 +142,8 @@ def test_hs_functions_reject_bad_arguments():
         pp.hs_vjp(P, np.zeros((2, 3), bool), np.ones((3, 3)))
     with pytest.raises(pp.ProblemError, match="take a Polyhedron"):
         pp.hs_jacobian(pp.sets.Simplex(3), np.zeros(3, bool))
+    with pytest.raises(pp.ProblemError, match="boolean mask"):
+        pp.hs_jacobian(P, np.array([0.3, 0.0, 1.0]))  # a float array is not a mask
+    with pytest.raises(pp.ProblemError, match="boolean mask"):
+        pp.hs_jacobian(P, np.array([2, 0, 1]))
+    np.testing.assert_array_equal(pp.hs_jacobian(P, np.array([1, 0, 0])), np.diag([0.0, 1.0, 1.0]))

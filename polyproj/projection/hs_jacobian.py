@@ -28,7 +28,10 @@ def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool,
     if not isinstance(polyhedron, Polyhedron):
         raise ProblemError(f"the HS-Jacobian functions take a Polyhedron, got {type(polyhedron).__name__}; for a "
                            "set use S.as_polyhedron() (or S.vjp on its projection result)")
-    act = np.asarray(active, dtype=bool)
+    raw = np.asarray(active.detach().cpu() if hasattr(active, "detach") else active)
+    if raw.dtype != bool and not (raw.dtype.kind in "iu" and np.isin(raw, (0, 1)).all()):
+        raise ProblemError(f"active must be a boolean mask (or 0/1 integers), got dtype {raw.dtype}")
+    act = raw.astype(bool)
     single = act.ndim == 1
     act = np.atleast_2d(act)
     layout = RowLayout.of(polyhedron)
