@@ -569,6 +569,38 @@ def test_per_sample_derivatives_under_vmap(kind, batch, rng):
         np.testing.assert_allclose(per.numpy(), loop.numpy(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [1, 6])
+def test_per_slice_data_gradients_under_vmap_take_one_backward(rows, rng, monkeypatch):
+    """vmap(grad) of every data part over slices of ``rows`` points each: equal to the loop over slices,
+    from one backward over the folded batch (not one per slice)."""
+    from torch.func import grad, vmap
+
+    import polyproj.adapters.torch as adapter
+
+    P = _polytope(rng, n=5, m=7, p=1)
+    d = _tensors(P)
+    names = ("A", "a", "B", "b", "lb", "ub")
+    X = torch.tensor(2 * rng.normal(size=(8, rows, 5)))
+    W = torch.tensor(rng.normal(size=(8, rows, 5)))
+
+    def h(x, w, *data):
+        y = project(x, *data)
+        return (y * w).sum() + (y ** 2).sum()
+
+    argnums = tuple(range(2, 8))
+    calls = []
+    real = adapter._backward_parts
+    monkeypatch.setattr(adapter, "_backward_parts", lambda *a, **k: calls.append(a[2].shape[0]) or real(*a, **k))
+    per = vmap(grad(h, argnums=argnums), in_dims=(0, 0, *([None] * 6)))(X, W, *(d[k] for k in names))
+    assert calls == [8 * rows]  # one backward for the 8 slices
+    calls.clear()
+    loop = [grad(h, argnums=argnums)(X[v], W[v], *(d[k] for k in names)) for v in range(8)]
+    for i, k in enumerate(names):
+        ref = torch.stack([g[i] for g in loop])
+        assert per[i].shape == ref.shape == (8, *d[k].shape)
+        np.testing.assert_allclose(per[i].numpy(), ref.numpy(), rtol=0, atol=1e-11, err_msg=k)
+
+
 def test_warm_start_from_the_previous_step_gives_the_same_projection(rng):
     """A layer with warm_start=True starts its polish from the last call's active sets; the answer (and the
     gradient) is the exact projection whatever the guess: close steps, a far step, another batch size."""

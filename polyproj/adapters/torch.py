@@ -208,12 +208,18 @@ def _is_host(res: Any) -> bool:
     return isinstance(res.y, np.ndarray)
 
 
-def _backward_parts(S: Projector, res: Any, g: torch.Tensor, wanted: tuple[str, ...], need_x: bool):
-    """``J g`` (or None) and the parameter gradients, as tensors; a NumPy result gets ``g`` on NumPy."""
+def _backward_parts(S: Projector, res: Any, g: torch.Tensor, wanted: tuple[str, ...], need_x: bool,
+                    groups: int | None = None):
+    """``J g`` (or None) and the parameter gradients, as tensors; a NumPy result gets ``g`` on NumPy.
+
+    ``groups`` (shared polyhedral data only): the data gradients of ``groups`` consecutive equal slices of
+    the batch, each summed over its own rows (leading dimension ``groups``).
+    """
     host = _is_host(res)
     gin = g.detach().numpy().astype(np.float64) if host else g
     gx = S.vjp(res, gin) if need_x else None
-    gp = S.parameter_vjp(res, gin, wanted) if wanted else {}
+    gp = {} if not wanted else (S.parameter_vjp(res, gin, wanted) if groups is None
+                                else S.parameter_vjp(res, gin, wanted, groups=groups))
     if host:
         params = S.parameters()
         gx = None if gx is None else torch.from_numpy(np.asarray(gx)).to(g.dtype)
@@ -268,7 +274,10 @@ class _VJP(torch.autograd.Function):
             if not wanted:  # J is block diagonal over the samples: one product for all of them
                 out = _VJP.apply(flat, S, rest, wanted, need_x)
                 return (out[0].reshape(gb.shape),), (0,)
-            outs = []  # the data gradients of each sample: its rows alone (the others' cotangent zero)
+            if isinstance(S, Polyhedral):  # shared data: each slice's gradient summed over its own rows
+                out = _GroupedVJP.apply(flat, S, rest, wanted, need_x, V)
+                return (out[0].reshape(gb.shape), *out[1:]), tuple(0 for _ in out)
+            outs = []  # other sets: each slice alone (the others' cotangent zero)
             for v in range(V):
                 part = torch.zeros_like(flat)
                 part[v * N:(v + 1) * N] = gb[v]
@@ -278,6 +287,31 @@ class _VJP(torch.autograd.Function):
             outs = [_VJP.apply(gb[v], S, res, wanted, need_x) for v in range(gb.shape[0])]
         stacked = tuple(torch.stack(parts) for parts in zip(*outs, strict=True))
         return stacked, tuple(0 for _ in stacked)
+
+
+class _GroupedVJP(torch.autograd.Function):
+    """:class:`_VJP` of a folded vmap level onto shared polyhedral data: one backward for all the slices.
+
+    ``J`` is block diagonal over the samples and each data gradient a sum of per-sample terms, so one pass
+    gives ``J g`` for every slice and, summed over each slice's rows, every slice's data gradients
+    (``groups`` = the slices).
+    """
+
+    @staticmethod
+    def forward(gy, S, res, wanted, need_x, groups):
+        g = gy.contiguous()
+        res = _unfold(res, g)
+        with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
+            gx, gp = _backward_parts(S, res, g, wanted, need_x, groups=groups)
+        return (torch.zeros_like(g) if gx is None else gx, *[gp[k] for k in wanted])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.set, ctx.result = inputs[1], inputs[2]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _vjp_x(ctx.set, ctx.result, grads[0]), None, None, None, None, None
 
 
 class _VJPGraph(torch.autograd.Function):

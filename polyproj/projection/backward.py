@@ -21,6 +21,7 @@ from typing import Any
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
+from ..errors import ProblemError
 from .faces import Face, expand_rows, put_rows
 
 __all__ = ["VJPParts", "data_vjp", "hs_vjp", "vjp_parts"]
@@ -86,16 +87,26 @@ def hs_vjp(info: Any, G: Any) -> Any:
     return xp.astype(vjp_parts(info, G).Jg, G.dtype)
 
 
-def data_vjp(info: Any, G: Any, names: tuple[str, ...], ndims: dict[str, int], parts: VJPParts | None = None
-             ) -> dict[str, Any]:
-    """Gradients with respect to the data parts ``names`` (``ndims``: each part's own rank, to sum shared ones)."""
+def data_vjp(info: Any, G: Any, names: tuple[str, ...], ndims: dict[str, int], parts: VJPParts | None = None,
+             *, groups: int | None = None) -> dict[str, Any]:
+    """Gradients with respect to the data parts ``names`` (``ndims``: each part's own rank, to sum shared ones).
+
+    ``groups``: shared parts are summed over each of that many consecutive equal slices of the batch
+    instead of over all of it (a leading dimension ``groups``).
+    """
     xp = array_namespace(G)
     v = vjp_parts(info, G) if parts is None else parts
     d = info.data
     m = d.m
+    if groups is not None and (groups < 1 or G.shape[0] % groups):
+        raise ProblemError(f"a batch of {G.shape[0]} cannot be split into {groups} equal slices")
 
-    def red(t, own_ndim):  # shared data: summed over the batch
-        return xp.sum(t, axis=0) if own_ndim < t.ndim else t
+    def red(t, own_ndim):  # shared data: summed over the batch (or over each slice)
+        if own_ndim >= t.ndim:
+            return t
+        if groups is None:
+            return xp.sum(t, axis=0)
+        return xp.sum(xp.reshape(t, (groups, t.shape[0] // groups, *t.shape[1:])), axis=1)
 
     out: dict[str, Any] = {}
     gv = (v.at_lb + v.at_ub) * (xp.astype(G, v.Jg.dtype) - v.Mr)  # on the fixed coordinates

@@ -261,9 +261,15 @@ class Polyhedral(Projector):
         new._like = {}
         return new
 
-    def parameter_vjp(self, result: ProjectionResult, G: Any, names: tuple[str, ...]) -> dict[str, Any]:
-        """Gradients of ``⟨G, y⟩`` with respect to the parts ``names`` (summed over the batch when shared)."""
-        return backward.data_vjp(result.face, G, names, {k: getattr(self.data, k).ndim for k in names})
+    def parameter_vjp(self, result: ProjectionResult, G: Any, names: tuple[str, ...], *,
+                      groups: int | None = None) -> dict[str, Any]:
+        """Gradients of ``⟨G, y⟩`` with respect to the parts ``names`` (summed over the batch when shared).
+
+        ``groups``: the batch is that many consecutive slices of equal size; a shared part's gradient is
+        summed over each slice (leading dimension ``groups``), as per-slice gradients under ``vmap`` need.
+        """
+        return backward.data_vjp(result.face, G, names, {k: getattr(self.data, k).ndim for k in names},
+                                 groups=groups)
 
     def __repr__(self) -> str:
         d = self.data
