@@ -172,13 +172,15 @@ def _usable(res: Any) -> Any:
         return res  # the common case, on the host: every point verified
     Y = torch.as_tensor(res.y) if not isinstance(res.y, torch.Tensor) else res.y
     nan = ~torch.isfinite(Y).all(dim=1)
-    if bool(nan.any()):
-        raise InfeasibleError(f"{int(nan.sum())} of {Y.shape[0]} points have no projection (backend {res.backend!r} "
-                              "returned none; the polyhedron may be empty, e.g. inconsistent equalities)")
     viol = torch.as_tensor(res.violation, device=Y.device)
     polished = torch.as_tensor(np.asarray(res.polished) if not isinstance(res.polished, torch.Tensor)
                                else res.polished, device=Y.device)
     bad = ~polished & (viol > UNVERIFIED_VIOLATION * (1.0 + Y.abs().amax(dim=1)))
+    if not bool((nan | bad).any()):  # one device sync in the common case
+        return res
+    if bool(nan.any()):
+        raise InfeasibleError(f"{int(nan.sum())} of {Y.shape[0]} points have no projection (backend {res.backend!r} "
+                              "returned none; the polyhedron may be empty, e.g. inconsistent equalities)")
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0, 0])
         raise InfeasibleError(f"{int(bad.sum())} of {Y.shape[0]} points could not be projected: the exact polish "
