@@ -286,6 +286,24 @@ def test_settings_or_other_backends_skip_the_direct_path():
     assert not taken(Polyhedral(P), np.vstack([X] * 9)).any()  # more than DIRECT_BATCH points
 
 
+def test_per_point_solves_are_limited_by_dimension():
+    """"auto" solves point by point (direct path, DAQP) only while that beats one batched start: up to 16
+    points at n <= 50, fewer as n grows, none from n ~ 230; an explicit DAQP keeps the direct path."""
+    from polyproj.backends.defaults import auto_projection, per_point_limit
+
+    limits = [per_point_limit(n) for n in (10, 50, 100, 150, 200, 300, 500)]
+    assert limits == sorted(limits, reverse=True) and limits[:2] == [16, 16] and limits[-2:] == [0, 0]
+    assert auto_projection(True, 4, n=50) == "daqp" and auto_projection(True, 4, n=200) == "admm"
+    d, X, _ = problem(200, 400, 3, 5)
+    P = pp.Polyhedron(**d)
+    assert not taken(Polyhedral(P), X).any() and taken(Polyhedral(P), X[:1]).all()
+    assert taken(Polyhedral(P, "daqp"), X).all()
+    ref = pp.project(X, P, backend="daqp")
+    res = pp.project(X, P)  # ADMM start + polish: the same exact projections
+    assert bool(res.polished.all())
+    np.testing.assert_allclose(res.y, ref.y, rtol=0, atol=1e-10 * (1 + np.abs(ref.y).max()))
+
+
 def test_double_backward_on_the_direct_path():
     """create_graph builds the backward as a Function of the output gradient (J is symmetric)."""
     d, X, _ = problem(6, 8, 2, 8)

@@ -33,7 +33,7 @@ def choose_backend(x: torch.Tensor, shared: bool) -> str:
     from ..backends.defaults import auto_projection
 
     batch = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
-    return auto_projection(shared, batch, x.device.type == "cpu")
+    return auto_projection(shared, batch, x.device.type == "cpu", n=int(x.shape[-1]))
 
 
 # ----------------------------------------------------------------------------- the Function

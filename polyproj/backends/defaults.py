@@ -10,7 +10,8 @@ from typing import Any
 
 from ..errors import PolyprojError
 
-__all__ = ["PROJECTION_DEFAULT", "QP_DEFAULT", "auto_projection", "exact_points", "fallback_for", "independent_of"]
+__all__ = ["PROJECTION_DEFAULT", "QP_DEFAULT", "auto_projection", "exact_points", "fallback_for", "independent_of",
+           "per_point_limit"]
 
 #: default backend of :func:`polyproj.solve_qp` (best at 1e-8 and 1e-9 on the Maros–Meszaros dense subset)
 QP_DEFAULT = "piqp"
@@ -21,6 +22,19 @@ PROJECTION_DEFAULT = "auto"
 #: per-sample matrices → the batched IPM
 AUTO_SHARED, AUTO_SMALL, AUTO_PER_SAMPLE = "admm", "daqp", "ipm"
 AUTO_SMALL_BATCH = 16
+#: DAQP costs ~0.3 ms a point at n 50 and grows like n^2.5, the ADMM start + polish of a batch has a fixed
+#: cost that grows more slowly: per-point solves pay up to AUTO_SMALL_BATCH (50/n)^2 points. Measured
+#: crossovers (benchmarks/bench_layer.py data, m = 2n, fwd+bwd, one thread; docs/torch.md): >= 16 points
+#: at n 50, ~6 at n 100, ~3 at n 120, 1 at n 150-200, none at n 300-500 (batch 1: 33 against 45 ms at
+#: n 300, 105 against 221 ms at n 500)
+PER_POINT_N = 50.0
+
+
+def per_point_limit(n: int | None) -> int:
+    """The most CPU points of dimension ``n`` that the ``"auto"`` rule solves one at a time (DAQP)."""
+    if n is None:
+        return AUTO_SMALL_BATCH
+    return int(min(AUTO_SMALL_BATCH, AUTO_SMALL_BATCH * (PER_POINT_N / max(int(n), 1)) ** 2))
 #: order in which an independent second opinion is asked (a false infeasibility report)
 INDEPENDENT = ("ipm", "highs", "proxsuite", "osqp")
 
@@ -36,15 +50,17 @@ def _available(name: str, **settings: Any) -> bool:
 
 
 def auto_projection(shared_matrices: bool, batch: int | None = None, on_cpu: bool = True,
-                    settings: dict | None = None) -> str:
+                    settings: dict | None = None, n: int | None = None) -> str:
     """The ``backend="auto"`` rule for projections.
 
     The ADMM start + polish for shared matrices (DAQP, when installed and the settings are unified ones,
-    for batches of fewer than :data:`AUTO_SMALL_BATCH` CPU points), the batched IPM for per-sample matrices.
+    for batches of fewer than :data:`AUTO_SMALL_BATCH` CPU points and at most :func:`per_point_limit`
+    of dimension ``n``), the batched IPM for per-sample matrices.
     """
     if not shared_matrices:
         return AUTO_PER_SAMPLE
-    if batch is not None and batch < AUTO_SMALL_BATCH and on_cpu and _available(AUTO_SMALL, **(settings or {})):
+    if batch is not None and batch < AUTO_SMALL_BATCH and batch <= per_point_limit(n) and on_cpu and \
+            _available(AUTO_SMALL, **(settings or {})):
         return AUTO_SMALL
     return AUTO_SHARED
 

@@ -174,12 +174,14 @@ class Polyhedral(Projector):
         (the ``"auto"`` choice for that batch; their part of the warm start; DAQP's start from the direct
         path's solves when DAQP is that choice).
         """
+        from ..backends.defaults import per_point_limit
         from ..projection import direct
         from ..projection.pipeline import _unit_scale
 
         if not (isinstance(X, np.ndarray) and 0 < X.shape[0] <= direct.DIRECT_BATCH and X.shape[1]
                 and not data.batched and opts.polish and opts.max_rounds is None and not self.settings
-                and (self.auto or self.solver.name == "daqp")) or _unit_scale(X, data) != 1.0:
+                and ((self.auto and X.shape[0] <= per_point_limit(X.shape[1])) or self.solver.name == "daqp")) \
+                or _unit_scale(X, data) != 1.0:
             return None
         dd = self._like.get("direct")
         if dd is None:
@@ -220,7 +222,7 @@ class Polyhedral(Projector):
 
         dev = _device(X)
         name = auto_projection(self.data.shared_matrices, X.shape[0], str(getattr(dev, "type", dev)) == "cpu",
-                               self.settings)
+                               self.settings, n=X.shape[1])
         if name not in self._solvers:
             self._solvers[name] = get_backend(name, **self.settings)
         return self._solvers[name]
