@@ -168,8 +168,24 @@ def test_handed_points_are_solved_by_daqp_once(monkeypatch):
     on, weak, _ = degenerate_points(d)
     Xd = np.vstack([on, X[:2], weak, X[2:]])
     calls = []
-    real = daqp.solve
+    real, Model = daqp.solve, daqp.Model
+
+    class Counted:  # DAQP's workspace (a batch's solves), counting its solves
+        def __init__(self):
+            self._m = Model()
+
+        def __getattr__(self, k):
+            return getattr(self._m, k)
+
+        def __setattr__(self, k, v):
+            object.__setattr__(self, k, v) if k == "_m" else setattr(self._m, k, v)
+
+        def solve(self):
+            calls.append(1)
+            return self._m.solve()
+
     monkeypatch.setattr(daqp, "solve", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(daqp, "Model", Counted)
     S = Polyhedral(pp.Polyhedron(**d))
     t = taken(S, Xd)
     assert not t[0] and not t[3] and t[1:3].all()

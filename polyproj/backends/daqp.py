@@ -13,6 +13,7 @@ given). ``eps_abs`` maps to ``primal_tol``, ``max_iter`` to ``iter_limit``,
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, ClassVar
 
@@ -125,12 +126,22 @@ class DAQPSolver(QPSolver):
         N, n = X.shape[0], H.shape[0]
         x, lam = np.full((N, n), np.nan), np.zeros((N, A.shape[0] + n))
         status, its, flags = [], np.zeros(N, dtype=np.int64), np.zeros(N, dtype=np.int64)
+        model = None  # one DAQP workspace for the batch: H and A are set up once, only f changes per point
         for i in range(N):
             if limit is not None and time.perf_counter() - t0 > limit:
                 status.append(Status.TIME_LIMIT)
                 continue
             try:
-                xi, _, flag, info = daqp.solve(H, -X[i], A, upper, lower, sense.copy(), **kw)
+                if N == 1 or not _has_workspace():
+                    xi, _, flag, info = daqp.solve(H, -X[i], A, upper, lower, sense.copy(), **kw)
+                else:
+                    if model is None:
+                        model = daqp.Model()
+                        model.setup(H, -X[i], A, upper, lower, sense.copy())
+                        model.settings = kw
+                    else:  # the cold working set again: each point's answer is that of daqp.solve
+                        model.update(f=-X[i], sense=sense.copy())
+                    xi, _, flag, info = model.solve()
             except Exception as exc:  # the guard's rule: a backend's exception is a SolverError
                 raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
             st, x[i], lam[i] = _answer(flag, xi, info, n)
@@ -162,6 +173,20 @@ class DAQPSolver(QPSolver):
         return Solution(x=x, z=lam[qp.n:], z_box=lam[:qp.n], status=status, iterations=int(info["iterations"]),
                         solve_time=float(info["solve_time"]), setup_time=setup, backend=self.name, qp=qp,
                         info={"raw_status": _NAMES.get(int(flag), str(flag))})
+
+
+@functools.cache
+def _has_workspace() -> bool:
+    """``daqp.Model`` with ``update(f=, sense=)`` (DAQP 0.11, where it is tested; older ones solve per call)."""
+    import daqp
+
+    try:
+        from importlib.metadata import version
+
+        major, minor = (int(p) for p in version("daqp").split(".")[:2])
+    except Exception:
+        return False
+    return hasattr(daqp, "Model") and (major, minor) >= (0, 11)
 
 
 def _answer(flag: int, x: Any, info: dict, n: int) -> tuple[Status, np.ndarray, np.ndarray]:
