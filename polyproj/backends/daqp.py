@@ -132,16 +132,18 @@ class DAQPSolver(QPSolver):
                 status.append(Status.TIME_LIMIT)
                 continue
             try:
-                if N == 1 or not _has_workspace():
-                    xi, _, flag, info = daqp.solve(H, -X[i], A, upper, lower, sense.copy(), **kw)
-                else:
-                    if model is None:
-                        model = daqp.Model()
-                        model.setup(H, -X[i], A, upper, lower, sense.copy())
-                        model.settings = kw
-                    else:  # the cold working set again: each point's answer is that of daqp.solve
-                        model.update(f=-X[i], sense=sense.copy())
+                if model is None and N > 1 and _has_workspace():
+                    model = daqp.Model()
+                    setup = model.setup(H, -X[i], A, upper, lower, sense.copy())
+                    model.settings = kw
+                    if not (isinstance(setup, tuple) and setup and setup[0] >= 0):
+                        model = False  # refused at setup (e.g. crossing bounds): daqp.solve says why, per point
+                elif model:  # the cold working set again: each point's answer is that of daqp.solve
+                    model.update(f=-X[i], sense=sense.copy())
+                if model:
                     xi, _, flag, info = model.solve()
+                else:
+                    xi, _, flag, info = daqp.solve(H, -X[i], A, upper, lower, sense.copy(), **kw)
             except Exception as exc:  # the guard's rule: a backend's exception is a SolverError
                 raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
             st, x[i], lam[i] = _answer(flag, xi, info, n)
