@@ -114,8 +114,12 @@ def check_order(lo: np.ndarray, hi: np.ndarray, lname: str, uname: str, what: st
         )
 
 
-def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow_inf: int = 0) -> np.ndarray:
-    """Validate a vector of length ``size`` (see :func:`check_values` for ``allow_inf``)."""
+def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow_inf: int = 0,
+            scalar: bool = False) -> np.ndarray:
+    """Validate a vector of length ``size`` (see :func:`check_values` for ``allow_inf``).
+
+    ``scalar``: a single number stands for that value in every entry (bounds: ``lb=0``).
+    """
     if v is None:
         if default is None:
             raise ProblemError(f"{name} is required")
@@ -124,6 +128,8 @@ def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow
         v = v.detach().cpu().numpy()
     arr = np.asarray(v)
     _check_numeric(arr, name)
+    if scalar and arr.ndim == 0:
+        arr = np.full(size, arr, dtype=np.float64)
     arr = np.array(arr, dtype=np.float64).reshape(-1) if arr.ndim <= 1 else arr
     if arr.ndim != 1 or arr.shape[0] != size:
         raise ProblemError(f"{name} must have shape ({size},), got {np.shape(v)}")
@@ -271,8 +277,8 @@ class QP:
         l = _vector(self.l, "l", m, default=-np.inf, allow_inf=-1)
         u = _vector(self.u, "u", m, default=np.inf, allow_inf=1)
         check_order(l, u, "l", "u")
-        lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1)
-        ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1)
+        lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1, scalar=True)
+        ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1, scalar=True)
         check_order(lb, ub, "lb", "ub")
         _check_symmetric(P)  # always: solvers read one triangle each, so a non-symmetric P is ambiguous
         if self.check_psd:
@@ -480,7 +486,7 @@ class Polyhedron:
                 shp = M.shape if sp.issparse(M) else np.shape(M)
                 n = int(shp[-1]) if len(shp) else None
         for v in (self.lb, self.ub):
-            if v is not None and n is None:
+            if v is not None and n is None and np.ndim(v) > 0:  # a scalar bound does not tell n
                 n = int(np.prod(np.shape(v), dtype=np.int64))  # np.size would call a tensor's .size()
         if n is None or n <= 0:
             raise ProblemError("cannot tell the number of variables: give A, B, lb/ub or n")
@@ -496,8 +502,8 @@ class Polyhedron:
                 raise ProblemError("b given without B")
         a = _vector(self.a, "a", A.shape[0], default=np.inf if A.shape[0] == 0 else None, allow_inf=1)
         b = _vector(self.b, "b", B.shape[0], default=0.0 if B.shape[0] == 0 else None)
-        lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1)
-        ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1)
+        lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1, scalar=True)
+        ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1, scalar=True)
         check_order(lb, ub, "lb", "ub")
         rank = B.shape[0]
         if B.shape[0] and B.shape[0] * n <= _RANK_CHECK_LIMIT:

@@ -173,6 +173,17 @@ def test_tensor_data_gives_the_dimension():
         pp.Polyhedron(a=torch.ones(3), n=2)
 
 
+def test_scalar_bounds_apply_to_every_variable():
+    P = pp.Polyhedron(A=np.ones((1, 3)), a=[1.0], lb=0, ub=0.75)
+    np.testing.assert_array_equal(P.lb, np.zeros(3))
+    np.testing.assert_array_equal(P.ub, np.full(3, 0.75))
+    np.testing.assert_array_equal(pp.QP(P=np.eye(2), q=np.ones(2), lb=-1.0).lb, [-1.0, -1.0])
+    with pytest.raises(pp.ProblemError, match="number of variables"):
+        pp.Polyhedron(lb=0.0)  # a scalar bound does not tell n
+    with pytest.raises(pp.ProblemError, match="lb must have shape"):
+        pp.Polyhedron(A=np.ones((1, 3)), a=[1.0], lb=[0.0, 0.0])
+
+
 def test_polyhedron_constraint_form_and_projection_qp(rng):
     A, B = rng.normal(size=(3, 4)), rng.normal(size=(1, 4))
     P = pp.Polyhedron(A=A, a=np.ones(3), B=B, b=[0.5], lb=-np.ones(4))

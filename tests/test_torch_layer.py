@@ -601,6 +601,22 @@ def test_per_slice_data_gradients_under_vmap_take_one_backward(rows, rng, monkey
         np.testing.assert_allclose(per[i].numpy(), ref.numpy(), rtol=0, atol=1e-11, err_msg=k)
 
 
+def test_scalar_bounds_in_the_layer(rng):
+    """``lb=0``, ``ub=1`` (numbers or 0-d tensors) bound every coordinate; a 0-d tensor's gradient is the sum."""
+    A = rng.normal(size=(8, 6))
+    d = dict(A=torch.tensor(A), a=torch.tensor(A @ np.full(6, 0.5) + 0.2))  # [0, 1]^6 holds 0.5: feasible
+    x = torch.tensor(3 * rng.normal(size=(5, 6)))
+    ref = project(x, d["A"], d["a"], lb=torch.zeros(6, dtype=torch.float64), ub=torch.ones(6, dtype=torch.float64))
+    np.testing.assert_allclose(project(x, d["A"], d["a"], lb=0, ub=1.0).numpy(), ref.numpy(), atol=1e-12)
+    np.testing.assert_allclose(ProjectionLayer(d["A"], d["a"], lb=0.0, ub=1)(x).numpy(), ref.numpy(), atol=1e-12)
+    lb = torch.tensor(-0.3, dtype=torch.float64, requires_grad=True)
+    full = torch.full((6,), -0.3, dtype=torch.float64, requires_grad=True)
+    V = torch.tensor(rng.normal(size=(5, 6)))
+    (project(x, d["A"], d["a"], lb=lb) * V).sum().backward()
+    (project(x, d["A"], d["a"], lb=full) * V).sum().backward()
+    assert lb.grad.shape == () and float(lb.grad) == pytest.approx(float(full.grad.sum()), abs=1e-12)
+
+
 def test_warm_start_from_the_previous_step_gives_the_same_projection(rng):
     """A layer with warm_start=True starts its polish from the last call's active sets; the answer (and the
     gradient) is the exact projection whatever the guess: close steps, a far step, another batch size."""

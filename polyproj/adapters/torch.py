@@ -532,6 +532,7 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
         x2, bshape, tail = _flatten(x, S)
     else:
         A = S if S is not None else A
+        lb, ub = (_scalar_bound(v, x) for v in (lb, ub))
         parts = dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub)
         if any(_vmapped(v) for v in parts.values()):
             raise ProblemError("torch.func.vmap over constraint tensors is not supported: give the tensors a "
@@ -542,6 +543,19 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
         forward = tuple(k for k, v in parts.items() if isinstance(v, torch.Tensor) and _differentiated(v))
     y, res = _apply(x2, S, warm, forward)
     return y.reshape(*bshape, *tail), res
+
+
+def _scalar_bound(v: Any, x: torch.Tensor) -> Any:
+    """A scalar bound (a number or a 0-d tensor) as the same bound on every coordinate of ``x``.
+
+    A 0-d tensor is expanded (a view: its gradient is the sum over the coordinates); anything else is
+    returned as it is, for the shape checks.
+    """
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        return torch.full((x.shape[-1],), float(v), dtype=x.dtype, device=x.device)
+    if isinstance(v, torch.Tensor) and v.ndim == 0:
+        return v.expand(x.shape[-1])
+    return v
 
 
 def _differentiated(t: torch.Tensor) -> bool:
