@@ -200,6 +200,19 @@ def test_data_far_from_unit_scale_is_solved(backend, scale):
     assert "scaling" in sol.info
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scale", [1e12, 1e-12])
+def test_objective_far_from_unit_scale_is_solved(backend, scale):
+    """min scale·(½|x|² − x₁ − x₂) s.t. x₁ + x₂ <= 1, x at unit scale: x* = (½, ½) at any scale. At 1e-12 every
+    point is "optimal" to an absolute dual tolerance, at 1e12 none is: normalised by the objective's scale."""
+    qp = pp.QP(P=scale * np.eye(2), q=[-scale, -scale], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    sol = pp.solve_qp(qp, backend=backend, time_limit=5)
+    assert sol.status is pp.Status.SOLVED, sol.info
+    np.testing.assert_allclose(sol.x, [0.5, 0.5], atol=1e-6)
+    assert sol.info["scaling"]["gamma"] == pytest.approx(1.0 / scale)
+    np.testing.assert_allclose(sol.z, [0.5 * scale], rtol=1e-5)  # in the caller's units: Px + q + Cᵀz = 0
+
+
 # --------------------------------------------------------------------------- time limits
 class _Slow(pp.QPSolver):
     """ProxSuite after a pause of ``delay`` seconds (a solver that ignores time_limit)."""

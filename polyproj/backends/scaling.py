@@ -15,7 +15,8 @@ that is ``P̃ = γσ²P``, ``q̃ = γσq``, ``l̃ = D l / σ``, ``ũ = D u / σ`
 
 ``σ`` is the magnitude of x suggested by the data (the largest finite bound or right-hand side
 relative to its row, and ``|q| / |P|``), ``γ`` makes the largest entry of ``P̃`` and ``q̃`` one.
-Normalisation applies when σ or a row of C is far from one (``LOW``, ``HIGH``, see :func:`plan`);
+Normalisation applies when σ, a row of C or the objective's scale is far from one (``LOW``,
+``HIGH``, see :func:`plan`);
 then the tolerances
 ``eps_abs`` and ``eps_rel`` are met in the normalised units, i.e. *relative to the data's scale*
 (an absolute 1e-8 on data at 1e8 is below the rounding of the data itself). Bounds at or beyond
@@ -158,8 +159,9 @@ def _matrix_part(qp: QP) -> tuple[float, np.ndarray, np.ndarray, bool]:
 def plan(qp: QP, **batched: np.ndarray) -> Scaling | None:
     """The normalisation for ``qp`` (and batched vectors replacing its own), or None when not needed.
 
-    It applies when the magnitude of x suggested by the data (``σ``) or a row norm of C is outside
-    ``[LOW, HIGH]``; all-zero data is left alone. (A finer trigger, on the rounding of the data
+    It applies when the magnitude of x suggested by the data (``σ``), a row norm of C or the objective's
+    own scale at that magnitude (``max(|P|, |q| / σ)``, 1 for a projection) is outside ``[LOW, HIGH]``;
+    all-zero data is left alone. (A finer trigger, on the rounding of the data
     against ``eps_abs``, was tried and dropped: its estimate is pessimistic, and normalising
     QFFFFF80, whose rows span 1 to 1e5, made Clarabel fail a problem it solves to 1e-10 as given.)
     """
@@ -170,7 +172,11 @@ def plan(qp: QP, **batched: np.ndarray) -> Scaling | None:
     sigma = max(_finite_absmax(vec["l"] * rows, vec["u"] * rows, vec["lb"], vec["ub"]),
                 q_max / p_max if p_max > 0 else 0.0)
     sigma = sigma if sigma > 0 else 1.0
-    if LOW <= sigma <= HIGH and rows_ok:
+    # the objective's own scale at x's: max(|P|, |q| / σ) (1 for a projection). At 1e-12 every point is
+    # "optimal" to an absolute dual tolerance, at 1e12 none is: a trigger as well (γ alone changes nothing
+    # else)
+    curvature = max(p_max, q_max / sigma)
+    if LOW <= sigma <= HIGH and rows_ok and (curvature == 0 or LOW <= curvature <= HIGH):
         return None
     objective = max(p_max * sigma**2, q_max * sigma)
     gamma = 1.0 / objective if objective > 0 else 1.0
