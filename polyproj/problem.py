@@ -34,6 +34,14 @@ _RANK_CHECK_LIMIT = 20_000_000  # entries of B beyond which the rank check is sk
 
 
 # --------------------------------------------------------------------------- helpers
+def _asarray(v: Any, name: str) -> np.ndarray:
+    """``np.asarray(v)``; ragged nested lists are a ProblemError, not NumPy's ValueError."""
+    try:
+        return np.asarray(v)
+    except ValueError as exc:
+        raise ProblemError(f"{name} is not a rectangular array ({exc})") from exc
+
+
 def _check_numeric(arr: Any, name: str) -> None:
     dtype = arr.dtype if sp.issparse(arr) else np.asarray(arr).dtype
     if dtype.kind not in "biuf":
@@ -53,7 +61,7 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
     else:
         if hasattr(M, "detach"):  # torch tensor given to the NumPy-level API
             M = M.detach().cpu().numpy()
-        arr = np.asarray(M)
+        arr = _asarray(M, name)
         _check_numeric(arr, name)
         M = np.array(arr, dtype=np.float64)  # copy: the problem must not alias user data
         if M.ndim == 1 and cols is not None and M.size == cols:
@@ -126,7 +134,7 @@ def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow
         return np.full(size, default, dtype=np.float64)
     if hasattr(v, "detach"):
         v = v.detach().cpu().numpy()
-    arr = np.asarray(v)
+    arr = _asarray(v, name)
     _check_numeric(arr, name)
     if scalar and arr.ndim == 0:
         arr = np.full(size, arr, dtype=np.float64)

@@ -255,3 +255,34 @@ def test_backends_are_quiet_unless_verbose(backend, capfd, rng):
         assert pp.solve_qp(qp, backend=backend).status.ok
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+# --------------------------------------------------------------------------- inputs every backend sees alike
+def test_non_convex_P_is_never_solved(backend):
+    """A saddle point is not a solution: every backend (the IPM included) says NON_CONVEX."""
+    for P in (np.diag([1.0, -1.0]), sp.csc_matrix(np.diag([1.0, -1.0]))):
+        qp = pp.QP(P=P, q=[0.0, 0.0], lb=[-1.0, -1.0], ub=[1.0, 1.0], check_psd=False)
+        assert pp.solve_qp(qp, backend=backend).status is pp.Status.NON_CONVEX
+        bs = pp.get_backend(backend).solve_batch(qp, q=np.zeros((2, 2)))
+        assert bs.status == (pp.Status.NON_CONVEX,) * 2
+
+
+def test_warm_starts_that_do_not_fit_and_empty_batches(backend):
+    """A warm start of the wrong sizes is a ProblemError on every backend (was: IndexError, a status, or
+    silently ignored); a batch of no elements is an empty BatchSolution."""
+    qp = pp.QP(P=np.eye(3), q=[-1.0, -2, -3], C=[[1.0, 1, 1]], l=[-np.inf], u=[1.0], lb=[-1] * 3, ub=[1] * 3)
+    other = pp.solve_qp(pp.QP(P=np.eye(2), q=[1.0, 1.0]), backend="daqp")
+    for ws, what in (({"x": np.zeros(5)}, "x must have shape"), (other, "x must have shape"),
+                     ({"x": np.zeros(3), "z": np.zeros(2)}, "z must have shape"), (np.zeros(3), "must be a Solution")):
+        with pytest.raises(pp.ProblemError, match=what):
+            pp.solve_qp(qp, backend=backend, warm_start=ws)
+    good = pp.solve_qp(qp, backend=backend)
+    assert pp.solve_qp(qp, backend=backend, warm_start=good).status.ok
+    S = pp.get_backend(backend)
+    empty = S.solve_batch(qp, q=np.zeros((0, 3)))
+    assert len(empty) == 0 and empty.x.shape == (0, 3) and empty.z.shape == (0, 1)
+    two = S.solve_batch(qp, q=np.ones((2, 3)))
+    with pytest.raises(pp.ProblemError, match=r"shape \(3, 3\) for this batch"):
+        S.solve_batch(qp, q=np.ones((3, 3)), warm_start=two)
+    with pytest.raises(pp.ProblemError, match="must be a BatchSolution"):
+        S.solve_batch(qp, q=np.ones((2, 3)), warm_start=good)

@@ -252,3 +252,20 @@ def test_registration_names_are_checked_and_unregistering_an_unknown_name_is_an_
         pp.unregister_backend("proxsuite")
     pp.unregister_backend("nope", missing_ok=True)
     assert "proxsuite" in pp.available_backends()
+
+
+def test_tolerance_and_time_limit_values():
+    assert pp.get_backend("proxsuite", eps_abs=np.float32(1e-6)).settings["eps_abs"] == pytest.approx(1e-6)
+    assert pp.get_backend("proxsuite", eps_abs=0.0, eps_rel=1e-6).settings["eps_abs"] == 0.0
+    with pytest.raises(pp.SettingsError, match="both 0"):
+        pp.get_backend("proxsuite", eps_abs=0)
+    with pytest.raises(pp.SettingsError, match="eps_abs must be a finite number"):
+        pp.get_backend("proxsuite", eps_abs=True)
+    assert pp.get_backend("proxsuite", time_limit=float("inf")).settings["time_limit"] is None
+
+
+def test_ragged_data_is_a_problem_error():
+    with pytest.raises(pp.ProblemError, match="C is not a rectangular array"):
+        pp.QP(P=np.eye(2), q=[0.0, 0.0], C=[[1.0, 1.0], [1.0]], l=[0, 0], u=[1, 1])
+    with pytest.raises(pp.ProblemError, match="a is not a rectangular array"):
+        pp.Polyhedron(A=np.ones((2, 2)), a=[[1.0], [1.0, 2.0]])

@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import BackendUnavailable, SettingsError, close_matches
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
-from .options import Check, check_options, positive, positive_int
+from .options import Check, check_options, nonnegative, positive, positive_int
 from .validation import guard
 
 __all__ = ["SETTINGS", "Capabilities", "QPSolver"]
@@ -132,8 +132,13 @@ class QPSolver(abc.ABC):
         self.backend_options: dict[str, Any] = {k: v for k, v in settings.items() if k in self.options}
         for k in ("eps_abs", "eps_rel"):
             v = self.settings[k]
-            if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
+            if nonnegative(v) is not None:
                 raise SettingsError(f"{k} must be a finite number >= 0, got {v!r}")
+            self.settings[k] = float(v)
+        if self.settings["eps_abs"] == 0 and self.settings["eps_rel"] == 0:
+            raise SettingsError("eps_abs and eps_rel are both 0: no solver stops at zero residuals; give one > 0")
+        if self.settings["time_limit"] is not None and self.settings["time_limit"] == float("inf"):
+            self.settings["time_limit"] = None  # no limit
         for k, check, what in (("max_iter", positive_int, "integer"), ("time_limit", positive, "number")):
             v = self.settings[k]
             if v is not None and check(v) is not None:

@@ -3,7 +3,8 @@
 :class:`~polyproj.backends.base.QPSolver` wraps the ``solve`` and ``solve_batch`` of every subclass
 (built-in or third party, in ``__init_subclass__``) with :func:`guard`, so no backend repeats it:
 
-1. **Input**: ``solve`` takes a :class:`~polyproj.problem.QP`; a problem with no variables
+1. **Input**: ``solve`` takes a :class:`~polyproj.problem.QP` (and a warm start that fits it); an indefinite
+   P (``QP(check_psd=False)``) is NON_CONVEX for every backend; a problem with no variables
    (``n = 0``) is answered here (SOLVED when ``l <= 0 <= u``, else PRIMAL_INFEASIBLE), never handed
    to a solver.
 2. **Scale**: data far from unit scale is solved in normalised units (:mod:`.scaling`).
@@ -48,6 +49,7 @@ from ..errors import PolyprojError, ProblemError, SolverError
 from ..problem import QP
 from ..solution import BatchSolution, ElementQPs, Solution, Status
 from . import scaling
+from .convexity import is_nonconvex
 
 __all__ = ["GROSS", "INACCURATE_FACTOR", "Promise", "check_batch", "check_solution", "guard", "residuals"]
 
@@ -263,6 +265,45 @@ def empty_solution(qp: QP, backend: str, vecs: dict[str, np.ndarray] | None = No
                     info={"note": "no variables: answered by polyproj without calling the solver"})
 
 
+def _warm_part(ws: Any, key: str) -> Any:
+    return ws.get(key) if isinstance(ws, dict) else getattr(ws, key, None)
+
+
+def check_warm_start(qp: QP, warm_start: Any) -> None:
+    """A warm start of ``solve`` must fit ``qp``: ``x`` (n,), ``z`` (m,), ``z_box`` (n,) where given.
+
+    A Solution or BatchSolution element, or a dict with those keys; anything else (a bare array, another
+    problem's solution) is a ProblemError rather than ignored by some backends and an IndexError in others.
+    """
+    if warm_start is None:
+        return
+    if not (isinstance(warm_start, dict) or hasattr(warm_start, "x")):
+        raise ProblemError(f"warm_start must be a Solution or a dict with 'x' (and 'z', 'z_box'), got "
+                           f"{type(warm_start).__name__}")
+    for key, size in (("x", qp.n), ("z", qp.m), ("z_box", qp.n)):
+        v = _warm_part(warm_start, key)
+        if v is not None and np.shape(v) != (size,):
+            raise ProblemError(f"warm_start {key} must have shape ({size},) for this problem, got {np.shape(v)}")
+
+
+def check_batch_warm_start(qp: QP, size: int, warm_start: Any) -> None:
+    """A warm start of ``solve_batch``: a BatchSolution of ``size`` elements of this problem's sizes."""
+    if warm_start is None:
+        return
+    if not isinstance(warm_start, BatchSolution):
+        raise ProblemError(f"warm_start of solve_batch must be a BatchSolution, got {type(warm_start).__name__}")
+    for key, cols in (("x", qp.n), ("z", qp.m), ("z_box", qp.n)):
+        if np.shape(getattr(warm_start, key)) != (size, cols):
+            raise ProblemError(f"warm_start {key} must have shape ({size}, {cols}) for this batch, got "
+                               f"{np.shape(getattr(warm_start, key))}")
+
+
+def empty_batch(qp: QP, backend: str) -> BatchSolution:
+    """The answer for a batch of no elements."""
+    return BatchSolution(x=np.zeros((0, qp.n)), z=np.zeros((0, qp.m)), z_box=np.zeros((0, qp.n)), status=(),
+                         iterations=np.zeros(0, dtype=np.int64), backend=backend)
+
+
 # --------------------------------------------------------------------------- the guard
 def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     name = solver.name or type(solver).__name__
@@ -285,8 +326,11 @@ def _guard_solve(fn: Callable) -> Callable:
         if not isinstance(qp, QP):
             raise ProblemError(f"solve() takes a polyproj.QP, got {type(qp).__name__}")
         name = self.name or type(self).__name__
+        check_warm_start(qp, warm_start)
         if qp.n == 0:
             return empty_solution(qp, name)
+        if is_nonconvex(qp):  # QP(check_psd=False) with an indefinite P: no backend's answer is a solution
+            return self._nan_solution(qp, Status.NON_CONVEX, name)
         t0 = time.perf_counter()
         if "scaling_plan" not in qp.memo:  # a QP never changes: planned once per problem
             qp.memo["scaling_plan"] = scaling.plan(qp)
@@ -313,9 +357,14 @@ def _guard_solve_batch(fn: Callable) -> Callable:
         name = self.name or type(self).__name__
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
+        check_batch_warm_start(qp, size, warm_start)
+        if size == 0:
+            return empty_batch(qp, name)
         if qp.n == 0:
             qps = ElementQPs(qp, vecs, size)
             return BatchSolution.stack([empty_solution(qps[i], name) for i in range(size)], backend=name)
+        if is_nonconvex(qp):
+            return BatchSolution.stack([self._nan_solution(qp, Status.NON_CONVEX, name)] * size, backend=name)
         t0 = time.perf_counter()
         scale = scaling.plan(qp, **vecs)
         if scale is None:

@@ -91,7 +91,9 @@ def random_feasible_qp(rng: np.random.Generator, n: int, m: int, p: int = 0, spa
     if sparse:
         A = sp.random(m, n, density=density, random_state=rng, data_rvs=rng.standard_normal).toarray()
         A[np.arange(m), rng.integers(0, n, m)] += 1.0  # no empty row
-        P = P * (np.abs(P) > np.quantile(np.abs(P), 0.5)) + n * np.eye(n)  # sparse, diagonally dominant
+        off = P * (np.abs(P) > np.quantile(np.abs(P), 0.5))
+        off -= np.diag(np.diag(off))  # sparse; strictly diagonally dominant, hence positive definite:
+        P = off + np.diag(np.abs(off).sum(axis=1) + 1.0)
     else:
         A = rng.standard_normal((m, n))
     B = rng.standard_normal((p, n))
