@@ -152,3 +152,13 @@ def test_solve_batch_validates_the_batch(rng):
     L = np.broadcast_to(qp.u + 1.0, (2, qp.m))
     with pytest.raises(pp.ProblemError, match="batched bounds cross"):
         solver.solve_batch(qp, l=L)
+
+
+def test_an_uncertified_infeasibility_claim_on_a_feasible_lp_is_not_kept():
+    """ProxQP says PRIMAL_INFEASIBLE on this small feasible LP (optimum (3, 0.5)); without a certificate and
+    with an independent backend solving it, the claim becomes NUMERICAL_ERROR, never a wrong status."""
+    qp = pp.QP(P=np.zeros((2, 2)), q=[-1.0, -1.0], C=[[1.0, 2.0]], l=[-np.inf], u=[4.0], lb=[0, 0], ub=[3, 3])
+    sol = pp.solve_qp(qp, backend="proxsuite")
+    assert sol.status is not pp.Status.PRIMAL_INFEASIBLE
+    if sol.status.ok:  # a future ProxSuite may solve it
+        np.testing.assert_allclose(sol.x, [3.0, 0.5], atol=1e-6)

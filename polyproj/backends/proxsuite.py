@@ -164,10 +164,26 @@ class ProxSuiteSolver(QPSolver):
                 status = Status.DUAL_INFEASIBLE
             elif qp.is_primal_infeasibility_certificate(z, z_box):
                 status = Status.PRIMAL_INFEASIBLE
+        elif status is Status.PRIMAL_INFEASIBLE and not qp_of().is_primal_infeasibility_certificate(z, z_box) \
+                and self._feasible_elsewhere(qp_of()):
+            status = Status.NUMERICAL_ERROR  # a false claim (ProxQP makes it on some feasible LPs)
         tl = self.settings["time_limit"]
         if status.ok and tl is not None and info_p.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
         return status
+
+    def _feasible_elsewhere(self, qp: QP) -> bool:
+        """True when an independent backend solves ``qp`` (asked only for an uncertified infeasibility claim)."""
+        from ..registry import get_backend
+        from .defaults import independent_of
+
+        other = independent_of(self.name)
+        if other is None:
+            return False
+        try:
+            return get_backend(other, eps_abs=self.settings["eps_abs"]).solve(qp).status.ok
+        except Exception:  # the second opinion is advisory: ProxQP's own claim stands without it
+            return False
 
     @staticmethod
     def _info(info_p: Any) -> dict[str, Any]:
