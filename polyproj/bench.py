@@ -300,6 +300,7 @@ def _print_summary(console: Any, summary: dict[str, dict], subset: str, tol: flo
 def cli_main(args: argparse.Namespace) -> int:
     """Run ``polyproj bench solvers`` (see the module docstring); 2 on bad input, 130 when interrupted."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .errors import PolyprojError
@@ -308,18 +309,26 @@ def cli_main(args: argparse.Namespace) -> int:
 
     console = Console()
     backends = list(args.backends or _default_backends())
+    def refuse(message: str) -> int:
+        console.print(f"[red]polyproj bench solvers: {escape(message)}[/red]", markup=True, highlight=False)
+        return 2
+
     try:
         for b in backends:  # fail early and clearly on an unknown or unavailable name
             get_backend(b)
         names = list_problems(args.data, args.subset)
     except (PolyprojError, DataNotFound) as exc:
-        console.print(f"[red]polyproj bench solvers: {exc}[/red]", markup=True, highlight=False)
-        return 2
+        return refuse(str(exc))
+    if not list_problems(args.data, "all"):
+        return refuse(f"no Maros–Meszaros .mat files in {args.data!r}")
+    if args.out is not None and os.path.isdir(args.out):
+        return refuse(f"--out {args.out!r} is a folder; give the JSON file to write")
+    if len(set(backends)) != len(backends):
+        return refuse(f"--backends names a backend twice: {backends}")
     if args.problems:
         missing = sorted(set(args.problems) - set(list_problems(args.data, "all")))
         if missing:
-            console.print(f"[red]unknown problem(s) {missing} in {args.data}[/red]")
-            return 2
+            return refuse(f"unknown problem(s) {missing} in {args.data}")
         names = list(args.problems)
     jobs = int(getattr(args, "jobs", None) or min(2, os.cpu_count() or 1))
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per solve: jobs solves share the cores

@@ -49,7 +49,8 @@ def _positive(kind: type, what: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+            whole = " (a whole number)" if kind is int else ""
+            raise argparse.ArgumentTypeError(f"{what} must be a number{whole}, got {text!r}") from None
         if not (math.isfinite(value) and value > 0):
             raise argparse.ArgumentTypeError(f"{what} must be a finite number > 0, got {text}")
         return value

@@ -11,10 +11,14 @@ rows included); ``"small"`` is n <= 100 and m <= 1000 (what the unit tests solve
 
 Examples
 --------
->>> from polyproj.maros_meszaros import list_problems, load_problem   # doctest: +SKIP
->>> names = list_problems("../shared/data/maros_meszaros", subset="small")
->>> mm = load_problem("../shared/data/maros_meszaros/HS21.mat")
->>> mm.qp, mm.r
+The folder is wherever the ``.mat`` files are (here the project's shared data, relative to the
+repository root):
+
+>>> from polyproj.maros_meszaros import list_problems, load_problem
+>>> names = list_problems("../shared/data/maros_meszaros", subset="small")  # doctest: +SKIP
+>>> mm = load_problem("../shared/data/maros_meszaros/HS21.mat")  # doctest: +SKIP
+>>> (mm.qp.n, mm.qp.m)  # doctest: +SKIP
+(2, 1)
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class MarosMeszaros:
 
 def _folder(folder: str | os.PathLike) -> str:
     folder = os.fspath(folder)
+    if os.path.isfile(folder):
+        raise DataNotFound(f"{folder!r} is a file; pass the folder that holds the Maros–Meszaros .mat files")
     if not os.path.isdir(folder):
         raise DataNotFound(
             f"Maros–Meszaros folder {folder!r} not found; get the .mat files from "

@@ -96,6 +96,13 @@ def test_a_failing_run_is_a_row_not_the_end():
 def test_unknown_method_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="unknown method"):
         main(["bench", "apps", "mhc", "--quick", "--methods", "sinkhorn7", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="unknown variant"):
+        main(["bench", "apps", "portfolio", "--quick", "--variants", "nosuch", "--out", str(tmp_path / "x.json")])
+    for flag in ("--seeds", "--epochs", "--threads"):
+        with pytest.raises(SystemExit) as info:
+            main(["bench", "apps", "mhc", "--quick", flag, "0", "--out", str(tmp_path / "x.json")])
+        assert info.value.code == 2
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_the_command_imports_no_torch():

@@ -178,6 +178,22 @@ def test_bench_unknown_problem_and_backend(mm_dir, tmp_path, capsys):
     assert bench.cli_main(_args(str(tmp_path / "absent"), tmp_path / "x.json")) == 2
 
 
+@pytest.mark.core
+def test_bench_refuses_before_running(mm_dir, tmp_path, capsys):
+    """An --out folder, a data folder without .mat files, a .mat file as --data, a backend named twice: refused
+    up front with exit code 2 (was: a traceback after the whole run, an empty table and exit 0, ...)."""
+    assert bench.cli_main(_args(mm_dir, tmp_path, problems=["HS21"])) == 2
+    assert bench.cli_main(_args(str(tmp_path), tmp_path / "x.json")) == 2
+    assert bench.cli_main(_args(str(tmp_path / "absent"), tmp_path / "x.json")) == 2
+    mat = next(p for p in __import__("os").listdir(mm_dir) if p.endswith(".mat"))
+    assert bench.cli_main(_args(__import__("os").path.join(mm_dir, mat), tmp_path / "x.json")) == 2
+    assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", backends=["proxsuite", "proxsuite"])) == 2
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps the lines
+    for said in ("is a folder", "no Maros–Meszaros .mat files", "is a file", "names a backend twice"):
+        assert said in out, said
+    assert "Traceback" not in out and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--time-limit", "0"), ("--tol", "-1"), ("--tol", "nan"),
                                              ("--jobs", "0"), ("--time-limit", "inf"), ("--jobs", "two")])
 @pytest.mark.core

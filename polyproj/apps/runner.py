@@ -32,16 +32,22 @@ APPS = {"portfolio": "polyproj.apps.portfolio", "matching": "polyproj.apps.match
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``polyproj bench apps``."""
+    from ..cli import _positive
+
     p.add_argument("app", choices=sorted(APPS), help="the application")
     p.add_argument("--quick", action="store_true", help="the small preset (a few minutes on 2 cores)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 per method (default 3; --quick: 1)")
+    p.add_argument("--seeds", type=_positive(int, "--seeds"), default=None,
+                   help="seeds 0..K-1 per method (default 3; --quick: 1)")
     p.add_argument("--out", default=None, help="JSON results file (default benchmarks/results/apps_<app>[_quick].json)")
     p.add_argument("--methods", nargs="+", default=None, help="only these methods (default: the app's list)")
     p.add_argument("--variants", nargs="+", default=None, help="only these variants (portfolio: constraint sets)")
-    p.add_argument("--epochs", type=int, default=None, help="override the preset's number of epochs")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every run (default 1)")
+    p.add_argument("--epochs", type=_positive(int, "--epochs"), default=None,
+                   help="override the preset's number of epochs")
+    p.add_argument("--threads", type=_positive(int, "--threads"), default=1,
+                   help="torch intra-op threads of every run (default 1)")
     p.add_argument("--in-process", action="store_true", help="run in this process (no memory isolation)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per training run before it is stopped")
+    p.add_argument("--timeout", type=_positive(float, "--timeout"), default=3600.0,
+                   help="seconds per training run before it is stopped")
     p.add_argument("--no-plot", action="store_true", help="skip the plots")
 
 
@@ -117,7 +123,11 @@ def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecor
     unknown = [m for m in methods if m not in mod.METHODS]
     if unknown:
         raise SystemExit(f"polyproj: unknown method(s) {unknown} for {args.app}; choose from {list(mod.METHODS)}")
-    variants = [v for v in mod.variants(cfg) if args.variants is None or v in args.variants]
+    known = list(mod.variants(cfg))
+    unknown = [v for v in (args.variants or []) if v not in known]
+    if unknown:
+        raise SystemExit(f"polyproj: unknown variant(s) {unknown} for {args.app}; choose from {known}")
+    variants = [v for v in known if args.variants is None or v in args.variants]
     seeds = range(args.seeds if args.seeds is not None else (1 if args.quick else 3))
     path = Path(args.out or f"benchmarks/results/apps_{args.app}{'_quick' if args.quick else ''}.json")
     header = {"app": args.app, "title": mod.TITLE, "metric": mod.METRIC, "quick": bool(args.quick),
