@@ -164,26 +164,29 @@ class ProxSuiteSolver(QPSolver):
                 status = Status.DUAL_INFEASIBLE
             elif qp.is_primal_infeasibility_certificate(z, z_box):
                 status = Status.PRIMAL_INFEASIBLE
-        elif status is Status.PRIMAL_INFEASIBLE and not qp_of().is_primal_infeasibility_certificate(z, z_box) \
-                and self._feasible_elsewhere(qp_of()):
-            status = Status.NUMERICAL_ERROR  # a false claim (ProxQP makes it on some feasible LPs)
+            # else MAX_ITER stands: on some small infeasible problems ProxQP's iterates drift without
+            # converging to a certificate (docs/solvers.md); another backend's claim is not proof
+        elif status is Status.PRIMAL_INFEASIBLE and not qp_of().is_primal_infeasibility_certificate(z, z_box):
+            other = self._second_opinion(qp_of())
+            if other is not None and other.status.ok:
+                status = Status.NUMERICAL_ERROR  # a false claim (ProxQP makes it on some feasible LPs)
         tl = self.settings["time_limit"]
         if status.ok and tl is not None and info_p.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
         return status
 
-    def _feasible_elsewhere(self, qp: QP) -> bool:
-        """True when an independent backend solves ``qp`` (asked only for an uncertified infeasibility claim)."""
+    def _second_opinion(self, qp: QP) -> Solution | None:
+        """An independent backend's answer to ``qp`` (asked only when ProxQP's status has no certificate)."""
         from ..registry import get_backend
         from .defaults import independent_of
 
         other = independent_of(self.name)
         if other is None:
-            return False
+            return None
         try:
-            return get_backend(other, eps_abs=self.settings["eps_abs"]).solve(qp).status.ok
-        except Exception:  # the second opinion is advisory: ProxQP's own claim stands without it
-            return False
+            return get_backend(other, eps_abs=self.settings["eps_abs"]).solve(qp)
+        except Exception:  # advisory: ProxQP's own status stands without it
+            return None
 
     @staticmethod
     def _info(info_p: Any) -> dict[str, Any]:
