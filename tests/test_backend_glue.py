@@ -171,3 +171,19 @@ def test_daqp_unfinished_solve_has_no_multipliers(rng):
     assert sol.status == pp.Status.MAX_ITER and np.isnan(sol.z).all() and np.isnan(sol.z_box).all()
     start = s.solve_projections(X, PolyData.from_polyhedron(P))
     assert all(st == pp.Status.MAX_ITER for st in start.status) and not np.asarray(start.mult).any()
+
+
+def test_daqp_dependent_equality_rows():
+    """DAQP refuses dependent equality rows ("overdetermined initial working set"): inconsistent ones are
+    PRIMAL_INFEASIBLE (was NUMERICAL_ERROR); consistent ones are solved without the dependent rows."""
+    pytest.importorskip("daqp")
+    qp = pp.QP(P=np.eye(2), q=[0.0, 0.0], C=[[1.0, 1.0], [1.0, 1.0]], l=[1.0, 2.0], u=[1.0, 2.0])
+    sol = pp.solve_qp(qp, backend="daqp")
+    assert sol.status is pp.Status.PRIMAL_INFEASIBLE and "inconsistent" in sol.info["note"]
+    qp = pp.QP(P=np.eye(3), q=[1.0, -2.0, 0.5], C=[[1.0, 1, 0], [2.0, 2, 0], [0, 1, 1], [1, 0, -1]],
+               l=[1.0, 2.0, 0.0, -np.inf], u=[1.0, 2.0, 0.0, 1.3])
+    solver = pp.get_backend("daqp")
+    sol = solver._dependent_equalities(qp, None)  # the path DAQP's refusal takes
+    assert sol.status is pp.Status.SOLVED and sol.qp is qp and sol.z.shape == (4,)
+    np.testing.assert_allclose(sol.x, [-0.5, 1.5, -1.5], atol=1e-12)
+    assert sol.dual_residual() <= 1e-12 and sol.primal_residual() <= 1e-12

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -171,10 +172,56 @@ class DAQPSolver(QPSolver):
                 kw["dual_start"] = np.concatenate([np.asarray(zb, dtype=np.float64), np.asarray(z, dtype=np.float64)])
         setup = time.perf_counter() - t0
         x, _, flag, info = daqp.solve(H, np.ascontiguousarray(qp.q), A, upper, lower, sense.copy(), **kw)
+        if int(flag) == -6:  # dependent equality rows: DAQP cannot start from them
+            answer = self._dependent_equalities(qp, warm_start)
+            if answer is not None:
+                return answer
         status, x, lam = _answer(flag, x, info, qp.n)
         return Solution(x=x, z=lam[qp.n:], z_box=lam[:qp.n], status=status, iterations=int(info["iterations"]),
                         solve_time=float(info["solve_time"]), setup_time=setup, backend=self.name, qp=qp,
                         info={"raw_status": _NAMES.get(int(flag), str(flag))})
+
+
+    def _dependent_equalities(self, qp: QP, warm_start: Any) -> Solution | None:
+        """The answer when DAQP refused dependent equality rows ("overdetermined initial working set").
+
+        Inconsistent rows (``b`` not in the range of ``E``, beyond rounding at the data's scale): the set is
+        empty, PRIMAL_INFEASIBLE. Consistent ones: the problem without the dependent rows (found by a
+        pivoted QR of ``Eᵀ``), their multipliers zero (stationarity holds with the others'). None when the
+        equalities have full rank (the refusal had another cause).
+        """
+        import scipy.linalg as sla
+
+        eq = np.flatnonzero(qp.eq_mask)
+        if eq.size < 2:
+            return None
+        d = qp.dense()
+        E, e = d.C[eq], qp.u[eq]
+        _, R, piv = sla.qr(E.T, mode="economic", pivoting=True)
+        diag = np.abs(np.diag(R))
+        rank = int(np.sum(diag > max(E.shape) * np.finfo(float).eps * max(diag.max(initial=0.0), 1.0)))
+        if rank == eq.size:
+            return None
+        keep_eq = np.sort(piv[:rank])
+        y, *_ = np.linalg.lstsq(E[keep_eq], e[keep_eq], rcond=None)  # a point of the kept rows
+        resid = float(np.max(np.abs(E @ y - e)))
+        scale = 1.0 + float(np.max(np.abs(e))) + float(np.max(np.abs(E))) * float(np.max(np.abs(y), initial=0.0))
+        if resid > 1e3 * np.finfo(float).eps * scale * eq.size:
+            sol = self._nan_solution(qp, Status.PRIMAL_INFEASIBLE, self.name)
+            return replace(sol, info={**sol.info, "note": f"equality rows {eq.tolist()} are inconsistent "
+                                      f"(least-squares residual {resid:.3g})"})
+        rows = np.setdiff1d(np.arange(qp.m), eq[np.setdiff1d(np.arange(eq.size), keep_eq)])
+        sub = QP(P=qp.P, q=qp.q, C=d.C[rows], l=qp.l[rows], u=qp.u[rows], lb=qp.lb, ub=qp.ub, check_psd=False)
+        ws = None
+        if isinstance(warm_start, dict) or hasattr(warm_start, "z"):
+            z = warm_start.get("z") if isinstance(warm_start, dict) else warm_start.z
+            ws = None if z is None else {"z": np.asarray(z)[rows], "z_box": (
+                warm_start.get("z_box") if isinstance(warm_start, dict) else warm_start.z_box)}
+        part = self.solve(sub, ws)
+        z = np.zeros(qp.m)
+        z[rows] = part.z
+        return replace(part, z=z, qp=qp, info={**part.info, "note": f"dependent equality rows dropped: "
+                       f"{sorted(set(range(qp.m)) - set(rows.tolist()))} (multipliers 0)"})
 
 
 @functools.cache
