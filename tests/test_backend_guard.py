@@ -271,7 +271,7 @@ def test_warm_starts_that_do_not_fit_and_empty_batches(backend):
     """A warm start of the wrong sizes is a ProblemError on every backend (was: IndexError, a status, or
     silently ignored); a batch of no elements is an empty BatchSolution."""
     qp = pp.QP(P=np.eye(3), q=[-1.0, -2, -3], C=[[1.0, 1, 1]], l=[-np.inf], u=[1.0], lb=[-1] * 3, ub=[1] * 3)
-    other = pp.solve_qp(pp.QP(P=np.eye(2), q=[1.0, 1.0]), backend="daqp")
+    other = pp.solve_qp(pp.QP(P=np.eye(2), q=[1.0, 1.0]), backend=backend)
     for ws, what in (({"x": np.zeros(5)}, "x must have shape"), (other, "x must have shape"),
                      ({"x": np.zeros(3), "z": np.zeros(2)}, "z must have shape"), (np.zeros(3), "must be a Solution")):
         with pytest.raises(pp.ProblemError, match=what):

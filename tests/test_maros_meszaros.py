@@ -187,7 +187,7 @@ def test_bench_refuses_before_running(mm_dir, tmp_path, capsys):
     assert bench.cli_main(_args(str(tmp_path / "absent"), tmp_path / "x.json")) == 2
     mat = next(p for p in __import__("os").listdir(mm_dir) if p.endswith(".mat"))
     assert bench.cli_main(_args(__import__("os").path.join(mm_dir, mat), tmp_path / "x.json")) == 2
-    assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", backends=["proxsuite", "proxsuite"])) == 2
+    assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", backends=["ipm", "ipm"])) == 2
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the lines
     for said in ("is a folder", "no Maros–Meszaros .mat files", "is a file", "names a backend twice"):
         assert said in out, said
