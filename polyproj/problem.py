@@ -222,16 +222,25 @@ def _dependent_rows(B) -> list[int]:
     return dep
 
 
-def _check_consistent(B, b: np.ndarray, dep: list[int]) -> None:
-    """Raise unless ``B y = b`` has a solution (least-squares residual at rounding of the data's scale)."""
+def inconsistent_row(B, b: np.ndarray) -> tuple[int, float] | None:
+    """The first equation ``B y = b`` misses, or None when the equations have a solution.
+
+    ``(row, miss)``: least squares, a miss beyond rounding at the data's scale.
+    """
     dense = B.toarray() if sp.issparse(B) else B
     y = np.linalg.lstsq(dense, b, rcond=None)[0]
     resid = np.abs(dense @ y - b)
     scale = 1.0 + np.abs(b).max() + np.abs(dense).sum(axis=1).max() * np.abs(y).max(initial=0.0)
     bad = np.flatnonzero(resid > 1e-10 * max(dense.shape) * scale)
-    if bad.size:
-        raise ProblemError(f"B y = b is inconsistent (rows {dep} of B depend on the others, and row {int(bad[0])} "
-                           f"misses by {resid[bad[0]]:.3g}): the set is empty")
+    return (int(bad[0]), float(resid[bad[0]])) if bad.size else None
+
+
+def _check_consistent(B, b: np.ndarray, dep: list[int]) -> None:
+    """Raise unless ``B y = b`` has a solution (least-squares residual at rounding of the data's scale)."""
+    miss = inconsistent_row(B, b)
+    if miss is not None:
+        raise ProblemError(f"B y = b is inconsistent (rows {dep} of B depend on the others, and row {miss[0]} "
+                           f"misses by {miss[1]:.3g}): the set is empty")
 
 
 # --------------------------------------------------------------------------- QP

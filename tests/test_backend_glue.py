@@ -183,7 +183,7 @@ def test_daqp_dependent_equality_rows():
     qp = pp.QP(P=np.eye(3), q=[1.0, -2.0, 0.5], C=[[1.0, 1, 0], [2.0, 2, 0], [0, 1, 1], [1, 0, -1]],
                l=[1.0, 2.0, 0.0, -np.inf], u=[1.0, 2.0, 0.0, 1.3])
     solver = pp.get_backend("daqp")
-    sol = solver._dependent_equalities(qp, None)  # the path DAQP's refusal takes
+    sol = solver._dependent_equalities(qp)  # the path DAQP's refusal takes
     assert sol.status is pp.Status.SOLVED and sol.qp is qp and sol.z.shape == (4,)
     np.testing.assert_allclose(sol.x, [-0.5, 1.5, -1.5], atol=1e-12)
     assert sol.dual_residual() <= 1e-12 and sol.primal_residual() <= 1e-12

@@ -220,8 +220,7 @@ def _backward_parts(S: Projector, res: Any, g: torch.Tensor, wanted: tuple[str, 
     host = _is_host(res)
     gin = g.detach().numpy().astype(np.float64) if host else g
     gx = S.vjp(res, gin) if need_x else None
-    gp = {} if not wanted else (S.parameter_vjp(res, gin, wanted) if groups is None
-                                else S.parameter_vjp(res, gin, wanted, groups=groups))
+    gp = {} if not wanted else S.parameter_vjp(res, gin, wanted, **({} if groups is None else {"groups": groups}))
     if host:
         params = S.parameters()
         gx = None if gx is None else torch.from_numpy(np.asarray(gx)).to(g.dtype)
@@ -238,19 +237,26 @@ def _vjp_x(S: Projector, res: Any, g: torch.Tensor) -> torch.Tensor:
         return _backward_parts(S, res, g, (), True)[0]
 
 
+def _vjp_outputs(gy: torch.Tensor, S: Projector, res: Any, wanted: tuple[str, ...], need_x: bool,
+                 groups: int | None = None) -> tuple[torch.Tensor, ...]:
+    """``(J g, *data gradients)``: the forward of :class:`_VJP` (and of :class:`_GroupedVJP`, ``groups``)."""
+    g = gy.contiguous()
+    res = _unfold(res, g)
+    if g.shape[0] == 0:
+        params = S.parameters()
+        lead = () if groups is None else (groups,)
+        return (torch.zeros_like(g), *[params[k].new_zeros((*lead, *params[k].shape)) for k in wanted])
+    with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
+        gx, gp = _backward_parts(S, res, g, wanted, need_x, groups=groups)
+    return (torch.zeros_like(g) if gx is None else gx, *[gp[k] for k in wanted])
+
+
 class _VJP(torch.autograd.Function):
     """The backward of :class:`_Project` as a function of the output gradient (so that it can be vmapped)."""
 
     @staticmethod
     def forward(gy, S, res, wanted, need_x):
-        g = gy.contiguous()
-        res = _unfold(res, g)
-        if g.shape[0] == 0:
-            params = S.parameters()
-            return (torch.zeros_like(g), *[torch.zeros_like(params[k]) for k in wanted])
-        with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
-            gx, gp = _backward_parts(S, res, g, wanted, need_x)
-        return (torch.zeros_like(g) if gx is None else gx, *[gp[k] for k in wanted])
+        return _vjp_outputs(gy, S, res, wanted, need_x)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -301,11 +307,7 @@ class _GroupedVJP(torch.autograd.Function):
 
     @staticmethod
     def forward(gy, S, res, wanted, need_x, groups):
-        g = gy.contiguous()
-        res = _unfold(res, g)
-        with torch.no_grad(), small_work(g.device.type == "cpu", _work(g, S)):
-            gx, gp = _backward_parts(S, res, g, wanted, need_x, groups=groups)
-        return (torch.zeros_like(g) if gx is None else gx, *[gp[k] for k in wanted])
+        return _vjp_outputs(gy, S, res, wanted, need_x, groups)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -22,7 +22,6 @@ from ..problem import QP
 from ..runtime import small_work
 from ..solution import BatchSolution, ElementQPs, Solution, Status
 from .base import Capabilities, QPSolver
-from .convexity import is_nonconvex
 from .options import positive, positive_int, unit_interval, within
 from .projection import ProjectionStart
 
@@ -81,9 +80,6 @@ class ADMMSolver(QPSolver):
 
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
-        if is_nonconvex(qp):
-            return BatchSolution.stack([self._nan_solution(qp, Status.NON_CONVEX, self.name)] * size,
-                                       backend=self.name)
         t0 = time.perf_counter()
         P = qp.P.toarray() if hasattr(qp.P, "toarray") else qp.P
         C = qp.C.toarray() if hasattr(qp.C, "toarray") else qp.C

@@ -22,7 +22,6 @@ import scipy.sparse as sp
 from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
-from .convexity import is_nonconvex
 from .options import boolean, fraction, nonnegative_int, positive, text
 
 __all__ = ["ClarabelSolver"]
@@ -102,8 +101,6 @@ class ClarabelSolver(QPSolver):
         """Solve one QP with Clarabel (no warm start: Clarabel has none)."""
         import clarabel
 
-        if is_nonconvex(qp):  # QP(check_psd=False): Clarabel assumes a PSD P
-            return self._nan_solution(qp, Status.NON_CONVEX, self.name)
         t0 = time.perf_counter()
         hit = qp.memo.get("clarabel")
         if hit is None:

@@ -23,7 +23,6 @@ import numpy as np
 from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
-from .convexity import is_nonconvex
 from .options import nonnegative, positive, positive_int
 
 __all__ = ["DAQPSolver"]
@@ -160,8 +159,6 @@ class DAQPSolver(QPSolver):
         """Solve one QP with DAQP."""
         import daqp
 
-        if is_nonconvex(qp):  # QP(check_psd=False): checked here rather than left to DAQP's factorisation
-            return self._nan_solution(qp, Status.NON_CONVEX, self.name)
         t0 = time.perf_counter()
         H, A, upper, lower, sense = self._data(qp)
         kw = self._kwargs()
@@ -173,7 +170,7 @@ class DAQPSolver(QPSolver):
         setup = time.perf_counter() - t0
         x, _, flag, info = daqp.solve(H, np.ascontiguousarray(qp.q), A, upper, lower, sense.copy(), **kw)
         if int(flag) == -6:  # dependent equality rows: DAQP cannot start from them
-            answer = self._dependent_equalities(qp, warm_start)
+            answer = self._dependent_equalities(qp)
             if answer is not None:
                 return answer
         status, x, lam = _answer(flag, x, info, qp.n)
@@ -182,46 +179,33 @@ class DAQPSolver(QPSolver):
                         info={"raw_status": _NAMES.get(int(flag), str(flag))})
 
 
-    def _dependent_equalities(self, qp: QP, warm_start: Any) -> Solution | None:
+    def _dependent_equalities(self, qp: QP) -> Solution | None:
         """The answer when DAQP refused dependent equality rows ("overdetermined initial working set").
 
-        Inconsistent rows (``b`` not in the range of ``E``, beyond rounding at the data's scale): the set is
-        empty, PRIMAL_INFEASIBLE. Consistent ones: the problem without the dependent rows (found by a
-        pivoted QR of ``Eᵀ``), their multipliers zero (stationarity holds with the others'). None when the
-        equalities have full rank (the refusal had another cause).
+        Inconsistent rows: the set is empty, PRIMAL_INFEASIBLE. Consistent ones: the problem without the
+        dependent rows (:func:`~polyproj.problem._dependent_rows`, as for a Polyhedron's ``B``), their
+        multipliers zero (stationarity holds with the others'). None when the equalities have full rank (the
+        refusal had another cause).
         """
-        import scipy.linalg as sla
+        from ..problem import _dependent_rows, inconsistent_row
 
         eq = np.flatnonzero(qp.eq_mask)
-        if eq.size < 2:
+        C = qp.dense().C
+        dep = _dependent_rows(C[eq])
+        if not dep:
             return None
-        d = qp.dense()
-        E, e = d.C[eq], qp.u[eq]
-        _, R, piv = sla.qr(E.T, mode="economic", pivoting=True)
-        diag = np.abs(np.diag(R))
-        rank = int(np.sum(diag > max(E.shape) * np.finfo(float).eps * max(diag.max(initial=0.0), 1.0)))
-        if rank == eq.size:
-            return None
-        keep_eq = np.sort(piv[:rank])
-        y, *_ = np.linalg.lstsq(E[keep_eq], e[keep_eq], rcond=None)  # a point of the kept rows
-        resid = float(np.max(np.abs(E @ y - e)))
-        scale = 1.0 + float(np.max(np.abs(e))) + float(np.max(np.abs(E))) * float(np.max(np.abs(y), initial=0.0))
-        if resid > 1e3 * np.finfo(float).eps * scale * eq.size:
+        miss = inconsistent_row(C[eq], qp.u[eq])
+        if miss is not None:
             sol = self._nan_solution(qp, Status.PRIMAL_INFEASIBLE, self.name)
-            return replace(sol, info={**sol.info, "note": f"equality rows {eq.tolist()} are inconsistent "
-                                      f"(least-squares residual {resid:.3g})"})
-        rows = np.setdiff1d(np.arange(qp.m), eq[np.setdiff1d(np.arange(eq.size), keep_eq)])
-        sub = QP(P=qp.P, q=qp.q, C=d.C[rows], l=qp.l[rows], u=qp.u[rows], lb=qp.lb, ub=qp.ub, check_psd=False)
-        ws = None
-        if isinstance(warm_start, dict) or hasattr(warm_start, "z"):
-            z = warm_start.get("z") if isinstance(warm_start, dict) else warm_start.z
-            ws = None if z is None else {"z": np.asarray(z)[rows], "z_box": (
-                warm_start.get("z_box") if isinstance(warm_start, dict) else warm_start.z_box)}
-        part = self.solve(sub, ws)
+            return replace(sol, info={**sol.info, "note": f"equality rows {eq.tolist()} are inconsistent (row "
+                                      f"{int(eq[miss[0]])} misses by {miss[1]:.3g})"})
+        rows = np.setdiff1d(np.arange(qp.m), eq[dep])
+        part = self.solve(QP(P=qp.P, q=qp.q, C=C[rows], l=qp.l[rows], u=qp.u[rows], lb=qp.lb, ub=qp.ub,
+                             check_psd=False))
         z = np.zeros(qp.m)
         z[rows] = part.z
         return replace(part, z=z, qp=qp, info={**part.info, "note": f"dependent equality rows dropped: "
-                       f"{sorted(set(range(qp.m)) - set(rows.tolist()))} (multipliers 0)"})
+                       f"{eq[dep].tolist()} (multipliers 0)"})
 
 
 @functools.cache

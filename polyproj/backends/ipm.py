@@ -20,9 +20,8 @@ from array_api_compat import device as _device
 from ..polydata import PolyData, qp_multipliers_to_rows
 from ..problem import QP
 from ..runtime import small_blas
-from ..solution import BatchSolution, ElementQPs, Solution, Status
+from ..solution import BatchSolution, ElementQPs, Solution
 from .base import Capabilities, QPSolver
-from .convexity import is_nonconvex
 from .options import nonnegative_int, one_of, positive_int
 from .projection import ProjectionStart
 
@@ -107,8 +106,6 @@ class IPMSolver(QPSolver):
     # ---------------------------------------------------------------- public API
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP (a batch of one)."""
-        if is_nonconvex(qp):  # QP(check_psd=False): an interior-point method would stop at a saddle point
-            return self._nan_solution(qp, Status.NON_CONVEX, self.name)
         x0 = None
         if warm_start is not None:
             x0 = warm_start.get("x") if isinstance(warm_start, dict) else getattr(warm_start, "x", None)
@@ -122,9 +119,6 @@ class IPMSolver(QPSolver):
         """Native batch: one batched IPM run over all elements (P and C shared)."""
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
-        if is_nonconvex(qp):
-            return BatchSolution.stack([self._nan_solution(qp, Status.NON_CONVEX, self.name)] * size,
-                                       backend=self.name)
         Q = vecs.get("q", np.broadcast_to(qp.q, (size, qp.n)))
         x0 = None if warm_start is None else np.asarray(warm_start.x, dtype=np.float64)
         res, wall = self._run(qp, np.ascontiguousarray(Q), vecs.get("l", qp.l), vecs.get("u", qp.u),

@@ -21,7 +21,6 @@ from ..errors import SettingsError
 from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
-from .convexity import is_nonconvex
 from .options import boolean, nonnegative_int, positive, within
 
 __all__ = ["PIQPSolver"]
@@ -90,8 +89,6 @@ class PIQPSolver(QPSolver):
         """Solve one QP with PIQP (its dense solver for dense data, the sparse one otherwise)."""
         import piqp
 
-        if is_nonconvex(qp):  # QP(check_psd=False): an interior-point method would not notice
-            return self._nan_solution(qp, Status.NON_CONVEX, self.name)
         t0 = time.perf_counter()
         P, A, b, G, h_l, h_u, eq, ineq = self._data(qp)
         solver = piqp.SparseSolver() if qp.is_sparse else piqp.DenseSolver()

@@ -21,7 +21,6 @@ from ..runtime import cpu_count, keep_torch_threads
 from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
-from .convexity import is_nonconvex
 from .options import boolean, positive, positive_int
 
 __all__ = ["ProxSuiteSolver"]
@@ -245,8 +244,6 @@ class ProxSuiteSolver(QPSolver):
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP with ProxQP (dense or sparse following the data)."""
         warm = warm_start is not None and self.settings["warm_start"]
-        if is_nonconvex(qp):  # QP(check_psd=False): ProxQP would return a stationary point silently
-            return self._nan_solution(qp, Status.NON_CONVEX, self.name)
         t0 = time.perf_counter()
         try:
             solver, layout = self._build(qp, warm)
