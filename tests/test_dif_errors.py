@@ -252,3 +252,25 @@ def test_from_params_keeps_inequality_multipliers_nonnegative(setup):
         warnings.simplefilter("ignore", pp.PolyprojWarning)
         k2 = KKTPoint.from_params(p3, kkt.theta, lam, polish=False, tol=1e-6)
     assert float(k2.lambdas.min()) >= 0.0 and k2.residuals["dual"] == 0.0
+
+
+def test_from_params_keeps_a_binding_row_slightly_inside(setup):
+    """A KKT point at tolerance tol may leave a binding row gⱼ ~ tol/λⱼ below zero, beyond active_tol:
+    its multiplier keeps it active (it was classified inactive, the NNLS dropped it and the point was refused)."""
+    prob, kkt = setup
+    lam = kkt.lambdas.numpy()
+    assert lam[0] > 1e-3  # "cap": th[1] <= 1, binding
+    th = kkt.theta.clone()
+    th[1] -= 3e-6  # slack 3e-6 > active_tol; complementarity lam * 3e-6, stationarity moves by O(3e-6)
+    k = KKTPoint.from_params(prob, th, lam, tol=1e-4, active_tol=1e-6)
+    assert k.classification["cap"] == "binding"
+    assert not k.info["polished_multipliers"]
+    np.testing.assert_allclose(k.lambdas.numpy(), lam)
+    # without multipliers the slack decides: the row is inactive and the point is not a KKT point
+    with pytest.raises(pp.ProblemError, match="not a KKT point"):
+        KKTPoint.from_params(prob, th, tol=1e-4, active_tol=1e-6)
+    # a multiplier whose complementarity exceeds tol does not make a row active
+    far = kkt.theta.clone()
+    far[1] -= 0.5
+    with pytest.raises(pp.ProblemError, match="not a KKT point"):
+        KKTPoint.from_params(prob, far, lam, tol=1e-4, active_tol=1e-6)

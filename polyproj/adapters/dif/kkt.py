@@ -127,7 +127,9 @@ class KKTPoint:
         tol : float
             Accepted KKT residual (inf-norm); a larger one raises :class:`ProblemError`.
         active_tol : float
-            |gⱼ| <= active_tol counts as active.
+            |gⱼ| <= active_tol counts as active; so does a row whose given multiplier exceeds ``mult_tol``
+            while λⱼ|gⱼ| <= ``tol`` (complementarity to tolerance: a KKT point at ``tol`` may leave such a
+            row slightly inside).
         mult_tol : float
             λⱼ > mult_tol counts as binding.
         polish : bool, optional
@@ -157,6 +159,9 @@ class KKTPoint:
                              dtype=np.float64).reshape(-1)
             if lam.shape != (problem.m,) or not np.all(np.isfinite(lam)):
                 raise ProblemError(f"lambdas must be {problem.m} finite numbers, got shape {lam.shape}")
+            # a row with a clear multiplier is active while complementarity λⱼ|gⱼ| holds to tol, even when
+            # its slack exceeds active_tol (a KKT point at tolerance tol may leave gⱼ ~ tol/λⱼ below zero)
+            active |= (lam > mult_tol) & (np.abs(lam * gval) <= tol)
         need = lam is None or polish is True
         if lam is not None and polish is None:
             res = kkt_residuals(grad, G, gval, lam, eq)
@@ -174,7 +179,7 @@ class KKTPoint:
         if np.any(lam[~eq] < 0):  # within tol (checked above): λ >= 0 on inequalities is kept, not stored
             lam = np.where(eq, lam, np.maximum(lam, 0.0))
             res = kkt_residuals(grad, G, gval, lam, eq)
-        status = tuple(EQUALITY if eq[j] else (INACTIVE if gval[j] < -active_tol else
+        status = tuple(EQUALITY if eq[j] else (INACTIVE if not active[j] else
                                                (BINDING if lam[j] > mult_tol else WEAK))
                        for j in range(problem.m))
         act_rows = np.array([s != INACTIVE for s in status], dtype=bool)
