@@ -399,6 +399,53 @@ def test_unpolished_answers_are_checked(rng, monkeypatch):
     assert r.status[2] is pp.Status.SOLVED
 
 
+def _far_points_with_known_projections(rng, n, m, count, t):
+    """Vertices ``v`` of a bounded polytope and ``x = v + t d`` with ``d`` in the normal cone at ``v``: Π(x) = v."""
+    from scipy.optimize import linprog
+
+    x0 = rng.normal(size=n)
+    A = rng.normal(size=(m, n))
+    a = A @ x0 + rng.uniform(0.1, 1.0, size=m)
+    lb, ub = x0 - 2.0, x0 + 2.0
+    rows = np.vstack([A, -np.eye(n), np.eye(n)])
+    rhs = np.concatenate([a, -lb, ub])
+    V, X = [], []
+    while len(V) < count:
+        c = rng.normal(size=n)
+        v = linprog(-c, A_ub=A, b_ub=a, bounds=list(zip(lb, ub, strict=True)), method="highs").x
+        act = np.flatnonzero(rhs - rows @ v <= 1e-9)
+        if act.size != n or np.linalg.matrix_rank(rows[act]) < n:
+            continue  # a degenerate vertex: its normal cone is not spanned by n rows
+        v = np.linalg.solve(rows[act], rhs[act])  # the vertex to rounding
+        d = rng.uniform(0.5, 1.5, size=n) @ rows[act]
+        V.append(v)
+        X.append(v + t * d / np.linalg.norm(d))
+    return pp.Polyhedron(A=A, a=a, lb=lb, ub=ub), np.array(V), np.array(X)
+
+
+@pytest.mark.parametrize("t", [1e4, 1e8, 1e12])
+@pytest.mark.parametrize("batch", [8, 64])
+def test_far_points_project_exactly(rng, t, batch):
+    """Points far outside a unit-size polytope (|x| / |y| up to 1e12): the polyhedron sets the scale the
+    backend sees, not the points (scaling by |x| shrank the polytope below the backends' absolute
+    tolerances: 112 of 128 points at 1e8 were refused, returned 2.7 outside, and the layer raised)."""
+    import torch
+
+    from polyproj.adapters.torch import project
+
+    P, V, X = _far_points_with_known_projections(rng, 10, 20, batch, t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pp.PolyprojWarning)
+        r = pp.project(X, P)
+    assert np.all(r.polished) and r.max_violation <= 1e-12
+    np.testing.assert_allclose(r.y, V, atol=1e-9)
+    x = torch.tensor(X, requires_grad=True)
+    y = project(x, *(torch.tensor(v) for v in (P.A, P.a)), lb=torch.tensor(P.lb), ub=torch.tensor(P.ub))
+    y.sum().backward()
+    np.testing.assert_allclose(y.detach().numpy(), V, atol=1e-9)
+    np.testing.assert_allclose(x.grad.numpy(), 0.0, atol=1e-9)  # at a vertex the HS-Jacobian is zero
+
+
 def test_far_points_are_never_silently_wrong(rng):
     """x far outside a small polytope (|x| / |y| up to 1e19): an answer called polished holds its
     constraints to rounding at the scale of y (a feasibility test at the scale of x accepted a point 1.4

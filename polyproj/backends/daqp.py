@@ -103,7 +103,10 @@ class DAQPSolver(QPSolver):
                 Xn.shape[0] == 0 or Xn.shape[1] == 0:
             return solve_on_host(self, X, data, rough=rough)
         qp = projection_qp(*_sample(d, 0), Xn[0])
-        if plan(qp, q=-Xn) is not None:
+        # data far from unit scale take the guard's normalisation; points far from it alone do not: a dual
+        # active-set method is exact on its final working set at any |x| (the objective's scale only scales
+        # the multipliers), while the normalisation's tolerances at |x| would leave errors of eps·|x|
+        if plan(qp, q=np.zeros((1, d.n))) is not None:
             return solve_on_host(self, X, data, rough=rough)
         sol = solved if solved is not None else self.solve_points(Xn, self._data(qp))[0]
         return start_from_solution(sol, X, d.m, float(self.settings.get("eps_abs", 1e-8)))

@@ -1,5 +1,9 @@
 """The one projection pipeline: solve → recover → polish → fall back → result, for every array namespace.
 
+Data far from unit size are projected as ``Π_{sP}(s x) = s Π_P(x)`` with ``s`` a power of 2 near the
+polyhedron's size (:func:`_unit_scale`), so the backends see a polyhedron of unit size however far the
+points lie.
+
 For a batch ``X`` (batch, n) and polyhedral data (:class:`~polyproj.polydata.PolyData`, shared or per
 sample) in one namespace, :func:`run`
 
@@ -7,7 +11,8 @@ sample) in one namespace, :func:`run`
    ``rough=True`` when the backend can stop once the faces look identified and the polish is on);
 2. **recovers** false infeasibility reports: the polyhedron is shared, so a sample solved to a feasible
    point proves it is not empty; the flagged samples are solved again one by one, then by an
-   independent backend; the polyhedron is called empty only when no backend finds a point of it;
+   independent backend; the polyhedron is called empty only when no backend finds a point of it, not
+   even of a point at its own scale (far points can fail on every backend: they stay NaN, flagged);
 3. **polishes** on the identified active face (:func:`polyproj.projection.polish.polish`): exact to
    rounding, KKT verified; large NumPy batches in parts on one thread per core;
 4. **falls back** for the samples whose polish is refused after a rough start: solved again accurately
@@ -112,23 +117,40 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     if report is not None:
         xp = array_namespace(X)
         by_polish = int(xp.sum(xp.astype(flagged & out.polished, xp.int64)))
-        nan = int(xp.sum(xp.astype(flagged & ~out.polished, xp.int64)))
+        lost = flagged & ~out.polished
+        nan = int(xp.sum(xp.astype(lost, xp.int64)))
+        if nan:  # the polish's unverified attempt from x is no answer: NaN, as reported
+            out = replace(out, Y=xp.where(lost[:, None], xp.full_like(out.Y, float("nan")), out.Y))
         warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
                       + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
     return out
 
 
-#: the data's size (largest |x| or finite right-hand side) within [2^-SCALE_BAND, 2^SCALE_BAND] is left as it is
+#: the data's size (largest finite right-hand side, else largest |x|) within [2^-SCALE_BAND, 2^SCALE_BAND] is
+#: left as it is
 SCALE_BAND = 8
+#: points beyond 2^FAR_BITS times the polyhedron's size set the scale themselves (no double resolves a
+#: unit polytope there: y = x − Aᵀλ cancels to eps |x|)
+FAR_BITS = 56
 
 
 def _unit_scale(X: Any, data: PolyData) -> float:
-    """A power of 2 near the size of the batch and of the finite right-hand sides (1 when near 1)."""
+    """A power of 2 near the size of the finite right-hand sides (of the batch for a cone; 1 when near 1).
+
+    The polyhedron sets the scale, not the points: scaling by a far point's size (|x| ≫ the right-hand
+    sides) would shrink the polyhedron below the backends' absolute tolerances, where every row is within
+    tolerance of every point and no active set can be told. A cone (no finite nonzero right-hand side)
+    has no size of its own: ``Π_K(s x) = s Π_K(x)``, and the batch's size is taken. Points beyond
+    ``2^FAR_BITS`` times that size raise ``s`` so that they stay finite QP data.
+    """
     xp = array_namespace(X)
-    size = max(float(xp.max(xp.abs(X))) if X.shape[0] and X.shape[1] else 0.0, data.rhs_size)
+    far = float(xp.max(xp.abs(X))) if X.shape[0] and X.shape[1] else 0.0
+    size = data.rhs_size or far
     if not (0.0 < size < float("inf")):
         return 1.0
     e = int(np.round(np.log2(size)))
+    if far > 0.0:  # scaled points stay below 2^FAR_BITS (finite as QP data, which reads 1e20 as infinite)
+        e = max(e, int(np.ceil(np.log2(far))) - FAR_BITS)
     return 1.0 if abs(e) <= SCALE_BAND else float(2.0 ** e)
 
 
@@ -457,6 +479,18 @@ def _recover(solver, X, data: PolyData, start: ProjectionStart):
     return replace(start, y=y), flagged, report
 
 
+def _probe(solver, X, data: PolyData) -> bool:
+    """Whether ``solver`` projects the origin, moved into the finite bounds, to a point of the polyhedron."""
+    xp = array_namespace(X)
+    zero = xp.zeros((1, data.n), dtype=X.dtype, device=_device(X))
+    lb = xp.where(xp.isfinite(data.lb), data.lb, xp.zeros_like(data.lb))
+    ub = xp.where(xp.isfinite(data.ub), data.ub, xp.zeros_like(data.ub))
+    probe = xp.minimum(xp.maximum(zero, xp.reshape(lb, (1, -1))), xp.reshape(ub, (1, -1)))
+    got = solver.solve_projections(probe, data, rough=False)
+    one = xp.asarray([got.status[0].ok], dtype=xp.bool, device=_device(X))
+    return bool(_feasible(xp, data, got.y, one)[0])
+
+
 def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
     xp = array_namespace(X)
     idx = _host_ints(xp.nonzero(flagged)[0])
@@ -481,16 +515,22 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
                             f"{Status.PRIMAL_INFEASIBLE.message}", solution=start.solution)
     other = independent_of(solver.name)
     if other is None:
-        if not has_donor:
+        if not has_donor and not _probe(solver, X, data):
             raise empty
-        return start, report
+        return start, report or head + "but the polyhedron is not empty (a point at its scale projects into it)"
     idx = xp.nonzero(flagged)[0]
     again = get_backend(other).solve_projections(xp.take(X, idx, axis=0), data.take(idx), rough=False)
     ok = xp.asarray([s.ok for s in again.status], dtype=xp.bool, device=_device(X))
     good = _feasible(xp, data.take(idx), again.y, ok)
     count = int(xp.sum(xp.astype(good, xp.int64)))
-    if (not has_donor and count == 0) or (data.batched and count < int(idx.shape[0])):
+    if data.batched and count < int(idx.shape[0]):
         raise empty  # per-sample polyhedra: a sample no backend can solve has an empty set
+    if not has_donor and count == 0:
+        if not _probe(solver, X, data):
+            raise empty
+        # points far outside (|x| ≫ the polyhedron) can fail on every backend where the set is not empty
+        return start, head + (f"and backend {other!r} solved none, but the polyhedron is not empty (a point at "
+                              "its scale projects into it)")
     if count:
         gidx = xp.nonzero(good)[0]
         start = _patch_start(xp, start, xp.take(idx, gidx, axis=0), _take_start(xp, again, gidx))
