@@ -442,3 +442,25 @@ def test_degeneracy_of_birkhoff_agrees_with_the_generic_path(rng):
     assert s.degenerate.dependent[-1] and not s.degenerate.dependent.all()
     free = ~s.degenerate.dependent  # unique multipliers: the weakly active rows are the same
     np.testing.assert_array_equal(s.degenerate.weak[free], g.degenerate.weak[free])
+
+
+@pytest.mark.parametrize("scale", [1e6, 1e17, 1e300])
+def test_simplices_of_far_points_are_exact(scale, rng):
+    """Entries far above the set's size: the simplex's θ ≈ max x − t lost t to rounding (x = (1e17, 3, 0)
+    came out 0 everywhere, Σy = 0, status SOLVED); the capped simplex's stop test, scaled by max |x|,
+    called a wrong θ done (x = (1e17, 3, 0, 0, 0), t = 2, u = 1 came out 0 too). Checked against the
+    projection with the far entries replaced by their known outcome."""
+    X = rng.normal(size=(6, 5))
+    X[:, 0] += scale
+    X[:3, 1] -= scale
+    s = pp.project(X, pp.sets.Simplex(5))
+    np.testing.assert_array_equal(s.y, np.eye(5)[[0] * 6])  # all mass on the far entry
+    assert s.max_violation == 0.0 and np.all(s.polished)
+    c = pp.project(X, pp.sets.CappedSimplex(5, 2.0, upper=1.0))
+    # the far entry is capped at 1; the rest is the capped-simplex projection of the others with t = 1
+    # (a far-negative entry is 0); the generic path is exact on that smaller problem
+    rest = np.where(X[:, 1:] < -1e5, -1e3, X[:, 1:])
+    ref = pp.project(rest, pp.Polyhedron(B=np.ones((1, 4)), b=[1.0], lb=np.zeros(4), ub=np.ones(4)))
+    np.testing.assert_allclose(c.y[:, 0], 1.0)
+    np.testing.assert_allclose(c.y[:, 1:], ref.y, atol=1e-12)
+    assert c.max_violation <= 1e-15

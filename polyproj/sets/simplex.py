@@ -22,6 +22,9 @@ from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector, as_namespace
 from .threshold import native_module, threshold
 
+#: simplex rows whose largest entry exceeds FAR times the set's size (1 + t) are shifted first (:meth:`_shift`)
+FAR = 1024.0
+
 __all__ = ["CappedSimplex", "Simplex"]
 
 
@@ -120,13 +123,31 @@ class CappedSimplex(Projector):
         xp = array_namespace(X)
         t = self._totals(X)
         U = self.upper
+        shift = self._shift(xp, X, t)
+        if shift is not None:  # Π(x − c1) = Π(x), θ moves by c: x − θ computed without cancellation
+            X = X - shift
         th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
         Y, active, mult = _outputs(xp, X, th.theta, U)
+        if shift is not None:
+            mult = xp.concat([mult[:, :-1], mult[:, -1:] + shift], axis=1)
         viol = xp.abs(xp.sum(Y, axis=1) - t[:, 0])
         # weakly active: a coordinate at a breakpoint (x_i − θ ∈ {0, u}); dependent: no free coordinate
         # (the sum row is then a combination of the bound rows). The face is the active set.
         return self.result(X, Y, active, mult, violation=viol, face=active,
                            degenerate=Degeneracy(th.near, ~th.free))
+
+    def _shift(self, xp: Any, X: Any, t: Any) -> Any:
+        """Simplex: each row's largest entry (b, 1) when some row's exceeds :data:`FAR` times ``1 + t``, else None.
+
+        ``y = clip(x − θ, 0, u)`` with ``θ ≈ max x`` loses ``t`` to rounding once ``|x| eps > t`` (at
+        ``x = (1e17, 3, 0)`` every entry came out 0, ``Σy = 0 ≠ 1``); on the shifted row the largest entry
+        is 0 and the differences that matter are exact.
+        """
+        if self.upper != float("inf") or not (X.shape[0] and X.shape[1]):
+            return None  # capped: θ lies between the m-th largest entry less u and the largest, not near the top
+        top = xp.max(X, axis=1, keepdims=True)
+        size = 1.0 + float(xp.max(xp.abs(t)))
+        return top if float(xp.max(xp.abs(top))) > FAR * size else None
 
     def _weak_tol(self, xp: Any, dtype: Any, t: Any):
         """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + u + t)`` (a function of θ)."""

@@ -181,8 +181,10 @@ def _newton(X: Any, total: Any, upper: float, max_iter: int, lower: Any = None) 
         theta = xp.maximum(theta, lower)
     if capped:  # at total = n·upper every θ <= lo is a root (f is flat there): take lo
         theta = xp.where(total >= n * upper, lo, xp.clip(theta, lo, hi))
-    scale = xp.abs(total) + n * (xp.abs(xmax) + xp.abs(xmin) + (upper if capped else 0.0))
-    tol = 4.0 * n * eps * scale
+    # the rounding of f(θ): the free entries (|x_i| <= |θ| + u, or + t) carry eps (|θ| + u) each; the others
+    # add 0 or u exactly; the sum adds n eps t. (A scale of n max |x| called x = (1e17, 3, 0), u = 1, t = 2
+    # done at θ = 1e17, f = 0.)
+    width = xp.abs(total) + (upper if capped else 0.0)
     f_lo = xp.full_like(lo, n * upper if capped else float("nan"))  # f at the bracket's ends (NaN: unknown)
     f_hi = xp.zeros_like(hi)
     idx = None  # rows of the batch still open (None: all)
@@ -190,7 +192,7 @@ def _newton(X: Any, total: Any, upper: float, max_iter: int, lower: Any = None) 
     it = 0
     for it in range(1, max_iter + 1):
         f, nf, s = _piece(xp, Xa, theta, upper)
-        done = xp.abs(f - ta) <= tol
+        done = xp.abs(f - ta) <= 4.0 * eps * (nf * (xp.abs(theta) + width) + n * xp.abs(ta))
         # exact on the identified piece; a flat piece (|F| = 0) at the root keeps θ
         exact = xp.where(nf > 0, (s - ta) / xp.where(nf > 0, nf, xp.ones_like(nf)), theta)
         above, below = f > ta, f < ta
@@ -205,8 +207,8 @@ def _newton(X: Any, total: Any, upper: float, max_iter: int, lower: Any = None) 
         if 2 * left <= open_.shape[0]:  # fewer rows: keep only the open ones
             keep = xp.nonzero(open_)[0]
             idx = keep if idx is None else xp.take(idx, keep, axis=0)
-            Xa, ta, theta, lo, hi, f_lo, f_hi, tol = (xp.take(v, keep, axis=0)
-                                                     for v in (Xa, ta, theta, lo, hi, f_lo, f_hi, tol))
+            Xa, ta, theta, lo, hi, f_lo, f_hi, width = (xp.take(v, keep, axis=0)
+                                                       for v in (Xa, ta, theta, lo, hi, f_lo, f_hi, width))
     rest = xp.arange(b, device=_device(X)) if idx is None else idx
     sub = sorted_threshold(xp.take(X, rest, axis=0), xp.take(total, rest, axis=0), upper)
     return Threshold(_put(xp, out, rest, sub), it)
