@@ -8,6 +8,8 @@ sets through the ``PROJECTORS`` table (tests/test_projectors.py).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -464,3 +466,21 @@ def test_simplices_of_far_points_are_exact(scale, rng):
     np.testing.assert_allclose(c.y[:, 0], 1.0)
     np.testing.assert_allclose(c.y[:, 1:], ref.y, atol=1e-12)
     assert c.max_violation <= 1e-15
+
+
+@pytest.mark.parametrize("scale", [1e4, 1e9, 1e12])
+@pytest.mark.parametrize("name", ["birkhoff", "matching"])
+def test_matrix_sets_of_far_points_are_exact(name, scale, rng):
+    """Entries far above the set's size: the equations were verified at the input's scale (at |C| 1e9 a
+    face whose column summed to 2 passed, 'polished'), and X = (C − u − v)⊙Ω keeps C's rounding in its
+    sums. Now feasible to rounding at the point's own scale and equal to the generic path (DAQP, exact
+    on its working set at any |x|)."""
+    S = pp.sets.Birkhoff(3) if name == "birkhoff" else pp.sets.PartialMatching(3, 4, max_matches=2)
+    X = scale * rng.normal(size=(12, S.n))
+    r = pp.project(X, S)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        g = pp.project(X, S.as_polyhedron(), backend="daqp")
+    assert np.all(r.polished) and np.all(g.polished)
+    assert r.max_violation <= 1e-14
+    np.testing.assert_allclose(r.y, g.y, atol=1e-9)

@@ -371,7 +371,10 @@ class Face:
         lam_s = xp.sum(s.U * (u * s.s_inv)[:, None, :], axis=-1) * xp.take(R.scale, s.idx, axis=0)
         lam = put_rows(xp, lam, s.idx, lam_s)
         Mt = R.tdot(lam)
-        return lam, put_rows(xp, Mt * R.free, s.idx, xp.sum(s.Vh * u[:, :, None], axis=1)), Mt
+        # Vh is zero on the fixed columns only to rounding: times u ~ |x| that is eps |x| on coordinates
+        # that sit exactly at their bounds (1.8e-7 below 0 at |x| 1e9): masked
+        step = xp.sum(s.Vh * u[:, :, None], axis=1) * xp.take(R.free, s.idx, axis=0)
+        return lam, put_rows(xp, Mt * R.free, s.idx, step), Mt
 
     def vjp(self, g):
         """``(J g, r, Mᵀr)``: the HS-Jacobian product, ``r = (M_F⁺)ᵀ g`` (b, kk) and ``Mᵀ r`` (b, n).
@@ -391,7 +394,8 @@ class Face:
         c = xp.sum(s.Vh * fgs[:, None, :], axis=-1)  # Vh (f⊙g)
         r = put_rows(xp, r, s.idx, xp.sum(s.U * (c * s.s_inv)[:, None, :], axis=-1) * xp.take(R.scale, s.idx, axis=0))
         Mr = R.tdot(r)
-        Jg = put_rows(xp, fg - R.free * Mr, s.idx, fgs - xp.sum(s.Vh * c[:, :, None], axis=1))
+        Jg = put_rows(xp, fg - R.free * Mr, s.idx,
+                      fgs - xp.sum(s.Vh * c[:, :, None], axis=1) * xp.take(R.free, s.idx, axis=0))
         return Jg, r, Mr
 
     def null_apply(self, v):

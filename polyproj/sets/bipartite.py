@@ -47,7 +47,7 @@ from array_api_compat import device as _device
 from ..linalg import cho_solve, cholesky, entrywise, small_cho_solve, small_cholesky
 from ..projection.faces import put_rows
 
-__all__ = ["Dual", "DualSystem", "Sums", "newton", "polish"]
+__all__ = ["Dual", "DualSystem", "Sums", "finish", "newton", "polish"]
 
 
 @dataclass(frozen=True)
@@ -523,21 +523,26 @@ class _Verdict:
     masks: Any
 
 
-def _verify(xp: Any, S: Sums, X: Any, Z: Any, y1: Dual, omega: Any, masks, tol: Any, rounding: Any) -> _Verdict:
+def _verify(xp: Any, S: Sums, X: Any, Z: Any, y1: Dual, omega: Any, masks, tol: Any, rounding: Any,
+            rows_tol: Any) -> _Verdict:
     """KKT of the face solution (tolerances (b, 1) at the sample's scale), and the next face.
 
     A support entry below zero beyond rounding leaves the support (its face is not the solution's); a
-    zero entry joins it when its multiplier ``−Z`` is negative beyond ``tol``; the equations must hold
-    to ``tol``; dual rows with ``y < 0`` leave ``D`` and violated rows join it.
+    zero entry joins it when its multiplier ``−Z`` is negative beyond ``tol``; the equations (and the
+    inequality rows off ``D``) must hold to ``rows_tol`` — the rounding of ``Z`` plus ``tol`` at the
+    scale of ``X``, not of ``C``: the sums of ``X`` are what the constraints bound (at ``|C|`` 1e9 a face
+    whose column summed to 2 passed a test at ``C``'s scale); dual rows with ``y < 0`` leave ``D`` and
+    violated rows join it.
     """
     bad_in = (omega > 0) & (X < -rounding[:, :, None])
     bad_out = (omega == 0) & (Z > tol[:, :, None])
     g = slacks(xp, X, S)
-    ok = ~xp.any(xp.reshape(bad_in | bad_out, (X.shape[0], -1)), axis=1) & (_miss(xp, g, masks)[:, 0] <= tol[:, 0])
+    ok = ~xp.any(xp.reshape(bad_in | bad_out, (X.shape[0], -1)), axis=1) & \
+        (_miss(xp, g, masks)[:, 0] <= rows_tol[:, 0])
     new_masks = masks
     if masks is not None:
         wrong = [(m > 0) & (yv < -tol) for m, yv in zip(masks, (y1.u, y1.v, y1.w), strict=True)]
-        viol = [(m == 0) & (gv < -tol) for m, gv in zip(masks, g, strict=True)]
+        viol = [(m == 0) & (gv < -rows_tol) for m, gv in zip(masks, g, strict=True)]
         for wv in (*wrong, *viol):
             ok = ok & ~xp.any(wv, axis=1)
         new_masks = tuple(xp.where(w, xp.zeros_like(m), xp.where(v, xp.ones_like(m), m))
@@ -561,7 +566,8 @@ def polish(C: Any, S: Sums, y: Dual, scale: Any, tol: float, rounding: float, ro
     Cs, sc, yy = C, scale, y
     for _ in range(rounds):
         y1, Z, X, system = _face_solve(xp, Cs, S, yy, omega, masks, rounding * sc)
-        v = _verify(xp, S, X, Z, y1, omega, masks, tol * sc, rounding * sc)
+        size = 1.0 + xp.max(xp.reshape(xp.abs(X), (X.shape[0], -1)), axis=1, keepdims=True)
+        v = _verify(xp, S, X, Z, y1, omega, masks, tol * sc, rounding * sc, rounding * sc + tol * size)
         rows = None if masks is None else tuple(m > 0 for m in masks)
         part = FaceSolution(X, y1, omega > 0, rows, v.ok, system)
         out = part if out is None else _put_face(xp, out, idx, part)
@@ -573,6 +579,34 @@ def polish(C: Any, S: Sums, y: Dual, scale: Any, tol: float, rounding: float, ro
         masks = None if masks is None else tuple(xp.take(m, keep, axis=0) for m in v.masks)
         Cs, sc, yy = xp.take(Cs, keep, axis=0), xp.take(sc, keep, axis=0), y1.take(xp, keep)
     return out
+
+
+def finish(xp: Any, S: Sums, face: FaceSolution, rounding: float) -> FaceSolution:
+    """The face's equations made exact at the point's own scale by one primal correction.
+
+    ``X = (C − u1ᵀ − 1vᵀ − w) ⊙ Ω`` carries the rounding of ``C``, ``eps |C|`` an entry: for far points
+    (``|C| ≫ 1``) its line sums miss by far more than the rounding of ``X`` itself (by 1.0 at ``|C|`` 1e12).
+    The correction ``δX = −(δu1ᵀ + 1δvᵀ + δw) ⊙ Ω`` with ``V_D δ = −∇φ_D`` (the face's own system) is
+    applied to ``X``, not to the duals: the sums then hold to ``rounding (1 + max|X|)``. A sample whose
+    corrected support turns negative beyond that is no longer accepted (the generic path takes it).
+    """
+    X = face.X
+    b = X.shape[0]
+    masks = None if face.rows is None else tuple(xp.astype(m, X.dtype) for m in face.rows)
+    g = slacks(xp, X, S)
+    tol = rounding * (1.0 + xp.max(xp.reshape(xp.abs(X), (b, -1)), axis=1, keepdims=True))
+    need = _miss(xp, g, masks) > tol
+    if not bool(xp.any(need)):
+        return face
+    du, dv, dw = face.system.solve(-g[0], -g[1], -g[2])
+    om = xp.astype(face.omega, X.dtype)
+    X2 = xp.where(need[:, :, None], X - (spread(xp, du, dv) + dw[:, :, None]) * om, X)
+    y2 = Dual(xp.where(need, face.y.u + du, face.y.u), xp.where(need, face.y.v + dv, face.y.v),
+              xp.where(need, face.y.w + dw, face.y.w))
+    X2 = X2 * om
+    negative = xp.any(xp.reshape((om > 0) & (X2 < -tol[:, :, None]), (b, -1)), axis=1)
+    missed = _miss(xp, slacks(xp, X2, S), masks)[:, 0] > 4.0 * tol[:, 0]  # an inconsistent face
+    return replace(face, X=X2, y=y2, accepted=face.accepted & ~negative & ~missed)
 
 
 def _put_face(xp: Any, full: FaceSolution, idx: Any, part: FaceSolution) -> FaceSolution:

@@ -22,7 +22,19 @@ from ..problem import Polyhedron
 from ..projection.faces import put_rows
 from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector
-from .bipartite import DualSystem, FaceSolution, NewtonOptions, Sums, _put_face, eps_of, line_sums, newton, polish, z_of
+from .bipartite import (
+    DualSystem,
+    FaceSolution,
+    NewtonOptions,
+    Sums,
+    _put_face,
+    eps_of,
+    finish,
+    line_sums,
+    newton,
+    polish,
+    z_of,
+)
 
 __all__ = ["Birkhoff", "SumsProjector"]
 
@@ -110,7 +122,7 @@ class SumsProjector(Projector):
             Ci, si = xp.take(C, idx, axis=0), xp.take(scale, idx, axis=0)
             yi, _, _ = newton(Ci, S, si, NewtonOptions(t_newton, self.max_iter - first), y0=y.take(xp, idx))
             face = _put_face(xp, face, idx, polish(Ci, S, yi, si, t_kkt, t_round))
-        face = self._final(xp, C, face, scale * t_round)
+        face = finish(xp, S, self._final(xp, C, face, scale * t_round), t_round)
         Y = xp.reshape(face.X, (b, self.n)) + 0.0  # Z ⊙ Ω leaves −0.0 off the support: +0.0 there
         Z = z_of(C, face.y, S.has_w)
         # X = Z ⊙ Ω (the face's own Z): X − Z is 0 on the support and −Z off it
