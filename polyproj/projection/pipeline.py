@@ -480,7 +480,7 @@ def _recover(solver, X, data: PolyData, start: ProjectionStart):
 
 
 def _probe(solver, X, data: PolyData) -> bool:
-    """Whether ``solver`` projects the origin, moved into the finite bounds, to a point of the polyhedron."""
+    """Whether ``solver`` projects the origin, moved into the finite bounds, to a point of the (shared) polyhedron."""
     xp = array_namespace(X)
     zero = xp.zeros((1, data.n), dtype=X.dtype, device=_device(X))
     lb = xp.where(xp.isfinite(data.lb), data.lb, xp.zeros_like(data.lb))
@@ -515,7 +515,7 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
                             f"{Status.PRIMAL_INFEASIBLE.message}", solution=start.solution)
     other = independent_of(solver.name)
     if other is None:
-        if not has_donor and not _probe(solver, X, data):
+        if not has_donor and (data.batched or not _probe(solver, X, data)):
             raise empty
         return start, report or head + "but the polyhedron is not empty (a point at its scale projects into it)"
     idx = xp.nonzero(flagged)[0]
