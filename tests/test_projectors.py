@@ -117,6 +117,20 @@ def test_property_suite_catches_a_wrong_vjp():
     assert report["conservativity"].status in ("failed", "passed")  # segments may all stay inside
 
 
+def test_property_suite_catches_a_set_that_writes_into_its_input_and_takes_a_polyhedron(rng):
+    class Writes(HalfSpace):
+        def project_batch(self, X):
+            r = super().project_batch(X)
+            X[...] = 0.0  # the caller's points
+            return r
+
+    report = check_projector(Writes([1.0, 1.0, 0.0], 0.2), examples=8)
+    assert not report.passed and report["input kept"].status == "failed"
+    assert check_projector(random_polytope(rng, 4, 6, 1), examples=6).passed  # the generic path of pp.project
+    with pytest.raises(pp.ProblemError, match="Projector or a pp.Polyhedron"):
+        check_projector("simplex")
+
+
 # ----------------------------------------------------------------------------- namespaces
 @pytest.mark.parametrize("backend", [None, "ipm", "admm"])
 def test_project_keeps_torch_tensors(rng, backend):

@@ -484,3 +484,75 @@ def test_matrix_sets_of_far_points_are_exact(name, scale, rng):
     assert np.all(r.polished) and np.all(g.polished)
     assert r.max_violation <= 1e-14
     np.testing.assert_allclose(r.y, g.y, atol=1e-9)
+
+
+def test_far_shift_is_decided_per_row_and_for_tiny_capped_sets(rng):
+    """The shift is decided on each row's own total (a batch whose other total was 1e15 left
+    x = (1e17, 1e17 + 16, 1e17 + 32), t = 1 at y = 0); a capped simplex of size 1e-12 at |x| 1e3 missed
+    its total by 10 % and its active set in 33 of 200 points (x − θ rounded at |θ|)."""
+    x = np.array([1e17, 1e17 + 16.0, 1e17 + 32.0])
+    r = pp.project(np.stack([x, x]), pp.sets.Simplex(3, total=np.array([1.0, 1e15])))
+    np.testing.assert_array_equal(r.y[0], [0.0, 0.0, 1.0])
+    S = pp.sets.CappedSimplex(5, 1e-12, upper=3e-13)
+    X = 1e3 * rng.normal(size=(200, 5))
+    r = pp.project(X, S)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        g = pp.project(X, S.as_polyhedron(), backend="daqp")
+    assert np.all(g.polished)
+    np.testing.assert_allclose(r.y.sum(axis=1), 1e-12, rtol=1e-14)
+    np.testing.assert_allclose(r.y, g.y, atol=1e-15 * 3e-13 * 1e3)
+    assert np.array_equal(r.active, g.active)
+
+
+def test_edges_of_the_sets_api(rng):
+    """Found by a new user's trial: each was a raw exception or a refusal."""
+    torch = pytest.importorskip("torch")
+    # a tensor that requires a gradient (torch's out= writes refused it); pp.project does not differentiate
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    for S in (pp.sets.Simplex(5), pp.sets.CappedSimplex(5, 2.0, upper=0.6)):
+        r = pp.project(x, S)
+        np.testing.assert_allclose(r.y.numpy(), pp.project(x.detach().numpy(), S).y, atol=1e-15)
+        assert not r.y.requires_grad
+    t = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64, requires_grad=True)
+    r = pp.project(x.detach(), pp.sets.Simplex(5, total=t))
+    np.testing.assert_allclose(r.y.sum(dim=1).detach().numpy(), [1.0, 2.0, 3.0, 4.0])
+    # float16 / bfloat16: solved in float32, returned in the input's dtype (Birkhoff raised in linalg)
+    for S in (pp.sets.Birkhoff(3), pp.sets.PartialMatching(2, 3, max_matches=1.5), pp.sets.Simplex(6)):
+        X = rng.normal(size=(5, S.n))
+        for dt in (torch.float16, torch.bfloat16):
+            r = pp.project(torch.tensor(X, dtype=dt), S)
+            assert r.y.dtype == dt and r.multipliers.dtype == dt
+            y = r.y.reshape(5, -1).double().numpy()
+            assert np.abs(y - pp.project(X, S).y.reshape(5, -1)).max() < 1e-2
+            assert r.max_violation == pytest.approx(float(S.violation(torch.tensor(y)).max()), abs=1e-6)
+        assert pp.project(X.astype(np.float16), S).y.dtype == np.float16
+    # complex lists are refused like complex arrays (were a raw TypeError)
+    with pytest.raises(pp.ProblemError, match="real numbers"):
+        pp.project([1j, 1j, 1j], pp.sets.Simplex(3))
+    # a capped simplex whose total is n·upper in decimals (3 · 0.3 < 0.9 in floats) is not empty
+    r = pp.project(np.array([1.0, 0.0, -1.0]), pp.sets.CappedSimplex(3, 0.9, upper=0.3))
+    np.testing.assert_allclose(r.y, 0.3)
+    assert r.status is pp.Status.SOLVED
+    with pytest.raises(pp.ProblemError, match="total"):
+        pp.sets.CappedSimplex(3, 0.91, upper=0.3)
+    # a partial-matching polyhedron with a negative total is empty (was: 'max_matches must be >= 0')
+    Am = np.vstack([np.kron(np.eye(2), np.ones((1, 3))), np.kron(np.ones((1, 2)), np.eye(3)), np.ones((1, 6))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        with pytest.raises(pp.InfeasibleError):
+            pp.project(rng.normal(size=(3, 6)), pp.Polyhedron(A=Am, a=np.r_[np.ones(5), -1.0], lb=np.zeros(6)))
+    # the HS-Jacobian product refuses V of the wrong shape or kind (3-D: raw ValueError; complex: cast)
+    P = pp.sets.Simplex(3).as_polyhedron()
+    res = pp.project(rng.normal(size=(2, 3)), P)
+    for V, match in ((np.ones((2, 2, 3)), "shape"), (np.ones((2, 3)) * 1j, "real")):
+        with pytest.raises(pp.ProblemError, match=match):
+            pp.hs_vjp(P, res.active, V)
+
+
+def test_single_point_in_array_api_strict():
+    xps = pytest.importorskip("array_api_strict")
+    for S in (pp.sets.Simplex(3), pp.sets.Box(np.zeros(3), np.ones(3)), pp.sets.Simplex(3).as_polyhedron()):
+        r = pp.project(xps.asarray([0.9, 0.5, -1.0]), S)
+        assert r.y.shape == (3,)
+        np.testing.assert_allclose(np.asarray(r.y), pp.project(np.array([0.9, 0.5, -1.0]), S).y, atol=1e-15)

@@ -92,7 +92,12 @@ def hs_vjp(polyhedron: Any, active: Any, V: Any) -> np.ndarray:
     -------
     ndarray shaped like V.
     """
-    V = np.asarray(V, dtype=np.float64)
+    raw = np.asarray(V.detach().cpu() if hasattr(V, "detach") else V)
+    if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)):
+        raise ProblemError(f"V must hold real numbers, got dtype {raw.dtype}")
+    V = raw.astype(np.float64)
+    if V.ndim not in (1, 2):
+        raise ProblemError(f"V must have shape (n,) or (batch, n), got {V.shape}")
     single_v = V.ndim == 1
     V2 = np.atleast_2d(V)
     if V2.shape[-1] != polyhedron.n:

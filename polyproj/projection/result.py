@@ -119,6 +119,7 @@ class ProjectionResult:
         sol = self.solution
         if sol is not None and hasattr(sol, "solution"):
             sol = sol.solution(0)
-        return replace(self, y=self.y[0], active=self.active[0], multipliers=self.multipliers[0],
+        # [0, ...]: the array API standard (array_api_strict) indexes every axis
+        return replace(self, y=self.y[0, ...], active=self.active[0, ...], multipliers=self.multipliers[0, ...],
                        status=self.status[0], violation=self.violation[0], polished=bool(self.polished[0]),
                        solution=sol, degenerate=None if self.degenerate is None else self.degenerate.single())

@@ -49,8 +49,11 @@ __all__ = ["Projector", "as_array", "as_namespace"]
 
 def as_array(X: Any) -> Any:
     """``X`` as an array of its namespace (lists and scalars become NumPy), real and floating."""
-    if isinstance(X, (list, tuple, int, float)):
-        X = np.asarray(X, dtype=np.float64)
+    if isinstance(X, (list, tuple, int, float, complex)):
+        try:
+            X = np.asarray(X, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ProblemError(f"X must hold real numbers: {exc}") from exc
     try:
         xp = array_namespace(X)
     except TypeError as exc:
@@ -125,14 +128,22 @@ class Projector(abc.ABC):
     def project(self, X: Any) -> ProjectionResult:
         """Project ``X``: one point of shape :attr:`event_shape` (or ``(n,)``), or a batch of them.
 
+        Not differentiated: a torch tensor that requires a gradient is projected as its ``detach()``
+        (:func:`polyproj.adapters.torch.project` is the differentiable form, with the HS-Jacobian).
+
         Raises
         ------
         ProblemError
             X of the wrong shape or dtype, or holding NaN/inf.
         """
         X = as_array(X)
+        if getattr(X, "requires_grad", False):
+            X = X.detach()
         X2, single, shape = self._as_batch(X)
         xp = array_namespace(X2)
+        low = X2.dtype if xp.finfo(X2.dtype).bits < 32 else None  # float16, bfloat16: solved in float32
+        if low is not None:
+            X2 = xp.astype(X2, xp.float32)
         # one sum tells that every entry is finite (NaN and inf propagate; an overflow only sends a finite
         # batch to the entrywise test): a pass without the (batch, n) boolean array
         if X2.shape[0] and not bool(xp.isfinite(xp.sum(X2))) and not bool(xp.all(xp.isfinite(X2))):
@@ -140,9 +151,14 @@ class Projector(abc.ABC):
             first = int(bad[0])
             raise ProblemError(f"X contains NaN or inf (first in {'the point' if single else f'sample {first}'})")
         res = self.project_batch(X2) if X2.shape[0] else self.empty_result(X2)
-        if len(shape) > 1:  # points with a shape: y in the input's layout
-            from dataclasses import replace
+        from dataclasses import replace
 
+        if low is not None:  # returned in X's dtype, with the violation of the rounded points
+            y = xp.astype(res.y, low)
+            viol = self.violation(xp.astype(y, xp.float32))
+            res = replace(res, y=y, multipliers=xp.astype(res.multipliers, low), violation=xp.astype(viol, low),
+                          max_violation=float(xp.max(viol)) if X2.shape[0] else 0.0)
+        if len(shape) > 1:  # points with a shape: y in the input's layout
             res = replace(res, y=xp.reshape(res.y, (X2.shape[0], *shape)))
         return res.single() if single else res
 
@@ -182,8 +198,10 @@ class Projector(abc.ABC):
         batch = Y.shape[0]
         if violation is None:
             violation = self.violation(Y)
+        worst = xp.max(violation) if batch else None
+        worst = getattr(worst, "detach", lambda: worst)()  # a torch graph (inputs that need a gradient)
         return ProjectionResult(Y, active, multipliers, (Status.SOLVED,) * batch,
-                                float(xp.max(violation)) if batch else 0.0, violation,
+                                float(worst) if batch else 0.0, violation,
                                 xp.ones((batch,), dtype=xp.bool, device=_device(Y)), self.method,
                                 degenerate=degenerate, face=face)
 

@@ -208,6 +208,8 @@ def _matching(P: Polyhedron) -> Recognised | None:
                            atol=0.0):
             continue
         alpha = next((v for v, (kind, _, _) in zip(rhs, pats, strict=True) if kind == 2), None)
+        if alpha is not None and not alpha >= 0:
+            return None  # ΣX <= α < 0 with X >= 0: empty, which the generic path reports
         S = PartialMatching(r, c, alpha)
         base = {(0, i): i for i in range(r)} | {(1, j): r + j for j in range(c)} | {(2, 0): r + c}
         m_in = r + c + (1 if alpha is not None else 0)

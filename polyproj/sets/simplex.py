@@ -22,7 +22,7 @@ from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector, as_namespace
 from .threshold import native_module, threshold
 
-#: simplex rows whose largest entry exceeds FAR times the set's size (1 + t) are shifted first (:meth:`_shift`)
+#: rows whose threshold exceeds FAR times the set's size (t + u) are solved again shifted by it (:meth:`_shift`)
 FAR = 1024.0
 
 __all__ = ["CappedSimplex", "Simplex"]
@@ -65,12 +65,16 @@ class CappedSimplex(Projector):
         self.upper = float(upper)
         if _is_number(total):
             total = float(total)
-            if not (np.isfinite(total) and 0 <= total <= self._n * self.upper):
+            if not (np.isfinite(total) and 0 <= total <= self._cap()):
                 raise ProblemError(f"total must be a finite number in [0, n·upper] = [0, {self._n * self.upper:g}] "
                                    f"(the set is empty otherwise), got {total!r}")
         else:
             total = self._check_totals(total)
         self.total = total
+
+    def _cap(self) -> float:
+        """The largest total: ``n·upper`` and its rounding (``CappedSimplex(3, 0.9, 0.3)``: 3·0.3 < 0.9 in floats)."""
+        return self._n * self.upper * (1.0 + 4.0 * self._n * float(np.finfo(np.float64).eps))
 
     def _check_totals(self, t: Any) -> Any:
         try:
@@ -82,7 +86,7 @@ class CappedSimplex(Projector):
         if not xp.isdtype(t.dtype, "real floating"):
             t = xp.astype(t, xp.float64)
         td = t.detach() if hasattr(t, "detach") else t
-        if td.shape[0] and not bool(xp.all(xp.isfinite(td) & (td >= 0) & (td <= self._n * self.upper))):
+        if td.shape[0] and not bool(xp.all(xp.isfinite(td) & (td >= 0) & (td <= self._cap()))):
             raise ProblemError(f"every total must be a finite number in [0, n·upper] = [0, {self._n * self.upper:g}] "
                                "(the set is empty otherwise)")
         return t
@@ -123,10 +127,11 @@ class CappedSimplex(Projector):
         xp = array_namespace(X)
         t = self._totals(X)
         U = self.upper
-        shift = self._shift(xp, X, t)
-        if shift is not None:  # Π(x − c1) = Π(x), θ moves by c: x − θ computed without cancellation
-            X = X - shift
         th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
+        shift = self._shift(xp, th.theta, t)
+        if shift is not None:  # Π(x − c1) = Π(x) (Σy is fixed), θ moves by c: solved again near θ = 0
+            X = X - shift
+            th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
         Y, active, mult = _outputs(xp, X, th.theta, U)
         if shift is not None:
             mult = xp.concat([mult[:, :-1], mult[:, -1:] + shift], axis=1)
@@ -136,18 +141,21 @@ class CappedSimplex(Projector):
         return self.result(X, Y, active, mult, violation=viol, face=active,
                            degenerate=Degeneracy(th.near, ~th.free))
 
-    def _shift(self, xp: Any, X: Any, t: Any) -> Any:
-        """Simplex: each row's largest entry (b, 1) when some row's exceeds :data:`FAR` times ``1 + t``, else None.
+    def _shift(self, xp: Any, theta: Any, t: Any) -> Any:
+        """The rows' thresholds (b, 1) where one is far beyond the set's size (``FAR (t + u)``), else None.
 
-        ``y = clip(x − θ, 0, u)`` with ``θ ≈ max x`` loses ``t`` to rounding once ``|x| eps > t`` (at
-        ``x = (1e17, 3, 0)`` every entry came out 0, ``Σy = 0 ≠ 1``); on the shifted row the largest entry
-        is 0 and the differences that matter are exact.
+        ``y = clip(x − θ, 0, u)`` keeps the rounding of ``x − θ``, ``eps |θ|``: with ``|θ| ≫ t + u`` the
+        sums and the active sets drift (``x = (1e17, 3, 0)`` on the simplex came out all 0; a capped
+        simplex of size 1e-12 at |x| 1e3 missed its total by 10 %). ``Π(x − c1) = Π(x)`` for any ``c``
+        (``Σy = t`` on the set): shifted by the first pass's ``θ``, the entries that decide the answer lie
+        within ``t + u`` of 0 and their differences are exact; the far ones are at 0 or ``u`` either way.
+        Decided per row, on its own total.
         """
-        if self.upper != float("inf") or not (X.shape[0] and X.shape[1]):
-            return None  # capped: θ lies between the m-th largest entry less u and the largest, not near the top
-        top = xp.max(X, axis=1, keepdims=True)
-        size = 1.0 + float(xp.max(xp.abs(t)))
-        return top if float(xp.max(xp.abs(top))) > FAR * size else None
+        U = self.upper if self.upper != float("inf") else 0.0
+        far = xp.abs(theta) > FAR * (xp.abs(t) + U)
+        if not (theta.shape[0] and bool(xp.any(far))):
+            return None
+        return xp.where(far, theta, xp.zeros_like(theta))
 
     def _weak_tol(self, xp: Any, dtype: Any, t: Any):
         """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + u + t)`` (a function of θ)."""
@@ -199,6 +207,8 @@ def _outputs(xp: Any, X: Any, theta: Any, upper: float) -> tuple[Any, Any, Any]:
     b, n = X.shape
     capped = upper != float("inf")
     mod = native_module(xp)
+    if mod is not None and (getattr(X, "requires_grad", False) or getattr(theta, "requires_grad", False)):
+        mod = None  # torch's out= writes are not differentiable: the array-API branch keeps the graph
     if mod is None:
         D = X - theta
         Y = xp.clip(D, min=0.0, max=upper) if capped else xp.clip(D, min=0.0)

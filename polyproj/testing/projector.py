@@ -125,6 +125,17 @@ def _conservativity(S: Any, P: Any, Xd: np.ndarray, rng: np.random.Generator) ->
     return total
 
 
+def _input_kept(S: Any, X: np.ndarray) -> dict[str, int]:
+    """Projecting leaves the caller's array as it was (and the result does not alias it)."""
+    mine = X.copy()
+    res = S.project(mine)
+    if not np.array_equal(mine, X):
+        raise AssertionError("project() changed the caller's array")
+    if np.shares_memory(np.asarray(res.y), mine):
+        raise AssertionError("the projection's y aliases the caller's array")
+    return {"points": int(X.shape[0])}
+
+
 def _namespaces(S: Any, X: np.ndarray) -> dict[str, int]:
     ref = np.asarray(S.project(X).y, dtype=float)
     checked = 0
@@ -168,17 +179,29 @@ def check_projector(S: Any, *, examples: int = 20, seed: int = 0, backend: Any =
     tol : float
         Relative tolerance of the agreement and VJP checks.
     """
+    from ..errors import ProblemError
+    from ..problem import Polyhedron
+    from ..sets.base import Projector
     from .properties import check_projection
 
+    if isinstance(S, Polyhedron):  # the generic path of pp.project (its QP backend, then the exact polish)
+        from ..backends.defaults import PROJECTION_DEFAULT
+        from ..sets.polyhedral import Polyhedral
+
+        S = Polyhedral(S, PROJECTION_DEFAULT)
+    if not isinstance(S, Projector):
+        raise ProblemError(f"check_projector takes a pp.Projector or a pp.Polyhedron, got {type(S).__name__}")
     rng = np.random.default_rng(seed)
     P = S.as_polyhedron()
     X = projector_points(S, rng, examples)
-    Xd = _degenerate(S, P, X, rng)
+    Xd = _degenerate(S, P, X.copy(), rng)
     results = (
-        _run("projection", "projection", check_projection, P, X, S),
-        _run("agreement", "projection", _agreement, S, P, X, backend, tol),
+        # first, and every check on copies: a set that writes into its input would spoil the points
+        _run("input kept", "projection", _input_kept, S, X.copy()),
+        _run("projection", "projection", check_projection, P, X.copy(), S),
+        _run("agreement", "projection", _agreement, S, P, X.copy(), backend, tol),
         _run("vjp", "hs-jacobian", _vjp, S, P, np.vstack([X, Xd]), rng, tol),
-        _run("conservativity", "hs-jacobian", _conservativity, S, P, Xd, rng),
-        _run("namespaces", "projection", _namespaces, S, X),
+        _run("conservativity", "hs-jacobian", _conservativity, S, P, Xd.copy(), rng),
+        _run("namespaces", "projection", _namespaces, S, X.copy()),
     )
     return CheckReport(repr(S), results, seed, examples)
