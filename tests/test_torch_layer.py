@@ -836,3 +836,36 @@ def test_create_graph_gradient_penalty_and_data_second_derivatives(rng):
                               create_graph=True)
     with pytest.raises(pp.ProblemError, match="second derivatives through the constraint data"):
         torch.autograd.grad((gx ** 2).sum(), B)
+
+
+def test_recognised_layer_sees_changes_through_data_and_jacfwd_with_a_scalar_bound(rng):
+    """A recognised layer compared its buffers by identity and version only: a change through ``.data``
+    (which bumps neither) kept the old set silently. A scalar bound became a tensor inside the
+    transform, which jacfwd took for a differentiated constraint tensor (misleading ProblemError)."""
+    from torch.func import jacfwd, jacrev
+
+    n = 4
+    L = ProjectionLayer(B=torch.ones(1, n, dtype=torch.float64), b=torch.tensor([1.0], dtype=torch.float64),
+                        lb=torch.zeros(n, dtype=torch.float64))
+    assert L.set is not None  # recognised: a simplex
+    x = torch.tensor(rng.normal(size=(3, n)))
+    np.testing.assert_allclose(L(x).sum(dim=1).numpy(), 1.0)
+    L.b.data.fill_(3.0)
+    np.testing.assert_allclose(L(x).sum(dim=1).numpy(), 3.0)
+    L.lb.data.fill_(0.5)
+    y = L(x)
+    np.testing.assert_allclose(y.sum(dim=1).numpy(), 3.0)
+    assert float(y.min()) >= 0.5 - 1e-15
+    A, a = torch.tensor(rng.normal(size=(5, 3))), torch.tensor(rng.uniform(0.2, 1.0, size=5))
+    f = lambda v: project(v, A, a, lb=-1.0, ub=1.0)  # noqa: E731
+    v = torch.tensor(rng.normal(size=3) * 2)
+    np.testing.assert_allclose(jacfwd(f)(v).numpy(), jacrev(f)(v).numpy(), atol=1e-12)
+
+
+def test_piqp_is_quiet_on_rows_infinite_on_both_sides(capfd):
+    pytest.importorskip("piqp")
+    P = pp.Polyhedron(A=[[1.0, 1.0], [1.0, -1.0]], a=[1.0, np.inf])
+    r = pp.project(np.array([[2.0, 2.0]]), P, backend="piqp")
+    np.testing.assert_allclose(r.y, [[0.5, 0.5]], atol=1e-12)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""

@@ -139,7 +139,9 @@ class _Project(torch.autograd.Function):
     def jvp(ctx, x_t, *tangents):
         if any(t is not None for t in tangents[2:]):
             raise ProblemError("forward-mode derivatives with respect to constraint tensors are not supported; "
-                               "use reverse mode (backward, torch.func.jacrev) for them")
+                               "use reverse mode (backward, torch.func.jacrev) for them (a constraint tensor "
+                               "created inside a function that torch.func.jacfwd / jvp transforms counts as "
+                               "one: create it outside)")
         return _VJP.apply(x_t, ctx.set, ctx.result, (), True)[0], None, None  # J x_t (J is symmetric)
 
     @staticmethod
@@ -554,7 +556,10 @@ def _scalar_bound(v: Any, x: torch.Tensor) -> Any:
     returned as it is, for the shape checks.
     """
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
-        return torch.full((x.shape[-1],), float(v), dtype=x.dtype, device=x.device)
+        # a constant: made outside any torch.func transform (a tensor made inside one is wrapped, and a
+        # wrapped constraint tensor is taken for one being differentiated: jacfwd refused lb=-1.0)
+        with torch._C._DisableFuncTorch():
+            return torch.full((x.shape[-1],), float(v), dtype=x.dtype, device=x.device)
     if isinstance(v, torch.Tensor) and v.ndim == 0:
         return v.expand(x.shape[-1])
     return v
@@ -677,16 +682,30 @@ class ProjectionLayer(nn.Module):
         return state
 
     def _buffer_state(self) -> tuple:
-        """What identifies the buffers' contents: identity and version counter of each.
+        """What identifies the buffers' contents: identity, version counter and a copy of each.
 
-        ``load_state_dict``, ``fill_`` and ``.to()`` change one of them.
+        ``load_state_dict``, ``fill_`` and ``.to()`` change the first two; a change through ``.data`` changes
+        neither, so the contents are compared with the copies as well (``torch.equal``, as the functional
+        form's cache does).
         """
-        return tuple((k, None) if getattr(self, k) is None else (k, id(getattr(self, k)), getattr(self, k)._version)
+        return tuple((k, None, None, None) if getattr(self, k) is None else
+                     (k, id(getattr(self, k)), getattr(self, k)._version, getattr(self, k).detach().clone())
                      for k in PARTS)
+
+    def _changed(self) -> bool:
+        """The buffers differ from what :attr:`set` was recognised from."""
+        for k, ident, version, copy in self._seen:
+            now = getattr(self, k)
+            if (now is None) != (copy is None):
+                return True
+            if now is not None and ((id(now), now._version) != (ident, version) or now.shape != copy.shape
+                                    or not torch.equal(now.detach(), copy)):
+                return True
+        return False
 
     def _recognised(self) -> Projector | None:
         """The structured set of the buffers as they are now (recognised again after they changed)."""
-        if getattr(self, "_recognising", False) and self._buffer_state() != self._seen:
+        if getattr(self, "_recognising", False) and self._changed():
             host = {k: None if getattr(self, k) is None else getattr(self, k).detach().cpu().numpy() for k in PARTS}
             self.set = recognise(Polyhedron(**host, allow_dependent_rows=self._dependent))
             self._seen, self._last = self._buffer_state(), None

@@ -74,9 +74,13 @@ class PIQPSolver(QPSolver):
 
     @staticmethod
     def _data(qp: QP) -> tuple[Any, ...]:
-        """``(P, A, b, G, h_l, h_u, eq, ineq)`` in PIQP's layout (dense or sparse CSC, P's upper triangle)."""
+        """``(P, A, b, G, h_l, h_u, eq, ineq)`` in PIQP's layout (dense or sparse CSC, P's upper triangle).
+
+        ``ineq``: the inequality rows with a finite side (the others are left out).
+        """
         eq = np.flatnonzero(qp.eq_mask)
-        ineq = np.flatnonzero(~qp.eq_mask)
+        # rows infinite on both sides bound nothing (multiplier 0): PIQP would warn on stderr and zero them
+        ineq = np.flatnonzero(~qp.eq_mask & (np.isfinite(qp.l) | np.isfinite(qp.u)))
         if qp.is_sparse:
             C = sp.csr_matrix(qp.C)
             P = sp.triu(sp.csc_matrix(qp.P), format="csc")
