@@ -295,15 +295,34 @@ def peak_memory(method: str, cfg: dict, timeout: float) -> float | None:
         return None
 
 
-def _predict(history: list[tuple[float, float]], x_next: float, key: str) -> float:
-    """Time at ``x_next`` extrapolated from (x, time) points: log-log slope of the last two, else a model."""
+def _predict(history: list[tuple[float, float]], x_next: float, key: str, floor: float = 1.0) -> float:
+    """Time (or memory) at ``x_next`` extrapolated from (x, value) points: log-log slope of the last two (at
+    least ``floor``), else a model."""
     if len(history) >= 2:
         (x0, t0), (x1, t1) = history[-2:]
-        slope = max(1.0, np.log(t1 / t0) / np.log(x1 / x0)) if x1 != x0 and t0 > 0 and t1 > 0 else 1.0
+        slope = max(floor, np.log(t1 / t0) / np.log(x1 / x0)) if x1 != x0 and t0 > 0 and t1 > 0 else floor
     else:
         slope = 1.0 if key == "batch" else 3.0
     x1, t1 = history[-1]
     return t1 * (x_next / x1) ** slope
+
+
+#: sweeps skip a peer whose extrapolated peak memory (log-log slope of its last two points, at least 2 in n: the
+#: dense data grow like n m) exceeds this share of the memory available (cvxpylayers at n 200, batch 128 was
+#: OOM-killed at 20 GB, taking the benchmark down with it)
+MEMORY_SHARE = 0.5
+
+
+def _available_mib() -> float | None:
+    """MemAvailable of /proc/meminfo in MiB (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
 
 
 def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, console, *, sweep: dict | None = None,
@@ -322,6 +341,14 @@ def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, consol
             if pred > budget:
                 rows.append(dict(method=meth, skipped=f"skipped: budget (extrapolated {pred:.1f} s > {budget:g} s)"))
                 console.print(f"  {meth:20s} skipped: budget (extrapolated {pred:.1f} s)")
+                continue
+        mem_hist = None if sweep is None else sweep.get(("memory", meth))
+        if mem_hist:  # a peer that would exhaust the machine's memory is skipped, not run into the OOM killer
+            pred_mib, avail = _predict(mem_hist, cfg[key], key, floor=2.0 if key == "n" else 1.0), _available_mib()
+            if avail is not None and pred_mib > MEMORY_SHARE * avail:
+                rows.append(dict(method=meth, skipped=f"skipped: memory (extrapolated {pred_mib / 1024:.1f} GiB > "
+                                                      f"{MEMORY_SHARE:g} x {avail / 1024:.1f} GiB available)"))
+                console.print(f"  {meth:20s} skipped: memory (extrapolated {pred_mib / 1024:.1f} GiB)")
                 continue
         NOTES.pop(meth, None)
         extra: dict = {}
@@ -360,6 +387,8 @@ def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, consol
                       f"{gerr:8.1e}  mem {'n/a' if mem is None else f'{mem:8.1f} MiB'}")
         if sweep is not None:
             sweep.setdefault(meth, []).append((float(cfg[key]), med))
+            if mem:
+                sweep.setdefault(("memory", meth), []).append((float(cfg[key]), mem))
     return rows
 
 
@@ -516,6 +545,14 @@ def main(argv: list[str] | None = None) -> int:
         earlier = {json.dumps(c["config"], sort_keys=True): c["rows"] for c in results.get(name, [])} \
             if args.merge else {}
         old_date = results["runs"].get(name, {}).get("date")
+        for k in sorted(earlier, key=lambda k: json.loads(k)[key]):  # --merge: smaller points drive the skips
+            x = float(json.loads(k)[key])
+            if values and x < min(values):
+                for r in earlier[k]:
+                    if "time_s" in r:
+                        history.setdefault(r["method"], []).append((x, r["time_s"]))
+                    if r.get("peak_mem_mib"):
+                        history.setdefault(("memory", r["method"]), []).append((x, r["peak_mem_mib"]))
         results[name] = []
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         for v in values:
@@ -531,6 +568,10 @@ def main(argv: list[str] | None = None) -> int:
                     for r in earlier.get(json.dumps(cfg, sort_keys=True), []) if r["method"] not in meths]
             rows = rows + kept  # --merge: the methods not rerun keep their earlier rows (with their date)
             results[name].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
+            if args.merge:  # the configs not rerun keep their earlier rows
+                done = {json.dumps(c["config"], sort_keys=True) for c in results[name]}
+                rest = [dict(config=json.loads(k), rows=r, ratios=ratios(r)) for k, r in earlier.items() if k not in done]
+                results[name] = sorted(results[name] + rest, key=lambda c: c["config"][key])
             record(name)
             results["runs"][name]["budget_s"] = args.budget
             save()
