@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json
 
 import polyproj as pp
+from polyproj.runtime import set_torch_threads
 from polyproj.solvers.ipm import solve_qp_batch
 
 
@@ -254,7 +255,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+        set_torch_threads(args.torch_threads)
     console = Console()
     rows = []
     last: dict[tuple[str, int], tuple[int, float]] = {}

@@ -232,9 +232,9 @@ def warm_heap() -> None:
 
 def time_method(method: str, d, repeats: int, max_total: float = 60.0):
     """Median of ``repeats`` forward+backward calls after a warm-up (fewer, at least 2, for slow ones)."""
-    import torch
 
-    torch.set_num_threads(THREADS)  # every method on the same thread count, whatever ran before
+    from polyproj.runtime import set_torch_threads  # not torch.set_num_threads: see there
+    set_torch_threads(THREADS)  # every method on the same thread count, whatever ran before
     f = build(method, d)
     t0 = time.perf_counter()
     f()  # warm-up (imports, caches, JIT of peers)
@@ -256,7 +256,8 @@ def time_in_subprocess(method: str, cfg: dict, repeats: int, timeout: float):
     with tempfile.TemporaryDirectory() as tmp:
         code = (
             "import json, os, sys, numpy as np, torch\n"
-            "torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS') or 1))\n"
+            "from polyproj.runtime import set_torch_threads\n"
+            "set_torch_threads(int(os.environ.get('OMP_NUM_THREADS') or 1))\n"
             f"sys.path.insert(0, {str(HERE)!r})\n"
             "import bench_layer as bl\n"
             "bl.THREADS = torch.get_num_threads()\n"
@@ -276,7 +277,8 @@ def peak_memory(method: str, cfg: dict, timeout: float) -> float | None:
     """Peak RSS (MiB) above the post-setup baseline for one forward+backward, in a fresh process."""
     code = (
         "import json, os, sys, torch\n"
-        "torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS') or 1))\n"
+        "from polyproj.runtime import set_torch_threads\n"
+            "set_torch_threads(int(os.environ.get('OMP_NUM_THREADS') or 1))\n"
         f"sys.path.insert(0, {str(HERE)!r})\n"
         "import bench_layer as bl\n"
         "cfg = json.loads(sys.argv[1]); d = bl.make_problem(**cfg)\n"
@@ -492,11 +494,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot_only:
         plot(json.loads(out.read_text()), out.with_suffix(".png"), args.plot_tags)
         return 0
-    import torch
 
     global THREADS
     THREADS = args.threads
-    torch.set_num_threads(args.threads)
+    from polyproj.runtime import set_torch_threads  # not torch.set_num_threads: see there
+    set_torch_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # Moreau's thread pool, read at its first use
     if not args.cold_heap:

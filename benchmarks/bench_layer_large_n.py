@@ -25,15 +25,15 @@ from bench_layer import build, make_problem
 from common import write_json
 
 import polyproj as pp
+from polyproj.runtime import set_torch_threads
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=["500x16", "1000x4"], help="NxBATCH")
     args = ap.parse_args(argv)
-    import torch
 
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     rows = []
     for cfg in args.configs:
         n, batch = (int(v) for v in cfg.split("x"))

@@ -195,7 +195,8 @@ def worker(spec: dict) -> dict:
     """Run one measurement (in this process): peak memory of one call, then ``inner`` timed calls."""
     import torch
 
-    torch.set_num_threads(spec["threads"])
+    from polyproj.runtime import set_torch_threads  # not torch.set_num_threads: see there
+    set_torch_threads(spec["threads"])
     gpu = spec.get("device", "cpu") != "cpu" or spec.get("ns") == "cupy"
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     if spec.get("ns") == "cupy":

@@ -77,9 +77,9 @@ def main() -> None:
     p.add_argument("--out", default=None, help="JSON file for the figures")
     p.add_argument("--no-vmap", action="store_true")
     args = p.parse_args()
-    import torch
 
-    torch.set_num_threads(1)
+    from polyproj.runtime import set_torch_threads  # not torch.set_num_threads: see there
+    set_torch_threads(1)
     res = {"layer": layer_cases(CASES)}
     if not args.no_vmap:
         res["vmap"] = vmap_case()

@@ -102,7 +102,6 @@ def run(batch: int, lr: float, steps: int, n: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 128, 1024])
@@ -116,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.batches, args.lrs, args.steps, args.n = [16], [1e-2], 4, 10
-    torch.set_num_threads(args.threads)
+    from polyproj.runtime import set_torch_threads  # not torch.set_num_threads: see there
+    set_torch_threads(args.threads)
     rows = []
     for batch in args.batches:
         for lr in args.lrs:

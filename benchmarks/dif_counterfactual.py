@@ -23,7 +23,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -32,6 +31,7 @@ from polyproj.adapters.dif import DIF, IndefiniteHessianError
 from polyproj.adapters.dif.baselines import if_scores, tracin_scores
 from polyproj.adapters.dif.digits import make_fairness_study
 from polyproj.adapters.dif.newton import augmented_lagrangian
+from polyproj.runtime import set_torch_threads
 
 
 def log(msg: str) -> None:
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.widths, args.n_train, args.name = [0], (2, 4, 4), 120, args.name + "_quick"
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     warnings.simplefilter("ignore", pp.PolyprojWarning)
     partial = RESULTS / f"{args.name}.partial.jsonl"
     done = {json.loads(x)["seed"]: json.loads(x) for x in partial.read_text().splitlines()} if partial.exists() \

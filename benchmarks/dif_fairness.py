@@ -38,6 +38,7 @@ from polyproj.adapters.dif import DIF, IndefiniteHessianError, KKTPoint
 from polyproj.adapters.dif.baselines import if_scores, tracin_scores
 from polyproj.adapters.dif.digits import make_fairness_study
 from polyproj.adapters.dif.newton import FrozenHessian, augmented_lagrangian, first_order, newton_kkt
+from polyproj.runtime import set_torch_threads
 
 RHOS = {"quadratic": (1e-1, 1.0, 1e1, 1e2, 1e3), "hinge": (1.0, 1e2)}
 
@@ -289,7 +290,7 @@ def main(argv=None) -> int:
         args.widths, args.n_train, args.singles, args.groups = (2, 4, 4), 120, 6, 3
         args.noise_seeds, args.agree, args.name = 1, 3, args.name + "_quick"
         args.cache = args.cache + "_quick"
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     warnings.simplefilter("ignore", pp.PolyprojWarning)
     cache = Path(args.cache) / f"seed{args.seed}_w{'-'.join(map(str, args.widths))}_n{args.n_train}_wd{args.wd:g}"
     cache.mkdir(parents=True, exist_ok=True)

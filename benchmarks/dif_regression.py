@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import polyproj as pp
 from polyproj.adapters.dif import DIF, classic_if, penalty_if, retrain
 from polyproj.adapters.dif.study import make_regression_study, pearson
+from polyproj.runtime import set_torch_threads
 
 RHOS = (1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6)
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.repeats = 150, 3
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     warnings.simplefilter("ignore", pp.PolyprojWarning)
     console = Console()
 

@@ -37,6 +37,7 @@ import polyproj as pp
 from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss
 from polyproj.adapters.dif.digits import cross_entropy_loss
 from polyproj.adapters.dif.newton import augmented_lagrangian, first_order
+from polyproj.runtime import set_torch_threads
 
 
 def log(msg: str) -> None:
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.n, args.widths, args.epochs, args.lbfgs, args.name = 400, (48, 32), 2, 20, args.name + "_quick"
         args.loo_cap = 30.0
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     warnings.simplefilter("ignore", pp.PolyprojWarning)
     X, y, client = data(args.n, args.seed)
     a, b = args.widths

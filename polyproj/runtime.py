@@ -10,6 +10,13 @@ Every decision about threads lives here:
   wake-up each, which dominates on a loaded machine; larger work keeps the user's setting.
 * :func:`keep_torch_threads` — OpenMP code called by polyproj (``omp_set_num_threads`` is shared with
   torch) never changes torch's intra-op thread count as seen by the caller.
+* :func:`set_torch_threads` — how polyproj changes torch's intra-op thread count: on torch's own OpenMP
+  runtime (``omp_set_num_threads``), not ``torch.set_num_threads``. On MKL builds of torch (the Linux CPU
+  wheels, 2.13 included) ``torch.set_num_threads(k > 1)`` also calls ``mkl_set_num_threads(k)``, after
+  which batched LU factorisations of matrices larger than ~14 (``torch.linalg.lu_factor``, ``solve``,
+  ``inv``) run ``dgetrf`` concurrently and return wrong pivots ("oneMKL ERROR: Parameter 6 was incorrect
+  on entry to DLASWP", residuals of 1e17; pytorch/pytorch#181570). Restoring the caller's count after a
+  one-thread block that way broke every later batched LU of the caller's process.
 * :func:`cpu_count`, :func:`batch_parts` and :func:`parallel_map` — independent samples of a large batch
   are processed in parts, one thread per core (NumPy and torch kernels release the GIL).
 
@@ -36,6 +43,7 @@ __all__ = [
     "cpu_count",
     "keep_torch_threads",
     "parallel_map",
+    "set_torch_threads",
     "small_blas",
     "small_work",
     "torch_single_thread",
@@ -63,6 +71,54 @@ def _controller() -> Any:
     return ThreadpoolController()
 
 
+_TORCH_OMP: list[Any] = []  # [pools] once looked up (torch must be imported first)
+
+
+def _torch_openmp_pools() -> tuple[Any, ...]:
+    """Threadpoolctl controllers of the OpenMP runtime torch's intra-op pool runs on (empty when none is found).
+
+    The runtime shipped inside torch's package (``torch/lib/libgomp.so.1`` on Linux, ``libomp.dylib`` on
+    macOS); where torch uses a system runtime, every OpenMP runtime loaded.
+    """
+    if _TORCH_OMP:
+        return _TORCH_OMP[0]
+    torch = sys.modules.get("torch")
+    pools: tuple[Any, ...] = ()
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        omp = [lc for lc in ThreadpoolController().lib_controllers if lc.user_api == "openmp"]
+        here = os.path.dirname(os.path.realpath(torch.__file__)) if torch is not None else None
+        own = [lc for lc in omp if here and os.path.realpath(lc.filepath).startswith(here + os.sep)]
+        pools = tuple(own or omp)
+        if torch is not None and pools and pools[0].get_num_threads() != torch.get_num_threads():
+            pools = ()  # not the pool torch reads its thread count from
+    except Exception:  # pragma: no cover - threadpoolctl missing or a library it cannot read
+        pools = ()
+    if torch is not None:
+        _TORCH_OMP.append(pools)
+    return pools
+
+
+def set_torch_threads(threads: int) -> None:
+    """Set torch's intra-op thread count without ``torch.set_num_threads`` where torch runs on OpenMP.
+
+    ``omp_set_num_threads`` on torch's OpenMP runtime is what ``torch.get_num_threads`` reads back and what
+    its parallel loops use, and it leaves MKL's own setting alone (see the module notes: changing that one
+    breaks torch's batched LU). Builds without an OpenMP runtime found here fall back to
+    ``torch.set_num_threads``.
+    """
+    import torch
+
+    threads = int(threads)
+    pools = _torch_openmp_pools()
+    if not pools:
+        torch.set_num_threads(threads)
+        return
+    for lc in pools:
+        lc.set_num_threads(threads)
+
+
 @contextlib.contextmanager
 def keep_torch_threads() -> Iterator[None]:
     """Restore torch's intra-op thread count after the block, if torch is imported."""
@@ -72,7 +128,7 @@ def keep_torch_threads() -> Iterator[None]:
         yield
     finally:
         if prev is not None and torch.get_num_threads() != prev:
-            torch.set_num_threads(prev)
+            set_torch_threads(prev)
 
 
 @contextlib.contextmanager
@@ -86,11 +142,11 @@ def torch_single_thread() -> Iterator[None]:
     if prev == 1:
         yield
         return
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(prev)
+        set_torch_threads(prev)
 
 
 @contextlib.contextmanager

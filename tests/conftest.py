@@ -112,9 +112,11 @@ def one_torch_thread():
     import torch
 
     old = torch.get_num_threads()
-    torch.set_num_threads(1)
+    from polyproj.runtime import set_torch_threads
+
+    set_torch_threads(1)
     yield
-    torch.set_num_threads(old)
+    set_torch_threads(old)
 
 
 @pytest.fixture(scope="module")

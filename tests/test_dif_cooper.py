@@ -19,7 +19,9 @@ def _sq(m, b):
 
 @pytest.fixture(scope="module")
 def trained():
-    torch.set_num_threads(1)
+    from polyproj.runtime import set_torch_threads
+
+    set_torch_threads(1)
     rng = np.random.default_rng(4)
     X = torch.as_tensor(rng.normal(size=(80, 4)))
     y = torch.as_tensor(X.numpy() @ np.array([1.0, -2.0, 0.5, 1.0]) + 0.3 * rng.normal(size=80))

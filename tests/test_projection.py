@@ -321,15 +321,17 @@ def test_project_leaves_torch_thread_count_alone(rng):
     """pp.project limits BLAS to one thread inside; an OpenMP OpenBLAS restoring its count used to
     reset torch's intra-op threads as well (a process on one torch thread ran on all cores after)."""
     torch = pytest.importorskip("torch")
+    from polyproj.runtime import set_torch_threads
+
     prev = torch.get_num_threads()
     P = pp.Polyhedron(A=rng.normal(size=(20, 5)), a=np.ones(20))
     try:
         for k in (1, 2):
-            torch.set_num_threads(k)
+            set_torch_threads(k)
             pp.project(rng.normal(size=(8, 5)), P)
             assert torch.get_num_threads() == k
     finally:
-        torch.set_num_threads(prev)
+        set_torch_threads(prev)
 
 
 # ----------------------------------------------------------------------------- scale, memory, bad answers

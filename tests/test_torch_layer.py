@@ -869,3 +869,26 @@ def test_piqp_is_quiet_on_rows_infinite_on_both_sides(capfd):
     np.testing.assert_allclose(r.y, [[0.5, 0.5]], atol=1e-12)
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+def test_layer_leaves_torch_batched_lu_exact():
+    """The layer runs small work on one torch thread and restores the caller's count after it. Restoring it
+    with torch.set_num_threads (which also sets MKL's count) made every later batched LU of the process
+    wrong on MKL builds of torch: pivots 0, residuals 1e17, qpth failing after a polyproj layer."""
+    from polyproj.runtime import set_torch_threads
+
+    prev = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(0)
+    M = torch.randn(4, 251, 251, dtype=torch.float64, generator=gen)
+    eye = torch.eye(251, dtype=torch.float64)
+    try:
+        set_torch_threads(2)
+        A = torch.tensor(np.random.default_rng(0).normal(size=(30, 10)))
+        x = torch.randn(8, 10, dtype=torch.float64, generator=gen, requires_grad=True)
+        project(x, A, torch.ones(30, dtype=torch.float64)).sum().backward()
+        assert torch.get_num_threads() == 2
+        LU, piv = torch.linalg.lu_factor(M)
+        assert int(piv.min()) >= 1
+        assert float((M @ torch.linalg.lu_solve(LU, piv, eye) - eye).abs().max()) < 1e-8
+    finally:
+        set_torch_threads(prev)

@@ -23,7 +23,9 @@ def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def set_threads(threads: int) -> None:
     """``threads`` torch intra-op threads and one inter-op thread (where it can still be set)."""
-    torch.set_num_threads(int(threads))
+    from ..runtime import set_torch_threads
+
+    set_torch_threads(int(threads))  # not torch.set_num_threads: see polyproj.runtime
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already used in this process: it keeps its setting

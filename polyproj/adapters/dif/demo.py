@@ -16,11 +16,12 @@ def dif_section(console, quick: bool, seed: int) -> None:
     from rich.table import Table
 
     from ...errors import PolyprojWarning
+    from ...runtime import set_torch_threads
     from . import DIF, classic_if, penalty_if, retrain
     from .study import make_regression_study, pearson
 
     old = torch.get_num_threads()
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PolyprojWarning)
@@ -39,7 +40,7 @@ def dif_section(console, quick: bool, seed: int) -> None:
                       key=lambda p: pearson(p[1], act))
             rows.append((f"Penalty-IF (best ρ={pen[0]:g})", pen[1]))
     finally:
-        torch.set_num_threads(old)
+        set_torch_threads(old)
     cls = ", ".join(f"{a}: {b}" for a, b in S.kkt.classification.items())
     table = Table(title=f"constrained regression (n={n}; {cls}); leave-one-out over {k} points")
     for col in ("method", "Pearson r vs LOO (Δθ)", "max |pred − LOO|"):
