@@ -3,7 +3,7 @@
 #   layer (issue 19): the bench_layer problem (n 50, m 100, one equality, bounds, float64) at batch 8192 on
 #     CUDA, forward + backward, checked against the float64 NumPy reference and timed against the same layer
 #     on this machine's CPU and against qpth's QPFunction on CUDA (when carried); batch 128 and 1024 on CUDA
-#     too (figures to $OUT/layer_gpu.json);
+#     too (figures to $OUT/layer_gpu.json; GPU_LAYER_PEERS=0 leaves qpth out, ~1 minute);
 #   ipm (issue 4): correctness of the `cupy` backend and of the torch-CUDA path, then the GPU benchmark
 #     (batch 8192, n 100, m 200, one equality) against ProxSuite's solve_in_parallel on the CPU
 #     (figures to $OUT/batch_gpu.json);
@@ -121,6 +121,8 @@ for batch in (8192, 1024, 128):
         print(f"layer CUDA vs this machine's CPU ({torch.get_num_threads()} threads), batch 8192: "
               f"{out['speedup_cuda_vs_cpu_b8192']:.1f}x", flush=True)
         try:
+            if os.environ.get("GPU_LAYER_PEERS", "1") == "0":
+                raise ImportError("GPU_LAYER_PEERS=0")
             record("qpth_cuda_b8192", *timed(qpth_once(tc), "cuda", 2), y_ref, g_ref, False)
             out["speedup_vs_qpth_cuda_b8192"] = out["qpth_cuda_b8192"]["median_s"] / out["polyproj_cuda_b8192"]["median_s"]
             print(f"polyproj vs qpth, both on CUDA, batch 8192: {out['speedup_vs_qpth_cuda_b8192']:.1f}x", flush=True)

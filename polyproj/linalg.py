@@ -21,7 +21,7 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
-__all__ = ["SMALL", "cho_solve", "cholesky", "entrywise", "identity_where", "small_cho_solve", "small_cholesky",
+__all__ = ["SMALL", "cho_solve", "cholesky", "eigh", "entrywise", "identity_where", "small_cho_solve", "small_cholesky",
            "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
@@ -74,6 +74,22 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
             return L, ok
         eye = xp.eye(n, dtype=K.dtype, device=_device(K))
         return xp.broadcast_to(eye, K.shape), xp.zeros((b,), dtype=xp.bool, device=_device(K))
+
+
+#: largest batch one batched eigendecomposition (or SVD) call takes: torch.linalg.eigh on CUDA (cuSOLVER's
+#: batched syev, torch 2.11 + CUDA 13, an H200) fails with CUSOLVER_STATUS_INTERNAL_ERROR from 65,536
+#: matrices of size 7 and asks for 139 GiB of workspace at 262,144 (~0.5 MiB a matrix);
+#: benchmarks/gpu_probe.py. 8,192 keeps the workspace near 4 GiB.
+EIGH_CHUNK = 1 << 13
+
+
+def eigh(xp: Any, S: Any) -> tuple[Any, Any]:
+    """``xp.linalg.eigh`` of a batch (b, m, m), in calls of at most :data:`EIGH_CHUNK` matrices."""
+    b = S.shape[0]
+    if b <= EIGH_CHUNK:
+        return xp.linalg.eigh(S)
+    parts = [xp.linalg.eigh(S[i:i + EIGH_CHUNK, ...]) for i in range(0, b, EIGH_CHUNK)]
+    return xp.concat([p[0] for p in parts], axis=0), xp.concat([p[1] for p in parts], axis=0)
 
 
 def identity_where(xp: Any, ok: Any, L: Any, *, own: bool = False) -> Any:

@@ -170,3 +170,23 @@ def test_entrywise_cholesky_and_solve_match_the_per_matrix_kernels(rng, xp, n):
     as_xp = (lambda a: a) if xp is xnp else torch.from_numpy
     X = np.asarray(small_cho_solve(xp, as_xp(L), as_xp(R)))
     np.testing.assert_allclose(X, np.asarray(cho_solve(xnp, L0, R[:, :, None]))[:, :, 0], rtol=0, atol=1e-12)
+
+
+def test_batched_eigh_and_svd_in_chunks_equal_one_call(rng, monkeypatch):
+    """cuSOLVER's batched eigensolver failed on 10^6 small matrices: eigh and the faces' SVD go in chunks."""
+    import polyproj.linalg as la
+    from polyproj.projection import faces
+
+    M = rng.standard_normal((23, 5, 4))
+    S = M @ np.swapaxes(M, 1, 2)
+    lam0, Q0 = np.linalg.eigh(S)
+    U0, s0, V0 = np.linalg.svd(M, full_matrices=False)
+    monkeypatch.setattr(la, "EIGH_CHUNK", 4)
+    monkeypatch.setattr(faces, "EIGH_CHUNK", 4)
+    lam, Q = la.eigh(xnp, S)
+    np.testing.assert_allclose(lam, lam0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(Q @ (lam[..., None] * np.swapaxes(Q, 1, 2)), S, rtol=0, atol=1e-12)
+    U, s, V = faces._svd(xnp, M)
+    np.testing.assert_allclose(s, s0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose((U * s[:, None, :]) @ V, M, rtol=0, atol=1e-12)
+    assert U.shape == U0.shape and V.shape == V0.shape

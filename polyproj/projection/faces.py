@@ -27,7 +27,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
-from ..linalg import cho_solve, cholesky, identity_where
+from ..linalg import EIGH_CHUNK, cho_solve, cholesky, identity_where
 
 __all__ = ["ActiveRows", "Face", "expand_rows", "face_rhs", "gather_active_rows", "put_rows", "scatter_rows",
            "svd_factor"]
@@ -231,10 +231,27 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
     return ActiveRows(xp, scale, order, k, m, p, free, rows=rows, Mn=_scaled(xp, Mf, scale, own=Mf is not rows))
 
 
+#: a torch GPU batch of at most this many entries is decomposed on the host: on an H200 beside 16 CPU cores,
+#: faces of (101, 50) in float64 took 8.0 / 124 / 991 ms for 4 / 64 / 512 of them with cuSOLVER's batched
+#: Jacobi SVD against 2.8 / 37 / 307 ms copied to the host, LAPACK there and back (benchmarks/gpu_probe.py)
+SVD_HOST_ENTRIES = 1 << 22
+
+
+def _svd(xp, Mn):
+    """``xp.linalg.svd(Mn, full_matrices=False)``: small torch GPU batches on the host, large ones in chunks."""
+    if is_torch_namespace(xp) and Mn.device.type != "cpu" and Mn.numel() <= SVD_HOST_ENTRIES:
+        return tuple(t.to(Mn.device) for t in xp.linalg.svd(Mn.cpu(), full_matrices=False))
+    b = Mn.shape[0]
+    if b <= EIGH_CHUNK:
+        return xp.linalg.svd(Mn, full_matrices=False)
+    parts = [xp.linalg.svd(Mn[i:i + EIGH_CHUNK, ...], full_matrices=False) for i in range(0, b, EIGH_CHUNK)]
+    return tuple(xp.concat([p[j] for p in parts], axis=0) for j in range(3))
+
+
 def svd_factor(Mn, n: int):
     """Rank-revealing SVD of normalised rows: ``(U, s_inv, Vh)`` with the dropped directions zeroed."""
     xp = array_namespace(Mn)
-    U, s, Vh = xp.linalg.svd(Mn, full_matrices=False)
+    U, s, Vh = _svd(xp, Mn)
     tol = max(Mn.shape[1], n) * machine_eps(xp, Mn.dtype) * xp.max(s, axis=-1, keepdims=True)
     keep = s > tol
     s_inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))

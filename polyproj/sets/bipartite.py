@@ -44,7 +44,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from ..linalg import cho_solve, cholesky, entrywise, small_cho_solve, small_cholesky
+from ..linalg import cho_solve, cholesky, eigh, entrywise, small_cho_solve, small_cholesky
 from ..projection.faces import put_rows
 
 __all__ = ["Dual", "DualSystem", "Sums", "finish", "newton", "polish"]
@@ -226,7 +226,7 @@ class DualSystem:
         eig = None
         if not bool(xp.all(ok)):
             idx = xp.nonzero(~ok)[0]
-            lam, Q = xp.linalg.eigh(xp.take(S, idx, axis=0))
+            lam, Q = eigh(xp, xp.take(S, idx, axis=0))
             keep = lam > m * eps_of(xp, S.dtype) * 10.0 * xp.max(xp.abs(lam), axis=1, keepdims=True)
             inv = xp.where(keep, 1.0 / xp.where(keep, lam, xp.ones_like(lam)), xp.zeros_like(lam))
             eig = EigPart(idx, Q, inv)
