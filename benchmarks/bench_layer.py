@@ -569,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
             kept = [dict(r, measured=r.get("measured", old_date))
                     for r in earlier.get(json.dumps(cfg, sort_keys=True), []) if r["method"] not in meths]
             rows = rows + kept  # --merge: the methods not rerun keep their earlier rows (with their date)
+            this = json.dumps(cfg, sort_keys=True)  # a kept earlier row of this config (merged in below) goes
+            results[name] = [c for c in results[name] if json.dumps(c["config"], sort_keys=True) != this]
             results[name].append(dict(config=cfg, rows=rows, ratios=ratios(rows)))
             if args.merge:  # the configs not rerun keep their earlier rows
                 done = {json.dumps(c["config"], sort_keys=True) for c in results[name]}
