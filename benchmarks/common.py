@@ -60,3 +60,23 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     payload = {"machine": machine(), **payload}
     path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
     return path
+
+
+def random_qp_batch(seed: int = 0, n: int = 30, m: int = 50, b: int = 64) -> tuple:
+    """The GPU checks' random QPs ``(P, q, C, l, u, lb, ub)``: one strongly convex P (lambda_min >= 0.1), b linear
+    terms, two-sided rows with 5 one-sided below, 5 above and one equality, a lower bound on x."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((n, n))
+    P = A @ A.T / n + 0.1 * np.eye(n)
+    C = rng.standard_normal((m, n))
+    x0 = rng.uniform(-1, 1, n)
+    l = C @ x0 - rng.uniform(0.1, 1, m)
+    u = C @ x0 + rng.uniform(0.1, 1, m)
+    l[:5] = -np.inf
+    u[5:10] = np.inf
+    l[10] = u[10] = (C @ x0)[10]
+    lb, ub = -2 * np.ones(n), np.full(n, np.inf)
+    q = 3 * rng.standard_normal((b, n))
+    return P, q, C, l, u, lb, ub

@@ -161,14 +161,11 @@ report["machine"]["torch"] = torch.__version__
 check("cupy backend available", "cupy" in pp.available_backends(), str(pp.backend_info()[-1]))
 
 # ---------------------------------------------------------------- correctness: random QPs
-rng = np.random.default_rng(0)
-n, m, b = 30, 50, 64
-A = rng.standard_normal((n, n)); P = A @ A.T / n + 0.1 * np.eye(n)
-C = rng.standard_normal((m, n)); x0 = rng.uniform(-1, 1, n)
-l = C @ x0 - rng.uniform(0.1, 1, m); u = C @ x0 + rng.uniform(0.1, 1, m)
-l[:5] = -np.inf; u[5:10] = np.inf; l[10] = u[10] = (C @ x0)[10]
-lb = -2 * np.ones(n); ub = np.full(n, np.inf)
-q = 3 * rng.standard_normal((b, n))
+sys.path.insert(0, "benchmarks")
+from common import random_qp_batch
+
+P, q, C, l, u, lb, ub = random_qp_batch()
+n, m, b = C.shape[1], C.shape[0], q.shape[0]
 ref = solve_qp_batch(P, q, C, l, u, lb, ub, eps_abs=1e-9)
 g = solve_qp_batch(*(cp.asarray(v) for v in (P, q, C, l, u, lb, ub)), eps_abs=1e-9)
 check("cupy result stays cupy", isinstance(g.x, cp.ndarray))
@@ -198,6 +195,7 @@ r = solve_qp_batch(*(cp.asarray(v) for v in (P, q[:4], C2, L, U, lb, ub)))
 st = [s.name for s in r.statuses()]
 check("infeasible element flagged alone (cupy)", st[2] == "PRIMAL_INFEASIBLE" and st.count("SOLVED") == 3, str(st))
 # backend + polish
+rng = np.random.default_rng(1)  # the polish check's own data
 poly = pp.Polyhedron(A=rng.standard_normal((59, 30)), a=np.ones(59) * 2, B=np.ones((1, 30)), b=[1.0])
 X = 3 * rng.standard_normal((128, 30))
 ry = pp.project(X, poly, backend="cupy").y

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_layer import make_problem
+from common import random_qp_batch
 
 from polyproj.adapters.torch import project
 from polyproj.solvers.ipm import solve_qp_batch
@@ -120,14 +121,7 @@ report["ipm_b8192"]["cprofile_cumulative"] = cum
 save()
 
 # ----------------------------------------------------------------------------- 3. the random-QP check
-rng = np.random.default_rng(0)
-n, m, b = 30, 50, 64
-A = rng.standard_normal((n, n)); P = A @ A.T / n + 0.1 * np.eye(n)
-C = rng.standard_normal((m, n)); x0 = rng.uniform(-1, 1, n)
-l = C @ x0 - rng.uniform(0.1, 1, m); u = C @ x0 + rng.uniform(0.1, 1, m)
-l[:5] = -np.inf; u[5:10] = np.inf; l[10] = u[10] = (C @ x0)[10]
-lb = -2 * np.ones(n); ub = np.full(n, np.inf)
-q = 3 * rng.standard_normal((b, n))
+P, q, C, l, u, lb, ub = random_qp_batch()
 ref = solve_qp_batch(P, q, C, l, u, lb, ub, eps_abs=1e-9)
 g = solve_qp_batch(*(torch.from_numpy(v).to(dev) for v in (P, q, C, l, u, lb, ub)), eps_abs=1e-9)
 mu = float(np.linalg.eigvalsh(P).min())
