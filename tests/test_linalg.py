@@ -179,7 +179,7 @@ def test_batched_eigh_and_svd_in_chunks_equal_one_call(rng, monkeypatch):
 
     M = rng.standard_normal((23, 5, 4))
     S = M @ np.swapaxes(M, 1, 2)
-    lam0, Q0 = np.linalg.eigh(S)
+    lam0 = np.linalg.eigvalsh(S)
     U0, s0, V0 = np.linalg.svd(M, full_matrices=False)
     monkeypatch.setattr(la, "EIGH_CHUNK", 4)
     monkeypatch.setattr(faces, "EIGH_CHUNK", 4)
