@@ -95,6 +95,11 @@ def hessian_float32(S, theta: torch.Tensor, lam: np.ndarray, block: int = 64) ->
     return 0.5 * (H + H.T)
 
 
+def _mt(args) -> str:
+    """Suffix of the cached DIF scores of a run with another ``--mult-tol`` (their classification differs)."""
+    return "" if args.mult_tol == 1e-7 else f"_multol{args.mult_tol:g}"
+
+
 def rebuild(args, cache: Path):
     """The study's problem without training again, from ``study.npz`` (or ``--resume``: from θ̄ alone).
 
@@ -195,7 +200,8 @@ def train(args, cache: Path):
                                        max_iter=args.newton_iter, rtol=args.minres_rtol)
             log(f"Newton-MINRES polish: residuals {[f'{r:.1e}' for r in info.residuals]}, "
                 f"MINRES iterations {info.krylov_iterations}")
-    kkt = KKTPoint.from_params(prob, th, lam, tol=max(args.tol * 10, 1e-9), polish=False, warn=False)
+    kkt = KKTPoint.from_params(prob, th, lam, tol=max(args.tol * 10, 1e-9), polish=False, warn=False,
+                               mult_tol=args.mult_tol)
     if not tfile.exists():
         np.savez(tfile, theta=th.numpy(), lam=lam, status=np.array(kkt.status))
     return S, kkt, frozen, H
@@ -266,6 +272,9 @@ def main(argv=None) -> int:
     ap.add_argument("--newton-iter", type=int, default=20, help="Newton-MINRES steps (working-set drops included)")
     ap.add_argument("--minres-rtol", type=float, default=1e-11, help="relative residual of each Newton step's MINRES")
     ap.add_argument("--wd", type=float, default=1e-2)
+    ap.add_argument("--mult-tol", type=float, default=1e-7,
+                    help="KKTPoint's mult_tol: a constraint whose multiplier is at most this is weakly active "
+                         "(sign-constrained in the DIF QP) rather than binding (an equality); scores cached apart")
     ap.add_argument("--n-train", type=int, default=None)
     ap.add_argument("--widths", type=int, nargs=3, default=(16, 32, 40))
     ap.add_argument("--chunk", type=int, default=4096)
@@ -316,7 +325,7 @@ def main(argv=None) -> int:
         log(f"CG: {err}; MINRES instead")
         dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, krylov="minres", preconditioner=M)
     pred = {"DIF": dif.influence(F, R).numpy()}
-    np.save(cache / f"dif_scores_{len(R)}.npy", pred["DIF"])
+    np.save(cache / f"dif_scores_{len(R)}{_mt(args)}.npy", pred["DIF"])
     t_dif = time.perf_counter() - t
     klog = [(what, info.iterations, info.residual) for what, info in dif.krylov_log]
     log(f"DIF scores of {len(R)} removals in {t_dif:.1f} s; Krylov: {klog}")
@@ -354,17 +363,17 @@ def main(argv=None) -> int:
     # ---- second-order DIF: one chord-Newton correction per removal (one pass over the data, one solve)
     t_dif2, order2 = None, None
     if not args.no_order2:
-        f2 = cache / f"dif2_scores_{len(R)}.npy"
+        f2 = cache / f"dif2_scores_{len(R)}{_mt(args)}.npy"
         t = time.perf_counter()
         if f2.exists():
             pred["DIF (order 2)"] = np.load(f2)
         else:
             pred["DIF (order 2)"] = dif.influence(F, R, order=2, progress=True).numpy()
             np.save(f2, pred["DIF (order 2)"])
-            np.save(cache / f"dif2_ratios_{len(R)}.npy", np.array(dif.second_order_log))
+            np.save(cache / f"dif2_ratios_{len(R)}{_mt(args)}.npy", np.array(dif.second_order_log))
             t_dif2 = time.perf_counter() - t
             log(f"second-order DIF scores of {len(R)} removals in {t_dif2:.1f} s")
-        ratios = np.load(cache / f"dif2_ratios_{len(R)}.npy")
+        ratios = np.load(cache / f"dif2_ratios_{len(R)}{_mt(args)}.npy")
         order2 = {"time_s": t_dif2, "correction_ratio": ratios.tolist(),
                   "not_applied_singles": int(np.sum(ratios[:args.singles] > 1)),
                   "not_applied_groups": int(np.sum(ratios[args.singles:] > 1))}
