@@ -21,8 +21,8 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
-__all__ = ["SMALL", "cho_solve", "cholesky", "eigh", "entrywise", "identity_where", "small_cho_solve", "small_cholesky",
-           "tri_inv"]
+__all__ = ["SMALL", "cho_solve", "cholesky", "eigh", "entrywise", "identity_where", "in_chunks", "small_cho_solve",
+           "small_cholesky", "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
 
@@ -83,13 +83,18 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
 EIGH_CHUNK = 1 << 13
 
 
-def eigh(xp: Any, S: Any) -> tuple[Any, Any]:
-    """``xp.linalg.eigh`` of a batch (b, m, m), in calls of at most :data:`EIGH_CHUNK` matrices."""
+def in_chunks(xp: Any, f: Any, S: Any) -> tuple[Any, ...]:
+    """``f(S)`` (a tuple of batched arrays) for a batch (b, ...), in calls of at most :data:`EIGH_CHUNK`."""
     b = S.shape[0]
     if b <= EIGH_CHUNK:
-        return xp.linalg.eigh(S)
-    parts = [xp.linalg.eigh(S[i:i + EIGH_CHUNK, ...]) for i in range(0, b, EIGH_CHUNK)]
-    return xp.concat([p[0] for p in parts], axis=0), xp.concat([p[1] for p in parts], axis=0)
+        return tuple(f(S))
+    parts = [tuple(f(S[i:i + EIGH_CHUNK, ...])) for i in range(0, b, EIGH_CHUNK)]
+    return tuple(xp.concat([p[j] for p in parts], axis=0) for j in range(len(parts[0])))
+
+
+def eigh(xp: Any, S: Any) -> tuple[Any, Any]:
+    """``xp.linalg.eigh`` of a batch (b, m, m), in calls of at most :data:`EIGH_CHUNK` matrices."""
+    return in_chunks(xp, xp.linalg.eigh, S)
 
 
 def identity_where(xp: Any, ok: Any, L: Any, *, own: bool = False) -> Any:

@@ -27,7 +27,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
-from ..linalg import EIGH_CHUNK, cho_solve, cholesky, identity_where
+from ..linalg import cho_solve, cholesky, identity_where, in_chunks
 
 __all__ = ["ActiveRows", "Face", "expand_rows", "face_rhs", "gather_active_rows", "put_rows", "scatter_rows",
            "svd_factor"]
@@ -241,11 +241,7 @@ def _svd(xp, Mn):
     """``xp.linalg.svd(Mn, full_matrices=False)``: small torch GPU batches on the host, large ones in chunks."""
     if is_torch_namespace(xp) and Mn.device.type != "cpu" and Mn.numel() <= SVD_HOST_ENTRIES:
         return tuple(t.to(Mn.device) for t in xp.linalg.svd(Mn.cpu(), full_matrices=False))
-    b = Mn.shape[0]
-    if b <= EIGH_CHUNK:
-        return xp.linalg.svd(Mn, full_matrices=False)
-    parts = [xp.linalg.svd(Mn[i:i + EIGH_CHUNK, ...], full_matrices=False) for i in range(0, b, EIGH_CHUNK)]
-    return tuple(xp.concat([p[j] for p in parts], axis=0) for j in range(3))
+    return in_chunks(xp, lambda M: xp.linalg.svd(M, full_matrices=False), Mn)
 
 
 def svd_factor(Mn, n: int):
