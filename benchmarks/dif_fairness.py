@@ -96,8 +96,10 @@ def hessian_float32(S, theta: torch.Tensor, lam: np.ndarray, block: int = 64) ->
 
 
 def _mt(args) -> str:
-    """Suffix of the cached DIF scores of a run with another ``--mult-tol`` (their classification differs)."""
-    return "" if args.mult_tol == 1e-7 else f"_multol{args.mult_tol:g}"
+    """Suffix of the cached DIF scores of a run with another ``--mult-tol`` (their classification differs)
+    or another ``--rule``."""
+    return ("" if args.mult_tol == 1e-7 else f"_multol{args.mult_tol:g}") + \
+        ("" if args.rule == "derivative" else f"_{args.rule}")
 
 
 def rebuild(args, cache: Path):
@@ -275,6 +277,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mult-tol", type=float, default=1e-7,
                     help="KKTPoint's mult_tol: a constraint whose multiplier is at most this is weakly active "
                          "(sign-constrained in the DIF QP) rather than binding (an equality); scores cached apart")
+    ap.add_argument("--rule", choices=("derivative", "finite"), default="derivative",
+                    help="DIF's removal rule: the directional derivative (the paper's), or the finite step that "
+                         "releases a binding constraint whose multiplier the removal uses up")
     ap.add_argument("--n-train", type=int, default=None)
     ap.add_argument("--widths", type=int, nargs=3, default=(16, 32, 40))
     ap.add_argument("--chunk", type=int, default=4096)
@@ -320,10 +325,10 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     M = frozen.solve if args.precondition else None
     try:
-        dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, preconditioner=M)
+        dif = DIF(prob, kkt, method="matrix-free", rule=args.rule, rtol=1e-8, preconditioner=M)
     except IndefiniteHessianError as err:
         log(f"CG: {err}; MINRES instead")
-        dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, krylov="minres", preconditioner=M)
+        dif = DIF(prob, kkt, method="matrix-free", rule=args.rule, rtol=1e-8, krylov="minres", preconditioner=M)
     pred = {"DIF": dif.influence(F, R).numpy()}
     np.save(cache / f"dif_scores_{len(R)}{_mt(args)}.npy", pred["DIF"])
     t_dif = time.perf_counter() - t

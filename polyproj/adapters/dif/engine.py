@@ -9,6 +9,19 @@
   Schur complement over the active rows (:mod:`polyproj.adapters.dif.matfree`); all-point scores
   project vmapped per-sample gradients on [H⁻¹∇F, H⁻¹C_Aᵀ] (:mod:`polyproj.adapters.dif.scores`).
 * ``"auto"`` (default): dense for d <= ``DENSE_MAX_DIM``, matrix-free above.
+
+``rule`` says what a removal is:
+
+* ``"derivative"`` (default, the paper's DIF): the directional derivative of θ in the removal's
+  direction. Binding rows stay at equality (their multiplier change μⱼ is free), weakly active rows
+  keep ∇gⱼᵀω + rⱼ <= 0 with μⱼ >= 0, inactive rows are ignored.
+* ``"finite"``: the removal as a finite step, the linearised KKT system of the removed problem with its
+  complementarity kept at the step's end. Every inequality row j keeps gⱼ + ∇gⱼᵀω + rⱼ <= 0 (gⱼ = 0 on
+  the rows active at θ̄) and λ̄ⱼ + μⱼ >= 0, so a binding row whose multiplier the removal uses up is
+  released and an inactive row the step reaches becomes active. In primal form: the QP over every
+  constraint with the linear term c − Σⱼ λ̄ⱼ∇gⱼ, whose multipliers are the new λ̄ + μ. It equals the
+  derivative wherever no row changes status, needs no binding / weakly active threshold, and costs one
+  more solve with H per inactive constraint.
 """
 
 from __future__ import annotations
@@ -89,6 +102,7 @@ def _as_removals(removal: Removal | Sequence[Removal]) -> tuple[list[Removal], b
 DENSE_MAX_DIM = 1000
 
 METHODS = ("auto", "dense", "matrix-free")
+RULES = ("derivative", "finite")
 
 
 class DIF:
@@ -108,6 +122,10 @@ class DIF:
         ``self.damping``. See docs/dif.md, "Damping".
     method : {"auto", "dense", "matrix-free"}
         ``"auto"``: dense for d <= ``DENSE_MAX_DIM`` (1000), matrix-free above.
+    rule : {"derivative", "finite"}
+        ``"derivative"`` (default): the directional derivative (the paper's DIF). ``"finite"``: the
+        removal as a finite step, binding rows released when their multiplier would turn negative and
+        inactive rows joining when reached (module docstring; docs/dif.md, "Finite removals").
     renormalize : bool
         Default True: a removal means what retraining means (every loss stays a mean over what
         remains; rⱼ includes ℓ̄ⱼ − ℓⱼ(z)). False: the paper's plain Δε = −1/Nⱼ (a τ-shifted problem).
@@ -133,11 +151,14 @@ class DIF:
     """
 
     def __init__(self, problem: ConstrainedProblem, kkt: KKTPoint, backend: Any = "proxsuite",
-                 damping: float | str = 0.0, *, method: str = "auto", renormalize: bool = True, krylov: str = "cg",
+                 damping: float | str = 0.0, *, method: str = "auto", rule: str = "derivative",
+                 renormalize: bool = True, krylov: str = "cg",
                  rtol: float = 1e-10, maxiter: int | None = None, chunk_size: int | None = None,
                  preconditioner: Any = None, **settings: Any) -> None:
         if method not in METHODS:
             raise ProblemError(f"method must be one of {METHODS}, got {method!r}")
+        if rule not in RULES:
+            raise ProblemError(f"rule must be one of {RULES}, got {rule!r}")
         if krylov not in KRYLOV_METHODS:
             raise ProblemError(f"krylov must be one of {KRYLOV_METHODS}, got {krylov!r}")
         auto_damping = isinstance(damping, str)
@@ -162,9 +183,21 @@ class DIF:
         self.method = ("dense" if problem.dim <= DENSE_MAX_DIM else "matrix-free") if method == "auto" else method
         self.V: np.ndarray | None = None  # H⁻¹C_Aᵀ: at once on the matrix-free path, on first use on the dense
         self.chunk_size = _chunk(chunk_size, DEFAULT_CHUNK)
+        self.rule = rule
         st = kkt.status
-        self.rows = np.array([j for j, s in enumerate(st) if s in (BINDING, EQUALITY, WEAK)], dtype=np.int64)
-        self.row_eq = np.array([st[j] != WEAK for j in self.rows], dtype=bool)
+        active = np.array([s in (BINDING, EQUALITY, WEAK) for s in st], dtype=bool)
+        if rule == "finite":
+            # every constraint; free multipliers on equalities only, the others floored at −λ̄ⱼ
+            self.rows = np.arange(problem.m, dtype=np.int64)
+            self.row_eq = np.asarray(problem.eq_mask, dtype=bool).copy()
+            self.floor = np.where(self.row_eq, 0.0, np.maximum(self.lin.lam, 0.0))
+            #: the QP's bound is u = u0 − r: u0 = −gⱼ(θ̄) on rows inactive at θ̄, 0 on active ones
+            self.u0 = np.where(active, 0.0, -self.lin.g)
+        else:
+            self.rows = np.flatnonzero(active).astype(np.int64)
+            self.row_eq = np.array([st[j] != WEAK for j in self.rows], dtype=bool)
+            self.floor = np.zeros(self.rows.size)
+            self.u0 = np.zeros(self.rows.size)
         self.C = self.lin.G[self.rows]
         floor = kkt.suggested_damping if auto_damping else float(damping)
         if self.method == "dense":
@@ -189,7 +222,7 @@ class DIF:
                                  chunk_size=self.chunk_size)
             self._inv = KrylovInverse(op, krylov, rtol, maxiter, preconditioner)
             try:
-                self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A")
+                self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A" if self.rule == "derivative" else "H⁻¹∇g")
                 break
             except IndefiniteHessianError as err:
                 if not auto:
@@ -210,14 +243,15 @@ class DIF:
     def dual(self) -> DualQP:
         """The dual QP over the active rows, S = C H⁻¹ Cᵀ (formed on first use)."""
         if self._dual is None:
-            self._dual = DualQP.build(self.C @ self.active_solves, self.row_eq, self.backend, self.settings)
+            self._dual = DualQP.build(self.C @ self.active_solves, self.row_eq, self.backend, self.settings,
+                                      floor=self.floor)
         return self._dual
 
     @property
     def active_solves(self) -> np.ndarray:
         """V = H⁻¹C_Aᵀ (d, k) of the active rows (the matrix-free path forms it at once, the dense on first use)."""
         if self.V is None:
-            self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A")
+            self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A" if self.rule == "derivative" else "H⁻¹∇g")
         return self.V
 
     def constraint_solves(self, rows: np.ndarray, eq: np.ndarray) -> tuple[np.ndarray, DualQP]:
@@ -240,11 +274,19 @@ class DIF:
         return VR, self._step_duals[key]
 
     def qp_data(self, removal: Removal) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(H, c, C, u, eq) of the DIF QP ``min cᵀω + ½ωᵀHω s.t. Cω = u (eq), Cω <= u`` (u = −r); dense only."""
+        """(H, c, C, u, eq) of the DIF QP ``min cᵀω + ½ωᵀHω s.t. Cω = u (eq), Cω <= u`` (u = −r); dense only.
+
+        Under ``rule="finite"`` c is shifted by −Cᵀλ̄ and u = u0 − r, so that the QP's multipliers are
+        the new λ̄ + μ (module docstring).
+        """
         if self.method != "dense":
             raise ProblemError("qp_data forms H: use method='dense'")
         c, r = self._terms(removal)
-        return self.H, c, self.C, -r[self.rows], self.row_eq
+        return self.H, c - self.floor @ self.C, self.C, self._bound(r), self.row_eq
+
+    def _bound(self, r: np.ndarray) -> np.ndarray:
+        """The bound u = u0 − r of the QP's rows, for r (m,) or (b, m)."""
+        return self.u0 - r[..., self.rows]
 
     def _terms(self, removal: Removal) -> tuple[np.ndarray, np.ndarray]:
         c0, cc, r = self.lin.removal_terms(removal, renormalize=self.renormalize)
@@ -265,10 +307,10 @@ class DIF:
         else:
             from .qp import solve_qp_exact
 
-            sol = solve_qp_exact(self.H, c, self.C, -r[self.rows], self.row_eq, backend=self.backend,
-                                 **self.settings)
+            sol = solve_qp_exact(self.H, c - self.floor @ self.C, self.C, self._bound(r), self.row_eq,
+                                 backend=self.backend, **self.settings)
             names = tuple(self.kkt.names[j] for j, a in zip(self.rows, sol.active, strict=True) if a)
-            first = self._pack(np.nan_to_num(sol.x, nan=np.nan), sol.z, sol.status, r, names)
+            first = self._pack(np.nan_to_num(sol.x, nan=np.nan), sol.z - self.floor, sol.status, r, names)
         if order == 1 or not first.status.ok:
             return first
         from .second_order import correction
@@ -301,13 +343,14 @@ class DIF:
 
     def _result_schur(self, c: np.ndarray, r: np.ndarray) -> DIFResult:
         y = self._inv.solve(c, "H⁻¹c")
-        u = -r[self.rows]
+        u = self._bound(r)
         mu = self.dual.solve(self.C @ y + u) if self.rows.size else np.zeros(0)
         omega = -(y + self.V @ mu)
         slack = u - self.C @ omega
         tol = 1e-8 * (1.0 + float(np.max(np.abs(u), initial=0.0)))
         # a rounding-level positive multiplier on a row left with slack is not an active row
-        act = self.row_eq | (mu > 1e-10 * (1.0 + float(np.max(np.abs(mu), initial=0.0)))) | (np.abs(slack) <= tol)
+        new = mu + self.floor  # the QP's own multipliers (= μ under the derivative rule)
+        act = self.row_eq | (new > 1e-10 * (1.0 + float(np.max(np.abs(new), initial=0.0)))) | (np.abs(slack) <= tol)
         names = tuple(self.kkt.names[j] for j, a in zip(self.rows, act, strict=True) if a)
         return self._pack(omega, mu, Status.SOLVED, r, names)
 
@@ -443,7 +486,7 @@ class DIF:
         M = np.column_stack([s, self.V]) if self.rows.size else s[:, None]
         b = self.V.T @ gF if self.rows.size else np.zeros(0)
         return ScoreJob(problem=self.problem, theta=self.kkt.theta, lam=self.lin.lam, g=self.lin.g, basis=M,
-                        grad_f0=self.lin.grad_f0 @ M, G=self.lin.G @ M, rows=self.rows, b=b, dual=dual,
+                        grad_f0=self.lin.grad_f0 @ M, G=self.lin.G @ M, rows=self.rows, u0=self.u0, b=b, dual=dual,
                         renormalize=self.renormalize,
                         chunk_size=_chunk(chunk_size, self.chunk_size))
 
@@ -477,7 +520,7 @@ class DIF:
             terms = [self.lin.removal_terms(rem, renormalize=self.renormalize) for rem in removals]
             Q = np.array([c0 + self.lin.lam @ cc for c0, cc, _ in terms]).reshape(-1, self.problem.dim)
             R = np.array([r for _, _, r in terms]).reshape(-1, m)
-        sols = solve_qp_exact_batch(self.H, Q, self.C, -R[:, self.rows], self.row_eq,
+        sols = solve_qp_exact_batch(self.H, Q - self.floor @ self.C, self.C, self._bound(R), self.row_eq,
                                     backend=self.backend, **self.settings)
         bad = [i for i, s in enumerate(sols) if not s.status.ok]
         if bad:
@@ -515,6 +558,7 @@ def _qp_failure(status: Status) -> str:
     """The error message of a DIF QP that was not solved."""
     if status is Status.NON_CONVEX:
         return ("the DIF QP is not convex: H is not positive definite on the null space of the binding "
+                "(under rule='finite': the equality) "
                 "constraints (second-order sufficiency fails at this KKT point); pass damping > 0 (or "
                 "damping='auto') to regularise it")
     return f"the DIF QP returned {status.name}: {status.message}"

@@ -16,6 +16,9 @@ MINRES path), S is indefinite (it has as many negative eigenvalues as H) and the
 eliminated first: μ_B = −S_BB⁻¹(h_B + S_BW μ_W) leaves the QP in μ_W >= 0 with the Schur complement
 T = S_WW − S_WB S_BB⁻¹ S_BW, which is then positive semidefinite. If it is not, H is not positive
 definite on the critical cone (second-order sufficiency fails) and the DIF is not defined.
+
+Under the finite-removal rule (``DIF(..., rule="finite")``) every inequality row is sign-constrained
+with a floor, μⱼ >= −λ̄ⱼ (the new multiplier λ̄ⱼ + μⱼ stays >= 0), and B holds the equality rows only.
 """
 
 from __future__ import annotations
@@ -50,13 +53,21 @@ class DualQP:
     reduced: bool
     backend: object
     settings: dict
+    floor: np.ndarray | None = None
 
     @classmethod
-    def build(cls, S: np.ndarray, eq: np.ndarray, backend: object, settings: dict) -> DualQP:
-        """Check S and choose the full or the reduced form."""
+    def build(cls, S: np.ndarray, eq: np.ndarray, backend: object, settings: dict,
+              floor: np.ndarray | None = None) -> DualQP:
+        """Check S and choose the full or the reduced form.
+
+        ``floor`` (k,), optional: sign-constrained rows are bounded by μⱼ >= −floorⱼ instead of 0
+        (the finite-removal rule: floor = λ̄, so that λ̄ + μ stays >= 0); ignored on ``eq`` rows.
+        """
         S = 0.5 * (S + S.T)
+        floor = None if floor is None or not np.any(np.asarray(floor)[~eq]) else \
+            np.where(eq, 0.0, np.asarray(floor, dtype=np.float64))
         if _psd(S):
-            return cls(S, eq, False, backend, dict(settings))
+            return cls(S, eq, False, backend, dict(settings), floor)
         B, W = np.flatnonzero(eq), np.flatnonzero(~eq)
         SBB = S[np.ix_(B, B)]
         T = S[np.ix_(W, W)] - S[np.ix_(W, B)] @ _pinv(SBB) @ S[np.ix_(B, W)] if B.size else S
@@ -65,7 +76,7 @@ class DualQP:
                 "the DIF is not defined here: H is not positive definite on the critical cone (second-order "
                 "sufficiency fails; the reduced dual matrix has a negative eigenvalue "
                 f"{float(np.linalg.eigvalsh(T)[0]):.3e}); add damping", float(np.linalg.eigvalsh(T)[0]))
-        return cls(S, eq, True, backend, dict(settings))
+        return cls(S, eq, True, backend, dict(settings), floor)
 
     @property
     def k(self) -> int:
@@ -78,21 +89,28 @@ class DualQP:
         if Hd.shape[0] == 0:
             return np.zeros((0, self.k))
         if not self.reduced:
-            return self._sign_constrained_qp(self.S, Hd, ~self.eq)
+            return self._sign_constrained_qp(self.S, Hd, ~self.eq, self.floor)
         P, Q, B, W, SBBinv_SBW, SBBinv = self._reduction(Hd)
         mu = np.zeros((Hd.shape[0], self.k))
-        mu[:, W] = self._sign_constrained_qp(P, Q, np.ones(W.size, bool))
+        mu[:, W] = self._sign_constrained_qp(P, Q, np.ones(W.size, bool),
+                                             None if self.floor is None else self.floor[W])
         mu[:, B] = -(SBBinv @ Hd[:, B].T).T - mu[:, W] @ SBBinv_SBW.T
         return mu
 
-    def _sign_constrained_qp(self, P: np.ndarray, Q: np.ndarray, signed: np.ndarray) -> np.ndarray:
-        """``min ½μᵀPμ + qᵀμ s.t. μ_signed >= 0`` for each row q of Q, by the backend + exact polish."""
+    def _sign_constrained_qp(self, P: np.ndarray, Q: np.ndarray, signed: np.ndarray,
+                             floor: np.ndarray | None = None) -> np.ndarray:
+        """``min ½μᵀPμ + qᵀμ s.t. μ_signed >= −floor`` (floor 0 by default) for each row q of Q.
+
+        By the backend + exact polish; with a floor, in ν = μ + floor (ν_signed >= 0, q − P·floor).
+        """
         from .qp import solve_qp_exact_batch
 
         if P.shape[0] == 0:
             return np.zeros((Q.shape[0], 0))
         if not signed.any():
             return _consistent_solve(P, -Q.T).T
+        if floor is not None:
+            return self._sign_constrained_qp(P, Q - floor @ P, signed) - floor
         Cd = -np.eye(P.shape[0])[signed]
         sols = solve_qp_exact_batch(P, Q, Cd, np.zeros((Q.shape[0], Cd.shape[0])), np.zeros(Cd.shape[0], bool),
                                     backend=self.backend, **self.settings)

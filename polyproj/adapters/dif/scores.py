@@ -96,7 +96,8 @@ class ScoreJob:
     basis : ndarray (d, 1 + k)
         [s_test, V] (s_test = H⁻¹∇F, V = H⁻¹C_Aᵀ).
     grad_f0, G : projections of ∇f₀ (1 + k,) and of the constraint Jacobian (m, 1 + k)
-    rows : active constraint rows;  b : C_A s_test (k,)
+    rows : the DIF QP's constraint rows;  u0 : their constant bound (k,), u = u0 − r (0 but under
+        ``rule="finite"``);  b : C_A s_test (k,)
     dual : the dual-QP solver of the KKT point (``solve_batch(h) -> μ``)
     renormalize, chunk_size : as :class:`~polyproj.adapters.dif.DIF`
     """
@@ -109,6 +110,7 @@ class ScoreJob:
     grad_f0: np.ndarray
     G: np.ndarray
     rows: np.ndarray
+    u0: np.ndarray
     b: np.ndarray
     dual: Any
     renormalize: bool
@@ -130,6 +132,6 @@ class ScoreJob:
             c0, cc, r = removal_terms(self.problem, self.g, src, rem, renormalize=self.renormalize)
             cp = c0 + self.lam @ cc
             A[i] = cp[0]
-            Hd[i] = cp[1:] - r[self.rows]
+            Hd[i] = cp[1:] + self.u0 - r[self.rows]
         mu = self.dual.solve_batch(Hd) if k else np.zeros((len(checked), 0))
         return -(A + mu @ self.b), mu
