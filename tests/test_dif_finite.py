@@ -136,6 +136,9 @@ def test_scores_equal_the_removals_own_answers(tiny, method):
     gF = torch.func.grad(F)(tiny.kkt.theta)
     want = (dif.delta_theta(rems) @ gF).numpy()
     np.testing.assert_allclose(dif.influence(F, rems).numpy(), want, rtol=0, atol=1e-9 * np.abs(want).max())
+    if method == "dense":  # all single removals' ω in one batch of QPs
+        om = dif.delta_theta([{"objective": [i]} for i in range(10)])
+        np.testing.assert_allclose(dif.influence()[:10].numpy(), om.numpy(), rtol=0, atol=1e-12)
     with ThreadPoolExecutor(2) as ex:
         np.testing.assert_allclose(dif.influence(F, rems, executor=ex).numpy(), want, rtol=0,
                                    atol=1e-9 * np.abs(want).max())
@@ -156,9 +159,10 @@ def test_needs_no_multiplier_threshold(tiny):
     assert float((c - dd).abs().max()) > 1e-3 * float(c.abs().max())
 
 
-def test_second_order_on_the_finite_rule(tiny):
+@pytest.mark.parametrize("method", ["dense", "matrix-free"])
+def test_second_order_on_the_finite_rule(tiny, method):
     prob, kkt = tiny.problem, tiny.kkt
-    dif = DIF(prob, kkt, rule="finite")
+    dif = DIF(prob, kkt, method=method, rule="finite", rtol=1e-13)
     rems = tiny.removals[:10]
     truth, _ = _truth(tiny, rems)
     o1 = dif.delta_theta(rems).numpy()
