@@ -299,7 +299,33 @@ def test_settings_or_other_backends_skip_the_direct_path():
     assert not taken(Polyhedral(P, eps_abs=1e-7), X).any()
     assert not taken(Polyhedral(P, max_polish_iter=3), X).any()
     assert taken(Polyhedral(P, "daqp"), X).all()
-    assert not taken(Polyhedral(P), np.vstack([X] * 9)).any()  # more than DIRECT_BATCH points
+    many = np.vstack([X] * (direct.DIRECT_BATCH // 2 + 1))
+    assert not taken(Polyhedral(P), many).any()  # more than DIRECT_BATCH points
+    assert taken(Polyhedral(P), many[: direct.DIRECT_BATCH]).all()
+
+
+def test_direct_points_grow_as_n_shrinks(monkeypatch):
+    """Under "auto" the direct path takes up to direct_points(n) points (the measured crossover with the
+    batched start): many at small n, as many as the per-point rule at large n; its answers and backward
+    at a batch far past 16 are the pipeline's."""
+    from polyproj.backends.defaults import direct_points, per_point_limit
+
+    ns = (10, 20, 30, 50, 80, 100, 200, 300)
+    limits = [direct_points(n) for n in ns]
+    assert limits == sorted(limits, reverse=True)
+    assert all(direct_points(n) >= per_point_limit(n) for n in ns)
+    assert direct_points(10) >= direct.DIRECT_BATCH and direct_points(300) == 0
+    d, X, V = problem(20, 40, 96, 11)
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert taken(S, X).sum() >= 90
+    y1, g1, c1 = layer_run(d, X, V, torch.float64, learn=True)
+    y0, g0, c0 = pipeline_too(monkeypatch, lambda: layer_run(d, X, V, torch.float64, learn=True))
+    assert float((y1 - y0).abs().max()) <= 1e-12 * (1 + float(y0.abs().max()))
+    assert float((g1 - g0).abs().max()) <= 1e-10 * (1 + float(g0.abs().max()))
+    for k, a, b in zip(PARTS, c1, c0, strict=True):
+        assert float((a - b).abs().max()) <= 1e-10 * (1 + float(b.abs().max())), k
+    d, X, _ = problem(50, 100, direct_points(50) + 1, 12)
+    assert not taken(Polyhedral(pp.Polyhedron(**d)), X).any()
 
 
 def test_per_point_solves_are_limited_by_dimension():

@@ -10,8 +10,8 @@ from typing import Any
 
 from ..errors import PolyprojError
 
-__all__ = ["PROJECTION_DEFAULT", "QP_DEFAULT", "auto_projection", "exact_points", "fallback_for", "independent_of",
-           "per_point_limit"]
+__all__ = ["PROJECTION_DEFAULT", "QP_DEFAULT", "auto_projection", "direct_points", "exact_points", "fallback_for",
+           "independent_of", "per_point_limit"]
 
 #: default backend of :func:`polyproj.solve_qp` (best at 1e-8 and 1e-9 on the Maros–Meszaros dense subset)
 QP_DEFAULT = "piqp"
@@ -35,6 +35,22 @@ def per_point_limit(n: int | None) -> int:
     if n is None:
         return AUTO_SMALL_BATCH
     return int(min(AUTO_SMALL_BATCH, AUTO_SMALL_BATCH * (PER_POINT_N / max(int(n), 1)) ** 2))
+
+#: the direct path (DAQP per point, then every point's face exact in one pass: polyproj.projection.direct)
+#: against the ADMM start + polish of the batch, fwd+bwd through the torch layer on bench_layer data (m = 2n,
+#: one thread, 2026-12-04; docs/torch.md): the direct path is as fast up to ~200 points at n 10, ~280 at
+#: n 20, ~160 at n 30, ~120 at n 40, ~50 at n 50, ~30 at n 60, ~10 at n 80; DIRECT_POINTS (50/n)^3.5
+DIRECT_POINTS = 48.0
+
+
+def direct_points(n: int) -> int:
+    """The most CPU points of dimension ``n`` that ``"auto"`` sends the direct path.
+
+    At least :func:`per_point_limit`; the path's own ceiling is ``polyproj.projection.direct.DIRECT_BATCH``.
+    """
+    return int(max(per_point_limit(n), DIRECT_POINTS * (PER_POINT_N / max(int(n), 1)) ** 3.5))
+
+
 #: order in which an independent second opinion is asked (a false infeasibility report)
 INDEPENDENT = ("ipm", "highs", "proxsuite", "osqp")
 

@@ -174,13 +174,13 @@ class Polyhedral(Projector):
         (the ``"auto"`` choice for that batch; their part of the warm start; DAQP's start from the direct
         path's solves when DAQP is that choice).
         """
-        from ..backends.defaults import per_point_limit
+        from ..backends.defaults import direct_points
         from ..projection import direct
         from ..projection.pipeline import _unit_scale
 
         if not (isinstance(X, np.ndarray) and 0 < X.shape[0] <= direct.DIRECT_BATCH and X.shape[1]
                 and not data.batched and opts.polish and opts.max_rounds is None and not self.settings
-                and ((self.auto and X.shape[0] <= per_point_limit(X.shape[1])) or self.solver.name == "daqp")) \
+                and ((self.auto and X.shape[0] <= direct_points(X.shape[1])) or self.solver.name == "daqp")) \
                 or _unit_scale(X, data) != 1.0:
             return None
         dd = self._like.get("direct")
