@@ -130,6 +130,14 @@ class _Faces:
         """The faces of the points ``idx``."""
         return _Faces(self.M[idx], self.free[idx], self.s[idx], self.L[idx], self.ka)
 
+    def dot(self, v: np.ndarray) -> np.ndarray:
+        """``M v`` per point, (b, ka + p) for v (b, n)."""
+        return np.einsum("bkn,bn->bk", self.M, v)
+
+    def t_dot(self, r: np.ndarray) -> np.ndarray:
+        """``Mᵀ r`` per point, (b, n) for r (b, ka + p)."""
+        return np.einsum("bk,bkn->bn", r, self.M)
+
     def solve(self, R: np.ndarray) -> np.ndarray:
         """``s ⊙ G⁻¹ (s ⊙ R)`` for R (b, ka + p).
 
@@ -152,8 +160,8 @@ class DirectFace:
         """``(J g, r, Mᵀr)`` per point: ``r = s ⊙ G⁻¹ (s ⊙ M(f⊙g))`` in the compact layout of :attr:`rows`."""
         F = self.faces
         fg = F.free * g
-        r = F.solve(np.einsum("bkn,bn->bk", F.M, fg))
-        Mr = np.einsum("bk,bkn->bn", r, F.M)
+        r = F.solve(F.dot(fg))
+        Mr = F.t_dot(r)
         return fg - F.free * Mr, np.concatenate([r[:, : self.rows.k], r[:, F.ka:]], axis=1), Mr
 
 
@@ -169,7 +177,8 @@ def _faces(X: np.ndarray, d: PolyData, dd: DirectData, lams: np.ndarray) -> tupl
     up, lo = lams[:, :n] > 0, lams[:, :n] < 0
     act = lams[:, n: n + m] > 0
     count = act.sum(axis=1)
-    ka, k = int(count.max(initial=0)), int(count.max(initial=0)) + p
+    ka = int(count.max(initial=0))
+    k = ka + p
     order = np.argsort(~act, axis=1, kind="stable")
     padded = bool((count < ka).any())
     valid = np.ones((b, k), dtype=bool)
@@ -199,15 +208,14 @@ def _faces(X: np.ndarray, d: PolyData, dd: DirectData, lams: np.ndarray) -> tupl
             ok[i], L = False, eye
         G[i] = L
     faces = _Faces(M, free, s, G, ka)
-    lam_c = faces.solve(np.einsum("bkn,bn->bk", M, z) - c)
-    Mt = np.einsum("bk,bkn->bn", lam_c, M)
+    lam_c = faces.solve(faces.dot(z) - c)
+    Mt = faces.t_dot(lam_c)
     Y = z - Mt * free
     # cancellation: one refinement step
     ref = np.flatnonzero(np.abs(z).max(axis=1) > CANCELLATION * np.abs(Y).max(axis=1))
     if ref.size:
         part = faces.take(ref)
-        Y[ref] -= np.einsum("bk,bkn->bn", part.solve(np.einsum("bkn,bn->bk", part.M, Y[ref]) - c[ref]), part.M) \
-            * part.free
+        Y[ref] -= part.t_dot(part.solve(part.dot(Y[ref]) - c[ref])) * part.free
     return Y, lam_c, Mt, ok, faces, order
 
 

@@ -222,7 +222,7 @@ class DIF:
                                  chunk_size=self.chunk_size)
             self._inv = KrylovInverse(op, krylov, rtol, maxiter, preconditioner)
             try:
-                self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A" if self.rule == "derivative" else "H⁻¹∇g")
+                self.active_solves  # noqa: B018 - V at once: CG meets H's negative curvature here
                 break
             except IndefiniteHessianError as err:
                 if not auto:
@@ -249,7 +249,7 @@ class DIF:
 
     @property
     def active_solves(self) -> np.ndarray:
-        """V = H⁻¹C_Aᵀ (d, k) of the active rows (the matrix-free path forms it at once, the dense on first use)."""
+        """V = H⁻¹Cᵀ (d, k) of the QP's rows (the matrix-free path forms it at once, the dense on first use)."""
         if self.V is None:
             self.V = self._inv.solve_many(self.C, "H⁻¹∇g_A" if self.rule == "derivative" else "H⁻¹∇g")
         return self.V
