@@ -8,6 +8,10 @@ A/B against another commit, run the script once per checkout in alternating proc
     taskset -c 1 benchmarks/bench_small_batch.py                        # this checkout
     PYTHONPATH=/tmp/base taskset -c 1 benchmarks/bench_small_batch.py   # the other
 
+``--crossover``: the figures behind ``direct_points`` (docs/torch.md): each case with the direct path as
+``"auto"`` chooses it, and again with the path switched off (``direct.DIRECT_BATCH = 0``: the ADMM start
++ polish), in the same process.
+
 Data: ``bench_layer.make_problem`` (m = 2n, one equality, box bounds), one torch thread.
 """
 
@@ -21,6 +25,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+CROSSOVER = [(10, 64), (10, 128), (10, 192), (10, 224), (20, 128), (20, 256), (20, 320), (30, 128), (30, 192),
+             (40, 96), (40, 128), (50, 32), (50, 48), (50, 64), (60, 24), (70, 16), (80, 8), (100, 8)]
 CASES = [(50, 1), (50, 16), (100, 1), (100, 4), (100, 8), (100, 12), (150, 1), (150, 2), (150, 8), (200, 1),
          (200, 2), (200, 8), (300, 1), (500, 1), (500, 4)]
 
@@ -50,6 +56,28 @@ def layer_cases(cases) -> list[dict]:
     return out
 
 
+def crossover_cases(cases) -> list[dict]:
+    """Each case with the direct path on (as ``"auto"`` chooses) and off (the batched start + polish)."""
+    from bench_layer import build, make_problem
+
+    from polyproj.projection import direct
+
+    out, ceiling = [], direct.DIRECT_BATCH
+    for n, batch in cases:
+        row = {"n": n, "batch": batch}
+        for key, limit in (("auto_ms", ceiling), ("no_direct_ms", 0)):
+            direct.DIRECT_BATCH = limit
+            try:
+                f = build("polyproj", make_problem(batch, n, 2 * n))
+                row[key] = _median_ms(f, 30)
+            finally:
+                direct.DIRECT_BATCH = ceiling
+        out.append(row)
+        print(f"n {n:4d} batch {batch:3d}: auto {row['auto_ms']:8.2f} ms, without the direct path "
+              f"{row['no_direct_ms']:8.2f} ms", flush=True)
+    return out
+
+
 def vmap_case(slices: int = 64, rows: int = 16, n: int = 20) -> dict:
     """``vmap(grad)`` of a loss with respect to shared A and a, over ``slices`` slices of ``rows`` points."""
     import numpy as np
@@ -76,10 +104,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="JSON file for the figures")
     p.add_argument("--no-vmap", action="store_true")
+    p.add_argument("--crossover", action="store_true", help="only the direct path's crossover cases")
     args = p.parse_args()
 
     from polyproj.runtime import set_torch_threads  # not torch.set_num_threads: see there
     set_torch_threads(1)
+    from bench_layer import warm_heap
+
+    warm_heap()
+    if args.crossover:
+        res = {"crossover": crossover_cases(CROSSOVER)}
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(res, fh, indent=1)
+        return
     res = {"layer": layer_cases(CASES)}
     if not args.no_vmap:
         res["vmap"] = vmap_case()
