@@ -407,3 +407,80 @@ def test_without_daqp_the_pipeline_projects(monkeypatch):
     monkeypatch.setattr(registry, "get_backend", missing)
     assert not taken(S, X).any()
     assert bool(np.all(S.project_batch(X).polished))
+
+
+# ----------------------------------------------------------------------------- warm starts
+def _count_daqp(monkeypatch):
+    """Record the batch sizes DAQP's per-point solves are called with."""
+    from polyproj.backends.daqp import DAQPSolver
+
+    sizes, real = [], DAQPSolver.solve_points
+
+    def counted(self, X, arrays):
+        sizes.append(X.shape[0])
+        return real(self, X, arrays)
+
+    monkeypatch.setattr(DAQPSolver, "solve_points", counted)
+    return sizes
+
+
+def _same(res, ref, G, S):
+    scale = 1 + np.abs(ref.y).max()
+    np.testing.assert_allclose(res.y, ref.y, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_array_equal(res.active, ref.active)
+    np.testing.assert_allclose(res.multipliers, ref.multipliers, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(S.vjp(res, G), S.vjp(ref, G), rtol=0, atol=1e-10)
+    assert all(st is pp.Status.SOLVED for st in res.status) and bool(np.all(res.polished))
+
+
+def test_warm_direct_path_takes_the_guess_without_daqp(monkeypatch):
+    d, X, V = problem(30, 60, 24, 11)
+    S = Polyhedral(pp.Polyhedron(**d))
+    cold = S.project_batch(X, record=True)
+    assert taken(S, X).all()
+    Xm = X + 1e-7 * np.random.default_rng(0).normal(size=X.shape)  # a training step's small move
+    ref = pipeline_too(monkeypatch, lambda: S.project_batch(Xm, record=True))
+    sizes = _count_daqp(monkeypatch)
+    res = S.project_batch(Xm, record=True, warm_start=cold)
+    assert sizes == []  # every guess verified: no DAQP solve
+    _same(res, ref, V, S)
+    np.testing.assert_allclose(res.solution.x, res.y, rtol=0, atol=0)
+    assert (res.solution.iterations == 0).all()
+
+
+def test_warm_direct_path_solves_only_the_wrong_guesses(monkeypatch):
+    d, X, V = problem(30, 60, 24, 12)
+    S = Polyhedral(pp.Polyhedron(**d))
+    cold = S.project_batch(X, record=True)
+    Xm = X.copy()
+    moved = np.arange(0, 24, 3)
+    Xm[moved] += 2.0 * np.random.default_rng(1).normal(size=(moved.size, X.shape[1]))  # new active sets
+    ref = pipeline_too(monkeypatch, lambda: S.project_batch(Xm, record=True))
+    wrong = int((ref.active != cold.active).any(axis=1).sum())
+    assert 0 < wrong <= moved.size
+    sizes = _count_daqp(monkeypatch)
+    res = S.project_batch(Xm, record=True, warm_start=cold)
+    assert sizes == [wrong]
+    _same(res, ref, V, S)
+    # a guess of nothing active anywhere (the interior point's result): every point the cold way
+    inside = S.project_batch(np.tile((d["lb"] + d["ub"]) / 2, (24, 1)), record=True)
+    assert not bool(np.any(inside.active))
+    del sizes[:]
+    res = S.project_batch(Xm, record=True, warm_start=inside)
+    assert sizes == [24]
+    _same(res, ref, V, S)
+
+
+def test_warm_direct_path_with_degenerate_points(monkeypatch):
+    """Points on the boundary (rows at zero slack, zero multiplier) go to the pipeline with their guesses."""
+    d, X, V = problem(12, 24, 10, 13)
+    S = Polyhedral(pp.Polyhedron(**d))
+    cold = S.project_batch(X, record=True)
+    Xd = X.copy()
+    Xd[::2] = cold.y[::2]  # projections of projections: weakly active rows
+    ref = pipeline_too(monkeypatch, lambda: S.project_batch(Xd, record=True))
+    assert bool(np.all(ref.degenerate.weak[::2]))
+    res = S.project_batch(Xd, record=True, warm_start=cold)
+    np.testing.assert_allclose(res.y, ref.y, rtol=0, atol=1e-12 * (1 + np.abs(ref.y).max()))
+    assert bool(np.all(res.polished)) and not bool(np.any(res.degenerate.weak[1::2]))
+    np.testing.assert_allclose(S.vjp(res, V)[1::2], S.vjp(ref, V)[1::2], rtol=0, atol=1e-10)

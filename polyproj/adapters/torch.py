@@ -604,9 +604,11 @@ class ProjectionLayer(nn.Module):
     backend : str
         As in :func:`project` (polyhedra).
     warm_start : bool
-        Polyhedra: start each call's polish from the previous call's active sets (a batch of the same size,
-        e.g. full-batch training or a fixed set of inputs); samples whose guess the polish cannot verify in
-        a few rounds go through the whole pipeline, so the answer is the same exact projection.
+        Polyhedra: start each call from the previous call's active sets (a batch of the same size, e.g.
+        full-batch training or a fixed set of inputs). Small CPU batches (the direct path) take each
+        point's guessed face where the KKT conditions verify it and solve only the others; larger batches
+        start the polish from the guesses, and samples it cannot verify in a few rounds go through the
+        whole pipeline. Either way the answer is the same exact projection.
     structured : bool
         Constraint data (nothing learned) that describe a structured set are projected by that set
         (:mod:`polyproj.sets.detect`), as in :func:`project`.

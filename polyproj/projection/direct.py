@@ -33,10 +33,16 @@ the polish's final active set at them is the same face. Every other point
 — a weakly active row, a row at zero slack outside the face, an ill-conditioned or dependent face, a
 coordinate at both bounds, DAQP not optimal — goes to the pipeline (:func:`polyproj.projection.pipeline.run`)
 unchanged, with its warm start where one was given.
+
+A warm start (a previous step's active sets, in training) is tried before DAQP: each point's guessed
+working set goes through the same face solve and the same verification, and only the points whose
+guess is not verified are solved by DAQP. A verified guess is the unique active set, so the answer and
+the backward are those of the cold path.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,59 +247,130 @@ def _verified(X, Y, d: PolyData, dd: DirectData, mult, mu, active, tol: float) -
     return ok & (np.abs(stat).max(axis=1) <= tol * sig[:, 0])
 
 
-def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol: float, record: bool,
-                   fallback: Any) -> PipelineOutput | None:
-    """The direct path on a NumPy batch (float64, shared data; see the module docstring).
+@dataclass
+class _Taken:
+    """The points the direct path took from one set of working sets (batch numbering, pipeline rows)."""
 
-    ``solver``: the DAQP backend (its settings); ``fallback(idx, solved)`` projects the samples ``idx`` the
-    path does not take through the pipeline — ``solved`` their DAQP solutions, a start it may reuse — and
-    returns its :class:`~polyproj.projection.pipeline.PipelineOutput` (or None to send the whole batch
-    there). Returns None when no sample is taken.
+    Y: np.ndarray
+    mult: np.ndarray  # (N, m + 2n)
+    mu: np.ndarray  # (N, p)
+    active: np.ndarray  # (N, m + 2n) bool
+    polished: np.ndarray  # (N,) bool: taken
+    z_box: np.ndarray  # (N, n) signed bound multipliers (upper positive), DAQP's layout
+    record: FaceRecord | None
+
+
+def _take(X: np.ndarray, d: PolyData, dd: DirectData, lams: np.ndarray, idx: np.ndarray, tol: float,
+          record: bool) -> _Taken:
+    """The exact faces of the points ``idx`` on the working sets given by the signs of ``lams``.
+
+    ``lams`` (N, n + m) in DAQP's layout: bounds (upper positive, lower negative), then the rows of A
+    (active: positive). The points verified (:func:`_verified`) are taken.
     """
-    from ..backends.projection import start_from_solution
-    from .pipeline import _merge
-
     N, n, m, p = X.shape[0], d.n, d.m, d.p
-    sol, flags = solver.solve_points(X, dd.arrays)
-    status = sol.status
-    lams = np.concatenate([sol.z_box, sol.z], axis=1)
     Y, mult = np.zeros((N, n)), np.zeros((N, m + 2 * n))
-    mu, active = np.zeros((N, p)), np.zeros((N, m + 2 * n), dtype=bool)
-    # optimal (not DAQP's soft optimum), with a finite answer
-    idx = np.flatnonzero((flags == 1) & np.array([st.ok for st in status], dtype=bool))
+    mu, active, z_box = np.zeros((N, p)), np.zeros((N, m + 2 * n), dtype=bool), np.zeros((N, n))
     polished = np.zeros(N, dtype=bool)
     if idx.size:
         lam = lams[idx]
         Yi, lam_c, Mt, ok, faces, order = _faces(X[idx], d, dd, lam)
         ka = faces.ka
         lo, up = lam[:, :n] < 0, lam[:, :n] > 0
-        z_box = (X[idx] - Yi - Mt) * (1.0 - faces.free)  # stationarity on the fixed coordinates
+        zb = (X[idx] - Yi - Mt) * (1.0 - faces.free)  # stationarity on the fixed coordinates
         act = lam[:, n: n + m] > 0
         multA = np.zeros((idx.size, m))
         np.put_along_axis(multA, order[:, :ka], lam_c[:, :ka], axis=1)
         Y[idx] = Yi
-        mult[idx] = np.concatenate([multA, -z_box * lo, z_box * up], axis=1)
+        mult[idx] = np.concatenate([multA, -zb * lo, zb * up], axis=1)
         mu[idx] = lam_c[:, ka:]
+        z_box[idx] = zb
         active[idx] = np.concatenate([act, lo, up], axis=1)
         polished[idx] = ok
         bad = idx[~ok]
-        Y[bad], mult[bad], mu[bad], active[bad] = 0.0, 0.0, 0.0, False
+        Y[bad], mult[bad], mu[bad], active[bad], z_box[bad] = 0.0, 0.0, 0.0, False, 0.0
     polished &= _verified(X, Y, d, dd, mult, mu, active, tol)
     taken = np.flatnonzero(polished)
-    if not taken.size:
-        return None
-    faces_out = []
-    if record:
+    rec = None
+    if record and taken.size:
         pos = np.searchsorted(idx, taken)  # taken ⊂ idx, both sorted
         k = int(active[taken, :m].sum(axis=1).max()) if m else 0
         face = DirectFace(faces.take(pos), DirectRows(np, k, m, p, order[pos]))
-        faces_out.append(FaceRecord(None if taken.size == N else taken, np.ones(taken.size, dtype=bool), face))
+        rec = FaceRecord(None if taken.size == N else taken, np.ones(taken.size, dtype=bool), face)
+    return _Taken(Y, mult, mu, active, polished, z_box, rec)
+
+
+def _guess_lams(warm: np.ndarray, n: int, m: int) -> np.ndarray:
+    """DAQP-layout signs (N, n + m) of guessed active sets ``warm`` (N, m + 2n), pipeline numbering."""
+    w = np.asarray(warm, dtype=bool)
+    lo, up, act = w[:, m: m + n], w[:, m + n:], w[:, :m]
+    return np.concatenate([up.astype(np.float64) - lo, act.astype(np.float64)], axis=1)
+
+
+def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol: float, record: bool,
+                   fallback: Any, warm: np.ndarray | None = None) -> PipelineOutput | None:
+    """The direct path on a NumPy batch (float64, shared data; see the module docstring).
+
+    ``solver``: the DAQP backend (its settings); ``fallback(idx, solved, warm)`` projects the samples ``idx``
+    the path does not take through the pipeline — ``solved`` their DAQP solutions (a start it may reuse) or
+    None, ``warm`` their guessed active sets or None — and returns its
+    :class:`~polyproj.projection.pipeline.PipelineOutput` (or None to send the whole batch there).
+    ``warm`` (N, m + 2n) bool: guessed active sets (a previous step's). Each point's guess is tried first,
+    the exact face on it verified as DAQP's would be; the points it does not give go the cold way (DAQP,
+    then ``fallback``). Returns None when no sample is taken.
+    """
+    from ..backends.projection import start_from_solution
+    from ..solution import BatchSolution
+    from .pipeline import _merge
+
+    N, m = X.shape[0], d.m
+    if warm is not None:
+        t0 = time.perf_counter()
+        got = _take(X, d, dd, _guess_lams(warm, d.n, m), np.arange(N), tol, record)
+        if not got.polished.any():
+            return project_direct(X, d, dd, solver, tol, record,
+                                  lambda idx, solved, _: fallback(idx, solved, warm[idx]))
+        rest = np.flatnonzero(~got.polished)
+        sub = None
+        if rest.size:
+            part = warm[rest]
+            sub = project_direct(X[rest], d, dd, solver, tol, record,
+                                 lambda idx, solved, _: fallback(rest[idx], solved, part[idx]))
+            if sub is None:
+                sub = fallback(rest, None, part)
+            if sub is None:
+                return None
+        # the guessed faces are the solutions of these points; the others' are those of the way they went
+        x, z, zb = got.Y.copy(), np.concatenate([got.mult[:, :m], got.mu], axis=1), got.z_box
+        status, its = [Status.SOLVED] * N, np.zeros(N, dtype=np.int64)
+        other = None if sub is None else sub.start.solution
+        if other is not None:
+            x[rest], z[rest], zb[rest], its[rest] = other.x, other.z, other.z_box, other.iterations
+            for k, i in enumerate(rest):
+                status[i] = other.status[k]
+        elif rest.size:
+            x[rest], z[rest], zb[rest] = np.nan, np.nan, np.nan
+            for i in rest:
+                status[i] = sub.status[np.searchsorted(rest, i)]
+        sol = BatchSolution(x=x, z=z, z_box=zb, status=tuple(status), iterations=its,
+                            solve_time=time.perf_counter() - t0, backend=solver.name)
+        start = start_from_solution(sol, X, m, float(solver.settings.get("eps_abs", 1e-8)))
+        out = PipelineOutput(got.Y, got.active, got.mult, got.mu, tuple(Status.SOLVED for _ in range(N)),
+                             got.polished, solver.name, [got.record] if got.record is not None else [], start)
+        return out if sub is None else _merge(np, out, rest, sub)
+    sol, flags = solver.solve_points(X, dd.arrays)
+    status = sol.status
+    # optimal (not DAQP's soft optimum), with a finite answer
+    idx = np.flatnonzero((flags == 1) & np.array([st.ok for st in status], dtype=bool))
+    got = _take(X, d, dd, np.concatenate([sol.z_box, sol.z], axis=1), idx, tol, record)
+    taken = np.flatnonzero(got.polished)
+    if not taken.size:
+        return None
     start = start_from_solution(sol, X, m, float(solver.settings.get("eps_abs", 1e-8)))
-    out = PipelineOutput(Y, active, mult, mu, tuple(Status.SOLVED if t else st for t, st in
-                                                    zip(polished, status, strict=True)),
-                         polished, solver.name, faces_out, start)
+    out = PipelineOutput(got.Y, got.active, got.mult, got.mu, tuple(Status.SOLVED if t else st for t, st in
+                                                                    zip(got.polished, status, strict=True)),
+                         got.polished, solver.name, [got.record] if got.record is not None else [], start)
     if taken.size == N:
         return out
-    rest = np.flatnonzero(~polished)
-    sub = fallback(rest, sol.take(rest))
+    rest = np.flatnonzero(~got.polished)
+    sub = fallback(rest, sol.take(rest), None)
     return None if sub is None else _merge(np, out, rest, sub)

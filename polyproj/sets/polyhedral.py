@@ -170,9 +170,10 @@ class Polyhedral(Projector):
         """The direct path (:mod:`polyproj.projection.direct`) for a small NumPy batch, or None when not taken.
 
         Taken for shared data, the default backend choice (or DAQP) without settings and the default polish,
-        on data of unit scale; the samples it does not take go through :func:`run` as a batch of their own
-        (the ``"auto"`` choice for that batch; their part of the warm start; DAQP's start from the direct
-        path's solves when DAQP is that choice).
+        on data of unit scale. A warm start's active sets are tried first (the exact face on each, verified),
+        DAQP for the points they do not give; the samples the path does not take go through :func:`run` as a
+        batch of their own (the ``"auto"`` choice for that batch; their part of the warm start; DAQP's start
+        from the direct path's solves when DAQP is that choice).
         """
         from ..backends.defaults import direct_points
         from ..projection import direct
@@ -196,17 +197,18 @@ class Polyhedral(Projector):
         if dd is False:
             return None
 
-        def fallback(idx, solved):
+        def fallback(idx, solved, part):
             Xs = X[idx]
             if _unit_scale(Xs, data) != 1.0:
                 return None  # the pipeline would scale the part otherwise than the batch: the batch goes there
-            solver, part = self._solver_for(Xs), None if warm is None else warm[idx]
+            solver = self._solver_for(Xs)
             # DAQP's start for these samples is the direct path's own solves: not computed twice
-            start = solver.solve_projections(Xs, data, solved=solved) if part is None and \
-                type(solver) is type(dd[1]) else None
+            start = solver.solve_projections(Xs, data, solved=solved) if part is None and solved is not None \
+                and type(solver) is type(dd[1]) else None
             return run(Xs, data, solver, opts, warm=part, start=start)
 
-        return direct.project_direct(X, data, dd[0], dd[1], opts.tol, opts.record, fallback)
+        return direct.project_direct(X, data, dd[0], dd[1], opts.tol, opts.record, fallback,
+                                     None if warm is None else np.asarray(warm, dtype=bool))
 
     def _eq_deficiency(self) -> int:
         """``p − rank(B)``: the dependency of the equality rows that the polyhedron itself implies."""
