@@ -114,13 +114,10 @@ def main() -> None:
     warm_heap()
     if args.crossover:
         res = {"crossover": crossover_cases(CROSSOVER)}
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(res, fh, indent=1)
-        return
-    res = {"layer": layer_cases(CASES)}
-    if not args.no_vmap:
-        res["vmap"] = vmap_case()
+    else:
+        res = {"layer": layer_cases(CASES)}
+        if not args.no_vmap:
+            res["vmap"] = vmap_case()
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(res, fh, indent=1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -235,6 +235,16 @@ class BatchSolution:
         return BatchSolution(self.x[idx], self.z[idx], self.z_box[idx], tuple(self.status[i] for i in idx),
                              self.iterations[idx], self.solve_time * share, self.setup_time * share, self.backend,
                              None if self.qps is None else tuple(self.qps[i] for i in idx), dict(self.info))
+
+    def put(self, idx: Sequence[int] | np.ndarray, other: BatchSolution) -> BatchSolution:
+        """A copy with the elements ``idx`` replaced by those of ``other`` (in order): the inverse of :meth:`take`."""
+        idx = np.asarray(idx, dtype=np.intp)
+        x, z, z_box, its = (np.array(v, copy=True) for v in (self.x, self.z, self.z_box, self.iterations))
+        x[idx], z[idx], z_box[idx], its[idx] = other.x, other.z, other.z_box, other.iterations
+        status = list(self.status)
+        for k, i in enumerate(idx.tolist()):
+            status[i] = other.status[k]
+        return replace(self, x=x, z=z, z_box=z_box, status=tuple(status), iterations=its)
 
     @classmethod
     def stack(cls, sols: list[Solution], backend: str = "", **kw: Any) -> BatchSolution:

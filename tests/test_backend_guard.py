@@ -286,3 +286,24 @@ def test_warm_starts_that_do_not_fit_and_empty_batches(backend):
         S.solve_batch(qp, q=np.ones((3, 3)), warm_start=two)
     with pytest.raises(pp.ProblemError, match="must be a BatchSolution"):
         S.solve_batch(qp, q=np.ones((2, 3)), warm_start=good)
+
+
+def test_batch_solution_put_inverts_take():
+    S = pp.Status
+    sol = pp.BatchSolution(x=np.arange(8.0).reshape(4, 2), z=np.arange(12.0).reshape(4, 3), z_box=-np.ones((4, 2)),
+                           status=(S.SOLVED, S.MAX_ITER, S.SOLVED, S.PRIMAL_INFEASIBLE),
+                           iterations=np.array([1, 2, 3, 4]), backend="b")
+    part = sol.take([3, 1])
+    other = pp.BatchSolution(x=part.x + 100, z=part.z + 100, z_box=part.z_box + 100,
+                             status=(S.SOLVED, S.SOLVED), iterations=part.iterations + 10)
+    out = sol.put([3, 1], other)
+    np.testing.assert_array_equal(out.x[[0, 2]], sol.x[[0, 2]])
+    np.testing.assert_array_equal(out.x[[3, 1]], other.x)
+    np.testing.assert_array_equal(out.z[[3, 1]], other.z)
+    np.testing.assert_array_equal(out.z_box[[3, 1]], other.z_box)
+    np.testing.assert_array_equal(out.iterations, [1, 12, 3, 14])
+    assert out.status == (S.SOLVED, S.SOLVED, S.SOLVED, S.SOLVED) and out.backend == "b"
+    assert sol.status[1] is S.MAX_ITER and sol.x[1, 0] == 2.0  # the original is untouched
+    back = out.put([3, 1], part)
+    np.testing.assert_array_equal(back.x, sol.x)
+    assert back.status == sol.status

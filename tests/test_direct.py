@@ -484,3 +484,6 @@ def test_warm_direct_path_with_degenerate_points(monkeypatch):
     np.testing.assert_allclose(res.y, ref.y, rtol=0, atol=1e-12 * (1 + np.abs(ref.y).max()))
     assert bool(np.all(res.polished)) and not bool(np.any(res.degenerate.weak[1::2]))
     np.testing.assert_allclose(S.vjp(res, V)[1::2], S.vjp(ref, V)[1::2], rtol=0, atol=1e-10)
+    # the record of the backends: the guessed faces where taken, the pipeline's statuses elsewhere
+    assert res.solution.status == res.status
+    np.testing.assert_array_equal(res.solution.x[1::2], res.y[1::2])

@@ -43,7 +43,7 @@ the backward are those of the cold path.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -171,8 +171,10 @@ class DirectFace:
         return fg - F.free * Mr, np.concatenate([r[:, : self.rows.k], r[:, F.ka:]], axis=1), Mr
 
 
-def _faces(X: np.ndarray, d: PolyData, dd: DirectData, lams: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The exact projections of the points ``X`` (b, n) onto DAQP's working sets, as one batch (module docstring).
+def _faces(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The exact projections of the points ``X`` (b, n) onto the working sets ``W``, as one batch (module docstring).
+
+    ``W`` (b, m + 2n) bool, numbered as the pipeline's rows: rows of A, lower bounds, upper bounds.
 
     Returns ``(Y, λ_c, Mᵀλ_c, ok, faces, order)``: ``λ_c`` (b, ka + p) the multipliers of the face's rows
     (active rows of A padded to ``ka``, then B), ``ok`` False where the face is not well posed (a row without
@@ -180,8 +182,7 @@ def _faces(X: np.ndarray, d: PolyData, dd: DirectData, lams: np.ndarray) -> tupl
     """
     b, n, m = X.shape[0], d.n, d.m
     p = dd.eq_rows.size
-    up, lo = lams[:, :n] > 0, lams[:, :n] < 0
-    act = lams[:, n: n + m] > 0
+    act, lo, up = W[:, :m], W[:, m: m + n], W[:, m + n:]
     count = act.sum(axis=1)
     ka = int(count.max(initial=0))
     k = ka + p
@@ -260,31 +261,29 @@ class _Taken:
     record: FaceRecord | None
 
 
-def _take(X: np.ndarray, d: PolyData, dd: DirectData, lams: np.ndarray, idx: np.ndarray, tol: float,
+def _take(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray, idx: np.ndarray, tol: float,
           record: bool) -> _Taken:
-    """The exact faces of the points ``idx`` on the working sets given by the signs of ``lams``.
+    """The exact faces of the points ``idx`` on their working sets ``W`` (N, m + 2n) bool, pipeline numbering.
 
-    ``lams`` (N, n + m) in DAQP's layout: bounds (upper positive, lower negative), then the rows of A
-    (active: positive). The points verified (:func:`_verified`) are taken.
+    The points verified (:func:`_verified`) are taken.
     """
     N, n, m, p = X.shape[0], d.n, d.m, d.p
     Y, mult = np.zeros((N, n)), np.zeros((N, m + 2 * n))
     mu, active, z_box = np.zeros((N, p)), np.zeros((N, m + 2 * n), dtype=bool), np.zeros((N, n))
     polished = np.zeros(N, dtype=bool)
     if idx.size:
-        lam = lams[idx]
-        Yi, lam_c, Mt, ok, faces, order = _faces(X[idx], d, dd, lam)
+        Wi = W[idx]
+        Yi, lam_c, Mt, ok, faces, order = _faces(X[idx], d, dd, Wi)
         ka = faces.ka
-        lo, up = lam[:, :n] < 0, lam[:, :n] > 0
+        lo, up = Wi[:, m: m + n], Wi[:, m + n:]
         zb = (X[idx] - Yi - Mt) * (1.0 - faces.free)  # stationarity on the fixed coordinates
-        act = lam[:, n: n + m] > 0
         multA = np.zeros((idx.size, m))
         np.put_along_axis(multA, order[:, :ka], lam_c[:, :ka], axis=1)
         Y[idx] = Yi
         mult[idx] = np.concatenate([multA, -zb * lo, zb * up], axis=1)
         mu[idx] = lam_c[:, ka:]
         z_box[idx] = zb
-        active[idx] = np.concatenate([act, lo, up], axis=1)
+        active[idx] = Wi
         polished[idx] = ok
         bad = idx[~ok]
         Y[bad], mult[bad], mu[bad], active[bad], z_box[bad] = 0.0, 0.0, 0.0, False, 0.0
@@ -297,13 +296,6 @@ def _take(X: np.ndarray, d: PolyData, dd: DirectData, lams: np.ndarray, idx: np.
         face = DirectFace(faces.take(pos), DirectRows(np, k, m, p, order[pos]))
         rec = FaceRecord(None if taken.size == N else taken, np.ones(taken.size, dtype=bool), face)
     return _Taken(Y, mult, mu, active, polished, z_box, rec)
-
-
-def _guess_lams(warm: np.ndarray, n: int, m: int) -> np.ndarray:
-    """DAQP-layout signs (N, n + m) of guessed active sets ``warm`` (N, m + 2n), pipeline numbering."""
-    w = np.asarray(warm, dtype=bool)
-    lo, up, act = w[:, m: m + n], w[:, m + n:], w[:, :m]
-    return np.concatenate([up.astype(np.float64) - lo, act.astype(np.float64)], axis=1)
 
 
 def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol: float, record: bool,
@@ -325,7 +317,7 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
     N, m = X.shape[0], d.m
     if warm is not None:
         t0 = time.perf_counter()
-        got = _take(X, d, dd, _guess_lams(warm, d.n, m), np.arange(N), tol, record)
+        got = _take(X, d, dd, warm, np.arange(N), tol, record)
         if not got.polished.any():
             return project_direct(X, d, dd, solver, tol, record,
                                   lambda idx, solved, _: fallback(idx, solved, warm[idx]))
@@ -339,29 +331,26 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
                 sub = fallback(rest, None, part)
             if sub is None:
                 return None
-        # the guessed faces are the solutions of these points; the others' are those of the way they went
-        x, z, zb = got.Y.copy(), np.concatenate([got.mult[:, :m], got.mu], axis=1), got.z_box
-        status, its = [Status.SOLVED] * N, np.zeros(N, dtype=np.int64)
-        other = None if sub is None else sub.start.solution
-        if other is not None:
-            x[rest], z[rest], zb[rest], its[rest] = other.x, other.z, other.z_box, other.iterations
-            for k, i in enumerate(rest):
-                status[i] = other.status[k]
-        elif rest.size:
-            x[rest], z[rest], zb[rest] = np.nan, np.nan, np.nan
-            for i in rest:
-                status[i] = sub.status[np.searchsorted(rest, i)]
-        sol = BatchSolution(x=x, z=z, z_box=zb, status=tuple(status), iterations=its,
+        # the guessed faces are these points' solutions; the others' are those of the way they went (a start
+        # without a backend record, the ADMM's, leaves them NaN with their statuses)
+        sol = BatchSolution(x=np.where(got.polished[:, None], got.Y, np.nan),
+                            z=np.concatenate([got.mult[:, :m], got.mu], axis=1), z_box=got.z_box,
+                            status=(Status.SOLVED,) * N, iterations=np.zeros(N, dtype=np.int64),
                             solve_time=time.perf_counter() - t0, backend=solver.name)
+        if sub is not None:
+            other = sub.start.solution
+            sol = sol.put(rest, other if other is not None else replace(sol.take(rest), status=sub.status))
         start = start_from_solution(sol, X, m, float(solver.settings.get("eps_abs", 1e-8)))
-        out = PipelineOutput(got.Y, got.active, got.mult, got.mu, tuple(Status.SOLVED for _ in range(N)),
+        out = PipelineOutput(got.Y, got.active, got.mult, got.mu, (Status.SOLVED,) * N,
                              got.polished, solver.name, [got.record] if got.record is not None else [], start)
         return out if sub is None else _merge(np, out, rest, sub)
     sol, flags = solver.solve_points(X, dd.arrays)
     status = sol.status
     # optimal (not DAQP's soft optimum), with a finite answer
     idx = np.flatnonzero((flags == 1) & np.array([st.ok for st in status], dtype=bool))
-    got = _take(X, d, dd, np.concatenate([sol.z_box, sol.z], axis=1), idx, tol, record)
+    # DAQP's working set: rows of A with a positive multiplier, bounds with a signed one (upper positive)
+    W = np.concatenate([sol.z[:, :m] > 0, sol.z_box < 0, sol.z_box > 0], axis=1)
+    got = _take(X, d, dd, W, idx, tol, record)
     taken = np.flatnonzero(got.polished)
     if not taken.size:
         return None

@@ -412,12 +412,12 @@ def check_conservativity(case: Any, solver: Any, tol: float = 1e-7, rng: np.rand
     hh = np.minimum(1e-6, 0.05 * (tb[wide] - ta[wide]))
     sw, Dw = seg[wide], D[seg[wide]]
     Xr = x0[sw] + tr[:, None] * Dw
-    res = project_checked(np.vstack([Xr, Xr + hh[:, None] * Dw, Xr - hh[:, None] * Dw]), P, solver)
+    Xs = np.vstack([Xr, Xr + hh[:, None] * Dw, Xr - hh[:, None] * Dw])
+    res = project_checked(Xs, P, solver)
     k = tr.size
     fd = (res.y[k:2 * k] - res.y[2 * k:]) / (2 * hh[:, None])
     Jr = hs_vjp(P, res.active[:k], Dw)
     checked_elements = band_points = 0
-    Xs = np.vstack([Xr, Xr + hh[:, None] * Dw, Xr - hh[:, None] * Dw])
     for i in range(k):
         if not all(exact_certificate(P, Xs[j], res.y[j], res.active[j]) for j in (i, k + i, 2 * k + i)):
             band_points += 1  # within the polish's tolerance of a kink: the difference is not J d's to test

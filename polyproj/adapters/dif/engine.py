@@ -199,6 +199,8 @@ class DIF:
             self.floor = np.zeros(self.rows.size)
             self.u0 = np.zeros(self.rows.size)
         self.C = self.lin.G[self.rows]
+        #: the dense QP's linear term is c − Cᵀλ̄ under the finite rule (its multipliers are then λ̄ + μ)
+        self._c_shift = self.floor @ self.C
         floor = kkt.suggested_damping if auto_damping else float(damping)
         if self.method == "dense":
             self.damping = floor
@@ -282,7 +284,7 @@ class DIF:
         if self.method != "dense":
             raise ProblemError("qp_data forms H: use method='dense'")
         c, r = self._terms(removal)
-        return self.H, c - self.floor @ self.C, self.C, self._bound(r), self.row_eq
+        return self.H, c - self._c_shift, self.C, self._bound(r), self.row_eq
 
     def _bound(self, r: np.ndarray) -> np.ndarray:
         """The bound u = u0 − r of the QP's rows, for r (m,) or (b, m)."""
@@ -307,7 +309,7 @@ class DIF:
         else:
             from .qp import solve_qp_exact
 
-            sol = solve_qp_exact(self.H, c - self.floor @ self.C, self.C, self._bound(r), self.row_eq,
+            sol = solve_qp_exact(self.H, c - self._c_shift, self.C, self._bound(r), self.row_eq,
                                  backend=self.backend, **self.settings)
             names = tuple(self.kkt.names[j] for j, a in zip(self.rows, sol.active, strict=True) if a)
             first = self._pack(np.nan_to_num(sol.x, nan=np.nan), sol.z - self.floor, sol.status, r, names)
@@ -520,7 +522,7 @@ class DIF:
             terms = [self.lin.removal_terms(rem, renormalize=self.renormalize) for rem in removals]
             Q = np.array([c0 + self.lin.lam @ cc for c0, cc, _ in terms]).reshape(-1, self.problem.dim)
             R = np.array([r for _, _, r in terms]).reshape(-1, m)
-        sols = solve_qp_exact_batch(self.H, Q - self.floor @ self.C, self.C, self._bound(R), self.row_eq,
+        sols = solve_qp_exact_batch(self.H, Q - self._c_shift, self.C, self._bound(R), self.row_eq,
                                     backend=self.backend, **self.settings)
         bad = [i for i, s in enumerate(sols) if not s.status.ok]
         if bad:
