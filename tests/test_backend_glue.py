@@ -187,3 +187,29 @@ def test_daqp_dependent_equality_rows():
     assert sol.status is pp.Status.SOLVED and sol.qp is qp and sol.z.shape == (4,)
     np.testing.assert_allclose(sol.x, [-0.5, 1.5, -1.5], atol=1e-12)
     assert sol.dual_residual() <= 1e-12 and sol.primal_residual() <= 1e-12
+
+
+def test_daqp_batch_answers_follow_the_per_point_rules():
+    """solve_points applies DAQP's flags to the whole batch after its loop: the statuses, NaN multipliers where
+    not solved, x kept after an iteration or time limit, a non-finite solved answer a NUMERICAL_ERROR —
+    as :func:`_answer` does for one solve."""
+    from polyproj.backends.daqp import _answer, _answers
+
+    n, k = 3, 5
+    flags = np.array([1, 2, -1, -4, -7, 0, 1, -6])
+    x = np.arange(8 * n, dtype=float).reshape(8, n)
+    lam = np.ones((8, k))
+    x[5], lam[5] = np.nan, np.nan  # flag 0: the time limit stopped the batch before this point
+    lam[6, 2] = np.inf
+    status, xs, ls = _answers(flags, x.copy(), lam.copy())
+    for i, f in enumerate(flags):
+        if f == 0:
+            assert status[i] == pp.Status.TIME_LIMIT and np.isnan(xs[i]).all() and np.isnan(ls[i]).all()
+            continue
+        st, xi, li = _answer(int(f), x[i], {"lam": lam[i]}, n)
+        if i == 6:  # solved, but λ not finite: the guard's rule
+            assert status[i] == pp.Status.NUMERICAL_ERROR and np.isnan(xs[i]).all() and np.isnan(ls[i]).all()
+            continue
+        assert status[i] == st
+        np.testing.assert_array_equal(xs[i], xi)
+        np.testing.assert_array_equal(ls[i], li)

@@ -487,3 +487,50 @@ def test_warm_direct_path_with_degenerate_points(monkeypatch):
     # the record of the backends: the guessed faces where taken, the pipeline's statuses elsewhere
     assert res.solution.status == res.status
     np.testing.assert_array_equal(res.solution.x[1::2], res.y[1::2])
+
+
+@pytest.mark.parametrize("singular", [False, True])
+def test_batched_factorisation_equals_per_point(singular):
+    """Small faces in a batch are factorised by NumPy's batched Cholesky (inverse kept for the solves); the
+    factors, the refusals (a pivot below PIVOT, a face marked ill-posed, and with ``singular`` a matrix that
+    is not positive definite, which NumPy's batched call refuses for the whole batch) and the solves equal
+    the per-point LAPACK path's."""
+    rng = np.random.default_rng(5)
+    b, k = 24, 6
+    M = rng.normal(size=(b, k, k + 4))
+    G = M @ np.swapaxes(M, 1, 2)
+    G /= np.sqrt(np.einsum("bii->bi", G))[:, :, None] * np.sqrt(np.einsum("bii->bi", G))[:, None, :]
+    if singular:
+        G[3, :, 5] = G[3, 5, :] = G[3, 4]  # rows 4 and 5 equal: singular
+        G[3, 5, 5] = 1.0
+    refused = [3, 7, 11] if singular else [7, 11]
+    w = rng.normal(size=k + 4)
+    M[7, 1] = M[7, 0] + 1e-4 * w / np.linalg.norm(w)  # nearly dependent rows: a pivot ~1e-4 < PIVOT
+    G[7] = M[7] @ M[7].T
+    G[7] /= np.sqrt(np.outer(np.diag(G[7]), np.diag(G[7])))
+    ok0 = np.ones(b, dtype=bool)
+    ok0[11] = False  # refused before the factorisation
+    R = rng.normal(size=(b, k))
+    s = rng.uniform(0.5, 2.0, size=(b, k))
+    out = []
+    for rows in (0, direct.BATCHED_ROWS):
+        ok = ok0.copy()
+        saved = direct.BATCHED_ROWS
+        direct.BATCHED_ROWS = rows
+        try:
+            L, Li = direct._factor(G.copy(), ok)
+        finally:
+            direct.BATCHED_ROWS = saved
+        assert (Li is None) == (rows == 0)
+        faces = direct._Faces(np.zeros((b, k, 1)), np.ones((b, 1)), s, L, k, Li)
+        out.append((ok, L, faces.solve(R)))
+    (ok1, L1, x1), (ok2, L2, x2) = out
+    assert not ok1[refused].any() and ok1.sum() == b - len(refused)
+    assert np.array_equal(ok1, ok2)
+    np.testing.assert_allclose(L2, L1, rtol=0, atol=1e-13)
+    for i in np.flatnonzero(ok1):  # s ⊙ G⁻¹ (s ⊙ R) by both
+        ref = s[i] * np.linalg.solve(G[i], s[i] * R[i])
+        np.testing.assert_allclose(x1[i], ref, rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(x2[i], ref, rtol=1e-11, atol=1e-11)
+    for i in refused:  # refused: the identity
+        assert np.array_equal(L2[i], np.eye(k))

@@ -127,34 +127,33 @@ class DAQPSolver(QPSolver):
         kw = self._kwargs()
         limit = self.settings["time_limit"]
         N, n = X.shape[0], H.shape[0]
-        x, lam = np.full((N, n), np.nan), np.zeros((N, A.shape[0] + n))
-        status, its, flags = [], np.zeros(N, dtype=np.int64), np.zeros(N, dtype=np.int64)
+        F = np.ascontiguousarray(-np.asarray(X, dtype=np.float64))
+        # the loop only calls the solver and stores its raw answer; statuses, the NaNs of failed solves and
+        # the finiteness rule are applied to the whole batch after it (per point they cost as much as DAQP)
+        x, lam = np.full((N, n), np.nan), np.full((N, A.shape[0] + n), np.nan)
+        its, flags = np.zeros(N, dtype=np.int64), np.zeros(N, dtype=np.int64)
         model = None  # one DAQP workspace for the batch: H and A are set up once, only f changes per point
         for i in range(N):
             if limit is not None and time.perf_counter() - t0 > limit:
-                status.append(Status.TIME_LIMIT)
-                continue
+                break  # this point and the rest: flag 0, TIME_LIMIT
             try:
                 if model is None and N > 1 and _has_workspace():
                     model = daqp.Model()
-                    setup = model.setup(H, -X[i], A, upper, lower, sense.copy())
+                    setup = model.setup(H, F[i], A, upper, lower, sense.copy())
                     model.settings = kw
                     if not (isinstance(setup, tuple) and setup and setup[0] >= 0):
                         model = False  # refused at setup (e.g. crossing bounds): daqp.solve says why, per point
                 elif model:  # the cold working set again: each point's answer is that of daqp.solve
-                    model.update(f=-X[i], sense=sense.copy())
+                    model.update(f=F[i], sense=sense.copy())
                 if model:
                     xi, _, flag, info = model.solve()
                 else:
-                    xi, _, flag, info = daqp.solve(H, -X[i], A, upper, lower, sense.copy(), **kw)
+                    xi, _, flag, info = daqp.solve(H, F[i], A, upper, lower, sense.copy(), **kw)
             except Exception as exc:  # the guard's rule: a backend's exception is a SolverError
                 raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
-            st, x[i], lam[i] = _answer(flag, xi, info, n)
-            if st.ok and not (np.isfinite(x[i]).all() and np.isfinite(lam[i]).all()):
-                st, x[i] = Status.NUMERICAL_ERROR, np.nan  # the guard's rule: a solved answer is finite
-            status.append(st)
-            its[i], flags[i] = int(info["iterations"]), int(flag)
-        sol = BatchSolution(x=x, z=lam[:, n:], z_box=lam[:, :n], status=tuple(status), iterations=its,
+            x[i], lam[i], flags[i], its[i] = xi, info["lam"], flag, info["iterations"]
+        status, x, lam = _answers(flags, x, lam)
+        sol = BatchSolution(x=x, z=lam[:, n:], z_box=lam[:, :n], status=status, iterations=its,
                             solve_time=time.perf_counter() - t0, backend=self.name)
         return sol, flags
 
@@ -237,3 +236,19 @@ def _answer(flag: int, x: Any, info: dict, n: int) -> tuple[Status, np.ndarray, 
         lam[:] = np.nan
     keep = status.ok or status in (Status.MAX_ITER, Status.TIME_LIMIT)
     return status, np.array(x, dtype=np.float64) if keep else np.full(n, np.nan), lam
+
+
+def _answers(flags: np.ndarray, x: np.ndarray, lam: np.ndarray) -> tuple[tuple[Status, ...], np.ndarray, np.ndarray]:
+    """:func:`_answer` for a batch: ``(statuses, x, λ)`` from DAQP's flags and raw answers (flag 0: not solved).
+
+    A solved answer that is not finite becomes NUMERICAL_ERROR with ``x`` NaN (the guard's rule).
+    """
+    ok = (flags == 1) | (flags == 2)
+    bad = ok & ~(np.isfinite(x).all(axis=1) & np.isfinite(lam).all(axis=1))
+    ok &= ~bad
+    keep = ok | (flags == -4) | (flags == -7)
+    lam[~ok] = np.nan
+    x[~keep] = np.nan
+    status = tuple(Status.TIME_LIMIT if f == 0 else Status.NUMERICAL_ERROR if b
+                   else _STATUS.get(f, Status.NUMERICAL_ERROR) for f, b in zip(flags.tolist(), bad.tolist()))
+    return status, x, lam
