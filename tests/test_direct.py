@@ -491,10 +491,9 @@ def test_warm_direct_path_with_degenerate_points(monkeypatch):
 
 @pytest.mark.parametrize("singular", [False, True])
 def test_batched_factorisation_equals_per_point(singular):
-    """Small faces in a batch are factorised by NumPy's batched Cholesky (inverse kept for the solves); the
-    factors, the refusals (a pivot below PIVOT, a face marked ill-posed, and with ``singular`` a matrix that
-    is not positive definite, which NumPy's batched call refuses for the whole batch) and the solves equal
-    the per-point LAPACK path's."""
+    """Batches of faces are factorised and solved by polyproj.linalg; the factors, the refusals (a pivot below
+    PIVOT, a face marked ill-posed, with ``singular`` a matrix that is not positive definite) and the solves
+    equal the per-point LAPACK path's."""
     rng = np.random.default_rng(5)
     b, k = 24, 6
     M = rng.normal(size=(b, k, k + 4))
@@ -505,7 +504,7 @@ def test_batched_factorisation_equals_per_point(singular):
         G[3, 5, 5] = 1.0
     refused = [3, 7, 11] if singular else [7, 11]
     w = rng.normal(size=k + 4)
-    M[7, 1] = M[7, 0] + 1e-4 * w / np.linalg.norm(w)  # nearly dependent rows: a pivot ~1e-4 < PIVOT
+    M[7, 1] = M[7, 0] + 1e-4 * w / np.linalg.norm(w)  # nearly dependent rows: a pivot ~3e-5 < PIVOT
     G[7] = M[7] @ M[7].T
     G[7] /= np.sqrt(np.outer(np.diag(G[7]), np.diag(G[7])))
     ok0 = np.ones(b, dtype=bool)
@@ -513,16 +512,16 @@ def test_batched_factorisation_equals_per_point(singular):
     R = rng.normal(size=(b, k))
     s = rng.uniform(0.5, 2.0, size=(b, k))
     out = []
-    for rows in (0, direct.BATCHED_ROWS):
+    for points in (b, direct.BATCHED_POINTS):
         ok = ok0.copy()
-        saved = direct.BATCHED_ROWS
-        direct.BATCHED_ROWS = rows
+        saved = direct.BATCHED_POINTS
+        direct.BATCHED_POINTS = points
         try:
-            L, Li = direct._factor(G.copy(), ok)
+            L, batched = direct._factor(G.copy(), ok)
         finally:
-            direct.BATCHED_ROWS = saved
-        assert (Li is None) == (rows == 0)
-        faces = direct._Faces(np.zeros((b, k, 1)), np.ones((b, 1)), s, L, k, Li)
+            direct.BATCHED_POINTS = saved
+        assert batched == (points < b)
+        faces = direct._Faces(np.zeros((b, k, 1)), np.ones((b, 1)), s, L, k, batched)
         out.append((ok, L, faces.solve(R)))
     (ok1, L1, x1), (ok2, L2, x2) = out
     assert not ok1[refused].any() and ok1.sum() == b - len(refused)
