@@ -8,9 +8,9 @@ A/B against another commit, run the script once per checkout in alternating proc
     taskset -c 1 benchmarks/bench_small_batch.py                        # this checkout
     PYTHONPATH=/tmp/base taskset -c 1 benchmarks/bench_small_batch.py   # the other
 
-``--crossover``: the figures behind ``direct_points`` (docs/torch.md): each case with the direct path as
-``"auto"`` chooses it, and again with the path switched off (``direct.DIRECT_BATCH = 0``: the ADMM start
-+ polish), in the same process.
+``--crossover``: the figures behind ``direct_points`` (docs/torch.md): each case as ``"auto"`` chooses,
+with the direct path forced (its limits lifted), and with it switched off (``direct.DIRECT_BATCH = 0``:
+the ADMM start + polish), in the same process.
 
 Data: ``bench_layer.make_problem`` (m = 2n, one equality, box bounds), one torch thread.
 """
@@ -25,8 +25,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-CROSSOVER = [(10, 64), (10, 128), (10, 192), (10, 224), (20, 128), (20, 256), (20, 320), (30, 128), (30, 192),
-             (40, 96), (40, 128), (50, 32), (50, 48), (50, 64), (60, 24), (70, 16), (80, 8), (100, 8)]
+CROSSOVER = [(10, 128), (10, 256), (10, 512), (20, 128), (20, 256), (20, 512), (30, 128), (30, 256), (40, 96),
+             (40, 160), (50, 32), (50, 64), (50, 96), (60, 24), (60, 48), (70, 16), (70, 32), (80, 8), (80, 16),
+             (100, 8)]
 CASES = [(50, 1), (50, 16), (100, 1), (100, 4), (100, 8), (100, 12), (150, 1), (150, 2), (150, 8), (200, 1),
          (200, 2), (200, 8), (300, 1), (500, 1), (500, 4)]
 
@@ -57,24 +58,27 @@ def layer_cases(cases) -> list[dict]:
 
 
 def crossover_cases(cases) -> list[dict]:
-    """Each case with the direct path on (as ``"auto"`` chooses) and off (the batched start + polish)."""
+    """Each case three ways: as ``"auto"`` chooses, the direct path forced (its limits lifted), and off
+    (the batched start + polish). The forced and off columns place the crossover; ``auto`` shows the rule."""
     from bench_layer import build, make_problem
 
+    from polyproj.backends import defaults
     from polyproj.projection import direct
 
-    out, ceiling = [], direct.DIRECT_BATCH
+    out, ceiling, points = [], direct.DIRECT_BATCH, defaults.DIRECT_POINTS
     for n, batch in cases:
         row = {"n": n, "batch": batch}
-        for key, limit in (("auto_ms", ceiling), ("no_direct_ms", 0)):
-            direct.DIRECT_BATCH = limit
+        for key, limit, scale in (("auto_ms", ceiling, points), ("direct_ms", 1 << 30, float(1 << 30)),
+                                  ("no_direct_ms", 0, points)):
+            direct.DIRECT_BATCH, defaults.DIRECT_POINTS = limit, scale
             try:
                 f = build("polyproj", make_problem(batch, n, 2 * n))
                 row[key] = _median_ms(f, 30)
             finally:
-                direct.DIRECT_BATCH = ceiling
+                direct.DIRECT_BATCH, defaults.DIRECT_POINTS = ceiling, points
         out.append(row)
-        print(f"n {n:4d} batch {batch:3d}: auto {row['auto_ms']:8.2f} ms, without the direct path "
-              f"{row['no_direct_ms']:8.2f} ms", flush=True)
+        print(f"n {n:4d} batch {batch:3d}: auto {row['auto_ms']:8.2f} ms, direct path {row['direct_ms']:8.2f} ms, "
+              f"without it {row['no_direct_ms']:8.2f} ms", flush=True)
     return out
 
 

@@ -38,9 +38,10 @@ def per_point_limit(n: int | None) -> int:
 
 #: the direct path (DAQP per point, then every point's face exact in one pass: polyproj.projection.direct)
 #: against the ADMM start + polish of the batch, fwd+bwd through the torch layer on bench_layer data (m = 2n,
-#: one thread, 2026-12-04; docs/torch.md): the direct path is as fast up to ~200 points at n 10, ~280 at
-#: n 20, ~160 at n 30, ~120 at n 40, ~50 at n 50, ~30 at n 60, ~10 at n 80; DIRECT_POINTS (50/n)^3.5
-DIRECT_POINTS = 48.0
+#: one thread; docs/torch.md, benchmarks/bench_small_batch.py --crossover): the two are equally fast at ~450
+#: points at n 30, ~200 at n 40, ~50 at n 50, ~32 at n 60, ~13 at n 70, ~8 at n 80, and the direct path is
+#: still 1.1-1.4x faster at 1024 points at n 10 and 20: DIRECT_POINTS (50/n)^4, capped by DIRECT_BATCH
+DIRECT_POINTS = 50.0
 
 
 def direct_points(n: int) -> int:
@@ -48,7 +49,7 @@ def direct_points(n: int) -> int:
 
     At least :func:`per_point_limit`; the path's own ceiling is ``polyproj.projection.direct.DIRECT_BATCH``.
     """
-    return int(max(per_point_limit(n), DIRECT_POINTS * (PER_POINT_N / max(int(n), 1)) ** 3.5))
+    return int(max(per_point_limit(n), DIRECT_POINTS * (PER_POINT_N / max(int(n), 1)) ** 4))
 
 
 #: order in which an independent second opinion is asked (a false infeasibility report)

@@ -60,7 +60,7 @@ __all__ = ["DIRECT_BATCH", "PIVOT", "SEPARATION", "DirectData", "DirectFace", "p
 
 #: NumPy batches of at most this many points may take the direct path first (under ``"auto"`` at most
 #: :func:`polyproj.backends.defaults.direct_points` of dimension n; 0 switches the path off)
-DIRECT_BATCH = 160
+DIRECT_BATCH = 1024
 #: how far above the KKT tolerances the multipliers of the face rows and the slacks of the others must be:
 #: the answer is verified either way; the margin keeps the direct path's active sets those of the pipeline,
 #: whose candidate thresholds see the start's error (rows placed at slacks 1e-12 to 1e-3 of a point's
