@@ -247,6 +247,9 @@ def _steps(S: ADMMSetup, k: _Kernels, Kq: Any, it: _Iterate, buf: dict, count: i
     On torch with σ = 0: one tight loop over views bound once (the same operations in the same order,
     so bitwise the same iterates, without the per-iteration dispatch).
     """
+    if k.np is not None and S.sigma == 0:
+        _steps_numpy(S, k.np, Kq, it, buf, count)
+        return
     if k.torch is None or S.sigma != 0:
         for _ in range(count):
             _step(S, k, Kq, it, buf)
@@ -267,6 +270,34 @@ def _steps(S: ADMMSetup, k: _Kernels, Kq: Any, it: _Iterate, buf: dict, count: i
         add(Cx, s, out=t)
         clamp(t, lo, hi, out=z)
         sub(t, z, out=s)
+
+
+def _steps_numpy(S: ADMMSetup, np: Any, Kq: Any, it: _Iterate, buf: dict, count: int) -> None:
+    """``count`` iterations of :func:`_step` on NumPy with σ = 0, regrouped for fewer passes over the rows.
+
+    ``t = v + s = α C x̃ + (β z + s)`` (β = 1 − α) with ``α C`` scaled once and ``w = β z + s`` formed
+    before the products: eight elementwise passes an iteration instead of eleven and no temporaries. The
+    iterates equal :func:`_step`'s up to rounding (the products are grouped differently).
+    """
+    nq = S.C.shape[0]
+    u, xt, t, w, z, s = buf["u"], buf["x"], buf["t"], buf["Cx"], it.z, it.s
+    aC = S.alpha * S.C
+    KCr, lo, hi, alpha, beta = S.KCr, S.lo, S.hi, S.alpha, 1.0 - S.alpha
+    tq, tb, wq, wb = t[:nq], t[nq:], w[:nq], w[nq:]
+    for _ in range(count):
+        np.subtract(z, s, out=u)
+        np.matmul(KCr, u, out=xt)
+        xt += Kq
+        np.multiply(z, beta, out=w)
+        w += s
+        np.matmul(aC, xt, out=tq)
+        tq += wq
+        if S.nb:
+            np.multiply(xt, alpha, out=tb)
+            tb += wb
+        np.maximum(t, lo, out=z)
+        np.minimum(z, hi, out=z)
+        np.subtract(t, z, out=s)
 
 
 def _buffers(xp: Any, S: ADMMSetup, N: int, dt: Any, dev: Any) -> dict:
