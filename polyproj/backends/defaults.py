@@ -38,9 +38,9 @@ def per_point_limit(n: int | None) -> int:
 
 #: the direct path (DAQP per point, then every point's face exact in one pass: polyproj.projection.direct)
 #: against the ADMM start + polish of the batch, fwd+bwd through the torch layer on bench_layer data (m = 2n,
-#: one thread; docs/torch.md, benchmarks/bench_small_batch.py --crossover): the two are equally fast at ~450
-#: points at n 30, ~200 at n 40, ~50 at n 50, ~32 at n 60, ~13 at n 70, ~8 at n 80, and the direct path is
-#: still 1.1-1.4x faster at 1024 points at n 10 and 20: DIRECT_POINTS (50/n)^4, capped by DIRECT_BATCH
+#: one thread; docs/torch.md, benchmarks/bench_small_batch.py --crossover): the two are equally fast at ~500
+#: points at n 30, ~170 at n 40, ~50 at n 50, ~35 at n 60, ~12 at n 70, ~8 at n 80, and the direct path is
+#: still 1.04-1.2x faster at 1024 points at n 10 and 20: DIRECT_POINTS (50/n)^4, capped by DIRECT_BATCH
 DIRECT_POINTS = 50.0
 
 
