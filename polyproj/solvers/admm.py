@@ -280,7 +280,7 @@ def _steps_numpy(S: ADMMSetup, np: Any, Kq: Any, it: _Iterate, buf: dict, count:
     iterates equal :func:`_step`'s up to rounding (the products are grouped differently).
     """
     nq = S.C.shape[0]
-    u, xt, t, w, z, s = buf["u"], buf["x"], buf["t"], buf["Cx"], it.z, it.s
+    u, xt, t, w, z, s = buf["u"], buf["x"], buf["t"], buf["Cx"], it.z, it.s  # w: β z + s, in the C x̃ buffer
     aC = S.alpha * S.C
     KCr, lo, hi, alpha, beta = S.KCr, S.lo, S.hi, S.alpha, 1.0 - S.alpha
     tq, tb, wq, wb = t[:nq], t[nq:], w[:nq], w[nq:]
