@@ -7,6 +7,8 @@ constraint-data gradients to 1e-10; degenerate points must go to the pipeline an
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -489,11 +491,15 @@ def test_warm_direct_path_with_degenerate_points(monkeypatch):
     np.testing.assert_array_equal(res.solution.x[1::2], res.y[1::2])
 
 
+@pytest.mark.parametrize("torch_loaded", [True, False])
 @pytest.mark.parametrize("singular", [False, True])
-def test_batched_factorisation_equals_per_point(singular):
+def test_batched_factorisation_equals_per_point(singular, torch_loaded, monkeypatch):
     """Batches of faces are factorised and solved by polyproj.linalg; the factors, the refusals (a pivot below
     PIVOT, a face marked ill-posed, with ``singular`` a matrix that is not positive definite) and the solves
-    equal the per-point LAPACK path's."""
+    equal the per-point LAPACK path's — with torch loaded (its batched triangular solves) and without
+    (substitution over the batch)."""
+    if not torch_loaded:
+        monkeypatch.setitem(sys.modules, "torch", None)
     rng = np.random.default_rng(5)
     b, k = 24, 6
     M = rng.normal(size=(b, k, k + 4))
