@@ -26,6 +26,11 @@ Headline: batch 128, n 50, m 100 inequalities, 1 equality, box bounds, float64. 
 batch (1 to 4096) and n (10 to 1000, m = 2n). JSON goes to ``benchmarks/results/layer.json`` with
 the machine description, a plot to ``benchmarks/results/layer.png``.
 
+``--threads k`` sets torch's and Moreau's (Rayon's) threads to k and keeps the process on k cores
+(``pin_cores``): polyproj's polish parts run on batch threads, one per core it may use, and without the
+pin a one-thread run gave it both cores of a 2-core machine from batch 1024 on (runs before 2026-12-04
+late evening).
+
 Run::
 
     .venv/bin/python benchmarks/bench_layer.py                 # headline + sweeps (long)
@@ -228,6 +233,22 @@ def warm_heap() -> None:
     block = torch.empty(HEAP_WARMUP_MIB << 20, dtype=torch.uint8)
     block.fill_(0)
     del block
+
+
+def pin_cores(threads: int) -> list[int] | None:
+    """Keep this process (and the fresh ones it starts) on ``threads`` cores; returns them (None: no affinity).
+
+    Torch's and Moreau's thread counts are set directly, but polyproj also runs polish parts on batch threads,
+    one per core of the process's affinity mask (``polyproj.runtime.cpu_count``), and BLAS pools size
+    themselves by the cores: on the mask every method gets the same ``threads`` cores.
+    """
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return None
+    if 0 < threads < len(cores):
+        os.sched_setaffinity(0, cores[-threads:])
+    return sorted(os.sched_getaffinity(0))
 
 
 def time_method(method: str, d, repeats: int, max_total: float = 60.0):
@@ -501,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     set_torch_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # Moreau's thread pool, read at its first use
+    cores = pin_cores(args.threads)
     if not args.cold_heap:
         warm_heap()
     console = Console()
@@ -518,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     def record(part: str) -> None:
         m = machine()
         m["load_average_end"] = os.getloadavg()
+        m["affinity"] = cores  # the cores this run was kept on (pin_cores)
         results["runs"][part] = dict(machine=m, repeats=reps, date=time.strftime("%Y-%m-%d %H:%M:%S"),
                                      heap_warmup_mib=0 if args.cold_heap else HEAP_WARMUP_MIB)
 
