@@ -294,8 +294,9 @@ def time_in_subprocess(method: str, cfg: dict, repeats: int, timeout: float):
         return float(r["med"]), r["y"], r["g"]
 
 
-def peak_memory(method: str, cfg: dict, timeout: float) -> float | None:
-    """Peak RSS (MiB) above the post-setup baseline for one forward+backward, in a fresh process."""
+def peak_memory(method: str, cfg: dict, timeout: float) -> tuple[float | None, float | None]:
+    """Peak RSS (MiB) above the post-setup baseline for one forward+backward, in a fresh process: the first
+    call (with whatever the method imports or builds on first use) and a second one (its steady state)."""
     code = (
         "import json, os, sys, torch\n"
         "from polyproj.runtime import set_torch_threads\n"
@@ -308,24 +309,28 @@ def peak_memory(method: str, cfg: dict, timeout: float) -> float | None:
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith(key): return int(line.split()[1]) / 1024\n"
         "open('/proc/self/clear_refs', 'w').write('5')\n"
-        "base = rss('VmRSS:'); f(); print(json.dumps(rss('VmHWM:') - base))\n"
+        "base = rss('VmRSS:'); f(); first = rss('VmHWM:') - base\n"
+        "open('/proc/self/clear_refs', 'w').write('5')\n"
+        "base = rss('VmRSS:'); f(); print(json.dumps([first, rss('VmHWM:') - base]))\n"
     )
     try:
         out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True,
                              timeout=timeout)
-        return float(out.stdout.strip().splitlines()[-1])
-    except (subprocess.TimeoutExpired, ValueError, IndexError):
-        return None
+        first, steady = json.loads(out.stdout.strip().splitlines()[-1])
+        return float(first), float(steady)
+    except (subprocess.TimeoutExpired, ValueError, IndexError, TypeError):
+        return None, None
 
 
-def _predict(history: list[tuple[float, float]], x_next: float, key: str, floor: float = 1.0) -> float:
+def _predict(history: list[tuple[float, float]], x_next: float, key: str, floor: float = 1.0,
+             model: float | None = None) -> float:
     """Time (or memory) at ``x_next`` extrapolated from (x, value) points: log-log slope of the last two (at
-    least ``floor``), else a model."""
+    least ``floor``), else the slope ``model`` (default: linear in the batch, cubic in n)."""
     if len(history) >= 2:
         (x0, t0), (x1, t1) = history[-2:]
         slope = max(floor, np.log(t1 / t0) / np.log(x1 / x0)) if x1 != x0 and t0 > 0 and t1 > 0 else floor
     else:
-        slope = 1.0 if key == "batch" else 3.0
+        slope = model if model is not None else (1.0 if key == "batch" else 3.0)
     x1, t1 = history[-1]
     return t1 * (x_next / x1) ** slope
 
@@ -367,7 +372,8 @@ def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, consol
                 continue
         mem_hist = None if sweep is None else sweep.get(("memory", meth))
         if mem_hist:  # a peer that would exhaust the machine's memory is skipped, not run into the OOM killer
-            pred_mib, avail = _predict(mem_hist, cfg[key], key, floor=2.0 if key == "n" else 1.0), _available_mib()
+            pred_mib, avail = _predict(mem_hist, cfg[key], key, floor=2.0 if key == "n" else 1.0,
+                                        model=2.0 if key == "n" else 1.0), _available_mib()
             if avail is not None and pred_mib > MEMORY_SHARE * avail:
                 rows.append(dict(method=meth, skipped=f"skipped: memory (extrapolated {pred_mib / 1024:.1f} GiB > "
                                                       f"{MEMORY_SHARE:g} x {avail / 1024:.1f} GiB available)"))
@@ -398,14 +404,15 @@ def run_config(cfg: dict, methods: list[str], repeats: int, memory: bool, consol
         finite = bool(np.all(np.isfinite(y)) and np.all(np.isfinite(g)))
         gerr = float(np.max(np.abs(g - gref)) / gscale) if finite else float("nan")
         yerr = float(np.max(np.abs(y - yref))) if finite else float("nan")
-        mem = peak_memory(meth, cfg, timeout=max(120.0, 20 * med)) if memory else None
+        mem, steady = peak_memory(meth, cfg, timeout=max(120.0, 20 * med)) if memory else (None, None)
         note = dict(NOTES.get(meth, {}), **extra)
         if meth in LINSAT:
             note["caveat"] = ("entropic (Sinkhorn) map, not the Euclidean projection: y_error and grad_rel_error "
                               "are its distance to the projection and to the projection's J v")
         times = note.get("times_s") or [med]
         rows.append(dict(method=meth, time_s=med, time_min_s=min(times), time_max_s=max(times),
-                         max_violation=viol, grad_rel_error=gerr, y_error=yerr, peak_mem_mib=mem, note=note))
+                         max_violation=viol, grad_rel_error=gerr, y_error=yerr, peak_mem_mib=mem,
+                         peak_mem_steady_mib=steady, note=note))
         console.print(f"  {meth:20s} {1e3 * med:10.1f} ms  viol {viol:8.1e}  y err {yerr:8.1e}  grad err "
                       f"{gerr:8.1e}  mem {'n/a' if mem is None else f'{mem:8.1f} MiB'}")
         if sweep is not None:
