@@ -21,10 +21,12 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
-__all__ = ["SMALL", "cho_solve", "cholesky", "eigh", "entrywise", "identity_where", "in_chunks", "small_cho_solve",
-           "small_cholesky", "tri_inv"]
+__all__ = ["SMALL", "batched_solves", "cho_solve", "cholesky", "eigh", "entrywise", "identity_where", "in_chunks",
+           "small_cho_solve", "small_cholesky", "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
+#: NumPy batches without torch solve by substitution over the batch, a pass per row: worth it up to this order
+SUBSTITUTION_ROWS = 16
 
 try:  # NumPy's batched Cholesky gufunc (what np.linalg.cholesky calls), for its ``out=``
     from numpy.linalg._umath_linalg import cholesky_lo as _CHOLESKY_LO
@@ -153,12 +155,12 @@ def _cho_solve_numpy(L: np.ndarray, R: np.ndarray) -> np.ndarray:
             y = solve_triangular(L[i], R[i if R.shape[0] > 1 else 0], lower=True, check_finite=False)
             X[i] = solve_triangular(L[i], y, lower=True, trans="T", check_finite=False)
         return X
-    torch = sys.modules.get("torch")
-    solve_tri = getattr(getattr(torch, "linalg", None), "solve_triangular", None)
+    solve_tri = _torch_solve_triangular()
     if solve_tri is not None and L.dtype == R.dtype and L.dtype in (np.float32, np.float64):
         # torch is loaded already (never imported for this): its batched triangular solves on the same
         # memory, one call each that releases the GIL (docs/performance.md)
-        Lt, Rt = (torch.from_numpy(_own_contiguous(a)) for a in (L, R))
+        from_numpy = sys.modules["torch"].from_numpy
+        Lt, Rt = (from_numpy(_own_contiguous(a)) for a in (L, R))
         return solve_tri(Lt.mT, solve_tri(Lt, Rt, upper=False), upper=True).numpy()
     # forward then backward substitution, one row at a time for all elements
     Y = np.empty(np.broadcast_shapes(L.shape[:-2], R.shape[:-2]) + R.shape[-2:], dtype=R.dtype)
@@ -169,6 +171,22 @@ def _cho_solve_numpy(L: np.ndarray, R: np.ndarray) -> np.ndarray:
     for i in range(n - 1, -1, -1):
         X[:, i, :] = (Y[:, i, :] - (L[:, i + 1 :, i : i + 1].mT @ X[:, i + 1 :, :])[:, 0, :]) / d[:, i]
     return X
+
+
+def _torch_solve_triangular() -> Any:
+    """The batched ``torch.linalg.solve_triangular`` when torch is loaded already (never imported for it), else None."""
+    return getattr(getattr(sys.modules.get("torch"), "linalg", None), "solve_triangular", None)
+
+
+def batched_solves(b: int, n: int) -> bool:
+    """True when :func:`cho_solve` of ``b`` NumPy factors of order ``n`` beats LAPACK called per matrix.
+
+    More than a few matrices, and torch's batched triangular solves at hand or an order small enough for the
+    substitution (:data:`SUBSTITUTION_ROWS`). Measured (factorisation and two solves, one thread, torch
+    loaded), against LAPACK per matrix: 128 systems of order 10 0.73 -> 0.24 ms, 64 of 30 0.68 -> 0.37 ms,
+    16 of 47 0.30 -> 0.27 ms.
+    """
+    return b > _FEW and 0 < n and (n <= SUBSTITUTION_ROWS or _torch_solve_triangular() is not None)
 
 
 def _own_contiguous(a: np.ndarray) -> np.ndarray:

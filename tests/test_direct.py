@@ -518,17 +518,17 @@ def test_batched_factorisation_equals_per_point(singular, torch_loaded, monkeypa
     R = rng.normal(size=(b, k))
     s = rng.uniform(0.5, 2.0, size=(b, k))
     out = []
-    for points in (b, direct.BATCHED_POINTS):
+    from polyproj import linalg
+
+    for few in (b, linalg._FEW):  # the whole batch counted as "a few" (LAPACK per point), then the default
         ok = ok0.copy()
-        saved = direct.BATCHED_POINTS
-        direct.BATCHED_POINTS = points
-        try:
+        with monkeypatch.context() as mp:
+            mp.setattr(linalg, "_FEW", few)
             L, batched = direct._factor(G.copy(), ok)
-        finally:
-            direct.BATCHED_POINTS = saved
-        assert batched == (points < b)
-        faces = direct._Faces(np.zeros((b, k, 1)), np.ones((b, 1)), s, L, k, batched)
-        out.append((ok, L, faces.solve(R)))
+            faces = direct._Faces(np.zeros((b, k, 1)), np.ones((b, 1)), s, L, k, batched)
+            x = faces.solve(R)
+        assert batched == (few < b)
+        out.append((ok, L, x))
     (ok1, L1, x1), (ok2, L2, x2) = out
     assert not ok1[refused].any() and ok1.sum() == b - len(refused)
     assert np.array_equal(ok1, ok2)

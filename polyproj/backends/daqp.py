@@ -175,7 +175,9 @@ class DAQPSolver(QPSolver):
             answer = self._dependent_equalities(qp)
             if answer is not None:
                 return answer
-        status, x, lam = _answer(flag, x, info, qp.n)
+        (status,), X, L = _answers(np.array([int(flag)]), np.array(x, dtype=np.float64)[None, :],
+                                   np.array(info["lam"], dtype=np.float64)[None, :])
+        x, lam = X[0], L[0]
         return Solution(x=x, z=lam[qp.n:], z_box=lam[:qp.n], status=status, iterations=int(info["iterations"]),
                         solve_time=float(info["solve_time"]), setup_time=setup, backend=self.name, qp=qp,
                         info={"raw_status": _NAMES.get(int(flag), str(flag))})
@@ -224,24 +226,13 @@ def _has_workspace() -> bool:
     return hasattr(daqp, "Model") and (major, minor) >= (0, 11)
 
 
-def _answer(flag: int, x: Any, info: dict, n: int) -> tuple[Status, np.ndarray, np.ndarray]:
-    """``(status, x, λ)`` of one ``daqp.solve``.
-
-    ``x`` is kept for a solved, iteration- or time-limited solve (NaN otherwise); the multipliers only
-    for a solved one (after a limit DAQP's multipliers vary from call to call on the same problem).
-    """
-    status = _STATUS.get(int(flag), Status.NUMERICAL_ERROR)
-    lam = np.array(info["lam"], dtype=np.float64)
-    if not status.ok:
-        lam[:] = np.nan
-    keep = status.ok or status in (Status.MAX_ITER, Status.TIME_LIMIT)
-    return status, np.array(x, dtype=np.float64) if keep else np.full(n, np.nan), lam
-
-
 def _answers(flags: np.ndarray, x: np.ndarray, lam: np.ndarray) -> tuple[tuple[Status, ...], np.ndarray, np.ndarray]:
-    """:func:`_answer` for a batch: ``(statuses, x, λ)`` from DAQP's flags and raw answers (flag 0: not solved).
+    """``(statuses, x, λ)`` from DAQP's exit flags and raw answers (b,), (b, n), (b, n + m); in place.
 
-    A solved answer that is not finite becomes NUMERICAL_ERROR with ``x`` NaN (the guard's rule).
+    ``x`` is kept for a solved, iteration- or time-limited solve (NaN otherwise); the multipliers only for a
+    solved one (after a limit DAQP's multipliers vary from call to call on the same problem). A solved answer
+    that is not finite becomes NUMERICAL_ERROR with ``x`` NaN (the guard's rule). Flag 0: a point the batch's
+    time limit left unsolved.
     """
     ok = (flags == 1) | (flags == 2)
     bad = ok & ~(np.isfinite(x).all(axis=1) & np.isfinite(lam).all(axis=1))

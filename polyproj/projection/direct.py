@@ -42,13 +42,12 @@ the backward are those of the cold path.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.linalg.lapack import dpotrf, dpotrs
+from scipy.linalg.lapack import dpotrs
 
 from .. import linalg
 from ..polydata import PolyData
@@ -68,12 +67,6 @@ DIRECT_BATCH = 1024
 SEPARATION = 10.0
 #: smallest Cholesky pivot of the normalised face Gram matrix (its diagonal is 1)
 PIVOT = 1e-3
-#: batches of more than BATCHED_POINTS faces are factorised and solved by :mod:`polyproj.linalg` (NumPy's batched
-#: Cholesky; solves by torch's batched triangular solves when torch is loaded, else substitution vectorised over
-#: the batch, which pays a pass per row and so is kept to faces of at most BATCHED_ROWS rows); others by one
-#: LAPACK call a point. Measured (factorisation and two solves, one thread, torch loaded): 128 faces of 10 rows
-#: 0.73 -> 0.24 ms, 64 of 30 0.68 -> 0.37 ms, 16 of 47 0.30 -> 0.27 ms
-BATCHED_POINTS, BATCHED_ROWS = 8, 16
 
 
 @dataclass(frozen=True)
@@ -139,12 +132,12 @@ class _Faces:
     s: np.ndarray  # (b, ka + p) 1/||row_F|| (1 on padding)
     L: np.ndarray  # (b, ka + p, ka + p)
     ka: int
-    batched: bool = False  # solved by polyproj.linalg (BATCHED_POINTS)
+    batched: bool = False  # solved by polyproj.linalg as a batch (linalg.batched_solves)
 
     def take(self, idx: np.ndarray) -> _Faces:
         """The faces of the points ``idx``."""
         return _Faces(self.M[idx], self.free[idx], self.s[idx], self.L[idx], self.ka,
-                      self.batched and _batched(len(idx), self.L.shape[1]))
+                      linalg.batched_solves(len(idx), self.L.shape[1]))
 
     def dot(self, v: np.ndarray) -> np.ndarray:
         """``M v`` per point, (b, ka + p) for v (b, n)."""
@@ -157,7 +150,7 @@ class _Faces:
     def solve(self, R: np.ndarray) -> np.ndarray:
         """``s ⊙ G⁻¹ (s ⊙ R)`` for R (b, ka + p).
 
-        Batched (:mod:`polyproj.linalg`) or one LAPACK call a point (:data:`BATCHED_POINTS`).
+        Batched (:mod:`polyproj.linalg`) or one LAPACK call a point (:func:`polyproj.linalg.batched_solves`).
         """
         out = self.s * R
         if self.batched:
@@ -233,11 +226,6 @@ def _faces(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray) -> tuple[n
     return Y, lam_c, Mt, ok, faces, order
 
 
-def _batched(b: int, k: int) -> bool:
-    """True when ``b`` faces of ``k`` rows are factorised and solved as a batch (:data:`BATCHED_POINTS`)."""
-    return b > BATCHED_POINTS and 0 < k and (k <= BATCHED_ROWS or sys.modules.get("torch") is not None)
-
-
 def _factor(G: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, bool]:
     """The lower Cholesky factors of the Gram matrices ``G`` (b, k, k), and whether they are solved as a batch.
 
@@ -245,19 +233,14 @@ def _factor(G: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, bool]:
     gets ``ok`` False (in place) and the identity as its factor.
     """
     b, k = G.shape[0], G.shape[1]
+    if not k:
+        return G, False
     eye = np.eye(k)
-    if _batched(b, k):
-        G[~ok] = eye
-        L, pd = linalg.cholesky(np, G)
-        ok &= pd & (np.diagonal(L, axis1=1, axis2=2).min(axis=1) >= PIVOT)
-        L[~ok] = eye
-        return L, True
-    for i in range(b):
-        L, info = dpotrf(G[i] if ok[i] else eye, lower=1, clean=1)
-        if info != 0 or L.diagonal().min(initial=np.inf) < PIVOT:
-            ok[i], L = False, eye
-        G[i] = L
-    return G, False
+    G[~ok] = eye
+    L, pd = linalg.cholesky(np, G)  # LAPACK per matrix for a few, NumPy's batched Cholesky for more
+    ok &= pd & (np.diagonal(L, axis1=1, axis2=2).min(axis=1) >= PIVOT)
+    L[~ok] = eye
+    return L, linalg.batched_solves(b, k)
 
 
 def _verified(X, Y, d: PolyData, dd: DirectData, mult, mu, active, tol: float) -> np.ndarray:
@@ -380,8 +363,8 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
         return out if sub is None else _merge(np, out, rest, sub)
     sol, flags = solver.solve_points(X, dd.arrays)
     status = sol.status
-    # optimal (not DAQP's soft optimum), with a finite answer
-    idx = np.flatnonzero((flags == 1) & np.array([st.ok for st in status], dtype=bool))
+    # optimal (not DAQP's soft optimum), with a finite answer (solve_points makes a non-finite one NaN)
+    idx = np.flatnonzero((flags == 1) & np.isfinite(sol.x).all(axis=1))
     # DAQP's working set: rows of A with a positive multiplier, bounds with a signed one (upper positive)
     W = np.concatenate([sol.z[:, :m] > 0, sol.z_box < 0, sol.z_box > 0], axis=1)
     got = _take(X, d, dd, W, idx, tol, record)
