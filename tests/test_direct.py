@@ -104,6 +104,27 @@ def test_direct_numpy_result_semantics(monkeypatch):
     np.testing.assert_allclose(g_rec, S.vjp(r0, V), rtol=0, atol=1e-10 * (1 + np.abs(V).max()))
 
 
+@pytest.mark.parametrize("batch", [1, 8])
+def test_direct_violation_and_report_are_the_generic_ones(batch):
+    """The direct path hands over the violations and the (empty) degeneracy report its verification implies:
+    they equal what ``PolyData.violation`` and ``degeneracy`` compute from the result."""
+    from polyproj.sets.polyhedral import degeneracy
+
+    d, X, _ = problem(30, 60, batch, 7)
+    X = X.copy()
+    X[0] = (d["lb"] + d["ub"]) / 2  # inside P: nothing active, violation 0
+    S = Polyhedral(pp.Polyhedron(**d))
+    assert taken(S, X).all()
+    res = S.project_batch(X, record=True)
+    scale = 1 + np.abs(X).max() + np.abs(d["a"]).max()
+    np.testing.assert_allclose(res.violation, S.data.violation(res.y), rtol=0, atol=1e-14 * scale)
+    assert res.max_violation == float(np.max(res.violation))
+    generic = degeneracy(X, res.face, S.options.tol, S._eq_deficiency())
+    np.testing.assert_array_equal(res.degenerate.weak, generic.weak)
+    np.testing.assert_array_equal(res.degenerate.dependent, generic.dependent)
+    assert not res.degenerate.any.any()
+
+
 def degenerate_points(d):
     """Points whose projection has a row at zero slack with a zero (or tiny) multiplier.
 

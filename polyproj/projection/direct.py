@@ -243,11 +243,12 @@ def _factor(G: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, bool]:
     return L, linalg.batched_solves(b, k)
 
 
-def _verified(X, Y, d: PolyData, dd: DirectData, mult, mu, active, tol: float) -> np.ndarray:
+def _verified(X, Y, d: PolyData, dd: DirectData, mult, mu, active, tol: float) -> tuple[np.ndarray, np.ndarray]:
     """(b,) strict complementarity and the KKT conditions at ``Y`` (module docstring), for the whole batch.
 
     The face's own equations are among these tests: its rows of A at zero slack, B by the equality test,
-    its bounds exact by construction.
+    its bounds exact by construction. Also returns the violation of each ``Y`` (b,), as
+    :meth:`~polyproj.polydata.PolyData.violation` defines it, from the same slacks.
     """
     A, a, B, b, lb, ub = d.parts()
     m, n = d.m, d.n
@@ -257,12 +258,16 @@ def _verified(X, Y, d: PolyData, dd: DirectData, mult, mu, active, tol: float) -
     row_tol = tol * (np.abs(dd.rhs) + dd.rn1 * sy)
     bad = active & (~dd.fin | (np.abs(slack) > row_tol) | (mult * dd.rn2 <= SEPARATION * tol * sig))
     bad |= ~active & (slack <= SEPARATION * row_tol)  # another row at (or near) its hyperplane
-    ok = ~bad.any(axis=1) & np.isfinite(Y).all(axis=1)
+    finite = np.isfinite(Y).all(axis=1)
+    ok = ~bad.any(axis=1) & finite
+    viol = np.maximum(-slack.min(axis=1, initial=0.0), 0.0)
     stat = Y - X + mult[:, :m] @ A - mult[:, m: m + n] + mult[:, m + n:]
     if d.p:
         stat += mu @ B
-        ok &= (np.abs(Y @ B.T - b) <= tol * (np.abs(b) + dd.bn1 * sy)).all(axis=1)
-    return ok & (np.abs(stat).max(axis=1) <= tol * sig[:, 0])
+        eq = np.abs(Y @ B.T - b)
+        ok &= (eq <= tol * (np.abs(b) + dd.bn1 * sy)).all(axis=1)
+        viol = np.maximum(viol, eq.max(axis=1))
+    return ok & (np.abs(stat).max(axis=1) <= tol * sig[:, 0]), np.where(finite, viol, np.inf)
 
 
 @dataclass
@@ -276,6 +281,7 @@ class _Taken:
     polished: np.ndarray  # (N,) bool: taken
     z_box: np.ndarray  # (N, n) signed bound multipliers (upper positive), DAQP's layout
     record: FaceRecord | None
+    viol: np.ndarray  # (N,) the violation of each Y
 
 
 def _take(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray, idx: np.ndarray, tol: float,
@@ -304,7 +310,8 @@ def _take(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray, idx: np.nda
         polished[idx] = ok
         bad = idx[~ok]
         Y[bad], mult[bad], mu[bad], active[bad], z_box[bad] = 0.0, 0.0, 0.0, False, 0.0
-    polished &= _verified(X, Y, d, dd, mult, mu, active, tol)
+    verified, viol = _verified(X, Y, d, dd, mult, mu, active, tol)
+    polished &= verified
     taken = np.flatnonzero(polished)
     rec = None
     if record and taken.size:
@@ -312,7 +319,7 @@ def _take(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray, idx: np.nda
         k = int(active[taken, :m].sum(axis=1).max()) if m else 0
         face = DirectFace(faces.take(pos), DirectRows(np, k, m, p, order[pos]))
         rec = FaceRecord(None if taken.size == N else taken, np.ones(taken.size, dtype=bool), face)
-    return _Taken(Y, mult, mu, active, polished, z_box, rec)
+    return _Taken(Y, mult, mu, active, polished, z_box, rec, viol)
 
 
 def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol: float, record: bool,
@@ -359,7 +366,8 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
             sol = sol.put(rest, other if other is not None else replace(sol.take(rest), status=sub.status))
         start = start_from_solution(sol, X, m, float(solver.settings.get("eps_abs", 1e-8)))
         out = PipelineOutput(got.Y, got.active, got.mult, got.mu, (Status.SOLVED,) * N,
-                             got.polished, solver.name, [got.record] if got.record is not None else [], start)
+                             got.polished, solver.name, [got.record] if got.record is not None else [], start,
+                             got.viol, nondegenerate=True)  # every point verified (_merge drops both otherwise)
         return out if sub is None else _merge(np, out, rest, sub)
     sol, flags = solver.solve_points(X, dd.arrays)
     status = sol.status
@@ -372,10 +380,12 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
     if not taken.size:
         return None
     start = start_from_solution(sol, X, m, float(solver.settings.get("eps_abs", 1e-8)))
+    every = taken.size == N  # every point verified: their violations and their degeneracy report (none) are known
     out = PipelineOutput(got.Y, got.active, got.mult, got.mu, tuple(Status.SOLVED if t else st for t, st in
                                                                     zip(got.polished, status, strict=True)),
-                         got.polished, solver.name, [got.record] if got.record is not None else [], start)
-    if taken.size == N:
+                         got.polished, solver.name, [got.record] if got.record is not None else [], start,
+                         got.viol if every else None, nondegenerate=every)
+    if every:
         return out
     rest = np.flatnonzero(~got.polished)
     sub = fallback(rest, sol.take(rest), None)

@@ -82,6 +82,11 @@ class PipelineOutput:
     backend: str
     faces: list[FaceRecord]
     start: ProjectionStart
+    #: the violation of every row of ``Y`` (float64), where the path that produced them computed it anyway
+    viol: Any = None
+    #: every sample verified with strict complementarity and independent active rows, clear of the
+    #: degeneracy report's tolerances (the direct path's test): the report is False everywhere
+    nondegenerate: bool = False
 
 
 def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool | None = None,
@@ -363,7 +368,7 @@ def _merge(xp, out: PipelineOutput, idx, sub: PipelineOutput) -> PipelineOutput:
     put = lambda full, part: scatter_rows(xp, full, mask, part)  # noqa: E731
     return replace(out, Y=put(out.Y, sub.Y), active=put(out.active, sub.active), mult=put(out.mult, sub.mult),
                    mu=put(out.mu, sub.mu), polished=put(out.polished, sub.polished), status=tuple(status),
-                   faces=faces)
+                   faces=faces, viol=None, nondegenerate=False)
 
 
 def _index_mask(xp, idx, size: int):

@@ -155,13 +155,20 @@ class Polyhedral(Projector):
             out = run(X64, data, self._solver_for(X), opts, warm=warm)
         Y = xp.astype(out.Y, X.dtype)
         # the violation of the returned points (their rounding to X's dtype included), in X's dtype
-        viol = xp.astype(data.violation(out.Y if Y.dtype == xp.float64 else xp.astype(Y, xp.float64)), X.dtype)
+        if out.viol is not None and Y.dtype == xp.float64:
+            viol = out.viol
+        else:
+            viol = xp.astype(data.violation(out.Y if Y.dtype == xp.float64 else xp.astype(Y, xp.float64)), X.dtype)
         info = FaceInfo(data, out.Y, out.active, out.mult, out.mu, out.faces)
         active, mult = out.active, out.mult
         if self.layout is not None:
             active, mult = self.layout.to_compact(active), self.layout.to_compact(mult)
         batch = X.shape[0]
-        report = degeneracy(X64, info, self.options.tol, self._eq_deficiency())
+        if out.nondegenerate:
+            clean = xp.zeros((batch,), dtype=xp.bool, device=_device(X))
+            report = Degeneracy(clean, clean)
+        else:
+            report = degeneracy(X64, info, self.options.tol, self._eq_deficiency())
         return ProjectionResult(Y, active, xp.astype(xp.concat([mult, out.mu], axis=1), X.dtype), out.status,
                                 float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
                                 solution=out.start.solution, degenerate=report, face=info)
