@@ -97,6 +97,19 @@ class PolyData:
                 size = max(size, float(xp.max(fin)))
         return size
 
+    @cached_property
+    def row_size(self) -> float:
+        """Largest 1-norm of a constraint row: of ``A``, of ``B``, 1 for the bounds (0.0 for ``n = 0``).
+
+        With :attr:`rhs_size`, the scale of a violation: a row misses by ``|a_j − A_j y| <= |a_j| + ||A_j||_1 max|y|``.
+        """
+        xp = self.xp
+        size = 1.0 if self.n else 0.0
+        for M in (self.A, self.B):
+            if all(int(d) > 0 for d in M.shape):
+                size = max(size, float(xp.max(xp.sum(xp.abs(M), axis=-1))))
+        return size
+
     def parts(self) -> tuple[Any, ...]:
         """``(A, a, B, b, lb, ub)``."""
         return self.A, self.a, self.B, self.b, self.lb, self.ub

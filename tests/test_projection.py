@@ -154,6 +154,7 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
     elements are solved again one by one; what stays flagged comes back as NaN, never as a point."""
     from dataclasses import replace
 
+    pytest.importorskip("daqp")  # the exact per-point fallback, asked after the independent backend
     P = random_polytope(rng, 10, 20, 1)
     X = 3.0 * rng.normal(size=(6, 10))
     ref = pp.project(X, P)
@@ -201,8 +202,23 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
                                            for f, s in zip(flags, start.status, strict=True)))
 
     monkeypatch.setattr(ipm_cls, "solve_projections", lying_projections)
-    # without the polish the point stays NaN; the polish, started from x, verifies its projection
-    # (the KKT conditions prove it) and returns it
+    # the polyhedron is not empty (others were solved): the exact per-point fallback (DAQP) is asked next
+    with pytest.warns(pp.PolyprojWarning, match="1 recovered; backends 'ipm' and 'daqp' solved 1 it kept flagging$"):
+        r = pp.project(X, P, backend=solver)
+    assert np.all(r.polished) and r.status == (pp.Status.SOLVED,) * 6
+    np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
+    daqp_cls = type(pp.get_backend("daqp"))
+    real_daqp = daqp_cls.solve_projections
+
+    def lying_daqp(self, Xb, data, *, rough=False, solved=None):
+        start = real_daqp(self, Xb, data, rough=rough, solved=solved)
+        flags = [np.allclose(np.asarray(x), X[4]) for x in np.asarray(Xb)]
+        return replace(start, status=tuple(pp.Status.PRIMAL_INFEASIBLE if f else s
+                                           for f, s in zip(flags, start.status, strict=True)))
+
+    monkeypatch.setattr(daqp_cls, "solve_projections", lying_daqp)
+    # when every backend flags it: without the polish the point stays NaN; the polish, started from x,
+    # verifies its projection (the KKT conditions prove it) and returns it
     with pytest.warns(pp.PolyprojWarning, match="1 recovered, 1 returned as NaN"):
         r = pp.project(X, P, backend=solver, polish=False)
     assert np.all(np.isnan(r.y[4])) and not r.polished[4]
@@ -462,3 +478,59 @@ def test_far_points_are_never_silently_wrong(rng):
             assert r.max_violation <= 1e-9, (x, r.y, r.max_violation)
         else:
             assert any("polish refused" in str(w.message) for w in caught), x
+
+
+def _far_case(scale: float, far: float, batch: int = 10):
+    """A small polytope of size ``scale`` and points ``far`` times its size away (the probe of the layer's
+    scale invariance: Π_{sP}(s x) = s Π_P(x))."""
+    rng = np.random.default_rng(5)
+    n, m = 6, 8
+    A, a, B = rng.standard_normal((m, n)), rng.random(m) + 0.2, rng.standard_normal((1, n))
+    P = pp.Polyhedron(A=A, a=a * scale, B=B, b=np.array([0.1 * scale]), lb=-np.ones(n) * scale,
+                      ub=np.ones(n) * scale)
+    return P, rng.standard_normal((batch, n)) * far * scale
+
+
+@pytest.mark.parametrize(("backend", "far", "scale"), [("clarabel", 3e9, 1.0), ("clarabel", 3e9, 1e-8),
+                                                       ("proxsuite", 3e3, 1e-8), ("proxsuite", 3e6, 1e8)])
+def test_named_backends_failing_on_far_points_are_backed_by_the_exact_fallback(backend, far, scale):
+    """A named backend whose solve fails on a far point (NUMERICAL_ERROR, a "solved" point violating the
+    polytope because its tolerances are relative to |x|, or a false PRIMAL_INFEASIBLE) is backed by the
+    exact per-point fallback: the answer is exact at every scale, as the default backend's is."""
+    pytest.importorskip(backend)
+    pytest.importorskip("daqp")
+    P, X = _far_case(scale, far)
+    ref = pp.project(X / scale, _far_case(1.0, far)[0], eps_abs=1e-10)  # the default path, unit scale
+    assert np.all(ref.polished)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)  # the false infeasibility is reported
+        r = pp.project(X, P, backend=backend)
+    assert np.all(r.polished) and r.max_violation <= 1e-12 * scale
+    np.testing.assert_allclose(r.y / scale, ref.y, rtol=0, atol=1e-9)
+
+
+def test_the_layers_unverified_answers_are_judged_at_the_polyhedrons_scale():
+    """An unverified point is returned only within UNVERIFIED_VIOLATION of the polyhedron's scale
+    (max|rhs| + max||row||_1 max|y|), the same test at every scale of the data: at scale 1e-8 a
+    violation of 1e-9 is 10 % of the polytope, not 1e-9 of 1 + |y|."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from polyproj.adapters.torch import UNVERIFIED_VIOLATION, _usable
+    from polyproj.errors import InfeasibleError
+    from polyproj.polydata import PolyData
+
+    for scale in (1e-8, 1.0, 1e8):
+        P, _ = _far_case(scale, 1.0)
+        d = PolyData.from_polyhedron(P)
+        y = np.full((1, d.n), 0.5 * scale)
+        size = d.rhs_size + d.row_size * 0.5 * scale
+        for viol, ok in ((0.1 * UNVERIFIED_VIOLATION * size, True), (10 * UNVERIFIED_VIOLATION * size, False)):
+            res = SimpleNamespace(y=torch.tensor(y), polished=np.array([False]), violation=np.array([viol]),
+                                  backend="x")
+            if ok:
+                assert _usable(res, d) is res
+            else:
+                with pytest.raises(InfeasibleError, match="could not be projected"):
+                    _usable(res, d)

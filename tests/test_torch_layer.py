@@ -927,3 +927,59 @@ def test_layer_leaves_torch_batched_lu_exact():
         assert float((M @ torch.linalg.lu_solve(LU, piv, eye) - eye).abs().max()) < 1e-8
     finally:
         set_torch_threads(prev)
+
+
+@pytest.mark.parametrize("transform", ["hessian", "jacrev_jacrev", "jacfwd_jacrev", "jacrev_jacfwd", "vmap_hessian"])
+@pytest.mark.parametrize("kind", ["polyhedron", "simplex"])
+def test_second_derivatives_compose_with_torch_func(transform, kind, rng):
+    """Second derivatives through the layer by torch.func (the cotangent of the backward carries the outer
+    transform's levels): each equals torch.autograd.functional.hessian, J symmetric and piecewise constant
+    (so d²/dx² Σ y³ = Jᵀ diag(6y) J), twice in a row (the set cache holds plain copies, not a transform's)."""
+    from torch.func import hessian, jacfwd, jacrev, vmap
+
+    P = _polytope(rng, n=4, m=5)
+    if kind == "polyhedron":
+        data = [torch.tensor(v) for v in (P.A, P.a, P.B, P.b, P.lb, P.ub)]
+        f = lambda v: (project(v, *data) ** 3).sum()  # noqa: E731
+    else:
+        S = pp.sets.Simplex(4)
+        f = lambda v: (project(v, S) ** 3).sum()  # noqa: E731
+    X = torch.tensor(np.stack([_nondegenerate_point(P, rng)[0] for _ in range(2)]))
+    ref = torch.stack([torch.autograd.functional.hessian(f, x) for x in X])
+    make = {"hessian": hessian, "jacrev_jacrev": lambda g: jacrev(jacrev(g)),
+            "jacfwd_jacrev": lambda g: jacfwd(jacrev(g)), "jacrev_jacfwd": lambda g: jacrev(jacfwd(g))}
+    for _ in range(2):
+        if transform == "vmap_hessian":
+            H = vmap(hessian(f))(X)
+        else:
+            H = torch.stack([make[transform](f)(x) for x in X])
+        torch.testing.assert_close(H, ref, rtol=0, atol=1e-12)
+    assert float(ref.abs().max()) > 0  # the test sees a nonzero second derivative
+
+
+def test_layer_takes_a_polyhedral_set_and_checks_its_arguments_when_built():
+    P = pp.Polyhedron(A=[[1.0, 2.0, 3.0]], a=[1.0], lb=-np.ones(3))
+    layer = ProjectionLayer(pp.sets.Polyhedral(P, "daqp"))
+    x = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(layer(x), torch.as_tensor(pp.project(x.numpy(), P).y))
+    with pytest.raises(pp.ProblemError, match="give its Polyhedron"):
+        ProjectionLayer(pp.sets.Polyhedral(P), learn=("a",))
+    with pytest.raises(pp.ProblemError, match="carries its own method"):
+        ProjectionLayer(pp.sets.Polyhedral(P), backend="ipm")
+    # learn: one name as a string; misspelt backends and fallbacks fail when the layer is built
+    assert isinstance(ProjectionLayer(lb=[0.0, 0.0, 0.0], learn="lb").lb, torch.nn.Parameter)
+    with pytest.raises(pp.ProblemError, match="lbx"):
+        ProjectionLayer(lb=[0.0, 0.0, 0.0], learn="lbx")
+    with pytest.raises(pp.BackendNotFound, match="nope"):
+        ProjectionLayer(lb=[0.0, 0.0, 0.0], backend="nope")
+    with pytest.raises(pp.BackendNotFound, match="proxsuite"):
+        ProjectionLayer(lb=[0.0, 0.0, 0.0], backend="admm", fallback="proxsutie")
+    with pytest.raises(pp.BackendNotFound, match="proxsuite"):  # the functional form: at once, not when needed
+        project(x, lb=torch.zeros(3, dtype=torch.float64), backend="admm", fallback="proxsutie")
+    # data that are not numbers: ProblemError naming the part
+    with pytest.raises(pp.ProblemError, match="A must be an array.*Simplex"):
+        project(x, "simplex")
+    with pytest.raises(pp.ProblemError, match="lb must be an array"):
+        project(x, lb="zero")
+    with pytest.raises(pp.ProblemError, match="A must be an array"):
+        project(x, [[1.0, "x", 2.0]], [1.0])

@@ -101,10 +101,10 @@ class _Project(torch.autograd.Function):
         with torch.no_grad(), small_work(x.device.type == "cpu", _work(x, Sx)):
             xd = x.detach()
             if _on_host(xd, Sx):
-                res = _usable(Sx.project_batch(xd.numpy(), record=True, warm_start=cfg.warm))
+                res = _usable(Sx.project_batch(xd.numpy(), record=True, warm_start=cfg.warm), Sx.data)
                 return torch.from_numpy(np.array(res.y, dtype=_NP[x.dtype])), res, Sx
             if isinstance(Sx, Polyhedral):
-                res = _usable(Sx.project_batch(xd, record=True, warm_start=cfg.warm))
+                res = _usable(Sx.project_batch(xd, record=True, warm_start=cfg.warm), Sx.data)
             else:
                 res = Sx.project_batch(xd)
         # a copy: the output must not be the tensor the result (kept by ctx) holds, or ctx -> result -> y ->
@@ -160,26 +160,30 @@ class _Project(torch.autograd.Function):
 
 
 #: an unverified point (the polish refused it; it keeps the backend's answer, with a warning) is returned
-#: only when it violates no constraint by more than this, relative to ``1 + max |y|``
+#: only when it violates no constraint by more than this, relative to the polyhedron's scale at the point,
+#: ``max|rhs| + max_j ||row_j||_1 max|y|`` (:attr:`~polyproj.polydata.PolyData.rhs_size`, ``row_size``):
+#: the same test at every scale of the data (``Π_{sP}(s x) = s Π_P(x)``)
 UNVERIFIED_VIOLATION = 1e-6
 
 
-def _usable(res: Any) -> Any:
+def _usable(res: Any, data: Any) -> Any:
     """``res`` when every point is one the layer can return: never a NaN or infeasible output.
 
     ``InfeasibleError`` for a point the backend left without an answer (NaN: e.g. inconsistent equalities
-    it did not report) or an unverified one that violates its constraints (:data:`UNVERIFIED_VIOLATION`).
+    it did not report) or an unverified one that violates its constraints (:data:`UNVERIFIED_VIOLATION`;
+    ``data``: the set's :class:`~polyproj.polydata.PolyData`).
     """
     if isinstance(res.y, np.ndarray) and bool(np.asarray(res.polished).all()) and np.isfinite(res.y).all():
         return res  # the common case, on the host: every point verified
     Y = torch.as_tensor(res.y) if not isinstance(res.y, torch.Tensor) else res.y
     nan = ~torch.isfinite(Y).all(dim=1)
-    viol = torch.as_tensor(res.violation, device=Y.device)
     polished = torch.as_tensor(np.asarray(res.polished) if not isinstance(res.polished, torch.Tensor)
                                else res.polished, device=Y.device)
-    bad = ~polished & (viol > UNVERIFIED_VIOLATION * (1.0 + Y.abs().amax(dim=1)))
-    if not bool((nan | bad).any()):  # one device sync in the common case
+    if bool((polished & ~nan).all()):  # one device sync in the common case
         return res
+    viol = torch.as_tensor(res.violation, device=Y.device)
+    scale = data.rhs_size + data.row_size * Y.abs().amax(dim=1)
+    bad = ~polished & (viol > UNVERIFIED_VIOLATION * scale)
     if bool(nan.any()):
         raise InfeasibleError(f"{int(nan.sum())} of {Y.shape[0]} points have no projection (backend {res.backend!r} "
                               "returned none; the polyhedron may be empty, e.g. inconsistent equalities)")
@@ -262,11 +266,15 @@ class _VJP(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.set, ctx.result = inputs[1], inputs[2]
+        ctx.set, ctx.result, ctx.wanted, ctx.need_x = inputs[1:5]
 
     @staticmethod
     def backward(ctx, *grads):  # J is symmetric: the derivative of g -> J g is J
-        return _vjp_x(ctx.set, ctx.result, grads[0]), None, None, None, None
+        return _jvp_again(ctx, grads[0]), None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, gy_t, *_):  # every output is linear in gy: its tangent is the same product of gy's tangent
+        return _VJP.apply(gy_t, ctx.set, ctx.result, ctx.wanted, ctx.need_x)
 
     @staticmethod
     def vmap(info, in_dims, gy, S, res, wanted, need_x):
@@ -317,7 +325,18 @@ class _GroupedVJP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return _vjp_x(ctx.set, ctx.result, grads[0]), None, None, None, None, None
+        return _jvp_again(ctx, grads[0]), None, None, None, None, None
+
+
+def _jvp_again(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    """``J g``: the derivative of ``v -> J v`` (J symmetric), itself a Function under torch.func transforms.
+
+    Under ``jacrev(jacrev(f))`` or ``hessian`` the cotangent carries the outer transforms' levels (a batched
+    or grad-tracking tensor): the product goes through :class:`_VJP`, whose vmap rule maps it.
+    """
+    if torch._C._are_functorch_transforms_active():
+        return _VJP.apply(g, ctx.set, ctx.result, (), True)[0]
+    return _vjp_x(ctx.set, ctx.result, g)
 
 
 class _VJPGraph(torch.autograd.Function):
@@ -391,7 +410,10 @@ def _polyhedral_from_tensors(x: torch.Tensor, parts: dict[str, Any], backend: st
     if hit is not None:
         return hit
     if key is not None:  # the set holds copies: what the caller changes in place later cannot reach it
-        parts = {k: None if v is None else v.detach().clone() for k, v in parts.items()}
+        # made outside any torch.func transform: a copy made inside one is wrapped at its level and escapes
+        # it in the cache (the next call's comparison failed an internal assert of torch)
+        with torch._C._DisableFuncTorch():
+            parts = {k: None if v is None else v.detach().clone() for k, v in parts.items()}
     bshape = tuple(x.shape[:-1])
     x2 = x.reshape(-1, x.shape[-1]) if x.ndim > 1 else x.reshape(1, -1)
     data, given = polydata_from_arrays(x2, **parts, batch_shape=bshape)
@@ -636,13 +658,19 @@ class ProjectionLayer(nn.Module):
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ProblemError(f"dtype must be a floating torch dtype (the constraint data's storage), got {dtype!r}")
         self.warm_start, self._last = bool(warm_start), None
+        if isinstance(learn, str):  # one name, not its letters
+            learn = (learn,)
         unknown = set(learn) - set(PARTS)
         if unknown:
             raise ProblemError(f"learn takes names among {PARTS}, got {sorted(unknown)}")
         self.backend, self.settings = backend, settings
-        if isinstance(S, Projector) and not isinstance(S, Polyhedral):
+        if isinstance(S, Projector):  # a Polyhedral too: a fixed set with its own backend
             if learn or any(v is not None for v in (a, B, b, lb, ub, A)):
-                raise ProblemError(f"{type(S).__name__} has no constraint data to learn or give")
+                raise ProblemError(f"{type(S).__name__} has no constraint data to learn or give"
+                                   + ("; to learn them give its Polyhedron or the tensors A, a, B, b, lb, ub"
+                                      if isinstance(S, Polyhedral) else ""))
+            if backend != "auto" or settings:
+                raise ProblemError(f"{type(S).__name__} carries its own method: backend and settings do not apply")
             self.set, self.n = S, S.n
             return
         self._dependent = isinstance(S, Polyhedron) and S.allow_dependent_rows
@@ -653,6 +681,8 @@ class ProjectionLayer(nn.Module):
             vals = dict(zip(PARTS, (S if S is not None else A, a, B, b, lb, ub), strict=True))
         self.set = None
         P = self._store(vals, learn, dtype)
+        if backend != "auto" or settings:
+            Polyhedral(P, backend, **settings)  # the backend and settings checked now, not at the first call
         self._recognising = structured and not learn and backend == "auto" and not settings
         if self._recognising:
             self.set = recognise(P)  # a structured set: its exact method (the buffers stay for state_dict)

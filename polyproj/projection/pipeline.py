@@ -18,9 +18,10 @@ sample) in one namespace, :func:`run`
 4. **falls back** for the samples whose polish is refused after a rough start: solved again accurately
    (by the same backend, or by :func:`polyproj.backends.defaults.fallback_for` when the backend's
    projections are starts only) and polished again — after a start-only backend's start the polish
-   hands its last few CPU samples to the exact per-point fallback early (:func:`_handoff`); what is
-   still refused keeps the backend's point with an active set from both signals (slack or multiplier),
-   with a warning.
+   hands its last few CPU samples to the exact per-point fallback early (:func:`_handoff`); a sample
+   whose accurate solve failed (NUMERICAL_ERROR) is solved by the fallback backend (:func:`_failed_retry`);
+   what is still refused keeps the backend's point with an active set from both signals (slack or
+   multiplier), with a warning.
 
 Everything stays in the input's namespace and device; inequality rows are numbered as in
 :mod:`polyproj.polydata`.
@@ -297,6 +298,10 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
     refused = ~out.polished & ~flagged
     if not bool(xp.any(refused)):
         return out
+    out = _failed_retry(X, data, solver, opts, start, out, refused)
+    refused = ~out.polished & ~flagged
+    if not bool(xp.any(refused)):
+        return out
     bad = int(xp.sum(xp.astype(refused, xp.int64)))
     warnings.warn(f"polish refused for {bad} of {refused.shape[0]} points: the KKT conditions could not be "
                   "verified on the identified active set; those points keep the backend's accuracy "
@@ -324,6 +329,39 @@ def _backed_retry(X, data: PolyData, solver, opts: PolishOptions, start: Project
     if not bool(xp.any(pol.accepted)):
         return out
     return _merge(xp, out, idx, _output(ds, sub, pol, solver.name))
+
+
+def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, start: ProjectionStart, out: PipelineOutput,
+                  refused) -> PipelineOutput:
+    """The refused samples whose backend solve failed solved by the fallback backend.
+
+    Failed: NUMERICAL_ERROR, or a point that violates the polyhedron by more than the backend's accuracy
+    allows at the polyhedron's scale (``max(1e-6, 100 accuracy) (max|rhs| + max ||row||_1 max|y|)``: a
+    backend whose tolerances are relative to a far point's ``|x|`` may call such a point solved). The
+    backend's point there is no answer to keep. The fallback (``opts.fallback``, or
+    :func:`~polyproj.backends.defaults.fallback_for`) is a backend other than ``solver``; its own pipeline
+    polishes the points it solves.
+    """
+    from ..backends.defaults import fallback_for
+    from ..registry import get_backend
+
+    xp = array_namespace(X)
+    failed = xp.asarray([st is Status.NUMERICAL_ERROR for st in start.status], dtype=xp.bool, device=_device(X))
+    y = xp.where(xp.isfinite(start.y), start.y, xp.zeros_like(start.y))
+    scale = data.rhs_size + data.row_size * xp.max(xp.abs(y), axis=1)
+    failed = (failed | (data.violation(start.y) > max(1e-6, 100.0 * start.accuracy) * scale)) & refused
+    count = int(xp.sum(xp.astype(failed, xp.int64)))
+    if not count:
+        return out
+    name = opts.fallback
+    if name == "auto":
+        name = fallback_for(_on_cpu(X), X.shape[1], count, _unified(solver.settings))
+    if name == solver.name:
+        return out
+    idx = xp.nonzero(failed)[0]
+    Xs, ds = xp.take(X, idx, axis=0), data.take(idx)
+    sub = run(Xs, ds, get_backend(name, **_unified(solver.settings)), replace(opts, fallback="auto"))
+    return _merge(xp, out, idx, sub)
 
 
 def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:
@@ -528,6 +566,10 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
     ok = xp.asarray([s.ok for s in again.status], dtype=xp.bool, device=_device(X))
     good = _feasible(xp, data.take(idx), again.y, ok)
     count = int(xp.sum(xp.astype(good, xp.int64)))
+    label = f"backend {other!r}"
+    if has_donor and count < int(idx.shape[0]):  # the set is not empty: the exact per-point fallback on the rest
+        again, good, label = _exact_opinion(solver, X, data, idx, again, good, other)
+        count = int(xp.sum(xp.astype(good, xp.int64)))
     if data.batched and count < int(idx.shape[0]):
         raise empty  # per-sample polyhedra: a sample no backend can solve has an empty set
     if not has_donor and count == 0:
@@ -541,7 +583,34 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
         start = _patch_start(xp, start, xp.take(idx, gidx, axis=0), _take_start(xp, again, gidx))
     if not has_donor:
         return start, head + f"and solved none; backend {other!r} found them feasible: {count} solved by it"
-    return start, report + (f"; backend {other!r} solved {count} it kept flagging" if count else "")
+    return start, report + (f"; {label} solved {count} it kept flagging" if count else "")
+
+
+def _exact_opinion(solver, X, data: PolyData, idx, again: ProjectionStart, good, other: str):
+    """The samples ``idx`` that backend ``other`` did not solve (``good`` False), by the exact fallback.
+
+    A dual active-set method (:func:`~polyproj.backends.defaults.fallback_for` on the CPU) is exact on its
+    final working set however far a point lies, where interior-point and ADMM tolerances relative to
+    ``|x|`` fail. Returns the merged start, the new ``good`` and the backends' names for the report.
+    """
+    from ..backends.defaults import fallback_for
+    from ..registry import get_backend
+
+    xp = array_namespace(X)
+    rest = xp.nonzero(~good)[0]
+    name = fallback_for(_on_cpu(X), X.shape[1], int(rest.shape[0]), _unified(solver.settings))
+    if name in (solver.name, other):
+        return again, good, f"backend {other!r}"
+    sel = xp.take(idx, rest, axis=0)
+    third = get_backend(name, **_unified(solver.settings)).solve_projections(xp.take(X, sel, axis=0), data.take(sel),
+                                                                            rough=False)
+    ok = xp.asarray([s.ok for s in third.status], dtype=xp.bool, device=_device(X))
+    fixed = _feasible(xp, data.take(sel), third.y, ok)
+    if not bool(xp.any(fixed)):
+        return again, good, f"backend {other!r}"
+    again = _patch_start(xp, again, rest, third)
+    return again, good | _index_mask(xp, xp.take(rest, xp.nonzero(fixed)[0], axis=0), int(good.shape[0])), \
+        f"backends {other!r} and {name!r}"
 
 
 def _take_start(xp, s: ProjectionStart, idx) -> ProjectionStart:

@@ -88,7 +88,13 @@ class Polyhedral(Projector):
         self.settings = dict(settings)
         self.solver = get_backend(auto_projection(self.data.shared_matrices) if self.auto else backend, **settings)
         self._solvers: dict[str, Any] = {self.solver.name: self.solver}
-        self.options = PolishOptions(bool(polish), float(tol), max_polish_iter, int(polish_block_iter), str(fallback))
+        if not isinstance(fallback, str):
+            raise ProblemError(f"fallback must be 'auto' or a backend name, got {fallback!r}")
+        if fallback != "auto":
+            from ..registry import _resolve
+
+            _resolve(fallback)  # a misspelt name fails now (BackendNotFound), not when a point first needs it
+        self.options = PolishOptions(bool(polish), float(tol), max_polish_iter, int(polish_block_iter), fallback)
         self.given, self.batch_shape = tuple(given), tuple(batch_shape)
         self._like: dict[Any, PolyData] = {}
 
@@ -384,7 +390,14 @@ def _as_like(v: Any, name: str, like: Any) -> Any:
     except TypeError:
         same = False
     if not same:
-        arr = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float64)
+        if isinstance(v, (str, bytes, dict)):
+            raise ProblemError(f"{name} must be an array or tensor of numbers, got {type(v).__name__} {v!r:.40}"
+                               + (" (structured sets are objects: e.g. polyproj.sets.Simplex(n))"
+                                  if name == "A" and isinstance(v, str) else ""))
+        try:
+            arr = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ProblemError(f"{name} must be an array or tensor of numbers, got {type(v).__name__}: {exc}") from None
         return xp.asarray(arr, dtype=like.dtype, device=_device(like))
     if str(_device(v)) != str(_device(like)):
         raise ProblemError(f"{name} is on {_device(v)} but x is on {_device(like)}: move the constraint data to "
