@@ -274,3 +274,124 @@ def test_from_params_keeps_a_binding_row_slightly_inside(setup):
     far[1] -= 0.5
     with pytest.raises(pp.ProblemError, match="not a KKT point"):
         KKTPoint.from_params(prob, far, lam, tol=1e-4, active_tol=1e-6)
+
+
+# ----------------------------------------------------------------------------- found by probing as a user
+def test_module_accessors_give_theta_not_the_frozen_copy():
+    """m.parameters(), named_parameters(), state_dict(), get_submodule(), m[i] inside a loss or constraint
+    resolve to θ's tensors: a norm constraint written with them binds (it was silently constant in θ,
+    classified inactive, and solve returned a point with ‖θ‖² = 9 > τ = 1)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    X = torch.randn(60, 3, dtype=torch.float64)
+    y = X @ torch.tensor([2.0, -2.0, 1.0], dtype=torch.float64)
+    mse = lambda m, b: (m(b[0]).squeeze(-1) - b[1]) ** 2  # noqa: E731
+    norm2 = lambda m: sum((p ** 2).sum() for p in m.parameters())  # noqa: E731
+    prob = ConstrainedProblem(nn.Linear(3, 1), Loss(mse, (X, y)), [Constraint(norm2, None, tau=1.0, name="norm")])
+    kkt = solve(prob)
+    assert kkt.status == ("binding",)
+    assert abs(float((kkt.theta ** 2).sum()) - 1.0) <= 1e-8
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    forms = {"index": lambda m: m[2].bias.sum(), "negative index": lambda m: m[-1].bias.sum(),
+             "get_submodule": lambda m: m.get_submodule("2").bias.sum(),
+             "named_parameters": lambda m: dict(m.named_parameters())["2.bias"].sum(),
+             "state_dict": lambda m: m.state_dict()["2.bias"].sum(),
+             "modules": lambda m: list(m.modules())[3].bias.sum(),
+             "children": lambda m: list(m.children())[2].bias.sum()}
+    for name, fn in forms.items():
+        p = ConstrainedProblem(net, Loss(mse, (X, y)), [Constraint(fn, None, tau=1.0, name="c")])
+        _, G = pp.adapters.dif.calculus.constraint_jacobian(p, p.theta0)
+        expect = np.zeros(p.dim)
+        expect[-1] = 1.0  # d(bias of the last layer)/dθ: θ's last entry
+        np.testing.assert_array_equal(G[0], expect, err_msg=name)
+
+
+def test_terms_that_do_not_depend_on_theta_are_refused():
+    X, y = torch.randn(20, 3, dtype=torch.float64), torch.randn(20, dtype=torch.float64)
+    for fn in (lambda th: float(th.sum()), lambda th: th.detach().sum(), lambda th: th.sum().detach().numpy()):
+        with pytest.raises(pp.ProblemError, match="does not depend on its parameter"):
+            ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)), [Constraint(fn, None, tau=1.0, name="c")])
+    # a zero gradient at θ0 is not independence: ‖θ‖² at θ0 = 0 is accepted
+    ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)), [Constraint(lambda th: (th ** 2).sum(), None, tau=1.0)])
+
+
+def test_data_free_constraints_with_defaulted_arguments_are_functions_of_theta():
+    """``lambda th, j=j: th[j]`` (a loop variable captured as a default) takes θ alone (it was called as
+    fn(θ, None), overwriting the default)."""
+    X, y = torch.randn(20, 3, dtype=torch.float64), torch.randn(20, dtype=torch.float64)
+    w = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)
+    cons = [Constraint(lambda th, j=j: th[j], None, tau=1.0, name=f"cap{j}") for j in range(2)]
+    cons.append(Constraint(lambda th, w=w: w @ th, None, tau=1.5, name="lin"))
+    prob = ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)), cons)
+    np.testing.assert_allclose(prob.constraint_values(torch.tensor([0.5, 2.0, 7.0], dtype=torch.float64)).numpy(),
+                               [-0.5, 1.0, 1.0])
+
+
+def test_a_kkt_point_of_another_tau_is_refused():
+    """A KKT point of the same data with another τ can be stationary and feasible here: its constraint values
+    (the classification) tell it apart (it gave a DIF twice the right one)."""
+    rng = np.random.default_rng(0)
+    X = torch.as_tensor(rng.normal(size=(40, 4)))
+    y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+    mk = lambda tau: ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)),  # noqa: E731
+                                        [Constraint(lambda th: th[3], None, tau=tau, name="cap")])
+    pa, pb = mk(2.0), mk(2.5)
+    ka, kb = solve(pa), solve(pb)
+    with pytest.raises(pp.ProblemError, match="'cap' is -0.5 here against 0"):
+        DIF(pb, ka)
+    DIF(pb, kb).delta_theta({"objective": [3]})  # its own point is accepted
+
+
+def test_train_mode_layers_float32_test_data_nan_and_weights():
+    from torch import nn
+
+    X, y = torch.randn(30, 3, dtype=torch.float64), torch.randn(30, dtype=torch.float64)
+    mse = lambda m, b: (m(b[0]).squeeze(-1) - b[1]) ** 2  # noqa: E731
+    for layer in (nn.Dropout(0.2), nn.BatchNorm1d(4)):
+        net = nn.Sequential(nn.Linear(3, 4), layer, nn.Linear(4, 1))
+        with pytest.raises(pp.ProblemError, match="training mode.*model.eval"):
+            ConstrainedProblem(net, Loss(mse, (X, y)))
+        ConstrainedProblem(net.eval(), Loss(mse, (X, y)))
+    # float32 test data through a module: cast to θ's float64, as the training data are
+    prob = ConstrainedProblem(nn.Linear(3, 1), Loss(mse, (X, y)),
+                              [Constraint(lambda m: m.weight.sum(), None, tau=0.3, name="ws")])
+    dif = DIF(prob, solve(prob))
+    Xt, yt = torch.randn(10, 3), torch.randn(10)
+    np.testing.assert_allclose(dif.influence(lambda m: mse(m, (Xt, yt)).mean()).numpy(),
+                               dif.influence(lambda m: mse(m, (Xt.double(), yt.double())).mean()).numpy(), rtol=1e-12)
+    # NaN at θ0, a NaN gradient at a given point
+    with pytest.raises(pp.ProblemError, match="NaN or inf at the initial parameters"):
+        ConstrainedProblem(torch.zeros(3), Loss(lambda th, b: _sq(th, b) / 0.0, (X, y)))
+    root = ConstrainedProblem(torch.zeros(3), Loss(lambda th, b: _sq(th, b) + torch.sqrt((th ** 2).sum()), (X, y)))
+    with pytest.raises(pp.ProblemError, match="gradient is not finite"):
+        KKTPoint.from_params(root, torch.zeros(3))
+    # weights: one finite weight per sample
+    for w, match in (([1.0] * 5, "one entry per sample"), (torch.full((30,), float("nan")), "NaN"),
+                     (torch.zeros(30), "sum to 0"), ("abc", "array of numbers")):
+        with pytest.raises(pp.ProblemError, match=match):
+            Loss(_sq, (X, y), weights=w)
+    with pytest.raises(pp.ProblemError, match="no data"):
+        Constraint(lambda th: th.sum(), None, weights=[1.0])
+
+
+def test_influence_arguments_are_checked_on_every_path(setup):
+    prob, kkt = setup
+    F = lambda th: (th ** 2).sum()  # noqa: E731
+    for method in ("dense", "matrix-free"):
+        dif = DIF(prob, kkt, method=method)
+        for kwargs, match in (({"test_fn": 3}, "test_fn must be a callable"),
+                              ({"executor": 3}, "executor must be"), ({"chunk_size": 0}, "chunk_size"),
+                              ({"progress": "yes"}, "progress"),
+                              ({"removals": {"objective": [1]}}, "pass \\[removal\\]"),
+                              ({"removals": [{"objective": [[3, 4]]}]}, "1-D"),
+                              ({"removals": [{"objective": list(range(30))}]}, "removes all")):
+            args = {"test_fn": F, **kwargs}
+            with pytest.raises(pp.ProblemError, match=match):
+                dif.influence(args.pop("test_fn"), **args)
+        with pytest.raises(pp.ProblemError, match="2 candidates"):
+            dif.top_k(F, 5, candidates=[0, 1])
+    with pytest.raises(pp.ProblemError, match="preconditioner"):
+        DIF(prob, kkt, method="matrix-free", preconditioner="bad")
+    with pytest.raises(pp.ProblemError, match="tol must be a positive"):
+        solve(prob, tol=0)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import scipy.sparse.linalg as spla
 import torch
 
 from ...errors import ProblemError, SolverError
@@ -172,6 +173,10 @@ class DIF:
         if maxiter is not None and (isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer))
                                     or maxiter < 1):
             raise ProblemError(f"maxiter must be a positive integer or None, got {maxiter!r}")
+        if preconditioner is not None and not callable(preconditioner) and \
+                not isinstance(preconditioner, spla.LinearOperator):
+            raise ProblemError("preconditioner must be a callable v -> M v (M ≈ H⁻¹, symmetric positive definite) or a "
+                               f"scipy LinearOperator, got {type(preconditioner).__name__}")
         if isinstance(backend, str):  # a misspelt backend fails here, not at the first weakly active removal
             from ...registry import get_backend
 
@@ -433,8 +438,24 @@ class DIF:
             (N₀,) or (len(removals),): ∇F(θ̄)ᵀω (order 2: F(θ̄ + ω₂) − F(θ̄)) for each removal.
         """
         order = _check_order(order)
+        if test_fn is not None and not callable(test_fn):
+            raise ProblemError(f"test_fn must be a callable params_or_model -> scalar (or None), got "
+                               f"{type(test_fn).__name__}")
+        if executor is not None and not (callable(getattr(executor, "map", None))
+                                         and callable(getattr(executor, "submit", None))):
+            raise ProblemError("executor must be a concurrent.futures.Executor (or None), got "
+                               f"{type(executor).__name__}")
+        if progress is not None and not isinstance(progress, bool):
+            raise ProblemError(f"progress must be True, False or None, got {progress!r}")
+        _chunk(chunk_size, self.chunk_size)
+        if isinstance(removals, Mapping):
+            raise ProblemError("removals is a list of removals ({loss name: indices} each): for one removal pass "
+                               "[removal]")
         rems = list(removals) if removals is not None else \
             [{"objective": [i]} for i in range(self.problem.objective.n_samples)]
+        if removals is not None or len(rems) == 1:  # every path refuses a bad removal (the singles are valid for N > 1)
+            for rem in rems:
+                self.problem.check_removal(rem)
         if order == 2:
             if executor is not None:
                 raise ProblemError("influence(order=2) runs in process: pass executor=None")
@@ -503,6 +524,8 @@ class DIF:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < n:
             raise ProblemError(f"top_k: k must be an integer in [0, {n}) (the objective has {n} samples), got {k!r}")
         cand = np.arange(n) if candidates is None else np.asarray(candidates, dtype=np.int64).reshape(-1)
+        if cand.size < k:
+            raise ProblemError(f"top_k: {cand.size} candidates cannot give k = {k} samples")
         scores = self.influence(test_fn, [{"objective": [int(i)]} for i in cand]).numpy()
         order = np.argsort(-scores if largest else scores, kind="stable")[:k]
         idx = np.sort(cand[order])
@@ -538,13 +561,27 @@ def _check_point(problem: ConstrainedProblem, kkt: KKTPoint, lin: Linearisation)
     from .newton import kkt_residuals
 
     lam = kkt.lambdas.numpy() if isinstance(kkt.lambdas, torch.Tensor) else np.asarray(kkt.lambdas)
+    again = "; build it from this problem (solve or KKTPoint.from_params)"
+    g_was = np.asarray(kkt.g, dtype=np.float64).reshape(-1)
+    if g_was.shape != lin.g.shape:
+        raise ProblemError(f"kkt is not a KKT point of this problem: it has {g_was.size} constraints, the problem "
+                           f"{lin.g.size}" + again)
+    # the constraint values decide the classification (binding, weakly active, inactive) the engine uses: a
+    # point of a problem with other data or another τ can be stationary and feasible here and still carry
+    # another problem's classification
+    moved = np.abs(lin.g - g_was) > 1e-7 * (1.0 + np.abs(g_was))
+    if moved.any():
+        j = int(np.flatnonzero(moved)[0])
+        raise ProblemError(f"kkt is not a KKT point of this problem: constraint {problem.constraints[j].name!r} is "
+                           f"{lin.g[j]:.6g} here against {g_was[j]:.6g} where kkt was computed (other data or "
+                           "another tau)" + again)
     now = kkt_residuals(lin.grad_f0, lin.G, lin.g, lam, problem.eq_mask)
-    for k in ("stationarity", "feasibility"):
+    scale = 1.0 + float(np.max(np.abs(lin.grad_f0), initial=0.0))
+    for k in ("stationarity", "feasibility", "complementarity", "dual"):
         was = float(kkt.residuals.get(k, 0.0))
-        if now[k] > 10.0 * was + 1e-8 * (1.0 + float(np.max(np.abs(lin.grad_f0), initial=0.0))):
+        if not np.isfinite(now[k]) or now[k] > 10.0 * was + 1e-8 * scale:
             raise ProblemError(f"kkt is not a KKT point of this problem: its {k} residual is {now[k]:.3e} here "
-                               f"against {was:.3e} where it was computed; build it from this problem "
-                               "(solve or KKTPoint.from_params)")
+                               f"against {was:.3e} where it was computed" + again)
 
 
 def _chunk(value: Any, default: int) -> int:

@@ -147,6 +147,7 @@ class KKTPoint:
         _, grad = objective_grad(problem, th)
         eq = problem.eq_mask
         names = tuple(c.name for c in problem.constraints)
+        _check_finite_derivatives(grad, gval, G, names)
         viol = np.where(eq, np.abs(gval), np.maximum(gval, 0.0))
         if np.any(viol > max(active_tol, tol)):
             j = int(np.argmax(viol))
@@ -337,6 +338,8 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
         The QP subproblem is infeasible or the iteration does not reach ``tol``.
     """
     t0 = time.perf_counter()
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating)) or not (0.0 < tol < np.inf):
+        raise ProblemError(f"tol must be a positive number, got {tol!r}")
     th = _flat_theta(problem, problem.theta0 if theta0 is None else theta0)
     lam = np.zeros(problem.m) if lambdas0 is None else np.asarray(
         lambdas0.detach().cpu() if isinstance(lambdas0, torch.Tensor) else lambdas0, dtype=np.float64).copy()
@@ -412,3 +415,14 @@ def _solve_auglag(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray
                                mult_tol=mult_tol, polish=False, warn=warn)
     kkt.info.update(time=time.perf_counter() - t0, method="auglag", auglag=info, newton=newton)
     return kkt
+
+
+def _check_finite_derivatives(grad: np.ndarray, g: np.ndarray, G: np.ndarray, names: tuple[str, ...]) -> None:
+    """A ``ProblemError`` where the objective's gradient or a constraint's value or gradient is not finite."""
+    if not np.all(np.isfinite(grad)):
+        raise ProblemError("the objective's gradient is not finite at this θ (NaN or inf: e.g. a square root or a "
+                           "log at 0); no KKT point can be checked there")
+    bad = ~(np.isfinite(g) & np.all(np.isfinite(G), axis=1)) if G.size else ~np.isfinite(g)
+    if np.any(bad):
+        j = int(np.flatnonzero(bad)[0])
+        raise ProblemError(f"constraint {names[j]!r}: its value or gradient is not finite at this θ")

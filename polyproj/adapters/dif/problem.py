@@ -70,10 +70,34 @@ def _prepare_data(data: Any, name: str) -> tuple[Any, int | None]:
     return (tuple(conv) if isinstance(data, tuple) else conv[0]), n
 
 
+def _check_finite(v: torch.Tensor, what: str) -> None:
+    if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+        bad = int(torch.nonzero(~torch.isfinite(v))[0, 0])
+        raise ProblemError(f"{what}: fn returns NaN or inf at the initial parameters (sample {bad})")
+
+
 def _take(data: Any, idx: torch.Tensor) -> Any:
     if isinstance(data, tuple):
         return tuple(t[idx] for t in data)
     return data[idx]
+
+
+def _prepare_weights(w: Any, name: str, n: int | None, renormalize: bool) -> torch.Tensor:
+    """Per-sample weights: a finite 1-D float64 tensor of one weight per sample (a copy)."""
+    if n is None:
+        raise ProblemError(f"{name}: weights are per sample, and this term has no data")
+    try:
+        t = torch.as_tensor(w.detach() if isinstance(w, torch.Tensor) else np.asarray(w, dtype=np.float64))
+    except (TypeError, ValueError) as exc:
+        raise ProblemError(f"{name}: weights must be a 1-D array of numbers, got {type(w).__name__}: {exc}") from None
+    t = t.to(torch.float64, copy=True)
+    if t.shape != (n,):
+        raise ProblemError(f"{name}: weights must have one entry per sample, shape ({n},), got {tuple(t.shape)}")
+    if not bool(torch.isfinite(t).all()):
+        raise ProblemError(f"{name}: weights contain NaN or inf")
+    if renormalize and float(t.sum()) == 0.0:
+        raise ProblemError(f"{name}: the weights sum to 0, so their weighted mean is undefined")
+    return t
 
 
 class _Term:
@@ -84,8 +108,10 @@ class _Term:
             raise ProblemError(f"{self.name}: fn must be callable, got {type(self.fn).__name__}")
         if not isinstance(self.name, str) or not self.name:
             raise ProblemError(f"loss name must be a non-empty string, got {self.name!r}")
-        data, _ = _prepare_data(self.data, self.name)
+        data, n = _prepare_data(self.data, self.name)
         object.__setattr__(self, "data", data)
+        if self.weights is not None:
+            object.__setattr__(self, "weights", _prepare_weights(self.weights, self.name, n, self.renormalize))
 
     @property
     def n_samples(self) -> int | None:
@@ -154,6 +180,12 @@ class Constraint(_Term):
         object.__setattr__(self, "tau", tau)
 
 
+def _as_float64_input(a: Any) -> Any:
+    if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float64:
+        return a.to(torch.float64)
+    return a
+
+
 # ``torch.func.functional_call`` swaps the module's parameters in place for the duration of the call
 # and swaps them back on exit: two threads calling one module at once would each restore the other's
 # tensors, scoring with the wrong θ and leaving the module holding transformed (non-leaf) tensors. The
@@ -172,6 +204,10 @@ class _FunctionalModule:
         self._model, self._params = model, params
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # the module runs in float64 (θ's dtype): floating inputs of another dtype (a user's float32 test
+        # data) are cast, as the problem's own data were
+        args = tuple(_as_float64_input(a) for a in args)
+        kwargs = {k: _as_float64_input(v) for k, v in kwargs.items()}
         with _SWAP_LOCK:
             return torch.func.functional_call(self._model, self._params, args, kwargs)
 
@@ -185,15 +221,98 @@ class _FunctionalModule:
             return _FunctionalModule(getattr(self._model, name), sub)
         return getattr(self._model, name)
 
+    # the module's own accessors would hand out its frozen copy of the parameters, not θ's tensors: a
+    # weight decay or norm constraint written with them would not depend on θ
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+        """The module's ``named_parameters`` with θ's tensors for the trainable ones."""
+        for k, p in self._model.named_parameters(recurse=recurse, remove_duplicate=remove_duplicate):
+            yield (prefix + ("." if prefix else "") + k), self._params.get(k, p)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        """The module's ``parameters`` with θ's tensors for the trainable ones."""
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def get_submodule(self, target: str) -> Any:
+        """The submodule ``target`` ("a.b.c"), its parameters θ's tensors."""
+        out: Any = self
+        for part in target.split(".") if target else ():
+            out = getattr(out, part)
+        return out
+
+    def named_children(self) -> Any:
+        for k, _ in self._model.named_children():
+            yield k, getattr(self, k)
+
+    def children(self) -> Any:
+        for _, c in self.named_children():
+            yield c
+
+    def named_modules(self, memo: Any = None, prefix: str = "", remove_duplicate: bool = True) -> Any:
+        yield prefix, self
+        for k, c in self.named_children():
+            yield from c.named_modules(prefix=prefix + ("." if prefix else "") + k) if isinstance(
+                c, _FunctionalModule) else ((prefix + ("." if prefix else "") + k, c),)
+
+    def modules(self) -> Any:
+        for _, mod in self.named_modules():
+            yield mod
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The module's ``state_dict`` with θ's tensors for the trainable parameters."""
+        out = self._model.state_dict(*args, **kwargs)
+        return type(out)((k, self._params.get(k, v)) for k, v in out.items())
+
+    def __getitem__(self, idx: Any) -> Any:
+        """``m[i]`` of a Sequential / ModuleList / ModuleDict, its parameters θ's tensors."""
+        keys = list(self._model._modules.keys())
+        if isinstance(idx, (int, np.integer)):
+            try:
+                name = keys[int(idx)]
+            except IndexError:
+                raise IndexError(f"index {idx} is out of range for {len(keys)} submodules") from None
+        elif isinstance(idx, str) and idx in keys:
+            name = idx
+        else:
+            raise ProblemError(f"the module wrapper takes an integer or a submodule name as index, got {idx!r}")
+        return getattr(self, name)
+
+    def __len__(self) -> int:
+        return len(self._model)
+
+    def __iter__(self) -> Any:
+        return iter(self.children())
+
 
 def _takes_batch(fn: Callable[..., Any]) -> bool:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # pragma: no cover - builtins
         return True
-    pos = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # required positional parameters only: ``lambda th, j=j: th[j]`` (a loop variable captured as a default) is
+    # a function of θ alone
+    pos = [p for p in sig.parameters.values()
+           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
     var = any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values())
     return var or len(pos) >= 2
+
+
+#: layers whose training-mode forward is random or depends on the batch (not a function of θ and a sample)
+_TRAIN_MODE_LAYERS = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm,
+                      nn.modules.instancenorm._InstanceNorm)
+
+
+def _check_deterministic(model: nn.Module) -> None:
+    """A ``ProblemError`` for a module in training mode with layers whose training forward is not a function of θ."""
+    found = [k or type(mod).__name__ for k, mod in model.named_modules()
+             if mod.training and isinstance(mod, _TRAIN_MODE_LAYERS)
+             and not (isinstance(mod, nn.modules.instancenorm._InstanceNorm) and not mod.track_running_stats)]
+    if found:
+        more = ", ..." if len(found) > 4 else ""
+        raise ProblemError(f"the module is in training mode with dropout or batch-normalisation layers "
+                           f"({', '.join(found[:4])}{more}): its losses are random or depend on the batch, not a "
+                           "function of θ and each sample; pass model.eval() (DIF differentiates a deterministic "
+                           "full-batch objective)")
 
 
 class ConstrainedProblem:
@@ -220,6 +339,7 @@ class ConstrainedProblem:
     def __init__(self, params: torch.Tensor | nn.Module, objective: Loss,
                  constraints: Sequence[Constraint] = ()) -> None:
         if isinstance(params, nn.Module):
+            _check_deterministic(params)
             self.model: nn.Module | None = copy.deepcopy(params).double()
             named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
             if not named:
@@ -265,6 +385,7 @@ class ConstrainedProblem:
             if per.ndim != 1 or per.shape[0] != objective.n_samples:
                 raise ProblemError(f"objective: fn must return one loss per sample, shape ({objective.n_samples},), "
                                    f"got {tuple(per.shape)}")
+            _check_finite(per, "objective")
             for c in constraints:
                 v = self.per_sample(c, theta)
                 want = 1 if c.data is None else c.n_samples
@@ -272,6 +393,26 @@ class ConstrainedProblem:
                     raise ProblemError(f"constraint {c.name!r}: fn must return "
                                        + ("one value" if c.data is None else f"one loss per sample ({want})")
                                        + f", got shape {tuple(v.shape)}")
+                _check_finite(v, f"constraint {c.name!r}")
+        for term in (objective, *constraints):
+            self._check_depends(term, theta)
+
+    def _check_depends(self, loss: Loss, theta: torch.Tensor) -> None:
+        """A ``ProblemError`` for a term whose value is not computed from θ (on a few of its samples).
+
+        A detached copy, a Python float, the model outside the function: the engine would see a constant
+        (a constraint dropped, or called infeasible). A term that depends on θ with a zero gradient at θ0
+        (e.g. ‖θ‖² at 0) passes.
+        """
+        t = theta.detach().clone().requires_grad_(True)
+        data = loss.data if loss.data is None else _take(loss.data, torch.arange(min(4, loss.n_samples)))
+        with torch.enable_grad():
+            out = self.per_sample(loss, t, data if loss.data is not None else "all")
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            what = "objective" if loss.name == "objective" else f"constraint {loss.name!r}"
+            raise ProblemError(f"{what}: fn's value does not depend on its parameter argument (it is not computed "
+                               "from it: a detached copy, a NumPy or Python number, or the model used outside the "
+                               "function?)")
 
     # ------------------------------------------------------------------ structure
     @property
@@ -379,6 +520,8 @@ class ConstrainedProblem:
                     arr = arr.astype(np.int64)
                 else:
                     raise ProblemError(f"removal[{name!r}]: indices must be integers, got dtype {arr.dtype}")
+            if arr.ndim > 1:
+                raise ProblemError(f"removal[{name!r}]: indices must be a 1-D list, got shape {arr.shape}")
             arr = arr.astype(np.int64).reshape(-1)
             n = loss.n_samples
             bad = (arr < 0) | (arr >= n)
