@@ -395,3 +395,27 @@ def test_influence_arguments_are_checked_on_every_path(setup):
         DIF(prob, kkt, method="matrix-free", preconditioner="bad")
     with pytest.raises(pp.ProblemError, match="tol must be a positive"):
         solve(prob, tol=0)
+
+
+def test_inconsistent_removal_under_dependent_constraints_is_the_same_error_on_both_paths():
+    """Two copies of a group-risk constraint (LICQ fails), a removal from one copy: no direction moves both as
+    asked. Both paths raise the same ProblemError (the dense one said the QP was PRIMAL_INFEASIBLE)."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(40, 4, generator=g, dtype=torch.float64)
+    y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64) + 0.3 * torch.randn(40, generator=g,
+                                                                                       dtype=torch.float64)
+    free = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y))))
+    tau = 0.97 * float(_sq(free.theta, (X[:15], y[:15])).mean())
+    prob = ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), [Constraint(_sq, (X[:15], y[:15]), tau=tau, name=k)
+                                                                  for k in ("g1", "g2")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)  # the LICQ warning
+        kkt = solve(prob)
+    both = {method: DIF(prob, kkt, method=method) for method in ("dense", "matrix-free")}
+    np.testing.assert_allclose(both["dense"].delta_theta({"g1": [2], "g2": [2]}).numpy(),
+                               both["matrix-free"].delta_theta({"g1": [2], "g2": [2]}).numpy(), rtol=1e-8)
+    for dif in both.values():
+        with pytest.raises(pp.ProblemError, match="move inconsistently"):
+            dif.delta_theta({"g1": [2]})
+        with pytest.raises(pp.ProblemError, match="move inconsistently"):
+            dif.influence(lambda th: th.sum(), [{"g1": [2]}])

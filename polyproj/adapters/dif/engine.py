@@ -388,7 +388,7 @@ class DIF:
         for k, rem in enumerate(removals):
             res = self.result(rem, order, warn=False)
             if not res.status.ok:
-                raise SolverError(_qp_failure(res.status))
+                raise _qp_error(res.status)
             out.append(res.omega)
             if order == 2 and res.order == 1:
                 rejected.append((k, res.correction_ratio))
@@ -549,7 +549,7 @@ class DIF:
                                     backend=self.backend, **self.settings)
         bad = [i for i, s in enumerate(sols) if not s.status.ok]
         if bad:
-            raise SolverError(f"{len(bad)} removals (first: #{bad[0]}): " + _qp_failure(sols[bad[0]].status))
+            raise _qp_error(sols[bad[0]].status, f"{len(bad)} removals (first: #{bad[0]}): ")
         return torch.as_tensor(np.array([s.x for s in sols]).reshape(-1, self.problem.dim))
 
 
@@ -591,6 +591,22 @@ def _chunk(value: Any, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ProblemError(f"chunk_size must be a positive integer, got {value!r}")
     return int(value)
+
+
+#: the message of an inconsistent removal under dependent binding constraints (the matrix-free path's too)
+INCONSISTENT = ("the DIF is not defined for this removal: the binding constraints' gradients are linearly dependent "
+                "(LICQ fails) and the removal asks them to move inconsistently")
+
+
+def _qp_error(status: Status, prefix: str = "") -> Exception:
+    """The exception of a DIF QP that was not solved.
+
+    Its variable ω is free, so its rows admit no point only when the binding rows are dependent and the
+    removal moves them inconsistently: a ProblemError about the removal, as on the matrix-free path.
+    """
+    if status is Status.PRIMAL_INFEASIBLE:
+        return ProblemError(prefix + INCONSISTENT)
+    return SolverError(prefix + _qp_failure(status))
 
 
 def _qp_failure(status: Status) -> str:

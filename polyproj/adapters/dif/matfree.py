@@ -150,8 +150,9 @@ def _consistent_solve(S: np.ndarray, R: np.ndarray) -> np.ndarray:
     res = np.abs(S @ mu - R).max(axis=0, initial=0.0)
     scale = np.abs(R).max(axis=0, initial=0.0) + np.abs(S).max(initial=0.0) * np.abs(mu).max(axis=0, initial=0.0)
     if (res > 1e-8 * np.maximum(scale, np.finfo(float).tiny)).any():
-        raise ProblemError("the DIF is not defined for this removal: the binding constraints' gradients are "
-                           "linearly dependent (LICQ fails) and the removal asks them to move inconsistently")
+        from .engine import INCONSISTENT
+
+        raise ProblemError(INCONSISTENT)
     return mu
 
 
