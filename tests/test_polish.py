@@ -236,3 +236,123 @@ def test_face_gram_of_shared_rows_equals_the_masked_product(rng, lib, share_fixe
         idx = list(range(k)) + list(range(kk - p, kk))
         want[np.ix_(idx, idx)] = rows @ rows.T
         np.testing.assert_allclose(G[i], want, rtol=0, atol=1e-13)
+
+
+# ----------------------------------------------------------------------------- degenerate vertices
+#: backends whose starts are inexact (the default's DAQP ends on the exact working set by itself)
+INEXACT_STARTS = ["ipm", "clarabel", "piqp", "proxsuite", "osqp", "highs", "admm"]
+
+
+def _project_recorded(X, P, backend):
+    """``pp.project`` with its warnings recorded: ``(result, messages)``."""
+    import warnings
+
+    if backend not in pp.available_backends():
+        pytest.skip(f"{backend} not installed")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = pp.project(X, P, backend=backend)
+    return res, [str(w.message) for w in caught]
+
+
+def _assert_verified_kkt(P, X, res, Y):
+    """Polished, no refusal, the exact answer ``Y``, and the KKT conditions from scratch on the result's
+    multipliers (rows of A, finite lower bounds, finite upper bounds; then the rows of B)."""
+    assert np.asarray(res.polished).all()
+    np.testing.assert_allclose(res.y, Y, rtol=0, atol=1e-12 * (1.0 + np.abs(X).max()))
+    n = X.shape[1]
+    lo, hi = np.isfinite(P.lb), np.isfinite(P.ub)
+    G = np.vstack([P.A, -np.eye(n)[lo], np.eye(n)[hi]])
+    k = G.shape[0]
+    lam, mu = np.asarray(res.multipliers)[:, :k], np.asarray(res.multipliers)[:, k:]
+    assert (lam >= 0).all()
+    stat = res.y - X + lam @ G + mu @ P.B
+    assert np.abs(stat).max() <= 1e-12 * (1.0 + np.abs(X).max())
+    assert P.violation(res.y).max() <= 1e-13
+
+
+def _no_refusal(messages):
+    assert not [m for m in messages if "polish refused" in m], messages
+
+
+@pytest.mark.parametrize("backend", INEXACT_STARTS)
+def test_vertex_at_the_origin_with_a_fixed_coordinate_and_a_weakly_active_row(backend):
+    """The projection is the origin: a vertex of a fixed coordinate (lb == ub == 0), a lower bound, the
+    equality and a weakly active row (zero multiplier). Every right-hand side of the face is 0 and so
+    is y: the face point's rounding noise (eps² |x| after the refinement) is judged at the scale eps |x|,
+    not at |y| = 0, where no computed point passes."""
+    inf = np.inf
+    P = pp.Polyhedron(A=[[1.0, 2.0, 1.0, 2.0]], a=[0.0], B=[[-1.0, -1.0, 1.0, 1.0]], b=[0.0],
+                      lb=[0.0, 0.0, -inf, -inf], ub=[inf, 0.0, 1.0, inf])
+    X = np.array([[0.5, -0.5, -1.5, -1.5], [2.0, -1.0, -3.0, -3.0]])
+    res, messages = _project_recorded(X, P, backend)
+    _no_refusal(messages)
+    _assert_verified_kkt(P, X, res, np.zeros_like(X))
+    # active: the row of A (weakly), both lower bounds at 0 and the upper bound fixing coordinate 1
+    np.testing.assert_array_equal(np.asarray(res.active), [[True, True, True, True, False]] * 2)
+
+
+def test_vertex_at_the_origin_through_the_torch_layer():
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    from polyproj.adapters.torch import project
+
+    def t(v):
+        return torch.tensor(v, dtype=torch.float64)
+
+    inf = float("inf")
+    args = (t([[1.0, 2, 1, 2]]), t([0.0]), t([[-1.0, -1, 1, 1]]), t([0.0]), t([0.0, 0, -inf, -inf]),
+            t([inf, 0, 1, inf]))
+    x = t([[0.5, -0.5, -1.5, -1.5]])
+    for backend in ["auto"] + [b for b in INEXACT_STARTS if b in pp.available_backends()]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = project(x, *args, backend=backend)
+        _no_refusal([str(w.message) for w in caught])
+        assert float(y.abs().max()) <= 1e-14, backend
+
+
+def _pyramid(apex_z):
+    """Square pyramid with apex (0, 0, apex_z): four facets through the apex (LICQ fails there), base
+    ``z >= apex_z - 1``."""
+    N = np.array([[1.0, 0.0, 1.0], [-1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [0.0, -1.0, 1.0]])
+    return pp.Polyhedron(A=N, a=np.full(4, apex_z), lb=[-np.inf, -np.inf, apex_z - 1.0]), N
+
+
+@pytest.mark.parametrize("apex_z", [1.0, 0.0])
+@pytest.mark.parametrize("backend", INEXACT_STARTS)
+def test_apex_of_a_square_pyramid_is_verified(rng, backend, apex_z):
+    """Points whose projection is the apex, where four facets meet in R^3 (dependent active rows):
+    x = apex + Nᵀc with c >= 0, some c_i = 0 (weakly active facets) — the apex by construction."""
+    P, N = _pyramid(apex_z)
+    apex = np.array([0.0, 0.0, apex_z])
+    C = rng.uniform(0.0, 2.0, size=(12, 4)) * (rng.random((12, 4)) < 0.7)
+    X = np.vstack([[0.1, -0.05, apex_z + 4.0], [0.0, 0.0, apex_z + 2.0], apex + C @ N])
+    res, messages = _project_recorded(X, P, backend)
+    _no_refusal(messages)
+    _assert_verified_kkt(P, X, res, np.broadcast_to(apex, X.shape))
+    assert np.asarray(res.active)[:2, :4].all()  # x − apex inside the normal cone: every facet active
+
+
+@pytest.mark.parametrize("backend", INEXACT_STARTS)
+def test_degenerate_vertices_at_the_origin_are_verified(backend):
+    """More rows through the vertex than dimensions, a coordinate fixed by lb == ub, equality rows and
+    rows with zero multipliers, all at the origin: the exact answer is the vertex (x − v in its normal
+    cone by construction)."""
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        n = 4
+        d = rng.normal(size=n)
+        N = 0.6 * rng.normal(size=(n + 2, n)) + d / np.linalg.norm(d)  # a pointed cone of n + 2 rows
+        E = rng.normal(size=(3, n))
+        Bm = rng.normal(size=(1, n))
+        lb, ub = np.full(n, -np.inf), np.full(n, np.inf)
+        lb[1] = ub[1] = 0.0
+        P = pp.Polyhedron(A=np.vstack([N, E]), a=np.r_[np.zeros(n + 2), rng.uniform(0.5, 2.0, 3)], B=Bm, b=[0.0],
+                          lb=lb, ub=ub)
+        C = rng.uniform(0.0, 2.0, size=(10, n + 2)) * (rng.random((10, n + 2)) < 0.6)
+        X = C @ N + rng.normal(size=(10, 1)) @ Bm + rng.normal(size=(10, 1)) * np.eye(n)[1]
+        res, messages = _project_recorded(X, P, backend)
+        _no_refusal(messages)
+        _assert_verified_kkt(P, X, res, np.zeros_like(X))

@@ -9,7 +9,9 @@ and its multipliers (inequality rows numbered as in :mod:`polyproj.polydata`), :
 2. solves the equality-constrained projection onto the candidate face exactly (:func:`face_solve`);
 3. accepts it when the KKT conditions of the projection hold: feasible, inequality multipliers
    ``>= 0``, the face's equations consistent — all relative to the scale of the sample (the size of
-   ``x``, ``y`` and of each row's right-hand side), so data at 1e-12 or 1e12 is not special;
+   ``x``, ``y`` and of each row's right-hand side; row values at the scale of ``y``, never below
+   ``eps |x|``: a vertex at the origin has ``y = 0`` and zero right-hand sides), so data at 1e-12 or
+   1e12 is not special;
 4. otherwise changes the face — by one row per sample (drop the most negative multiplier, else add
    the most violated row: dual feasibility first, since a wrongly active row bends the face point and
    makes other rows look violated), or for the first ``block_iter`` rounds every wrong row at once —
@@ -28,7 +30,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..polydata import PolyData, ineq_slack, matvec
-from .faces import Face, expand_rows, face_rhs, gather_active_rows, scatter_rows
+from .faces import Face, expand_rows, face_rhs, gather_active_rows, machine_eps, scatter_rows
 
 __all__ = ["FaceRecord", "PolishResult", "face_solve", "polish"]
 
@@ -157,6 +159,20 @@ def _scales(xp, X, data: PolyData) -> _Scales:
     return _Scales(rhs, xp.isfinite(rhs), rn1, rn2, xp.broadcast_to(xp.abs(b), (batch, p)), bn1)
 
 
+def _point_scale(xp, Y, X):
+    """Scale of the face point's row values: ``max(max|y|, eps max|x|)`` (b, 1).
+
+    The face point is exact to rounding at the scale of ``y`` (refined where ``|x| ≫ |y|``, see
+    :func:`_refined`) except where ``y`` itself vanishes: at a vertex through the origin (a cone's
+    apex, rows with zero right-hand sides, coordinates fixed at 0) the exact ``y`` is 0 and the
+    computed one is rounding noise, ``eps² |x|`` after the refinement, which no tolerance relative to
+    ``|y|`` and ``|rhs|`` (both 0) admits. ``eps |x|`` is the finest scale at which ``y = x − Mᵀλ``
+    is resolved at all; a row held to ``tol`` of it is exact at the input's own precision.
+    """
+    eps = machine_eps(xp, Y.dtype)
+    return xp.maximum(_rmax(xp, Y), eps * _rmax(xp, X))
+
+
 def _row_tol(xp, sc: _Scales, sig, tol: float):
     """Feasibility tolerance of every inequality row: ``tol (|rhs| + ||row||_1 σ)``, σ the sample's scale."""
     rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
@@ -279,8 +295,9 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     Yt, mt, mut, cons, face = face_solve(Xt, dt, St)
     slack = ineq_slack(Yt, *_ineq_parts(dt))
     # feasibility and the face's equations at the scale of y and of the rows (not of x: a far point's
-    # y must hold its constraints to rounding at its own scale); multipliers at the scale of x − y
-    sig_y = _rmax(xp, Yt)
+    # y must hold its constraints to rounding at its own scale; eps |x| only where y vanishes, see
+    # _point_scale); multipliers at the scale of x − y
+    sig_y = _point_scale(xp, Yt, Xt)
     feas_tol = _row_tol(xp, st, sig_y, tol)
     mt_n = mt * st.rn2  # multipliers of the normalised rows
     mtol = tol * (xp.maximum(sig_y, _rmax(xp, Xt)) + _rmax(xp, mt_n))
@@ -335,7 +352,7 @@ def _finish(xp, state: _State, X, data: PolyData, sc: _Scales, tol: float, faces
     """Final active sets: the accepted face plus rows at zero slack (weakly active), relative to scale."""
     mult = xp.where(state.mult > 0, state.mult, xp.zeros_like(state.mult))
     slack = ineq_slack(state.Y, *_ineq_parts(data))
-    at_zero = sc.fin & (xp.abs(slack) <= _row_tol(xp, sc, _rmax(xp, state.Y), tol))
+    at_zero = sc.fin & (xp.abs(slack) <= _row_tol(xp, sc, _point_scale(xp, state.Y, X), tol))
     active = state.accepted[:, None] & (state.S | at_zero)
     if faces:  # a recorded face serves the samples whose final active set it is (no weakly active extra)
         exact = state.accepted & ~xp.any(active != state.S, axis=1)
