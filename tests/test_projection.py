@@ -534,3 +534,19 @@ def test_the_layers_unverified_answers_are_judged_at_the_polyhedrons_scale():
             else:
                 with pytest.raises(InfeasibleError, match="could not be projected"):
                     _usable(res, d)
+
+
+@pytest.mark.parametrize("backend", ["daqp", "osqp", "clarabel"])
+def test_points_beyond_eps_times_the_polytope_keep_its_tolerance(backend):
+    """|x| / |P| from 1e16 to 1e30: where eps |x| exceeds the polytope's size the polish's rounding floor
+    (meant for vertices at the origin) is capped by that size, so a wrong face missing a row at the scale
+    of y is refused (it was returned as SOLVED and polished, 2 outside the equality)."""
+    pytest.importorskip(backend)
+    P = pp.Polyhedron(B=np.ones((1, 4)), b=[2.0], lb=np.zeros(4), ub=np.ones(4))
+    for s in (1e16, 1e20, 3e24, 1e30):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pp.PolyprojWarning)
+            r = pp.project(np.array([s, 0.0, 0.0, s]), P, backend=backend, structured=False)
+        if r.polished:
+            np.testing.assert_array_equal(r.y, [1.0, 0.0, 0.0, 1.0])
+        assert r.violation <= 1e-12 or not r.status.ok, (s, r.y, r.status)

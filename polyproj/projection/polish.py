@@ -10,8 +10,8 @@ and its multipliers (inequality rows numbered as in :mod:`polyproj.polydata`), :
 3. accepts it when the KKT conditions of the projection hold: feasible, inequality multipliers
    ``>= 0``, the face's equations consistent — all relative to the scale of the sample (the size of
    ``x``, ``y`` and of each row's right-hand side; row values at the scale of ``y``, never below
-   ``eps |x|``: a vertex at the origin has ``y = 0`` and zero right-hand sides), so data at 1e-12 or
-   1e12 is not special;
+   ``eps |x|`` unless that exceeds the polyhedron's size: a vertex at the origin has ``y = 0`` and zero
+   right-hand sides, see :func:`_point_scale`), so data at 1e-12 or 1e12 is not special;
 4. otherwise changes the face — by one row per sample (drop the most negative multiplier, else add
    the most violated row: dual feasibility first, since a wrongly active row bends the face point and
    makes other rows look violated), or for the first ``block_iter`` rounds every wrong row at once —
@@ -159,18 +159,25 @@ def _scales(xp, X, data: PolyData) -> _Scales:
     return _Scales(rhs, xp.isfinite(rhs), rn1, rn2, xp.broadcast_to(xp.abs(b), (batch, p)), bn1)
 
 
-def _point_scale(xp, Y, X):
-    """Scale of the face point's row values: ``max(max|y|, eps max|x|)`` (b, 1).
+def _point_scale(xp, Y, X, sc: _Scales):
+    """Scale of the face point's row values: ``max(max|y|, min(eps max|x|, S))`` (b, 1).
 
-    The face point is exact to rounding at the scale of ``y`` (refined where ``|x| ≫ |y|``, see
-    :func:`_refined`) except where ``y`` itself vanishes: at a vertex through the origin (a cone's
-    apex, rows with zero right-hand sides, coordinates fixed at 0) the exact ``y`` is 0 and the
-    computed one is rounding noise, ``eps² |x|`` after the refinement, which no tolerance relative to
-    ``|y|`` and ``|rhs|`` (both 0) admits. ``eps |x|`` is the finest scale at which ``y = x − Mᵀλ``
-    is resolved at all; a row held to ``tol`` of it is exact at the input's own precision.
+    The face point is exact to rounding at the scale of ``y`` once refined where ``|x| ≫ |y|`` (see
+    :func:`_refined`), up to the refinement's own rounding. Where ``y`` itself vanishes (a vertex through
+    the origin: a cone's apex, rows with zero right-hand sides, coordinates fixed at 0) the exact ``y``
+    is 0 and the computed one is that rounding (~1e-31 |x| to ~1e-29 |x| by the face's conditioning),
+    which no tolerance relative to ``|y|`` and ``|rhs|`` (both 0) admits. ``eps |x|`` is the finest scale
+    at which ``y = x − Mᵀλ`` is resolved at all: rows held to ``tol`` of it are exact at the input's own
+    precision. The floor never exceeds the polyhedron's own size ``S`` (largest finite ``|rhs|``;
+    ``max|x|`` for a cone, which has none): a point so far out that ``eps |x| > S`` would otherwise have
+    a wrong face (a row missed at the scale of ``y``) accepted.
     """
     eps = machine_eps(xp, Y.dtype)
-    return xp.maximum(_rmax(xp, Y), eps * _rmax(xp, X))
+    far = _rmax(xp, X)
+    rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
+    size = _rmax(xp, xp.concat([xp.abs(rhs0), sc.bsum], axis=1))
+    size = xp.where(size > 0, size, far)
+    return xp.maximum(_rmax(xp, Y), xp.minimum(eps * far, size))
 
 
 def _row_tol(xp, sc: _Scales, sig, tol: float):
@@ -295,9 +302,9 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     Yt, mt, mut, cons, face = face_solve(Xt, dt, St)
     slack = ineq_slack(Yt, *_ineq_parts(dt))
     # feasibility and the face's equations at the scale of y and of the rows (not of x: a far point's
-    # y must hold its constraints to rounding at its own scale; eps |x| only where y vanishes, see
-    # _point_scale); multipliers at the scale of x − y
-    sig_y = _point_scale(xp, Yt, Xt)
+    # y must hold its constraints to rounding at its own scale; the rounding floor only where y vanishes,
+    # see _point_scale); multipliers at the scale of x − y
+    sig_y = _point_scale(xp, Yt, Xt, st)
     feas_tol = _row_tol(xp, st, sig_y, tol)
     mt_n = mt * st.rn2  # multipliers of the normalised rows
     mtol = tol * (xp.maximum(sig_y, _rmax(xp, Xt)) + _rmax(xp, mt_n))
@@ -352,7 +359,7 @@ def _finish(xp, state: _State, X, data: PolyData, sc: _Scales, tol: float, faces
     """Final active sets: the accepted face plus rows at zero slack (weakly active), relative to scale."""
     mult = xp.where(state.mult > 0, state.mult, xp.zeros_like(state.mult))
     slack = ineq_slack(state.Y, *_ineq_parts(data))
-    at_zero = sc.fin & (xp.abs(slack) <= _row_tol(xp, sc, _point_scale(xp, state.Y, X), tol))
+    at_zero = sc.fin & (xp.abs(slack) <= _row_tol(xp, sc, _point_scale(xp, state.Y, X, sc), tol))
     active = state.accepted[:, None] & (state.S | at_zero)
     if faces:  # a recorded face serves the samples whose final active set it is (no weakly active extra)
         exact = state.accepted & ~xp.any(active != state.S, axis=1)
