@@ -86,6 +86,28 @@ def test_slightly_wrong_answer_is_inaccurate_not_solved(rng):
     assert sol.status is pp.Status.SOLVED_INACCURATE and "exceed" in sol.info["validation"]
 
 
+def test_stationary_point_with_wrong_signed_multipliers_is_a_numerical_error():
+    """Feasible x, stationarity exact, but the multipliers sit on bounds x does not meet (the maximiser
+    of the box corner): not a solution, whatever the residuals of x and stationarity say."""
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0], lb=[-5.0, -5.0], ub=[5.0, 5.0])
+
+    def corner(q):  # x = (-5, -5) is stationary with z_box = (6, 6) on the *upper* bounds (x is at the lower)
+        return _claiming(np.array([-5.0, -5.0]), q, np.zeros(1), np.array([6.0, 6.0]))
+
+    sol = pp.solve_qp(qp, backend=_solver(corner))
+    assert sol.status is pp.Status.NUMERICAL_ERROR and "complementarity" in sol.info["validation"]
+    bs = _solver(corner).solve_batch(qp, q=np.stack([qp.q, qp.q]))
+    assert bs.status == (pp.Status.NUMERICAL_ERROR,) * 2
+
+    def lower_side(q):  # z < 0 on a row with l = -inf: stationarity made up with the box multipliers
+        x = np.array([0.5, 0.5])
+        z = np.array([-1.0])
+        return _claiming(x, q, z, -(q.P @ x + q.q + q.C.T @ z))
+
+    sol = pp.solve_qp(qp, backend=_solver(lower_side))
+    assert sol.status is pp.Status.NUMERICAL_ERROR and "without a bound" in sol.info["validation"]
+
+
 def test_a_correct_answer_stands(rng):
     qp = _qp(rng)
     sol = pp.solve_qp(qp, backend=_solver(_true, eps_abs=1e-9))

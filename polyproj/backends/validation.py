@@ -28,6 +28,12 @@ or the factor back from normalised units; both tolerances floored at 1e-12). For
   NUMERICAL_ERROR;
 - SOLVED with ``r > INACCURATE_FACTOR · t`` → SOLVED_INACCURATE.
 
+With multipliers, two gross tests of their signs → NUMERICAL_ERROR: a multiplier on a side without a
+bound (``z > 0`` is an upper side) above ``max(GROSS · S_d, 10 · INACCURATE_FACTOR · t_d)``, and
+complementarity ``max |z| · (distance of its side's bound)`` above ``max(GROSS · S_p S_d,
+10 · INACCURATE_FACTOR · (t_p S_d + t_d S_p))``: a stationary point with multipliers of the wrong sign
+is not a minimiser.
+
 It catches broken answers, not solver-level inaccuracy: ``polyproj check`` tests the contract at the
 requested tolerance. What was changed is said in ``info["validation"]`` (``info["elements"][i]``
 for a batch), with the status the backend claimed.
@@ -73,6 +79,21 @@ def _finite_bound_max(*arrays: np.ndarray) -> np.ndarray:
     return out
 
 
+def _sides(z: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(sign, comp)`` of multipliers ``z`` on values ``v`` between ``lo`` and ``hi``, the last axis reduced.
+
+    ``sign``: the largest multiplier on a side without a bound (|bound| >= 1e15 counts as none); ``comp``:
+    the largest ``|z| · distance`` to the bound of its side (complementarity).
+    """
+    pos, neg = np.maximum(z, 0.0), np.maximum(-z, 0.0)
+    up, down = np.isfinite(hi) & (np.abs(hi) < _HUGE), np.isfinite(lo) & (np.abs(lo) < _HUGE)
+    with np.errstate(invalid="ignore"):
+        sign = np.maximum(np.where(up, 0.0, pos), np.where(down, 0.0, neg))
+        comp = np.maximum(np.where(up, pos * np.abs(np.where(up, hi, 0.0) - v), 0.0),
+                          np.where(down, neg * np.abs(v - np.where(down, lo, 0.0)), 0.0))
+    return np.max(sign, axis=-1, initial=0.0), np.max(comp, axis=-1, initial=0.0)
+
+
 def _matmul_rows(M: Any, X: np.ndarray) -> np.ndarray:
     """Rows of ``X @ Mᵀ`` for dense or sparse M."""
     if sp.issparse(M):
@@ -82,7 +103,7 @@ def _matmul_rows(M: Any, X: np.ndarray) -> np.ndarray:
 
 def residuals(qp: QP, X: np.ndarray, Z: np.ndarray, ZB: np.ndarray, vecs: dict[str, np.ndarray],
               duals: bool) -> tuple[np.ndarray, ...]:
-    """``(r_p, S_p, r_d, S_d)`` per element of a batch (module docstring); ``r_d = 0`` without duals."""
+    """``(r_p, S_p, r_d, S_d, r_s, r_c)`` per element of a batch (module docstring); the dual ones 0 without duals."""
     b = X.shape[0]
 
     def vec(k):
@@ -98,12 +119,14 @@ def residuals(qp: QP, X: np.ndarray, Z: np.ndarray, ZB: np.ndarray, vecs: dict[s
         s_p = np.maximum.reduce([np.max(np.abs(X), axis=1, initial=0.0), np.max(np.abs(CX), axis=1, initial=0.0),
                                  _finite_bound_max(l, u, lb, ub)])
         if not duals:
-            return r_p, s_p, zeros, zeros
+            return r_p, s_p, zeros, zeros, zeros, zeros
         PX = _matmul_rows(qp.P, X)
         CZ = np.asarray(Z @ qp.C) if qp.m else np.zeros_like(X)
         r_d = np.max(np.abs(PX + q + CZ + ZB), axis=1, initial=0.0)
         s_d = np.maximum.reduce([np.max(np.abs(a), axis=1, initial=0.0) for a in (PX, q, CZ, ZB)])
-    return r_p, s_p, r_d, s_d
+        sign_c, comp_c = _sides(Z, CX, l, u)
+        sign_b, comp_b = _sides(ZB, X, lb, ub)
+    return r_p, s_p, r_d, s_d, np.maximum(sign_c, sign_b), np.maximum(comp_c, comp_b)
 
 
 def _bound_scale(qp: QP) -> float:
@@ -122,12 +145,14 @@ def _single_residuals(qp: QP, x: np.ndarray, z: np.ndarray, zb: np.ndarray, dual
               float(np.max(x - qp.ub, initial=0.0)), float(np.max(qp.lb - x, initial=0.0)))
     s_p = max(float(np.max(np.abs(x), initial=0.0)), float(np.max(np.abs(cx), initial=0.0)), _bound_scale(qp))
     if not duals:
-        return r_p, s_p, 0.0, 0.0
+        return r_p, s_p, 0.0, 0.0, 0.0, 0.0
     px = qp.P @ x
     cz = qp.C.T @ z if qp.m else px * 0.0
     r_d = float(np.max(np.abs(px + qp.q + cz + zb), initial=0.0))
     s_d = max(float(np.max(np.abs(v), initial=0.0)) for v in (px, qp.q, cz, zb))
-    return r_p, s_p, r_d, s_d
+    sign_c, comp_c = _sides(z, cx, qp.l, qp.u)
+    sign_b, comp_b = _sides(zb, x, qp.lb, qp.ub)
+    return r_p, s_p, r_d, s_d, float(max(sign_c, sign_b)), float(max(comp_c, comp_b))
 
 
 @dataclass(frozen=True)
@@ -156,14 +181,26 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
         return status, ""
     if not finite:
         return Status.NUMERICAL_ERROR, f"the backend said {status.name} but returned non-finite values"
-    r_p, s_p, r_d, s_d = res
+    r_p, s_p, r_d, s_d, r_s, r_c = res
     inaccurate = False
+    tol = {}
     for what, r, s, unit in (("the constraints", r_p, s_p, promise.unit_p), ("stationarity", r_d, s_d, promise.unit_d)):
-        t = promise.eps_abs * unit + promise.eps_rel * s
+        t = tol[what] = promise.eps_abs * unit + promise.eps_rel * s
         if not r <= max(GROSS * s, 10 * INACCURATE_FACTOR * t):
             return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but x violates {what} by {r:.3g} "
                                             f"(the data's scale there: {s:.3g}): not a solution")
         inaccurate |= r > INACCURATE_FACTOR * t
+    # the multipliers' signs and complementarity, gross failures only (a stationary point of the wrong sign
+    # is not a minimiser): a multiplier on a side without a bound, or |z| times the distance to its bound
+    t_d, t_p = tol["stationarity"], tol["the constraints"]
+    if not r_s <= max(GROSS * s_d, 10 * INACCURATE_FACTOR * t_d):
+        return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but a multiplier of {r_s:.3g} sits on a "
+                                        "side without a bound (the sign convention: z > 0 at an upper bound): not a "
+                                        "solution")
+    if not r_c <= max(GROSS * s_p * s_d, 10 * INACCURATE_FACTOR * (t_p * s_d + t_d * s_p)):
+        return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but complementarity fails by {r_c:.3g} (a "
+                                        "multiplier on a bound x does not meet; the scale there: "
+                                        f"{s_p * s_d:.3g}): not a solution")
     if status is Status.SOLVED and inaccurate:
         return Status.SOLVED_INACCURATE, (f"the backend said SOLVED but its residuals (primal {r_p:.3g}, dual "
                                           f"{r_d:.3g}) exceed {INACCURATE_FACTOR:g} x the tolerance")
@@ -194,7 +231,7 @@ def check_solution(qp: QP, sol: Any, backend: str, settings: dict[str, Any], dua
     status, note = sol.status, ""
     if status.ok:
         finite = bool(np.isfinite(x).all() and (not duals or (np.isfinite(z).all() and np.isfinite(zb).all())))
-        res = _single_residuals(qp, x, z, zb, duals) if finite else (0.0,) * 4
+        res = _single_residuals(qp, x, z, zb, duals) if finite else (0.0,) * 6
         status, note = _verdict(status, finite, res, Promise.of(settings, scale))
     status, note = _time_verdict(status, note, settings, elapsed)
     info = sol.info if not note else {**sol.info, "validation": note, "claimed_status": sol.status.name}
