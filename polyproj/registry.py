@@ -87,6 +87,10 @@ def _import_path(path: str) -> type[QPSolver]:
 def _check_class(cls: Any, name: str) -> type[QPSolver]:
     if not (isinstance(cls, type) and issubclass(cls, QPSolver)):
         raise PolyprojError(f"backend {name!r} must be a subclass of polyproj.QPSolver, got {cls!r}")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise PolyprojError(f"backend {name!r} ({cls.__name__}) does not implement {', '.join(missing)}: a backend "
+                            "writes solve(self, qp, warm_start=None) -> polyproj.Solution")
     return cls
 
 

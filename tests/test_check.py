@@ -258,3 +258,18 @@ def test_conformance_checks_for_missing_capabilities_are_skips_not_errors():
     results = {r.name: r for r in _conformance(pp.get_backend("ipm"), seed=0) if r.name.endswith("warm_start")}
     assert results["conformance:warm_start"].status == "skipped"
     assert "warm_start" in results["conformance:warm_start"].message
+
+
+class _Raiser(pp.QPSolver):
+    name = "raiser"
+
+    def solve(self, qp, warm_start=None):
+        raise RuntimeError("boom")
+
+
+def test_a_backend_that_raises_gives_error_rows_not_an_abort():
+    """Every property, the non-LICQ example included, reports the backend's exception as an error row."""
+    report = check_backend(_Raiser, max_examples=1, conformance=False)
+    rows = {r.name: r for r in report.results}
+    assert rows["nonlicq_example"].status == "error" and "boom" in rows["nonlicq_example"].message
+    assert all(r.status in ("error", "skipped") for r in report.results)

@@ -269,3 +269,12 @@ def test_ragged_data_is_a_problem_error():
         pp.QP(P=np.eye(2), q=[0.0, 0.0], C=[[1.0, 1.0], [1.0]], l=[0, 0], u=[1, 1])
     with pytest.raises(pp.ProblemError, match="a is not a rectangular array"):
         pp.Polyhedron(A=np.ones((2, 2)), a=[[1.0], [1.0, 2.0]])
+
+
+def test_an_abstract_backend_class_is_refused_at_registration():
+    class NoSolve(pp.QPSolver):
+        name = "nosolve"
+
+    with pytest.raises(pp.PolyprojError, match="does not implement solve"):
+        pp.register_backend("nosolve", NoSolve)
+    assert "nosolve" not in pp.available_backends()

@@ -162,3 +162,10 @@ def test_an_uncertified_infeasibility_claim_on_a_feasible_lp_is_not_kept():
     assert sol.status is not pp.Status.PRIMAL_INFEASIBLE
     if sol.status.ok:  # a future ProxSuite may solve it
         np.testing.assert_allclose(sol.x, [3.0, 0.5], atol=1e-6)
+
+
+def test_solve_time_is_reported():
+    """ProxQP fills its timings only with compute_timings on (its time-limit check reads them too)."""
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    sol = pp.solve_qp(qp, backend="proxsuite")
+    assert sol.status is pp.Status.SOLVED and sol.solve_time > 0.0

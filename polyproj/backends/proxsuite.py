@@ -92,6 +92,7 @@ class ProxSuiteSolver(QPSolver):
         st.eps_abs = float(s["eps_abs"])
         st.eps_rel = float(s["eps_rel"])
         st.verbose = bool(s["verbose"])
+        st.compute_timings = True  # info.solve_time / run_time (0 otherwise), which the time limit reads
         if s["max_iter"] is not None:
             st.max_iter = int(s["max_iter"])
         if self.backend_options.get("check_duality_gap", True):
