@@ -556,3 +556,20 @@ def test_single_point_in_array_api_strict():
         r = pp.project(xps.asarray([0.9, 0.5, -1.0]), S)
         assert r.y.shape == (3,)
         np.testing.assert_allclose(np.asarray(r.y), pp.project(np.array([0.9, 0.5, -1.0]), S).y, atol=1e-15)
+
+
+def test_vjp_refuses_a_cotangent_of_another_size():
+    """One entry of G per entry of y, for every set (a base-class check): broadcasting took a (2, n) G at a
+    result of one point, and a wrong width failed inside the set's arithmetic with a bare NumPy error."""
+    X = np.array([[0.9, 0.5, -1.0]])
+    for S in (pp.sets.Simplex(3), pp.sets.Polyhedral(pp.sets.Simplex(3).as_polyhedron())):
+        r = pp.project(X, S)
+        for G in (np.ones((1, 4)), np.ones((2, 3)), np.ones((3, 3))):
+            with pytest.raises(pp.ProblemError, match="one entry per entry"):
+                S.vjp(r, G)
+        assert S.vjp(r, np.ones((1, 3))).shape == (1, 3)
+    B = pp.sets.Birkhoff(2)
+    rb = B.project(np.random.default_rng(0).random((3, 2, 2)))
+    assert B.vjp(rb, np.ones((3, 2, 2))).shape == B.vjp(rb, np.ones((3, 4))).shape
+    with pytest.raises(pp.ProblemError, match="one entry per entry"):
+        B.vjp(rb, np.ones((2, 4)))

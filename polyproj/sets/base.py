@@ -33,6 +33,7 @@ Writing a set (see ``docs/architecture.md``)::
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,12 @@ class Projector(abc.ABC):
 
     #: name reported as ``ProjectionResult.backend`` by closed-form projections
     method: str = "closed form"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fn = cls.__dict__.get("vjp")
+        if fn is not None and not getattr(fn, "_cotangent_checked", False):
+            cls.vjp = _checked_vjp(fn)
 
     @property
     @abc.abstractmethod
@@ -213,3 +220,24 @@ class Projector(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n})"
+
+
+def _checked_vjp(fn: Any) -> Any:
+    """``vjp`` refusing a cotangent ``G`` that is not one entry per entry of the result's ``y``.
+
+    Broadcasting would otherwise take a (2, n) ``G`` at a result of one point, or fail inside the set's
+    arithmetic with a bare NumPy error.
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def vjp(self: Any, result: Any, G: Any) -> Any:
+        y = getattr(result, "y", None)
+        gs, ys = getattr(G, "shape", None), getattr(y, "shape", None)
+        if gs is not None and ys is not None and math.prod(gs) != math.prod(ys):
+            raise ProblemError(f"G must have one entry per entry of the result's y, shape {tuple(ys)}; got "
+                               f"{tuple(gs)}")
+        return fn(self, result, G)
+
+    vjp._cotangent_checked = True  # type: ignore[attr-defined]
+    return vjp
