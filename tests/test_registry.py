@@ -278,3 +278,11 @@ def test_an_abstract_backend_class_is_refused_at_registration():
     with pytest.raises(pp.PolyprojError, match="does not implement solve"):
         pp.register_backend("nosolve", NoSolve)
     assert "nosolve" not in pp.available_backends()
+
+
+def test_boolean_settings_refuse_strings():
+    """``warm_start="no"`` is truthy: refused rather than read as True (0 and 1 are accepted)."""
+    for k in ("warm_start", "verbose"):
+        with pytest.raises(pp.SettingsError, match=f"{k} must be True or False"):
+            pp.get_backend("ipm", **{k: "no"})
+        assert pp.get_backend("ipm", **{k: 0}).settings[k] is False

@@ -143,6 +143,11 @@ class QPSolver(abc.ABC):
             v = self.settings[k]
             if v is not None and check(v) is not None:
                 raise SettingsError(f"{k} must be a positive {what} or None, got {v!r}")
+        for k in ("verbose", "warm_start"):  # a string such as "no" is truthy: refused, not read as True
+            v = self.settings[k]
+            if not (isinstance(v, (bool, np.bool_)) or (isinstance(v, (int, np.integer)) and v in (0, 1))):
+                raise SettingsError(f"{k} must be True or False, got {v!r}")
+            self.settings[k] = bool(v)
         check_options(self.name, self.backend_options, self.option_checks)
 
     # ------------------------------------------------------------------ availability
