@@ -286,3 +286,9 @@ def test_boolean_settings_refuse_strings():
         with pytest.raises(pp.SettingsError, match=f"{k} must be True or False"):
             pp.get_backend("ipm", **{k: "no"})
         assert pp.get_backend("ipm", **{k: 0}).settings[k] is False
+
+
+def test_piqp_refuses_a_purely_relative_tolerance_when_built():
+    pytest.importorskip("piqp")
+    with pytest.raises(pp.SettingsError, match="PIQP needs eps_abs > 0"):
+        pp.get_backend("piqp", eps_abs=0, eps_rel=1e-7)
