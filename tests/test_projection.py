@@ -195,28 +195,23 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
     ipm_cls = type(pp.get_backend("ipm"))
     real_proj = ipm_cls.solve_projections
 
-    def lying_projections(self, Xb, data, *, rough=False):
-        start = real_proj(self, Xb, data, rough=rough)
-        flags = [np.allclose(np.asarray(x), X[4]) for x in np.asarray(Xb)]
-        return replace(start, status=tuple(pp.Status.PRIMAL_INFEASIBLE if f else s
-                                           for f, s in zip(flags, start.status, strict=True)))
+    def flagging_point_4(real):
+        """``real`` (a solve_projections) with element 4 reported PRIMAL_INFEASIBLE."""
+        def solve_projections(self, Xb, data, **kw):
+            start = real(self, Xb, data, **kw)
+            flags = [np.allclose(np.asarray(x), X[4]) for x in np.asarray(Xb)]
+            return replace(start, status=tuple(pp.Status.PRIMAL_INFEASIBLE if f else s
+                                               for f, s in zip(flags, start.status, strict=True)))
+        return solve_projections
 
-    monkeypatch.setattr(ipm_cls, "solve_projections", lying_projections)
+    monkeypatch.setattr(ipm_cls, "solve_projections", flagging_point_4(real_proj))
     # the polyhedron is not empty (others were solved): the exact per-point fallback (DAQP) is asked next
     with pytest.warns(pp.PolyprojWarning, match="1 recovered; backends 'ipm' and 'daqp' solved 1 it kept flagging$"):
         r = pp.project(X, P, backend=solver)
     assert np.all(r.polished) and r.status == (pp.Status.SOLVED,) * 6
     np.testing.assert_allclose(r.y, ref.y, atol=1e-9)
     daqp_cls = type(pp.get_backend("daqp"))
-    real_daqp = daqp_cls.solve_projections
-
-    def lying_daqp(self, Xb, data, *, rough=False, solved=None):
-        start = real_daqp(self, Xb, data, rough=rough, solved=solved)
-        flags = [np.allclose(np.asarray(x), X[4]) for x in np.asarray(Xb)]
-        return replace(start, status=tuple(pp.Status.PRIMAL_INFEASIBLE if f else s
-                                           for f, s in zip(flags, start.status, strict=True)))
-
-    monkeypatch.setattr(daqp_cls, "solve_projections", lying_daqp)
+    monkeypatch.setattr(daqp_cls, "solve_projections", flagging_point_4(daqp_cls.solve_projections))
     # when every backend flags it: without the polish the point stays NaN; the polish, started from x,
     # verifies its projection (the KKT conditions prove it) and returns it
     with pytest.warns(pp.PolyprojWarning, match="1 recovered, 1 returned as NaN"):
