@@ -150,9 +150,29 @@ def _single_residuals(qp: QP, x: np.ndarray, z: np.ndarray, zb: np.ndarray, dual
     cz = qp.C.T @ z if qp.m else px * 0.0
     r_d = float(np.max(np.abs(px + qp.q + cz + zb), initial=0.0))
     s_d = max(float(np.max(np.abs(v), initial=0.0)) for v in (px, qp.q, cz, zb))
-    sign_c, comp_c = _sides(z, cx, qp.l, qp.u)
-    sign_b, comp_b = _sides(zb, x, qp.lb, qp.ub)
-    return r_p, s_p, r_d, s_d, float(max(sign_c, sign_b)), float(max(comp_c, comp_b))
+    sign, comp = _single_sides(qp, np.concatenate((z, zb)), np.concatenate((cx, x)))
+    return r_p, s_p, r_d, s_d, sign, comp
+
+
+def _single_sides(qp: QP, z: np.ndarray, v: np.ndarray) -> tuple[float, float]:
+    """:func:`_sides` of one answer over the rows of C then the bounds, the QP's side masks kept in ``qp.memo``.
+
+    Every finite side is one entry of (index, sign, bound): ``max(sign z, 0) |bound − v|`` is its
+    complementarity; every missing side one of (index, sign): ``max(sign z, 0)`` its sign test.
+    """
+    hit = qp.memo.get("validation_sides")
+    if hit is None:
+        lo, hi = np.concatenate((qp.l, qp.lb)), np.concatenate((qp.u, qp.ub))
+        up, down = np.isfinite(hi) & (np.abs(hi) < _HUGE), np.isfinite(lo) & (np.abs(lo) < _HUGE)
+        sides = np.concatenate((np.flatnonzero(up), np.flatnonzero(down)))
+        signs = np.concatenate((np.ones(int(up.sum())), -np.ones(int(down.sum()))))
+        free = np.concatenate((np.flatnonzero(~up), np.flatnonzero(~down)))
+        free_signs = np.concatenate((np.ones(int((~up).sum())), -np.ones(int((~down).sum()))))
+        hit = qp.memo["validation_sides"] = (sides, signs, np.concatenate((hi[up], lo[down])), free, free_signs)
+    sides, signs, bounds, free, free_signs = hit
+    sign = float(np.max(z[free] * free_signs, initial=0.0))
+    comp = float(np.max(np.maximum(z[sides] * signs, 0.0) * np.abs(bounds - v[sides]), initial=0.0))
+    return max(sign, 0.0), comp
 
 
 @dataclass(frozen=True)
