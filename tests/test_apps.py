@@ -155,3 +155,20 @@ def test_qp_layers_agree_with_the_projection():
     for lib in ("qpth", "moreau"):
         pytest.importorskip(lib)
         assert torch.allclose(QPLayer(Rows.of(P), lib)(x), ref, atol=1e-6), lib
+
+
+def test_portfolio_sets_check_their_configuration():
+    import dataclasses
+
+    from polyproj.apps import portfolio as pf
+    from polyproj.errors import ProblemError
+
+    cfg = pf.config(True)
+    for bad, match in (({"preferred": 20}, "preferred must be"), ({"preferred": 25}, "preferred must be"),
+                       ({"min_preferred": 1.5}, "min_preferred")):
+        for fn in (pf.anchor, pf.polyhedron):
+            with pytest.raises(ProblemError, match=match):
+                fn("preference", dataclasses.replace(cfg, **bad), 20)
+    with pytest.raises(ProblemError, match="'simplex'"):
+        pf.polyhedron("foo", cfg, 20)
+    assert abs(pf.anchor("preference", cfg, 20).sum() - 1.0) < 1e-12

@@ -573,3 +573,11 @@ def test_vjp_refuses_a_cotangent_of_another_size():
     assert B.vjp(rb, np.ones((3, 2, 2))).shape == B.vjp(rb, np.ones((3, 4))).shape
     with pytest.raises(pp.ProblemError, match="one entry per entry"):
         B.vjp(rb, np.ones((2, 4)))
+
+
+def test_set_tolerances_take_numpy_scalars():
+    assert pp.sets.Birkhoff(3, tol=np.float32(1e-6)) is not None
+    assert pp.sets.Polyhedral(pp.sets.Simplex(3).as_polyhedron(), tol=np.float64(1e-9)).options.tol == 1e-9
+    for bad in (True, -1.0, float("nan"), "x"):
+        with pytest.raises(pp.ProblemError, match="tol must be a positive"):
+            pp.sets.Birkhoff(3, tol=bad)

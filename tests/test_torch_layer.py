@@ -983,3 +983,23 @@ def test_layer_takes_a_polyhedral_set_and_checks_its_arguments_when_built():
         project(x, lb="zero")
     with pytest.raises(pp.ProblemError, match="A must be an array"):
         project(x, [[1.0, "x", 2.0]], [1.0])
+
+
+def test_forward_mode_and_vmap_over_a_sets_total_are_refused_not_silent():
+    """A per-sample total is one of the set's data: reverse mode differentiates it; forward mode (jacfwd,
+    forward_ad) raises as for constraint tensors (it gave a zero tangent, silently); vmap over it raises a
+    ProblemError (a bare data-dependent-control-flow error of torch before)."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jacfwd, jacrev, vmap
+
+    x = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
+    for Set in (lambda tt: pp.sets.Simplex(6, total=tt), lambda tt: pp.sets.CappedSimplex(6, total=tt, upper=1.0)):
+        f = lambda tt, Set=Set: project(x, Set(tt))  # noqa: E731
+        torch.testing.assert_close(jacrev(f)(t).sum(1).diagonal(), torch.ones(3, dtype=torch.float64))
+        with pytest.raises(pp.ProblemError, match="forward-mode"):
+            jacfwd(f)(t)
+        with fwAD.dual_level(), pytest.raises(pp.ProblemError, match="forward-mode"):
+            f(fwAD.make_dual(t, torch.ones(3, dtype=torch.float64)))
+        with pytest.raises(pp.ProblemError, match="vmap over a set's total"):
+            vmap(lambda z, tt, Set=Set: project(z, Set(tt[None])))(x, t)

@@ -556,6 +556,9 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
         elif settings or backend != "auto":
             raise ProblemError(f"{type(S).__name__} carries its own method: backend and settings do not apply")
         x2, bshape, tail = _flatten(x, S)
+        # the set's own tensors a forward-mode derivative is taken of (a per-sample total): through the
+        # Function, whose jvp refuses them, rather than read as constants (a silent zero tangent)
+        forward = tuple(k for k, v in S.parameters().items() if isinstance(v, torch.Tensor) and _differentiated(v))
     else:
         A = S if S is not None else A
         lb, ub = (_scalar_bound(v, x) for v in (lb, ub))

@@ -12,5 +12,5 @@ Three end-to-end trainings, each run for several methods and seeds on data avail
 The orchestration (:mod:`~polyproj.apps.runner`: a fresh process per training run, the table, the JSON,
 the plots) and the records (:mod:`~polyproj.apps.records`) import no torch; the applications and the
 peers (:mod:`~polyproj.apps.peers`) are torch programs on top of :mod:`polyproj.adapters.torch` and
-are imported only when a run starts. The results and how to reproduce them: ``docs/applications.md``.
+are imported only when a run starts. The results and how to reproduce them: README.md, "Applications".
 """

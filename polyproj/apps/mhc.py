@@ -117,7 +117,7 @@ class Block(torch.nn.Module):
         self.b_pre, self.b_post = torch.nn.Parameter(torch.zeros(n)), torch.nn.Parameter(torch.zeros(n))
         # both start at the same H_res = sinkhorn(4 I), 0.95 on the diagonal: Sinkhorn from the logits 4 I, the
         # projection from that (interior) matrix itself. Not from I: the identity is a vertex of the Birkhoff
-        # polytope, where the HS-Jacobian is 0 and H_res would never move (docs/applications.md).
+        # polytope, where the HS-Jacobian is 0 and H_res would never move (README.md, "Applications").
         start = 4.0 * torch.eye(n, dtype=torch.float64)
         self.b_res = torch.nn.Parameter(sinkhorn(start, 50) if mixing.method == "polyproj" else start)
         self.f = torch.nn.TransformerEncoderLayer(d, nhead=cfg.heads, dim_feedforward=2 * d, dropout=0.0,

@@ -14,7 +14,7 @@ Walk-forward split in time order (train / validation / test); the model kept is 
 validation Sharpe; the test metric is the annualised Sharpe ratio of the daily-rebalanced portfolio over
 the test period (each day's weights from the window before it). Methods (``METHODS``): polyproj's exact
 projection (HS-Jacobian backward; ``polyproj_leak``: the same forward with the leaky backward of
-``docs/applications.md``), LinSATNet, softmax with a quadratic penalty on the remaining constraint, the
+README.md, "Applications"), LinSATNet, softmax with a quadratic penalty on the remaining constraint, the
 Soft-Radial-style interior map, qpth, cvxpylayers and Moreau; ``fixed`` is the anchor portfolio (no
 training) for reference. Saturation is measured directly: the share of samples whose gradient with
 respect to the scores is zero although the gradient with respect to the weights is not.
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ProblemError
 from ..problem import Polyhedron
 from ..sets.simplex import CappedSimplex, Simplex
 from .measure import Session
@@ -112,9 +113,19 @@ def load(cfg: Config) -> Data:
 
 
 # ----------------------------------------------------------------------------- sets and heads
+def _check_preference(cfg: Config, n: int) -> None:
+    """The preference variant needs 1 <= preferred < n names and a floor min_preferred in [0, 1]."""
+    if not (isinstance(cfg.preferred, (int, np.integer)) and 1 <= cfg.preferred < n):
+        raise ProblemError(f"preferred must be an integer in [1, {n - 1}] for {n} assets (some names outside the "
+                           f"preferred ones), got {cfg.preferred!r}")
+    if not 0.0 <= cfg.min_preferred <= 1.0:
+        raise ProblemError(f"min_preferred is a share of the portfolio, in [0, 1]; got {cfg.min_preferred!r}")
+
+
 def polyhedron(variant: str, cfg: Config, n: int) -> Polyhedron:
     """The variant's set as a Polyhedron (float64)."""
     if variant == "preference":
+        _check_preference(cfg, n)
         s = np.zeros(n)
         s[: cfg.preferred] = 1.0
         return Polyhedron(A=-s[None, :], a=[-cfg.min_preferred], B=np.ones((1, n)), b=[1.0], lb=np.zeros(n))
@@ -122,13 +133,14 @@ def polyhedron(variant: str, cfg: Config, n: int) -> Polyhedron:
         return Polyhedron(B=np.ones((1, n)), b=[1.0], lb=np.zeros(n), ub=np.full(n, cfg.cap))
     if variant == "simplex":
         return Polyhedron(B=np.ones((1, n)), b=[1.0], lb=np.zeros(n))
-    raise ValueError(f"unknown portfolio constraint {variant!r}: use 'preference' or 'capped'")
+    raise ProblemError(f"unknown portfolio constraint {variant!r}: use 'preference', 'capped' or 'simplex'")
 
 
 def anchor(variant: str, cfg: Config, n: int) -> np.ndarray:
     """A strictly feasible portfolio: the radial map's anchor and the ``fixed`` reference."""
     if variant in ("capped", "simplex"):
         return np.full(n, 1.0 / n)
+    _check_preference(cfg, n)
     k = cfg.preferred
     share = 0.5 * (cfg.min_preferred + 1.0)  # halfway between the preference floor and all-in
     return np.r_[np.full(k, share / k), np.full(n - k, (1.0 - share) / (n - k))]
@@ -166,7 +178,7 @@ class Head(torch.nn.Module):
         elif method in ("qpth", "cvxpylayers", "moreau"):
             self.map = QPLayer(self.rows, method)
         elif method != "softmax_penalty":
-            raise ValueError(f"unknown portfolio method {method!r}")
+            raise ProblemError(f"unknown portfolio method {method!r}; the methods: {', '.join(METHODS)}")
 
     def rows_pref(self, n: int) -> np.ndarray:
         s = np.zeros((1, n))

@@ -17,6 +17,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
+from ..backends.options import positive
 from ..errors import ProblemError
 from ..problem import Polyhedron
 from ..projection.faces import put_rows
@@ -62,7 +63,7 @@ class SumsProjector(Projector):
     method = "semismooth newton"
 
     def __init__(self, sums: Sums, *, tol: float | None = None, max_iter: int = 60) -> None:
-        if tol is not None and not (isinstance(tol, (int, float)) and np.isfinite(tol) and tol > 0):
+        if tol is not None and positive(tol) is not None:
             raise ProblemError(f"tol must be a positive number, got {tol!r}")
         if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
             raise ProblemError(f"max_iter must be an integer >= 1, got {max_iter!r}")

@@ -16,6 +16,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
+from ..backends.options import positive
 from ..errors import InfeasibleError, PolyprojError, ProblemError
 from ..polydata import PolyData, RowLayout
 from ..problem import Polyhedron
@@ -80,7 +81,7 @@ class Polyhedral(Projector):
             self.polyhedron, self.data, self.layout = None, polyhedron, None
         else:
             raise ProblemError(f"Polyhedral takes a Polyhedron or PolyData, got {type(polyhedron).__name__}")
-        if not (isinstance(tol, (int, float)) and np.isfinite(tol) and tol > 0):
+        if positive(tol) is not None:
             raise ProblemError(f"tol must be a positive number, got {tol!r}")
         if max_polish_iter is not None and (not isinstance(max_polish_iter, (int, np.integer)) or max_polish_iter < 0):
             raise ProblemError(f"max_polish_iter must be an integer >= 0, got {max_polish_iter!r}")

@@ -86,6 +86,9 @@ class CappedSimplex(Projector):
         if not xp.isdtype(t.dtype, "real floating"):
             t = xp.astype(t, xp.float64)
         td = t.detach() if hasattr(t, "detach") else t
+        if _vmapped(td):
+            raise ProblemError("torch.func.vmap over a set's total is not supported: give the set a (batch,) total "
+                               "instead (per-sample totals), outside the vmapped function")
         if td.shape[0] and not bool(xp.all(xp.isfinite(td) & (td >= 0) & (td <= self._cap()))):
             raise ProblemError(f"every total must be a finite number in [0, n·upper] = [0, {self._n * self.upper:g}] "
                                "(the set is empty otherwise)")
@@ -271,3 +274,11 @@ class Simplex(CappedSimplex):
     def __repr__(self) -> str:
         t = "per sample" if self.per_sample else f"{self.total:g}"
         return f"Simplex(n={self._n}, total={t})"
+
+
+def _vmapped(t: Any) -> bool:
+    """True for a tensor inside ``torch.func.vmap`` (its values cannot be tested: they differ per slice)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(t, torch.Tensor) and bool(torch._C._functorch.is_batchedtensor(t))
