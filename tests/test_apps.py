@@ -172,3 +172,23 @@ def test_portfolio_sets_check_their_configuration():
     with pytest.raises(ProblemError, match="'simplex'"):
         pf.polyhedron("foo", cfg, 20)
     assert abs(pf.anchor("preference", cfg, 20).sum() - 1.0) < 1e-12
+
+
+def test_app_models_run_in_float32_and_an_unwritable_out_fails_first(tmp_path):
+    import torch
+
+    from polyproj.apps import mhc
+    from polyproj.apps import portfolio as pf
+
+    for method in ("polyproj", "sinkhorn20"):  # a model in the default dtype (run() makes it float64)
+        net = mhc.Net(mhc.Config(blocks=2, width=8, heads=2, streams=3), method)
+        out = net(torch.rand(5, 64))
+        out.sum().backward()
+        assert out.dtype == torch.float32 and bool(torch.isfinite(out).all())
+    head = pf.Head("softmax_penalty", "preference", pf.config(True), 20)
+    assert head.penalty(head(torch.randn(2, 20))).dtype == torch.float32
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit, match="cannot write the results"):  # before any training run
+        main(["bench", "apps", "mhc", "--quick", "--in-process", "--epochs", "1", "--methods", "sinkhorn20",
+              "--no-plot", "--out", str(blocked / "x.json")])

@@ -130,7 +130,8 @@ class Block(torch.nn.Module):
         g = self.scale * self.dyn(self.norm(X.reshape(B, T, n * d)))
         pre = torch.sigmoid(g[..., :n] + self.b_pre)
         post = 2.0 * torch.sigmoid(g[..., n:2 * n] + self.b_post)
-        res = self.mixing(g[..., 2 * n:].reshape(B * T, n, n) + self.b_res).reshape(B, T, n, n)
+        # b_res is made in float64 (its start, Sinkhorn of 4 I, exact there); a float32 model uses it cast
+        res = self.mixing(g[..., 2 * n:].reshape(B * T, n, n) + self.b_res.to(g.dtype)).reshape(B, T, n, n)
         self.last_res = res.detach()
         h = torch.einsum("btn,btnd->btd", pre, X)
         Fh = self.f(h) - h  # the layer's residual branch only: the streams carry the residual

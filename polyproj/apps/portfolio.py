@@ -199,7 +199,7 @@ class Head(torch.nn.Module):
         """``penalty · mean Σ max(0, G w − h)²`` for softmax + penalty (softmax keeps the simplex), else 0."""
         if self.method != "softmax_penalty":
             return w.new_zeros(())
-        G, h = torch.tensor(self.rows.G), torch.tensor(self.rows.h)
+        G, h = (torch.as_tensor(v, dtype=w.dtype, device=w.device) for v in (self.rows.G, self.rows.h))
         return self.cfg.penalty * torch.relu(w @ G.T - h).pow(2).sum(-1).mean()
 
 

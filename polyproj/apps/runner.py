@@ -111,6 +111,19 @@ def _write(path: Path, header: dict[str, Any], records: list[RunRecord], complet
     os.replace(tmp, path)
 
 
+def _check_writable(path: Path) -> None:
+    """Fail before the first training run, not after it, when the results file cannot be written."""
+    import os
+
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"polyproj: cannot write the results to {path}: {exc.strerror or exc}") from None
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise SystemExit(f"polyproj: cannot write the results to {path}: permission denied")
+
+
 def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecord], Any, Any]:
     """Run every (variant, method, seed) of ``args``; returns the JSON path, the records, the module, the config."""
     from ..bench import machine_description
@@ -130,6 +143,7 @@ def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecor
     variants = [v for v in known if args.variants is None or v in args.variants]
     seeds = range(args.seeds if args.seeds is not None else (1 if args.quick else 3))
     path = Path(args.out or f"benchmarks/results/apps_{args.app}{'_quick' if args.quick else ''}.json")
+    _check_writable(path)
     header = {"app": args.app, "title": mod.TITLE, "metric": mod.METRIC, "quick": bool(args.quick),
               "config": dataclasses.asdict(cfg), "methods": methods, "variants": variants, "seeds": list(seeds),
               "torch_threads": args.threads, "isolated": not args.in_process,
