@@ -56,6 +56,8 @@ class SumsProjector(Projector):
     ----------
     tol : float, optional
         Relative tolerance of the KKT test of the exact face (default ``max(1e-9, 256 eps)`` of the dtype).
+        It is the accuracy the result is verified to: a loose one (1e-2 and above) accepts a face whose
+        point is feasible but only that close to the projection, and reports it polished.
     max_iter : int
         Newton steps before the face is tried anyway.
     """
