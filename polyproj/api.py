@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .backends.defaults import PROJECTION_DEFAULT
 from .errors import ProblemError
 from .problem import QP, Polyhedron
@@ -28,10 +30,11 @@ def solve_qp(qp: QP, backend: Any = None, *, warm_start: Any = None, **settings:
     backend : str, QPSolver or QPSolver subclass, optional
         Default ``polyproj.registry.DEFAULT_BACKEND`` (``"piqp"``, chosen on the Maros–Meszaros
         benchmark: README); see :func:`polyproj.available_backends`.
-    warm_start : Solution or dict with ``x`` (and ``z``, ``z_box``), optional
+    warm_start : Solution or dict with ``x`` (and ``z``, ``z_box``), or bool, optional
+        The start to use; ``False`` turns the backend's warm starts off (the ``warm_start`` setting of
+        :func:`polyproj.get_backend`, whose name this keyword takes here), ``True`` leaves them on.
     **settings
-        ``eps_abs``, ``eps_rel``, ``max_iter``, ``time_limit``, ``verbose``, ``warm_start`` and
-        backend-specific options.
+        ``eps_abs``, ``eps_rel``, ``max_iter``, ``time_limit``, ``verbose`` and backend-specific options.
 
     Returns
     -------
@@ -48,6 +51,8 @@ def solve_qp(qp: QP, backend: Any = None, *, warm_start: Any = None, **settings:
     """
     if not isinstance(qp, QP):
         raise ProblemError(f"solve_qp takes a polyproj.QP, got {type(qp).__name__}")
+    if isinstance(warm_start, (bool, np.bool_)):  # the setting, not a start
+        settings["warm_start"], warm_start = bool(warm_start), None
     return get_backend(backend, **settings).solve(qp, warm_start=warm_start)
 
 

@@ -292,3 +292,14 @@ def test_piqp_refuses_a_purely_relative_tolerance_when_built():
     pytest.importorskip("piqp")
     with pytest.raises(pp.SettingsError, match="PIQP needs eps_abs > 0"):
         pp.get_backend("piqp", eps_abs=0, eps_rel=1e-7)
+
+
+def test_solve_qp_takes_warm_start_false_as_the_setting():
+    """``solve_qp(qp, warm_start=False)``: the keyword names the start, and a boolean is the on/off setting."""
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    for flag in (False, True):
+        sol = pp.solve_qp(qp, backend="ipm", warm_start=flag)
+        assert sol.status is pp.Status.SOLVED
+        np.testing.assert_allclose(sol.x, [0.5, 0.5], atol=1e-6)
+    first = pp.solve_qp(qp, backend="ipm")
+    assert pp.solve_qp(qp, backend="ipm", warm_start=first).status is pp.Status.SOLVED
