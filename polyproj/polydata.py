@@ -110,6 +110,16 @@ class PolyData:
                 size = max(size, float(xp.max(xp.sum(xp.abs(M), axis=-1))))
         return size
 
+    def scale_at(self, Y: Any) -> Any:
+        """The polyhedron's scale at each row of ``Y`` (b,): ``rhs_size + row_size max|y|`` (non-finite y as 0).
+
+        A row misses ``y`` by at most this much whatever the data's units, so a violation measured against it
+        means the same at every scale (``Π_{sP}(s x) = s Π_P(x)``).
+        """
+        xp = array_namespace(Y)
+        y = xp.where(xp.isfinite(Y), Y, xp.zeros_like(Y))
+        return self.rhs_size + self.row_size * xp.max(xp.abs(y), axis=1)
+
     def parts(self) -> tuple[Any, ...]:
         """``(A, a, B, b, lb, ub)``."""
         return self.A, self.a, self.B, self.b, self.lb, self.ub

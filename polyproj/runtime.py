@@ -276,3 +276,12 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
 
         return [fn(i) for i in track(items, description=description, transient=True)]
     return [fn(i) for i in items]
+
+
+def is_vmapped(t: Any) -> bool:
+    """True for a torch tensor inside ``torch.func.vmap``; False without torch loaded.
+
+    A batched tensor's values differ per slice: they cannot be tested in Python (``bool(...)``).
+    """
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(t, torch.Tensor) and bool(torch._C._functorch.is_batchedtensor(t))

@@ -290,7 +290,7 @@ def test_boolean_settings_refuse_strings():
 
 def test_piqp_refuses_a_purely_relative_tolerance_when_built():
     pytest.importorskip("piqp")
-    with pytest.raises(pp.SettingsError, match="PIQP needs eps_abs > 0"):
+    with pytest.raises(pp.SettingsError, match="needs eps_abs > 0"):
         pp.get_backend("piqp", eps_abs=0, eps_rel=1e-7)
 
 

@@ -20,7 +20,7 @@ from torch.autograd import forward_ad as _forward_ad
 
 from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
-from ..runtime import small_work
+from ..runtime import is_vmapped, small_work
 from ..sets.base import Projector
 from ..sets.detect import recognise
 from ..sets.polyhedral import PARTS, Polyhedral, polydata_from_arrays
@@ -161,7 +161,7 @@ class _Project(torch.autograd.Function):
 
 #: an unverified point (the polish refused it; it keeps the backend's answer, with a warning) is returned
 #: only when it violates no constraint by more than this, relative to the polyhedron's scale at the point,
-#: ``max|rhs| + max_j ||row_j||_1 max|y|`` (:attr:`~polyproj.polydata.PolyData.rhs_size`, ``row_size``):
+#: ``max|rhs| + max_j ||row_j||_1 max|y|`` (:meth:`~polyproj.polydata.PolyData.scale_at`):
 #: the same test at every scale of the data (``Π_{sP}(s x) = s Π_P(x)``)
 UNVERIFIED_VIOLATION = 1e-6
 
@@ -182,8 +182,7 @@ def _usable(res: Any, data: Any) -> Any:
     if bool((polished & ~nan).all()):  # one device sync in the common case
         return res
     viol = torch.as_tensor(res.violation, device=Y.device)
-    scale = data.rhs_size + data.row_size * Y.abs().amax(dim=1)
-    bad = ~polished & (viol > UNVERIFIED_VIOLATION * scale)
+    bad = ~polished & (viol > UNVERIFIED_VIOLATION * data.scale_at(Y))
     if bool(nan.any()):
         raise InfeasibleError(f"{int(nan.sum())} of {Y.shape[0]} points have no projection (backend {res.backend!r} "
                               "returned none; the polyhedron may be empty, e.g. inconsistent equalities)")
@@ -384,11 +383,6 @@ def _flatten(x: torch.Tensor, S: Projector) -> tuple[torch.Tensor, tuple[int, ..
     return x.reshape(N, S.n), bshape, tail
 
 
-def _vmapped(t: Any) -> bool:
-    """True for a tensor inside ``torch.func.vmap`` (a batched tensor)."""
-    return isinstance(t, torch.Tensor) and bool(torch._C._functorch.is_batchedtensor(t))
-
-
 def _check_x(x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise ProblemError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -563,7 +557,7 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
         A = S if S is not None else A
         lb, ub = (_scalar_bound(v, x) for v in (lb, ub))
         parts = dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub)
-        if any(_vmapped(v) for v in parts.values()):
+        if any(is_vmapped(v) for v in parts.values()):
             raise ProblemError("torch.func.vmap over constraint tensors is not supported: give the tensors a "
                                "batch dimension instead (per-sample constraints)")
         S = _polyhedral_from_tensors(x, parts, backend, settings)

@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import BackendUnavailable, SettingsError, close_matches
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
-from .options import Check, check_options, nonnegative, positive, positive_int
+from .options import Check, boolean, check_options, nonnegative, positive, positive_int
 from .validation import guard
 
 __all__ = ["SETTINGS", "Capabilities", "QPSolver"]
@@ -110,6 +110,8 @@ class QPSolver(abc.ABC):
     options: ClassVar[Mapping[str, Any]] = {}
     #: checks of the values given for ``options`` (:mod:`polyproj.backends.options`), run at construction
     option_checks: ClassVar[Mapping[str, Check]] = {}
+    #: the solver refuses a purely relative tolerance (``eps_abs = 0``): refused at construction, named
+    needs_eps_abs: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Wrap the subclass's own ``solve`` / ``solve_batch`` with polyproj's checks (module docstring)."""
@@ -137,6 +139,9 @@ class QPSolver(abc.ABC):
             self.settings[k] = float(v)
         if self.settings["eps_abs"] == 0 and self.settings["eps_rel"] == 0:
             raise SettingsError("eps_abs and eps_rel are both 0: no solver stops at zero residuals; give one > 0")
+        if self.needs_eps_abs and self.settings["eps_abs"] == 0:
+            raise SettingsError(f"backend {self.name!r} needs eps_abs > 0 (it refuses a purely relative tolerance); "
+                                "give eps_abs, e.g. 1e-12, with eps_rel")
         if self.settings["time_limit"] is not None and self.settings["time_limit"] == float("inf"):
             self.settings["time_limit"] = None  # no limit
         for k, check, what in (("max_iter", positive_int, "integer"), ("time_limit", positive, "number")):
@@ -144,10 +149,9 @@ class QPSolver(abc.ABC):
             if v is not None and check(v) is not None:
                 raise SettingsError(f"{k} must be a positive {what} or None, got {v!r}")
         for k in ("verbose", "warm_start"):  # a string such as "no" is truthy: refused, not read as True
-            v = self.settings[k]
-            if not (isinstance(v, (bool, np.bool_)) or (isinstance(v, (int, np.integer)) and v in (0, 1))):
-                raise SettingsError(f"{k} must be True or False, got {v!r}")
-            self.settings[k] = bool(v)
+            if boolean(self.settings[k]) is not None:
+                raise SettingsError(f"{k} must be True or False, got {self.settings[k]!r}")
+            self.settings[k] = bool(self.settings[k])
         check_options(self.name, self.backend_options, self.option_checks)
 
     # ------------------------------------------------------------------ availability

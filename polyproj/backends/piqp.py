@@ -58,11 +58,7 @@ class PIQPSolver(QPSolver):
         "preconditioner_scale_cost": boolean, "iterative_refinement_always_enabled": boolean,
         "eps_primal_inf": positive, "eps_dual_inf": positive, "tau": within(0.0, 1.0)}
 
-    def __init__(self, **settings: Any) -> None:
-        super().__init__(**settings)
-        if self.settings["eps_abs"] == 0:  # PIQP's own check: its absolute tolerances must be positive
-            raise SettingsError("PIQP needs eps_abs > 0 (it refuses a purely relative tolerance); give eps_abs, "
-                                "e.g. 1e-12, with eps_rel")
+    needs_eps_abs = True  # PIQP's own check: its absolute tolerances must be positive
 
     def _configure(self, solver: Any) -> None:
         st, s = solver.settings, self.settings

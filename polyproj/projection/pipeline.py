@@ -342,26 +342,17 @@ def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, start: Project
     :func:`~polyproj.backends.defaults.fallback_for`) is a backend other than ``solver``; its own pipeline
     polishes the points it solves.
     """
-    from ..backends.defaults import fallback_for
-    from ..registry import get_backend
-
     xp = array_namespace(X)
     failed = xp.asarray([st is Status.NUMERICAL_ERROR for st in start.status], dtype=xp.bool, device=_device(X))
-    y = xp.where(xp.isfinite(start.y), start.y, xp.zeros_like(start.y))
-    scale = data.rhs_size + data.row_size * xp.max(xp.abs(y), axis=1)
-    failed = (failed | (data.violation(start.y) > max(1e-6, 100.0 * start.accuracy) * scale)) & refused
+    failed = (failed | (data.violation(start.y) > max(1e-6, 100.0 * start.accuracy) * data.scale_at(start.y))) & refused
     count = int(xp.sum(xp.astype(failed, xp.int64)))
     if not count:
         return out
-    name = opts.fallback
-    if name == "auto":
-        name = fallback_for(_on_cpu(X), X.shape[1], count, _unified(solver.settings))
+    name = _fallback_name(X, solver, opts.fallback, count)
     if name == solver.name:
         return out
     idx = xp.nonzero(failed)[0]
-    Xs, ds = xp.take(X, idx, axis=0), data.take(idx)
-    sub = run(Xs, ds, get_backend(name, **_unified(solver.settings)), replace(opts, fallback="auto"))
-    return _merge(xp, out, idx, sub)
+    return _merge(xp, out, idx, _run_by(name, X, data, solver, opts, idx))
 
 
 def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:
@@ -370,17 +361,29 @@ def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOut
     By the fallback backend when the backend's projections are starts only, else by the same backend
     without the early stop.
     """
+    if not solver.capabilities.start_only:
+        xp = array_namespace(X)
+        return run(xp.take(X, idx, axis=0), data.take(idx), solver, opts, rough=False)
+    return _run_by(_fallback_name(X, solver, opts.fallback, int(idx.shape[0])), X, data, solver, opts, idx)
+
+
+def _fallback_name(X, solver, choice: str, count: int) -> str:
+    """The backend for ``count`` samples ``solver`` leaves: ``choice`` (``opts.fallback``) unless ``"auto"``.
+
+    For ``"auto"``: :func:`~polyproj.backends.defaults.fallback_for`, on ``solver``'s unified settings.
+    """
     from ..backends.defaults import fallback_for
+
+    return choice if choice != "auto" else fallback_for(_on_cpu(X), X.shape[1], count, _unified(solver.settings))
+
+
+def _run_by(name: str, X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:
+    """The samples ``idx`` through their own pipeline on backend ``name`` (``solver``'s unified settings)."""
     from ..registry import get_backend
 
     xp = array_namespace(X)
-    Xs, ds = xp.take(X, idx, axis=0), data.take(idx)
-    if not solver.capabilities.start_only:
-        return run(Xs, ds, solver, opts, rough=False)
-    name = opts.fallback
-    if name == "auto":
-        name = fallback_for(_on_cpu(X), X.shape[1], int(idx.shape[0]), _unified(solver.settings))
-    return run(Xs, ds, get_backend(name, **_unified(solver.settings)), replace(opts, fallback="auto"))
+    return run(xp.take(X, idx, axis=0), data.take(idx), get_backend(name, **_unified(solver.settings)),
+               replace(opts, fallback="auto"))
 
 
 def _unified(settings: dict) -> dict:
@@ -593,12 +596,11 @@ def _exact_opinion(solver, X, data: PolyData, idx, again: ProjectionStart, good,
     final working set however far a point lies, where interior-point and ADMM tolerances relative to
     ``|x|`` fail. Returns the merged start, the new ``good`` and the backends' names for the report.
     """
-    from ..backends.defaults import fallback_for
     from ..registry import get_backend
 
     xp = array_namespace(X)
     rest = xp.nonzero(~good)[0]
-    name = fallback_for(_on_cpu(X), X.shape[1], int(rest.shape[0]), _unified(solver.settings))
+    name = _fallback_name(X, solver, "auto", int(rest.shape[0]))
     if name in (solver.name, other):
         return again, good, f"backend {other!r}"
     sel = xp.take(idx, rest, axis=0)

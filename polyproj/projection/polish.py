@@ -142,6 +142,7 @@ class _Scales:
     rn2: Any  # (b, m + 2n) 2-norm of each row (1 for zero rows)
     bsum: Any  # (b, p) |b| + ||B_j||_1 (scale of the equality rows without the point)
     bn1: Any  # (b, p) 1-norm of each equality row
+    size: Any  # (b, 1) the polyhedron's size: largest finite |rhs| of any row (0 for a cone)
 
 
 def _scales(xp, X, data: PolyData) -> _Scales:
@@ -156,7 +157,10 @@ def _scales(xp, X, data: PolyData) -> _Scales:
     rn2 = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(A, axis=-1), (batch, m)), ones], axis=1)
     rn2 = xp.where(rn2 > 0, rn2, xp.ones_like(rn2))
     bn1 = xp.broadcast_to(xp.sum(xp.abs(B), axis=-1), (batch, p))
-    return _Scales(rhs, xp.isfinite(rhs), rn1, rn2, xp.broadcast_to(xp.abs(b), (batch, p)), bn1)
+    fin = xp.isfinite(rhs)
+    bsum = xp.broadcast_to(xp.abs(b), (batch, p))
+    size = _rmax(xp, xp.concat([xp.where(fin, xp.abs(rhs), xp.zeros_like(rhs)), bsum], axis=1))
+    return _Scales(rhs, fin, rn1, rn2, bsum, bn1, size)
 
 
 def _point_scale(xp, Y, X, sc: _Scales):
@@ -174,10 +178,7 @@ def _point_scale(xp, Y, X, sc: _Scales):
     """
     eps = machine_eps(xp, Y.dtype)
     far = _rmax(xp, X)
-    rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
-    size = _rmax(xp, xp.concat([xp.abs(rhs0), sc.bsum], axis=1))
-    size = xp.where(size > 0, size, far)
-    return xp.maximum(_rmax(xp, Y), xp.minimum(eps * far, size))
+    return xp.maximum(_rmax(xp, Y), xp.minimum(eps * far, xp.where(sc.size > 0, sc.size, far)))
 
 
 def _row_tol(xp, sc: _Scales, sig, tol: float):
@@ -188,8 +189,7 @@ def _row_tol(xp, sc: _Scales, sig, tol: float):
 
 def _sample_scale(xp, sc: _Scales, sig):
     """Scale of a sample's row values: ``σ max ||row||_1 + max |rhs|`` over all its rows (b,)."""
-    rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
-    return (sig * _rmax(xp, xp.concat([sc.rn1, sc.bn1], axis=1)) + _rmax(xp, xp.concat([rhs0, sc.bsum], axis=1)))[:, 0]
+    return (sig * _rmax(xp, xp.concat([sc.rn1, sc.bn1], axis=1)) + sc.size)[:, 0]
 
 
 #: rounds before the polish may hand the samples left to the caller's fallback (``handoff``)
@@ -292,7 +292,7 @@ def _select(xp, state: _State, X, data: PolyData, sc: _Scales, weak):
     def t(v):
         return xp.take(v, idx, axis=0)
 
-    sub = _Scales(t(sc.rhs), t(sc.fin), t(sc.rn1), t(sc.rn2), t(sc.bsum), t(sc.bn1))
+    sub = _Scales(t(sc.rhs), t(sc.fin), t(sc.rn1), t(sc.rn2), t(sc.bsum), t(sc.bn1), t(sc.size))
     return mask, t(X), data.take(idx), sub, t(state.S), t(state.forced), t(weak)
 
 

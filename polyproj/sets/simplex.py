@@ -19,6 +19,7 @@ from array_api_compat import device as _device
 from ..errors import ProblemError
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
+from ..runtime import is_vmapped
 from .base import Projector, as_namespace
 from .threshold import native_module, threshold
 
@@ -86,7 +87,7 @@ class CappedSimplex(Projector):
         if not xp.isdtype(t.dtype, "real floating"):
             t = xp.astype(t, xp.float64)
         td = t.detach() if hasattr(t, "detach") else t
-        if _vmapped(td):
+        if is_vmapped(td):
             raise ProblemError("torch.func.vmap over a set's total is not supported: give the set a (batch,) total "
                                "instead (per-sample totals), outside the vmapped function")
         if td.shape[0] and not bool(xp.all(xp.isfinite(td) & (td >= 0) & (td <= self._cap()))):
@@ -275,10 +276,3 @@ class Simplex(CappedSimplex):
         t = "per sample" if self.per_sample else f"{self.total:g}"
         return f"Simplex(n={self._n}, total={t})"
 
-
-def _vmapped(t: Any) -> bool:
-    """True for a tensor inside ``torch.func.vmap`` (its values cannot be tested: they differ per slice)."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(t, torch.Tensor) and bool(torch._C._functorch.is_batchedtensor(t))
