@@ -164,6 +164,31 @@ def test_an_uncertified_infeasibility_claim_on_a_feasible_lp_is_not_kept():
         np.testing.assert_allclose(sol.x, [3.0, 0.5], atol=1e-6)
 
 
+def test_a_refuted_infeasibility_claim_is_solved_again_with_a_larger_rho():
+    """Random small feasible LPs (P = 0, box and inequality rows) on which ProxQP's default rho claims
+    PRIMAL_INFEASIBLE: the retry with rho = RETRY_RHO solves them, to the exact optimum (DAQP's, an active
+    set method's), and says so; a rho the user set is never overridden."""
+    from polyproj.backends.proxsuite import RETRY_RHO
+
+    rng = np.random.default_rng(0)
+    retried = 0
+    for _ in range(60):
+        n, m = int(rng.integers(2, 8)), int(rng.integers(1, 6))
+        C, x0 = rng.normal(size=(m, n)), rng.normal(size=n)
+        qp = pp.QP(P=np.zeros((n, n)), q=rng.normal(size=n), C=C, l=np.full(m, -np.inf),
+                   u=C @ x0 + rng.uniform(0.1, 1, m), lb=x0 - rng.uniform(0.5, 2, n), ub=x0 + rng.uniform(0.5, 2, n))
+        sol = pp.solve_qp(qp, backend="proxsuite")
+        assert sol.status is pp.Status.SOLVED
+        ref = pp.solve_qp(qp, backend="daqp")
+        assert abs(qp.objective(sol.x) - qp.objective(ref.x)) <= 1e-6 * (1 + abs(qp.objective(ref.x)))
+        if "retry" in sol.info:
+            retried += 1
+            assert f"rho {RETRY_RHO:g}" in sol.info["retry"]
+            fixed = pp.get_backend("proxsuite", rho=1e-6).solve(qp)
+            assert fixed.status is pp.Status.NUMERICAL_ERROR and "retry" not in fixed.info
+    assert retried  # ProxQP's default claimed infeasibility on some of them
+
+
 def test_solve_time_is_reported():
     """ProxQP fills its timings only with compute_timings on (its time-limit check reads them too)."""
     qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])

@@ -31,5 +31,9 @@ def is_strictly_convex(qp: QP) -> bool:
     """True when P is positive definite (then the QP cannot be unbounded); False if unknown."""
     if qp.n == 0:
         return False
-    lam = smallest_eigenvalue(qp.P)
-    return lam is not None and lam > 1e-12 * matrix_scale(qp.P)
+
+    def check() -> bool:
+        lam = smallest_eigenvalue(qp.P)
+        return lam is not None and lam > 1e-12 * matrix_scale(qp.P)
+
+    return converted("strictly_convex", (qp.P,), None, check)  # cached per P, as is_nonconvex

@@ -26,7 +26,7 @@ from .convexity import is_nonconvex, is_strictly_convex
 from .options import nonnegative, nonnegative_int, one_of, positive
 from .presolve import fixed_variables
 from .quiet import c_stdout_silenced
-from .validation import empty_solution
+from .validation import check_solution, empty_solution
 
 __all__ = ["HiGHSSolver"]
 
@@ -214,6 +214,10 @@ class HiGHSSolver(QPSolver):
         """
         t0 = time.perf_counter()
         sol = self._run(qp)
+        if self._maybe_unbounded(qp, sol):
+            unbounded = self._unbounded(qp, sol)
+            if unbounded is not None:
+                return unbounded
         limit = self.settings["time_limit"]
         for why, run in self._retries(qp):
             if sol.status is not Status.NUMERICAL_ERROR or (limit is not None and time.perf_counter() - t0 > limit):
@@ -223,6 +227,45 @@ class HiGHSSolver(QPSolver):
                 again.info["retry"] = f"{why} after HiGHS answered {sol.info.get('raw_status')!r}"
                 return again
         return sol
+
+    def _maybe_unbounded(self, qp: QP, sol: Solution) -> bool:
+        """Whether ``sol`` is HiGHS's failure on a QP that may be unbounded (:meth:`_unbounded`).
+
+        A failure: NUMERICAL_ERROR, or an "Optimal" of its QP solver (P ≠ 0) that is not a solution by the
+        output check of :mod:`.validation`; only where P is singular (a strictly convex QP is bounded).
+        """
+        if sol.status is not Status.NUMERICAL_ERROR:
+            quadratic = qp.P.nnz > 0 if sp.issparse(qp.P) else bool(np.any(qp.P))
+            if sol.status is not Status.SOLVED or not quadratic:
+                return False
+            if check_solution(qp, sol, self.name, self.settings).status is Status.SOLVED:
+                return False
+        return not is_strictly_convex(qp)
+
+    def _unbounded(self, qp: QP, failed: Solution) -> Solution | None:
+        """DUAL_INFEASIBLE when ``qp`` has a direction of unbounded descent, else None.
+
+        HiGHS 1.16's QP solver fails ("Solve error", or a regularised "Optimal" that is not a solution) on
+        some convex QPs whose objective is unbounded below (a singular P). Such a QP has a recession
+        direction ``d``: ``P d = 0``, ``qᵀd < 0``, ``(C d)_i <= 0`` where ``u_i`` is finite and ``>= 0``
+        where ``l_i`` is, likewise ``d`` against the bounds. It is found by the LP
+        ``min qᵀd`` over those constraints and ``||d||_inf <= 1`` (HiGHS's simplex, which has no such
+        defect), and the status is reported only when ``d`` passes
+        :meth:`~polyproj.problem.QP.is_dual_infeasibility_certificate`.
+        """
+        zero = np.zeros(qp.n)
+        cone = QP(P=sp.csc_matrix((qp.n, qp.n)), q=qp.q, C=sp.vstack([sp.csc_matrix(qp.C), sp.csc_matrix(qp.P)]),
+                  l=np.concatenate([np.where(np.isfinite(qp.l), 0.0, -np.inf), zero]),
+                  u=np.concatenate([np.where(np.isfinite(qp.u), 0.0, np.inf), zero]),
+                  lb=np.where(np.isfinite(qp.lb), 0.0, -1.0), ub=np.where(np.isfinite(qp.ub), 0.0, 1.0),
+                  check_psd=False)
+        lp = self._run(cone)
+        if not lp.status.ok or not qp.is_dual_infeasibility_certificate(lp.x):
+            return None
+        return self._nan_solution(qp, Status.DUAL_INFEASIBLE, self.name, iterations=failed.iterations + lp.iterations,
+                                  solve_time=failed.solve_time + lp.solve_time, setup_time=failed.setup_time,
+                                  info={**failed.info, "note": "HiGHS failed on the QP; the LP over its recession "
+                                        "cone found a direction of unbounded descent", "direction": lp.x})
 
     def _retries(self, qp: QP):
         """``(why, run)`` pairs for the defects of HiGHS 1.16 that polyproj works around.
@@ -285,7 +328,10 @@ class HiGHSSolver(QPSolver):
             # HiGHS 1.16 answers "Unbounded" on some projections (P = I): impossible, so not a status
             status = Status.NUMERICAL_ERROR
         # two info values, not getInfo() (which copies HiGHS's whole info record: 5 µs against 1 µs)
-        iters = int(h.getInfoValue("qp_iteration_count")[1]) + max(int(h.getInfoValue("simplex_iteration_count")[1]), 0)
+        # after a failed run HiGHS's info is invalid (kWarning) and holds uninitialised counts
+        iters = sum(max(int(v), 0) for ok, v in (h.getInfoValue("qp_iteration_count"),
+                                                  h.getInfoValue("simplex_iteration_count"))
+                    if ok == highspy.HighsStatus.kOk)
         raw, run_str = _status_strings(h, ms, run_status)
         info = {"raw_status": raw, "run_status": run_str}
         if ms == highspy.HighsModelStatus.kUnboundedOrInfeasible:
