@@ -167,6 +167,38 @@ def test_indefinite_hessian_cg_error_minres_exact(indefinite):
         assert _rel(batch[i], res.omega.numpy()) < 1e-10
 
 
+def test_singular_psd_hessian_auto_damping_bounds_the_condition():
+    """Least squares with dependent features (rank 10 of d = 30, as an over-parameterised model's H): H is
+    singular to rounding. damping='auto' bounds cond(H + δI) (AUTO_MAX_CONDITION) on both paths instead of
+    the stationarity floor (~1e-14, where the matrix-free path failed), and the test-loss scores (test points
+    in the features' span: the same for every solution of the singular QP) agree with the undamped dense
+    path's to the damping's bias. Undamped CG says H is singular, not indefinite."""
+    from polyproj.adapters.dif.engine import AUTO_MAX_CONDITION
+
+    rng = np.random.default_rng(0)
+    W = rng.normal(size=(10, 30))
+    X, y = torch.as_tensor(rng.normal(size=(40, 10)) @ W), torch.as_tensor(rng.normal(size=40))
+    Xt, yt = torch.as_tensor(rng.normal(size=(15, 10)) @ W), torch.as_tensor(rng.normal(size=15))
+    prob = ConstrainedProblem(torch.zeros(30, dtype=torch.float64), Loss(lambda th, b: (b[0] @ th - b[1]) ** 2, (X, y)),
+                              [Constraint(lambda th: th[:5].sum(), None, tau=0.5, kind="eq", name="s")])
+    kkt = solve(prob, tol=1e-10)
+    assert kkt.suggested_damping < 1e-12
+
+    def test_loss(th):
+        return ((Xt @ th - yt) ** 2).mean()
+
+    exact = DIF(prob, kkt, method="dense", damping=0.0)
+    w = np.linalg.eigvalsh(exact.lin.H)
+    assert abs(w[0]) < 1e-12 * w[-1] and w[19] < 1e-12 * w[-1] < w[20]  # rank 10
+    ref = exact.influence(test_loss).numpy()
+    with pytest.raises(IndefiniteHessianError, match="singular.*damping='auto'"):
+        DIF(prob, kkt, method="matrix-free")
+    for method, bias in (("dense", 1e-6), ("matrix-free", 1e-5)):
+        dif = DIF(prob, kkt, method=method, damping="auto")
+        assert w[-1] / AUTO_MAX_CONDITION * 0.01 <= dif.damping <= w[-1] * 1e-5
+        assert _rel(dif.influence(test_loss).numpy(), ref) < bias, method
+
+
 def test_dependent_active_constraints_matrix_free_equals_dense():
     """LICQ fails (two active constraints with parallel gradients): the dual matrix is singular; the
     minimum-norm multipliers give the unique ω on both paths."""

@@ -40,13 +40,13 @@ from ...runtime import map_jobs
 from ...solution import Status
 from .hvp import DEFAULT_CHUNK, HessianOperator
 from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
-from .krylov import KRYLOV_METHODS, IndefiniteHessianError
+from .krylov import KRYLOV_METHODS, SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError
 from .linearisation import Linearisation
 from .matfree import DenseInverse, DualQP, KrylovInverse
 from .problem import ConstrainedProblem, Removal
 from .scores import ScoreJob
 
-__all__ = ["DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation"]
+__all__ = ["AUTO_MAX_CONDITION", "DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation", "auto_damping_for"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,24 @@ def _as_removals(removal: Removal | Sequence[Removal]) -> tuple[list[Removal], b
 
 #: largest d for which ``method="auto"`` forms H (a d × d float64 matrix and its factor)
 DENSE_MAX_DIM = 1000
+#: ``damping="auto"`` keeps the condition number of H + δI at most this. A singular or nearly singular
+#: positive semidefinite H (an over-parameterised net's; least squares with dependent features) otherwise
+#: gets the stationarity floor alone, often ~1e-14: solves with H + 1e-14 I amplify rounding in null(H) by
+#: 1e14 (a digits-sized study: ω off by 5 %), and CG cannot reach its tolerance at all
+AUTO_MAX_CONDITION = 1e8
+
+
+def auto_damping_for(floor: float, lo: float, hi: float) -> float:
+    """``damping="auto"`` for an H with extreme eigenvalues (or curvature bounds) ``lo <= hi``.
+
+    A positive definite H, ``lo`` above rounding (:data:`~polyproj.adapters.dif.krylov.SINGULAR_CURVATURE`
+    × ``hi``), gets ``floor`` (the KKT point's stationarity residual) alone, however ill-conditioned: its
+    answer is the exact one. A singular one (``lo`` at rounding) or an indefinite one gets the largest of
+    ``floor``, ``1.1·(−lo)`` (past the most negative curvature) and ``hi /`` :data:`AUTO_MAX_CONDITION`.
+    """
+    if lo > SINGULAR_CURVATURE * hi:
+        return float(floor)
+    return max(float(floor), 1.1 * max(-lo, 0.0), hi / AUTO_MAX_CONDITION)
 
 METHODS = ("auto", "dense", "matrix-free")
 RULES = ("derivative", "finite")
@@ -210,8 +228,8 @@ class DIF:
         if self.method == "dense":
             self.damping = floor
             if auto_damping:
-                w0 = float(np.linalg.eigvalsh(self.lin.H)[0])
-                self.damping = max(floor, 1.1 * -w0) if w0 <= 0 else floor
+                w = np.linalg.eigvalsh(self.lin.H)
+                self.damping = auto_damping_for(floor, float(w[0]), float(w[-1]))
             self.H = self.lin.H + self.damping * np.eye(problem.dim)
             self._inv = DenseInverse(self.H)
         else:
@@ -234,8 +252,18 @@ class DIF:
             except IndefiniteHessianError as err:
                 if not auto:
                     raise
-                # the curvature is that of H + damping·I: lift past it, at least doubling
-                damping = max(2.0 * damping, damping + 1.5 * -err.curvature + 1e-12)
+                # the curvature is that of H + damping·I: lift past it, at least doubling, and bound the condition
+                # number as the dense rule does (auto_damping_for)
+                damping = max(2.0 * damping, damping + 1.5 * -err.curvature + 1e-12,
+                              err.max_curvature / AUTO_MAX_CONDITION)
+            except KrylovNotConvergedError as err:
+                # CG's true residual stalls near eps·cond(H + δI): a (nearly) singular H needs a damping that
+                # bounds the condition number (AUTO_MAX_CONDITION at first, then ten times more a round), never
+                # past the largest curvature seen (the answer would be mostly the damping's)
+                top = err.info.max_curvature
+                if not auto or not top > 0 or damping >= top:
+                    raise
+                damping = min(top, max(10.0 * damping, top / AUTO_MAX_CONDITION))
         else:  # pragma: no cover - twenty rounds, each at least doubling
             raise SolverError("damping='auto' could not make H positive definite in 20 rounds")
         self.damping, self.op = damping, op

@@ -3,8 +3,10 @@
 CG needs H positive definite. It is watched: every vector v that CG applies H to gives a Rayleigh
 quotient vᵀHv / vᵀv, and one that is <= 0 proves H is not positive definite; the solve then stops
 with :class:`IndefiniteHessianError` (add damping, or use MINRES, which accepts a symmetric
-indefinite but non-singular H). Every answer is checked by one more product: the reported residual
-is the true ‖Hx − b‖ / ‖b‖, not the recursion's estimate.
+indefinite but non-singular H). A quotient within rounding of zero (:data:`SINGULAR_CURVATURE` times the
+largest seen) stops it too, as singular: a positive semidefinite H with a null space (an over-parameterised
+model's) needs damping, which ``damping="auto"`` chooses. Every answer is checked by one more product:
+the reported residual is the true ‖Hx − b‖ / ‖b‖, not the recursion's estimate.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import scipy.sparse.linalg as spla
 
 from ...errors import SolverError
 
-__all__ = ["KRYLOV_METHODS", "IndefiniteHessianError", "KrylovInfo", "check_converged", "solve_hessian"]
+__all__ = ["KRYLOV_METHODS", "IndefiniteHessianError", "KrylovInfo", "KrylovNotConvergedError", "check_converged",
+           "solve_hessian"]
 
 KRYLOV_METHODS = ("cg", "minres")
 
@@ -24,9 +27,18 @@ KRYLOV_METHODS = ("cg", "minres")
 class IndefiniteHessianError(SolverError):
     """CG met a direction of non-positive curvature: H is not positive definite."""
 
-    def __init__(self, message: str, curvature: float) -> None:
+    def __init__(self, message: str, curvature: float, max_curvature: float = 0.0) -> None:
         super().__init__(message)
-        self.curvature = curvature
+        #: the non-positive curvature met, and the largest one seen before it (the scale of H)
+        self.curvature, self.max_curvature = curvature, max_curvature
+
+
+class KrylovNotConvergedError(SolverError):
+    """A Krylov solve stopped above its relative residual target (``info``: how it went)."""
+
+    def __init__(self, message: str, info: KrylovInfo) -> None:
+        super().__init__(message)
+        self.info = info
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,8 @@ class KrylovInfo:
         ``residual <= rtol`` (with a margin of 10 for rounding of the recursion).
     min_curvature : float
         Smallest Rayleigh quotient vᵀHv / vᵀv seen (an upper bound on λ_min(H)).
+    max_curvature : float
+        Largest one (a lower bound on λ_max(H); 0 when no product was taken).
     """
 
     method: str
@@ -52,6 +66,12 @@ class KrylovInfo:
     residual: float
     converged: bool
     min_curvature: float
+    max_curvature: float = 0.0
+
+
+#: a curvature within ± this times the largest seen is rounding: H is singular there (or beyond what CG resolves),
+#: not indefinite
+SINGULAR_CURVATURE = 1e-12
 
 
 class _Watched:
@@ -59,7 +79,7 @@ class _Watched:
 
     def __init__(self, op, stop_on_negative: bool) -> None:
         self.op, self.stop = op, stop_on_negative
-        self.count, self.min_curv = 0, np.inf
+        self.count, self.min_curv, self.max_curv = 0, np.inf, 0.0
 
     def matvec(self, v: np.ndarray) -> np.ndarray:
         v = np.asarray(v).reshape(-1)
@@ -69,13 +89,21 @@ class _Watched:
         if vv > 0:
             curv = float(v @ hv) / vv
             self.min_curv = min(self.min_curv, curv)
+            self.max_curv = max(self.max_curv, curv)
+            if self.stop and abs(curv) <= SINGULAR_CURVATURE * self.max_curv:
+                raise IndefiniteHessianError(
+                    f"H is singular here: conjugate gradients met a direction with curvature vᵀHv/vᵀv = {curv:.3e} "
+                    f"(rounding against the largest seen, {self.max_curv:.3e}; after {self.count} products), as a "
+                    "positive semidefinite H of an over-parameterised model has: pass damping='auto' (the "
+                    "smallest damping, in steps of 10, that CG reaches rtol with) or a damping of your own (a "
+                    "biased but stable answer)", curv, self.max_curv)
             if self.stop and curv <= 0.0:
                 raise IndefiniteHessianError(
                     f"H is not positive definite: conjugate gradients met a direction with curvature vᵀHv/vᵀv = "
                     f"{curv:.3e} <= 0 (after {self.count} products). The Hessian of the Lagrangian is indefinite "
                     f"here: pass damping >= {max(-curv, 0.0) * 1.1 + 1e-12:.1e} (a biased but stable answer), or "
                     "krylov='minres' (exact when H is non-singular and positive definite on the binding "
-                    "constraints' null space)", curv)
+                    "constraints' null space)", curv, self.max_curv)
         return hv
 
     def linear_operator(self, d: int) -> spla.LinearOperator:
@@ -118,7 +146,7 @@ def solve_hessian(op, b: np.ndarray, *, method: str = "cg", rtol: float = 1e-10,
     d = b.size
     bnorm = float(np.linalg.norm(b))
     if bnorm == 0.0:
-        return np.zeros(d), KrylovInfo(method, 0, 0.0, True, np.inf)
+        return np.zeros(d), KrylovInfo(method, 0, 0.0, True, np.inf, 0.0)
     maxiter = min(max(100, 10 * d), 20_000) if maxiter is None else int(maxiter)
     w = _Watched(op, stop_on_negative=(method == "cg"))
     A = w.linear_operator(d)
@@ -137,7 +165,7 @@ def solve_hessian(op, b: np.ndarray, *, method: str = "cg", rtol: float = 1e-10,
             x, _ = spla.minres(A, b, x0=x, rtol=rtol, maxiter=maxiter - w.count, M=M)
     iterations = w.count
     res = float(np.linalg.norm(op.matvec(x) - b)) / bnorm
-    return x, KrylovInfo(method, iterations, res, bool(res <= 10 * rtol), w.min_curv)
+    return x, KrylovInfo(method, iterations, res, bool(res <= 10 * rtol), w.min_curv, w.max_curv)
 
 
 #: restarts of MINRES from its answer when the true residual is above the target (see :func:`solve_hessian`)
@@ -145,8 +173,9 @@ MINRES_RESTARTS = 4
 
 
 def check_converged(info: KrylovInfo, what: str, rtol: float) -> None:
-    """Raise :class:`SolverError` when a solve did not reach its tolerance."""
+    """Raise :class:`KrylovNotConvergedError` (a :class:`SolverError`) when a solve did not reach its tolerance."""
     if not info.converged:
-        raise SolverError(f"{info.method.upper()} for {what} stopped at relative residual {info.residual:.2e} after "
-                          f"{info.iterations} iterations (target {rtol:g}); raise maxiter, add damping "
-                          "(ill-conditioned H), or loosen rtol")
+        raise KrylovNotConvergedError(
+            f"{info.method.upper()} for {what} stopped at relative residual {info.residual:.2e} after "
+            f"{info.iterations} iterations (target {rtol:g}); raise maxiter, add damping (ill-conditioned H), "
+            "or loosen rtol", info)
