@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .errors import PolyprojError, ProblemError
+
 __all__ = [
     "LARGE_WORK",
     "MIN_PER_THREAD",
@@ -235,8 +237,6 @@ def batch_threads(on_cpu: bool, batch: int, threads: int | None, n: int, m: int)
         return 1
     want = cpu_count() if threads is None else int(threads)
     if want < 1:
-        from .errors import ProblemError
-
         raise ProblemError(f"threads must be >= 1 or None, got {threads}")
     w = max(1, min(want, batch // MIN_PER_THREAD))
     if threads is None and n < THREAD_MIN_N:
@@ -270,7 +270,16 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
     transient progress bar when ``progress`` is True or, with ``progress=None``, from ``bar_from`` items.
     """
     if executor is not None:
-        return list(executor.map(fn, items))
+        try:
+            return list(executor.map(fn, items))
+        except Exception as exc:
+            if "pickle" not in str(exc).lower() or isinstance(exc, PolyprojError):
+                raise
+            # a process pool pickles each job: its functions and data (a lambda or a local function does not)
+            raise ProblemError(f"{description}: the executor could not send the jobs to its workers ({exc}); "
+                               "a process pool needs the problem's functions defined at module level (not "
+                               "lambdas or local functions): use them, a thread pool, or a Dask executor "
+                               "(cloudpickle)") from exc
     if progress or (progress is None and len(items) >= bar_from):
         from rich.progress import track
 

@@ -419,3 +419,34 @@ def test_inconsistent_removal_under_dependent_constraints_is_the_same_error_on_b
             dif.delta_theta({"g1": [2]})
         with pytest.raises(pp.ProblemError, match="move inconsistently"):
             dif.influence(lambda th: th.sum(), [{"g1": [2]}])
+
+
+def _sq_loss(th, b):
+    return (b[0] @ th - b[1]) ** 2
+
+
+def _sq_norm(th):
+    return (th ** 2).sum()
+
+
+def _coordinate_sum(th):
+    return th.sum()
+
+
+def test_process_pool_executor_needs_picklable_functions():
+    """A process pool pickles every job (the problem with it): module-level functions give the in-process
+    scores; a lambda in the problem is a ProblemError that says what to do, not pickle's bare AttributeError."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    rng = np.random.default_rng(0)
+    X, y = torch.as_tensor(rng.normal(size=(30, 4))), torch.as_tensor(rng.normal(size=30))
+    prob = ConstrainedProblem(torch.zeros(4), Loss(_sq_loss, (X, y)), [Constraint(_sq_norm, None, tau=0.05, name="n")])
+    dif = DIF(prob, solve(prob))
+    rems = [{"objective": [i]} for i in range(6)]
+    with ProcessPoolExecutor(2) as ex:
+        np.testing.assert_allclose(dif.influence(_coordinate_sum, rems, executor=ex, chunk_size=2).numpy(),
+                                   dif.influence(_coordinate_sum, rems).numpy(), rtol=0, atol=1e-15)
+        local = ConstrainedProblem(torch.zeros(4), Loss(_sq_loss, (X, y)),
+                                   [Constraint(lambda th: (th ** 2).sum(), None, tau=0.05, name="n")])
+        with pytest.raises(pp.ProblemError, match="module level"):
+            DIF(local, solve(local)).influence(_coordinate_sum, rems, executor=ex, chunk_size=2)
