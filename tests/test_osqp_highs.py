@@ -220,6 +220,45 @@ def test_highs_unbounded_with_singular_hessian():
     assert all(0 <= s.iterations < 10**6 for s in sols)
 
 
+def _cycling_qp() -> pp.QP:
+    """A 10-variable convex QP with a singular, badly scaled P (eigenvalues 0 to 2e7) on which HiGHS 1.16's
+    QP solver cycles (400,000 iterations in 2 s without end, here); the 12th draw of a random probe."""
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        n, m = int(rng.integers(2, 15)), int(rng.integers(1, 10))
+        r = int(rng.integers(0, n))
+        F = rng.normal(size=(r, n)) * rng.choice([1, 1e-3, 1e3])
+        q, C, x0 = rng.normal(size=n), rng.normal(size=(m, n)), rng.normal(size=n)
+        u = C @ x0 + rng.uniform(0.1, 1, size=m)
+        l = np.where(rng.random(m) < 0.3, C @ x0 - rng.uniform(0.1, 1, size=m), -np.inf)
+        eq = rng.random(m) < 0.2
+        l[eq] = u[eq] = (C @ x0)[eq]
+        lb = np.where(rng.random(n) < 0.6, x0 - rng.uniform(0.5, 2, size=n), -np.inf)
+        ub = np.where(rng.random(n) < 0.6, x0 + rng.uniform(0.5, 2, size=n), np.inf)
+    return pp.QP(P=F.T @ F, q=q, C=C, l=l, u=u, lb=lb, ub=ub)
+
+
+@pytest.mark.timeout(120)
+def test_highs_without_max_iter_never_runs_forever():
+    """Without max_iter HiGHS's QP solver gets polyproj's cap (its own is 2³¹): a cycling solve ends, as
+    NUMERICAL_ERROR saying why (a limit the caller did not set is not MAX_ITER), or SOLVED where this
+    machine's HiGHS does not cycle; a max_iter the caller sets stays MAX_ITER."""
+    from polyproj.backends.highs import qp_iteration_cap
+
+    _need("highs")
+    _need("daqp")
+    qp = _cycling_qp()
+    assert qp.n == 10 and qp.m == 7 and qp_iteration_cap(qp) == 27_000
+    ref = pp.solve_qp(qp, backend="daqp")
+    assert ref.status is pp.Status.SOLVED
+    sol = pp.solve_qp(qp, backend="highs")
+    if sol.status is pp.Status.SOLVED:
+        assert abs(qp.objective(sol.x) - qp.objective(ref.x)) <= 1e-6 * (1 + abs(qp.objective(ref.x)))
+    else:
+        assert sol.status is pp.Status.NUMERICAL_ERROR and "did not finish in 27000 iterations" in sol.info["note"]
+    assert pp.solve_qp(qp, backend="highs", max_iter=50).status in (pp.Status.MAX_ITER, pp.Status.SOLVED)
+
+
 # --------------------------------------------------------------------------- peers: qpsolvers
 @pytest.mark.parametrize("seed", range(3))
 def test_agree_with_qpsolvers(seed):

@@ -116,6 +116,17 @@ def _new_highs() -> Any:
     return highspy.Highs()
 
 
+def qp_iteration_cap(qp: QP) -> int:
+    """HiGHS's QP iteration limit when ``max_iter`` is not set: 10,000 + 1,000 (n + m).
+
+    An active-set QP solve takes O(n + m) iterations (on Maros–Meszaros HiGHS's most, among the problems it
+    solves, is 26 (n + m): QPCSTAIR); HiGHS 1.16's cycles on some singular, badly scaled QPs (a 10-variable
+    one ran 400,000 iterations in 2 s without end), and its own limit is 2³¹. Stopping there is reported as
+    NUMERICAL_ERROR (the caller set no limit), which the retries then take up.
+    """
+    return 10_000 + 1_000 * (qp.n + qp.m)
+
+
 class HiGHSSolver(QPSolver):
     """HiGHS through highspy (``pip install "polyproj[highs]"``).
 
@@ -305,6 +316,8 @@ class HiGHSSolver(QPSolver):
             return self._nan_solution(qp, Status.NON_CONVEX, self.name, info={"error": "P is not PSD"})
         t0 = time.perf_counter()
         h = self._highs()
+        if self.settings["max_iter"] is None:  # HiGHS's own limit is 2³¹: a cycling QP solve never ends
+            h.setOptionValue("qp_iteration_limit", qp_iteration_cap(qp))
         if regularization is not None:
             h.setOptionValue("qp_regularization_value", float(regularization))
         pass_status = self._pass(h, qp)
@@ -324,6 +337,9 @@ class HiGHSSolver(QPSolver):
         status = _status_map().get(ms, Status.NUMERICAL_ERROR)
         if status is Status.NUMERICAL_ERROR and is_nonconvex(qp, always=True):
             status = Status.NON_CONVEX
+        if status is Status.MAX_ITER and self.settings["max_iter"] is None:
+            # not a limit the caller set: HiGHS's QP solver cycled (qp_iteration_cap)
+            status = Status.NUMERICAL_ERROR
         if status is Status.DUAL_INFEASIBLE and is_strictly_convex(qp):
             # HiGHS 1.16 answers "Unbounded" on some projections (P = I): impossible, so not a status
             status = Status.NUMERICAL_ERROR
@@ -336,6 +352,9 @@ class HiGHSSolver(QPSolver):
         info = {"raw_status": raw, "run_status": run_str}
         if ms == highspy.HighsModelStatus.kUnboundedOrInfeasible:
             info["note"] = "HiGHS reports unbounded-or-infeasible"
+        elif ms == highspy.HighsModelStatus.kIterationLimit and self.settings["max_iter"] is None:
+            info["note"] = (f"HiGHS's QP solver did not finish in {qp_iteration_cap(qp)} iterations (it cycles on some "
+                            "singular, badly scaled QPs); polyproj's cap without max_iter: 10,000 + 1,000 (n + m)")
         sol = h.getSolution()
         if not status.ok and status not in (Status.TIME_LIMIT, Status.MAX_ITER):
             return self._nan_solution(qp, status, self.name, iterations=iters, solve_time=solve_time,
