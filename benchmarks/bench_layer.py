@@ -251,6 +251,11 @@ def pin_cores(threads: int) -> list[int] | None:
     return sorted(os.sched_getaffinity(0))
 
 
+#: every method is called for at least this long (and at least once) before it is timed: a millisecond call
+#: is slower for its first few dozen calls (allocator, caches) and one warm-up call left that in the medians
+WARMUP_S = 0.5
+
+
 def time_method(method: str, d, repeats: int, max_total: float = 60.0):
     """Median of ``repeats`` forward+backward calls after a warm-up (fewer, at least 2, for slow ones)."""
 
@@ -260,6 +265,10 @@ def time_method(method: str, d, repeats: int, max_total: float = 60.0):
     t0 = time.perf_counter()
     f()  # warm-up (imports, caches, JIT of peers)
     first = time.perf_counter() - t0
+    while time.perf_counter() - t0 < WARMUP_S:  # then steady state, the same time for every method
+        t1 = time.perf_counter()
+        f()
+        first = min(first, time.perf_counter() - t1)
     reps = max(2, min(repeats, int(max_total / max(first, 1e-9))))
     times = []
     for _ in range(reps):
