@@ -217,7 +217,7 @@ class HiGHSSolver(QPSolver):
         return red.solution(sol, qp)
 
     def _solve(self, qp: QP) -> Solution:
-        """HiGHS, and where it fails (NUMERICAL_ERROR), the retries of :meth:`_retries` in turn.
+        """HiGHS; where it fails, the recession-cone check (:meth:`_unbounded`), then the retries (:meth:`_retries`).
 
         A retry's answer is kept only when it is SOLVED (or inaccurate) on the problem as given; the
         output check of :mod:`.validation` then holds it to the same residual test as any answer. No
@@ -225,11 +225,11 @@ class HiGHSSolver(QPSolver):
         """
         t0 = time.perf_counter()
         sol = self._run(qp)
-        if self._maybe_unbounded(qp, sol):
+        limit = self.settings["time_limit"]
+        if (limit is None or time.perf_counter() - t0 <= limit) and self._maybe_unbounded(qp, sol):
             unbounded = self._unbounded(qp, sol)
             if unbounded is not None:
                 return unbounded
-        limit = self.settings["time_limit"]
         for why, run in self._retries(qp):
             if sol.status is not Status.NUMERICAL_ERROR or (limit is not None and time.perf_counter() - t0 > limit):
                 break
