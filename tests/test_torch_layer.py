@@ -317,6 +317,33 @@ def test_batched_rhs_gradcheck(rng):
 
 
 # ----------------------------------------------------------------------------- errors
+def test_sparse_constraint_tensors_are_densified():
+    """COO and CSR constraint tensors give the dense tensor's projection (torch's sparse layouts had no
+    comparison ops: a raw NotImplementedError); a learned COO tensor gets the dense gradient on its pattern."""
+    rng = np.random.default_rng(0)
+    A = torch.tensor(rng.normal(size=(6, 8)) * (rng.random((6, 8)) < 0.5))
+    a = torch.ones(6, dtype=torch.float64)
+    X = torch.tensor(3 * rng.normal(size=(5, 8)))
+    dense = project(X, A, a)
+    for sparse in (A.to_sparse(), A.to_sparse_csr()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
+            assert torch.equal(project(X, sparse, a), dense)
+    As, Ad = A.to_sparse().requires_grad_(), A.clone().requires_grad_()
+    project(X, As, a).sum().backward()
+    project(X, Ad, a).sum().backward()
+    assert As.grad.layout == torch.sparse_coo
+    torch.testing.assert_close(As.grad.to_dense(), Ad.grad * (A != 0), rtol=0, atol=0)
+    # SciPy sparse matrices too (a raw ValueError in the layer before), and the layer stores them dense
+    import scipy.sparse as sp
+
+    assert torch.equal(project(X, sp.csr_matrix(A.numpy()), a), dense)
+    for given in (A.to_sparse(), sp.csr_matrix(A.numpy())):
+        for learn in ((), ("A",)):
+            layer = ProjectionLayer(A=given, a=a, learn=learn)
+            assert layer.A.layout == torch.strided and torch.equal(layer(X), dense)
+
+
 def test_errors(rng):
     P = _polytope(rng)
     d = _tensors(P)

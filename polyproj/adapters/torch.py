@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from torch import nn
 from torch.autograd import forward_ad as _forward_ad
@@ -556,7 +557,7 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
     else:
         A = S if S is not None else A
         lb, ub = (_scalar_bound(v, x) for v in (lb, ub))
-        parts = dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub)
+        parts = {k: _dense(v) for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub).items()}
         if any(is_vmapped(v) for v in parts.values()):
             raise ProblemError("torch.func.vmap over constraint tensors is not supported: give the tensors a "
                                "batch dimension instead (per-sample constraints)")
@@ -582,6 +583,17 @@ def _scalar_bound(v: Any, x: torch.Tensor) -> Any:
     if isinstance(v, torch.Tensor) and v.ndim == 0:
         return v.expand(x.shape[-1])
     return v
+
+
+def _dense(v: Any) -> Any:
+    """Sparse constraint data made dense (a torch COO/CSR tensor strided, a SciPy sparse matrix an array).
+
+    The layer works on dense data. ``to_dense`` is differentiable: a learned sparse tensor gets the
+    gradient on its sparsity pattern (torch's rule for sparse leaves), the dense gradient's entries there.
+    """
+    if isinstance(v, torch.Tensor):
+        return v.to_dense() if v.layout != torch.strided else v
+    return v.toarray() if sp.issparse(v) else v
 
 
 def _differentiated(t: torch.Tensor) -> bool:
@@ -686,7 +698,9 @@ class ProjectionLayer(nn.Module):
             self._seen = self._buffer_state()
 
     def _store(self, vals: dict[str, Any], learn: Any, dtype: torch.dtype) -> None:
-        host = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v) for k, v in vals.items()}
+        # stored dense (a sparse tensor densified, scipy.sparse by Polyhedron), copied to the layer's dtype
+        host = {k: (_dense(v).detach().cpu().numpy() if isinstance(v, torch.Tensor) else _dense(v))
+                for k, v in vals.items()}
         missing = [k for k in learn if host.get(k) is None]
         if missing:
             raise ProblemError(f"learn names {missing}, which are not given: there is nothing to learn")
