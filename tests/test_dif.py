@@ -226,3 +226,18 @@ def test_penalty_if_without_active_constraints_is_classic():
     for pen in ("quadratic", "hinge"):
         np.testing.assert_allclose(penalty_if(prob, kkt, R, 10.0, penalty=pen).numpy(),
                                    classic_if(prob, kkt, R).numpy(), atol=1e-12)
+
+
+def test_dense_all_point_scores_in_bounded_batches(study, monkeypatch):
+    """The dense path's all-point scores go to the backend in chunks of dense_batch_size(d) QPs (a backend's
+    batch holds a d × d matrix or more per element: d = 1,921 and N = 200 in one batch ran out of 24 GB); the
+    chunked scores equal the one-batch ones (each QP is polished exactly either way)."""
+    import polyproj.adapters.dif.engine as engine
+
+    dif = DIF(study.problem, study.kkt, method="dense")
+    whole = dif.influence(study.test_loss).numpy()
+    assert engine.dense_batch_size(study.problem.dim) >= len(whole)  # one batch at this size
+    assert engine.dense_batch_size(1921) == 2 and engine.dense_batch_size(10**5) == 1
+    monkeypatch.setattr(engine, "DENSE_BATCH_BYTES", 64 * study.problem.dim ** 2 * 7)  # 7 QPs a batch
+    assert engine.dense_batch_size(study.problem.dim) == 7
+    np.testing.assert_allclose(dif.influence(study.test_loss).numpy(), whole, rtol=1e-9, atol=1e-12)

@@ -357,3 +357,34 @@ def test_newton_kkt_rejects_hessian_and_preconditioner(mlp):
     frozen = _frozen_at(prob, kkt.theta, kkt.lambdas.numpy())
     with pytest.raises(ValueError, match="not both"):
         newton_kkt(prob, kkt.theta, kkt.lambdas.numpy(), hessian=frozen, preconditioner=frozen)
+
+
+def test_auto_damping_covers_solves_after_the_setup():
+    """No active constraint: the matrix-free setup solves nothing, so the first Krylov solve is s_test's, which
+    meets the negative curvature of an untrained tanh net. damping='auto' raised an IndefiniteHessianError there
+    (asking for the damping it was meant to choose); now it raises the damping, sets the path up again, and
+    the scores are those of a DIF built with that damping (matrix-free and dense)."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    X, y = torch.as_tensor(rng.normal(size=(60, 3))), torch.as_tensor(rng.normal(size=60))
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+
+    def sq(m, b):
+        return (m(b[0]).squeeze(-1) - b[1]) ** 2
+
+    prob = ConstrainedProblem(net, Loss(sq, (X, y)), [Constraint(sq, (X[:10], y[:10]), tau=100.0, name="cap")])
+    kkt = KKTPoint.from_params(prob, net, tol=10.0)
+    assert kkt.classification == {"cap": "inactive"}
+
+    def test_loss(m):
+        return sq(m, (X[:5], y[:5])).mean()
+
+    with pytest.raises(IndefiniteHessianError):
+        DIF(prob, kkt, method="matrix-free").influence(test_loss)
+    auto = DIF(prob, kkt, method="matrix-free", damping="auto", rtol=1e-12)
+    floor = auto.damping
+    scores = auto.influence(test_loss).numpy()
+    assert auto.damping > floor  # raised at s_test's solve
+    fixed = DIF(prob, kkt, method="matrix-free", damping=auto.damping, rtol=1e-12).influence(test_loss).numpy()
+    dense = DIF(prob, kkt, method="dense", damping=auto.damping).influence(test_loss).numpy()
+    assert _rel(scores, fixed) < 1e-8 and _rel(scores, dense) < 1e-7

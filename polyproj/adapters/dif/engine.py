@@ -46,7 +46,8 @@ from .matfree import DenseInverse, DualQP, KrylovInverse
 from .problem import ConstrainedProblem, Removal
 from .scores import ScoreJob
 
-__all__ = ["AUTO_MAX_CONDITION", "DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation", "auto_damping_for"]
+__all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation",
+           "auto_damping_for", "dense_batch_size"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,34 @@ def auto_damping_for(floor: float, lo: float, hi: float) -> float:
     if lo > SINGULAR_CURVATURE * hi:
         return float(floor)
     return max(float(floor), 1.1 * max(-lo, 0.0), hi / AUTO_MAX_CONDITION)
+
+#: memory the dense path's batches of DIF QPs may take at once: a backend's batch (ProxSuite's BatchQP) holds
+#: its own copy of H and its factorisation per element, ~6 d² doubles measured (d = 561: 2.9 GB for 200 QPs in
+#: one batch; d = 1,921, 200 QPs: killed at 24 GB), so all-point scores go in chunks of dense_batch_size(d)
+DENSE_BATCH_BYTES = 512 * 2**20
+
+
+def dense_batch_size(d: int) -> int:
+    """DIF QPs per backend batch on the dense path: :data:`DENSE_BATCH_BYTES` at 8 d² doubles an element."""
+    return max(1, int(DENSE_BATCH_BYTES // (64 * d * d)))
+
+
+def _more_damping(damping: float, err: Exception) -> float | None:
+    """The next damping of ``damping="auto"`` on the matrix-free path after ``err``, or None (give up: raise it).
+
+    A direction of non-positive curvature (:class:`IndefiniteHessianError`, the curvature of H + δI): past it,
+    at least doubling, and bounding the condition number as the dense rule does (:func:`auto_damping_for`).
+    A solve short of rtol (:class:`KrylovNotConvergedError`: CG's true residual stalls near eps·cond(H + δI),
+    a (nearly) singular H): :data:`AUTO_MAX_CONDITION` at first, then ten times more a round, never past the
+    largest curvature seen (the answer would be mostly the damping's).
+    """
+    if isinstance(err, IndefiniteHessianError):
+        return max(2.0 * damping, damping + 1.5 * -err.curvature + 1e-12, err.max_curvature / AUTO_MAX_CONDITION)
+    top = err.info.max_curvature
+    if not top > 0 or damping >= top:
+        return None
+    return min(top, max(10.0 * damping, top / AUTO_MAX_CONDITION))
+
 
 METHODS = ("auto", "dense", "matrix-free")
 RULES = ("derivative", "finite")
@@ -242,31 +271,41 @@ class DIF:
 
     def _setup_matrix_free(self, damping: float, auto: bool, krylov: str, rtol: float, maxiter: int | None,
                            preconditioner: Any) -> None:
+        self._krylov_args, self._auto = (krylov, rtol, maxiter, preconditioner), auto
         for _ in range(20):
             op = HessianOperator(self.problem, self.kkt.theta, self.lin.lam, damping=damping,
                                  chunk_size=self.chunk_size)
             self._inv = KrylovInverse(op, krylov, rtol, maxiter, preconditioner)
+            self.V = None
             try:
                 self.active_solves  # noqa: B018 - V at once: CG meets H's negative curvature here
                 break
-            except IndefiniteHessianError as err:
-                if not auto:
+            except (IndefiniteHessianError, KrylovNotConvergedError) as err:
+                damping = _more_damping(damping, err) if auto else None
+                if damping is None:
                     raise
-                # the curvature is that of H + damping·I: lift past it, at least doubling, and bound the condition
-                # number as the dense rule does (auto_damping_for)
-                damping = max(2.0 * damping, damping + 1.5 * -err.curvature + 1e-12,
-                              err.max_curvature / AUTO_MAX_CONDITION)
-            except KrylovNotConvergedError as err:
-                # CG's true residual stalls near eps·cond(H + δI): a (nearly) singular H needs a damping that
-                # bounds the condition number (AUTO_MAX_CONDITION at first, then ten times more a round), never
-                # past the largest curvature seen (the answer would be mostly the damping's)
-                top = err.info.max_curvature
-                if not auto or not top > 0 or damping >= top:
-                    raise
-                damping = min(top, max(10.0 * damping, top / AUTO_MAX_CONDITION))
         else:  # pragma: no cover - twenty rounds, each at least doubling
             raise SolverError("damping='auto' could not make H positive definite in 20 rounds")
         self.damping, self.op = damping, op
+
+    def _solve_h(self, b: np.ndarray, what: str) -> np.ndarray:
+        """H⁻¹b, with ``damping="auto"`` kept in force after the setup.
+
+        Matrix-free under ``damping="auto"``: a solve that meets curvature the setup's solves did not (e.g.
+        s_test where no constraint is active, so the setup solved nothing) raises the damping by the setup's
+        rules (:func:`_more_damping`), sets the path up again with it (V and the dual QPs anew, so every later
+        answer uses one damping) and solves again.
+        """
+        for _ in range(20):
+            try:
+                return self._inv.solve(b, what)
+            except (IndefiniteHessianError, KrylovNotConvergedError) as err:
+                damping = _more_damping(self.damping, err) if self.method != "dense" and self._auto else None
+                if damping is None:
+                    raise
+                self._dual, self._v_extra, self._step_duals = None, {}, {}
+                self._setup_matrix_free(damping, True, *self._krylov_args)
+        raise SolverError("damping='auto' could not make H positive definite in 20 rounds")  # pragma: no cover
 
     # ------------------------------------------------------------------ shared pieces
     @property
@@ -295,11 +334,12 @@ class DIF:
         For second-order steps: the active rows' solves are ``V``'s; another row's is solved once and kept.
         """
         rows = np.asarray(rows, dtype=np.int64)
-        V = self.active_solves
         pos = {int(j): i for i, j in enumerate(self.rows)}
         for j in rows:
             if int(j) not in pos and int(j) not in self._v_extra:
-                self._v_extra[int(j)] = self._inv.solve(self.lin.G[j], f"H⁻¹∇g[{int(j)}] (second order)")
+                solved = self._solve_h(self.lin.G[j], f"H⁻¹∇g[{int(j)}] (second order)")
+                self._v_extra[int(j)] = solved  # after _solve_h: a re-damping there clears the dict
+        V = self.active_solves  # after the solves: V of the damping they used
         VR = np.column_stack([V[:, pos[int(j)]] if int(j) in pos else self._v_extra[int(j)] for j in rows]) \
             if rows.size else np.zeros((self.problem.dim, 0))
         key = (tuple(int(j) for j in rows), tuple(bool(e) for e in eq))
@@ -377,7 +417,7 @@ class DIF:
                          multipliers=step.lambdas - self.lin.lam, order=2, correction_ratio=ratio)
 
     def _result_schur(self, c: np.ndarray, r: np.ndarray) -> DIFResult:
-        y = self._inv.solve(c, "H⁻¹c")
+        y = self._solve_h(c, "H⁻¹c")
         u = self._bound(r)
         mu = self.dual.solve(self.C @ y + u) if self.rows.size else np.zeros(0)
         omega = -(y + self.V @ mu)
@@ -532,7 +572,7 @@ class DIF:
     def score_job(self, test_fn: Callable[[Any], Any], chunk_size: int | None = None) -> ScoreJob:
         """The self-contained scoring job for ``test_fn`` (s_test = H⁻¹∇F solved once, here)."""
         gF = _test_grad(self.problem, test_fn, self.kkt.theta).numpy()
-        s = self._inv.solve(gF, "s_test = H⁻¹∇F")
+        s = self._solve_h(gF, "s_test = H⁻¹∇F")
         dual = self.dual if self.rows.size else None
         M = np.column_stack([s, self.V]) if self.rows.size else s[:, None]
         b = self.V.T @ gF if self.rows.size else np.zeros(0)
@@ -573,8 +613,11 @@ class DIF:
             terms = [self.lin.removal_terms(rem, renormalize=self.renormalize) for rem in removals]
             Q = np.array([c0 + self.lin.lam @ cc for c0, cc, _ in terms]).reshape(-1, self.problem.dim)
             R = np.array([r for _, _, r in terms]).reshape(-1, m)
-        sols = solve_qp_exact_batch(self.H, Q - self._c_shift, self.C, self._bound(R), self.row_eq,
-                                    backend=self.backend, **self.settings)
+        Q, U = Q - self._c_shift, self._bound(R)
+        step = dense_batch_size(self.problem.dim)  # a backend's batch holds a few d × d matrices per element
+        sols = [sol for i in range(0, Q.shape[0], step)
+                for sol in solve_qp_exact_batch(self.H, Q[i:i + step], self.C, U[i:i + step], self.row_eq,
+                                                backend=self.backend, **self.settings)]
         bad = [i for i, s in enumerate(sols) if not s.status.ok]
         if bad:
             raise _qp_error(sols[bad[0]].status, f"{len(bad)} removals (first: #{bad[0]}): ")
