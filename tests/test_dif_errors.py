@@ -450,3 +450,12 @@ def test_process_pool_executor_needs_picklable_functions():
                                    [Constraint(lambda th: (th ** 2).sum(), None, tau=0.05, name="n")])
         with pytest.raises(pp.ProblemError, match="module level"):
             DIF(local, solve(local)).influence(_coordinate_sum, rems, executor=ex, chunk_size=2)
+
+
+def test_wrap_of_a_module_names_the_mistake():
+    """A test function of a module problem receives the module; wrapping it again failed inside torch.split."""
+    net = torch.nn.Sequential(torch.nn.Linear(2, 1)).double()
+    X, y = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    prob = ConstrainedProblem(net, Loss(lambda m, b: (m(b[0]).squeeze(-1) - b[1]) ** 2, (X, y)))
+    with pytest.raises(pp.ProblemError, match="already receive the module"):
+        prob.wrap(prob.wrap(torch.zeros(prob.dim, dtype=torch.float64)))

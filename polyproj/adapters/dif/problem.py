@@ -453,6 +453,10 @@ class ConstrainedProblem:
     # ------------------------------------------------------------------ evaluation
     def wrap(self, theta: torch.Tensor) -> Any:
         """What the user's functions receive: θ itself, or the module with θ's parameters."""
+        if not isinstance(theta, torch.Tensor):
+            raise ProblemError(f"wrap takes the flat parameter vector θ (a 1-D tensor), got {type(theta).__name__}; "
+                               "the losses, constraints and test functions of a module problem already receive the "
+                               "module")
         if self.model is None:
             return theta
         chunks = torch.split(theta, [int(np.prod(s)) for s in self._shapes])
