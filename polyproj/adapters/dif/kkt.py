@@ -239,7 +239,7 @@ def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
             raise ProblemError("theta is a module but the problem was built on a tensor")
         ps = [p for _, p in theta.named_parameters() if p.requires_grad]
         theta = torch.cat([p.detach().reshape(-1) for p in ps])
-    th = torch.as_tensor(theta).detach().to(torch.float64).reshape(-1).clone()
+    th = torch.as_tensor(theta).detach().to("cpu", torch.float64).reshape(-1).clone()
     if th.numel() != problem.dim:
         raise ProblemError(f"theta has {th.numel()} entries, the problem has {problem.dim} parameters")
     if not bool(torch.isfinite(th).all()):

@@ -32,13 +32,17 @@ Removal = Mapping[str, Any]
 
 
 def _as_float64(t: Any) -> Any:
-    """A copy of a data tensor (float64 for floating data).
+    """A copy of a data tensor on the CPU (float64 for floating data).
 
     The problem's data cannot change under its derivatives (the engine caches H and the constraint
-    Jacobian) when the caller edits their tensors in place.
+    Jacobian) when the caller edits their tensors in place. The engine computes on the CPU (its Krylov
+    solves, QPs and scores are SciPy's and the backends'): data on another device are copied here.
     """
     if isinstance(t, torch.Tensor):
-        return t.detach().to(torch.float64, copy=True) if t.is_floating_point() else t.detach().clone()
+        t = t.detach()
+        if t.is_floating_point():
+            return t.to("cpu", torch.float64, copy=True)
+        return t.to("cpu", copy=True)
     return t
 
 
@@ -90,7 +94,7 @@ def _prepare_weights(w: Any, name: str, n: int | None, renormalize: bool) -> tor
         t = torch.as_tensor(w.detach() if isinstance(w, torch.Tensor) else np.asarray(w, dtype=np.float64))
     except (TypeError, ValueError) as exc:
         raise ProblemError(f"{name}: weights must be a 1-D array of numbers, got {type(w).__name__}: {exc}") from None
-    t = t.to(torch.float64, copy=True)
+    t = t.to("cpu", torch.float64, copy=True)
     if t.shape != (n,):
         raise ProblemError(f"{name}: weights must have one entry per sample, shape ({n},), got {tuple(t.shape)}")
     if not bool(torch.isfinite(t).all()):
@@ -340,7 +344,7 @@ class ConstrainedProblem:
                  constraints: Sequence[Constraint] = ()) -> None:
         if isinstance(params, nn.Module):
             _check_deterministic(params)
-            self.model: nn.Module | None = copy.deepcopy(params).double()
+            self.model: nn.Module | None = copy.deepcopy(params).double().cpu()
             named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
             if not named:
                 raise ProblemError("params: the module has no trainable parameters")
@@ -356,7 +360,7 @@ class ConstrainedProblem:
             self.model = None
         else:
             raise ProblemError(f"params must be a 1-D tensor or an nn.Module, got {type(params).__name__}")
-        theta = theta.to(torch.float64).clone()
+        theta = theta.to("cpu", torch.float64, copy=True)
         if theta.numel() == 0 or not bool(torch.isfinite(theta).all()):
             raise ProblemError("params must be non-empty and finite")
         self.theta0 = theta
