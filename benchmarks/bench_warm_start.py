@@ -65,10 +65,10 @@ def run(batch: int, lr: float, steps: int, n: int, seed: int) -> dict:
     daqp = []
     real_points = DAQPSolver.solve_points
 
-    def counting_points(self, X, arrays):
+    def counting_points(self, X, arrays, *norms):
         if counting_run.inside_warm:
             daqp[-1] += int(X.shape[0])
-        return real_points(self, X, arrays)
+        return real_points(self, X, arrays, *norms)
 
     times = {"cold": [], "warm": []}
     worst_dy = worst_dg = 0.0

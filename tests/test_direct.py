@@ -439,9 +439,9 @@ def _count_daqp(monkeypatch):
 
     sizes, real = [], DAQPSolver.solve_points
 
-    def counted(self, X, arrays):
+    def counted(self, X, arrays, *norms):
         sizes.append(X.shape[0])
-        return real(self, X, arrays)
+        return real(self, X, arrays, *norms)
 
     monkeypatch.setattr(DAQPSolver, "solve_points", counted)
     return sizes
@@ -560,3 +560,33 @@ def test_batched_factorisation_equals_per_point(singular, torch_loaded, monkeypa
         np.testing.assert_allclose(x2[i], ref, rtol=1e-11, atol=1e-11)
     for i in refused:  # refused: the identity
         assert np.array_equal(L2[i], np.eye(k))
+
+
+def test_rows_of_mixed_scale_take_the_direct_path(monkeypatch):
+    """DAQP sees ``[A; B]`` with unit rows (the same set): a row of norm 1e-6 beside rows of norm ~1 made it
+    call every point infeasible (the IPM then solved them, with a warning). Now the direct path takes the
+    points, with the pipeline's answer, multipliers of the rows as given and no warning."""
+    import warnings
+
+    d, X, V = problem(6, 8, 16, 7)
+    d["A"][0] *= 1e-6
+    d["a"][0] *= 1e-6
+    S = Polyhedral(pp.Polyhedron(**d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pp.PolyprojWarning)
+        r1 = S.project_batch(X, record=True)
+        assert taken(S, X).sum() >= 14
+    r0 = pipeline_too(monkeypatch, lambda: Polyhedral(pp.Polyhedron(**d)).project_batch(X, record=True))
+    np.testing.assert_allclose(r1.y, r0.y, rtol=0, atol=1e-12 * (1 + np.abs(r0.y).max()))
+    np.testing.assert_array_equal(r1.active, r0.active)
+    np.testing.assert_allclose(r1.multipliers, r0.multipliers, rtol=1e-8, atol=1e-10)
+    # DAQP's own multipliers, returned for the rows as given: stationarity y − x + Aᵀλ + Bᵀμ + z_box = 0
+    from polyproj.backends.daqp import DAQPSolver
+
+    solver = pp.get_backend("daqp")
+    arrays, norms = DAQPSolver.projection_arrays(*(np.asarray(d[k], dtype=np.float64) for k in PARTS))
+    sol, flags = solver.solve_points(X, arrays, norms)
+    assert (flags == 1).all()
+    C = np.vstack([d["A"], d["B"]])
+    res = sol.x - X + sol.z @ C + sol.z_box
+    assert np.abs(res).max() <= 1e-9 * (1 + np.abs(X).max())

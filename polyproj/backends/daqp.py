@@ -83,6 +83,28 @@ class DAQPSolver(QPSolver):
                                      np.where(np.isfinite(lower), lower, -_INF), sense)
         return hit
 
+    @classmethod
+    def projection_arrays(cls, A: np.ndarray, a: np.ndarray, B: np.ndarray, b: np.ndarray, lb: np.ndarray,
+                          ub: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+        """DAQP's arrays of the projection QP with every row of ``[A; B]`` scaled to unit norm, and the norms.
+
+        The set, so the projection, is that of the rows as given; DAQP's primal tolerance then measures a
+        distance, as the polish's tests do. On rows of mixed scale (``[1e-6, 0, ...]`` beside ``[1, 1, ...]``)
+        DAQP otherwise called feasible points infeasible. :meth:`solve_points` with the norms returns the
+        multipliers of the rows as given (a row's multiplier divided by its norm).
+        """
+        from .projection import projection_qp
+
+        rows = np.vstack([A, B])
+        big = np.abs(rows).max(axis=1, initial=0.0)
+        big = np.where(big > 0, big, 1.0)
+        norm = big * np.linalg.norm(rows / big[:, None], axis=1)  # no overflow or underflow of the squares
+        norm = np.where(norm > 0, norm, 1.0)
+        m = A.shape[0]
+        qp = projection_qp(A / norm[:m, None], a / norm[:m], B / norm[m:, None], b / norm[m:], lb, ub,
+                           np.zeros(A.shape[1]))
+        return cls._data(qp), norm
+
     def solve_projections(self, X: Any, data: Any, *, rough: bool = False, solved: Any = None) -> Any:
         """Projections onto shared constraint data: ``daqp.solve`` per point on arrays built once.
 
@@ -108,13 +130,15 @@ class DAQPSolver(QPSolver):
         # the multipliers), while the normalisation's tolerances at |x| would leave errors of eps·|x|
         if plan(qp, q=np.zeros((1, d.n))) is not None:
             return solve_on_host(self, X, data, rough=rough)
-        sol = solved if solved is not None else self.solve_points(Xn, self._data(qp))[0]
+        sol = solved if solved is not None else self.solve_points(Xn, *self.projection_arrays(*d.parts()))[0]
         return start_from_solution(sol, X, d.m, float(self.settings.get("eps_abs", 1e-8)))
 
-    def solve_points(self, X: np.ndarray, arrays: tuple[np.ndarray, ...]) -> tuple[Any, np.ndarray]:
+    def solve_points(self, X: np.ndarray, arrays: tuple[np.ndarray, ...], row_norms: np.ndarray | None = None
+                     ) -> tuple[Any, np.ndarray]:
         """``daqp.solve`` for each row ``x`` of ``X`` (f = −x) on one projection QP's arrays (:meth:`_data`).
 
-        Returns the :class:`~polyproj.solution.BatchSolution` and DAQP's exit flags (1: optimal, 2: its
+        ``row_norms``: the norms the rows of ``arrays`` were divided by (:meth:`projection_arrays`); the
+        multipliers returned are those of the rows as given. Returns the :class:`~polyproj.solution.BatchSolution` and DAQP's exit flags (1: optimal, 2: its
         soft optimum, both reported as solved; 0 for a point the time limit left unsolved).
         """
         import daqp
@@ -153,6 +177,8 @@ class DAQPSolver(QPSolver):
                 raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
             x[i], lam[i], flags[i], its[i] = xi, info["lam"], flag, info["iterations"]
         status, x, lam = _answers(flags, x, lam)
+        if row_norms is not None:
+            lam[:, n:] /= row_norms
         sol = BatchSolution(x=x, z=lam[:, n:], z_box=lam[:, :n], status=status, iterations=its,
                             solve_time=time.perf_counter() - t0, backend=self.name)
         return sol, flags

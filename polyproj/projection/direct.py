@@ -73,7 +73,9 @@ PIVOT = 1e-3
 class DirectData:
     """The DAQP arrays of the projection QP and the row norms of the KKT tests (built once per data)."""
 
-    arrays: tuple[np.ndarray, ...]  # (H, C = [A; B], upper, lower, sense): the backend's own layout
+    arrays: tuple[np.ndarray, ...]  # (H, [A; B] with unit rows, upper, lower, sense): the backend's own layout
+    row_norms: np.ndarray  # (m + p) the norms the rows of arrays were divided by (DAQP.projection_arrays)
+    C: np.ndarray  # (m + p, n) the rows [A; B] as given
     rhs: np.ndarray  # (m + 2n) right-hand sides [a, −lb, ub], 0 where infinite
     fin: np.ndarray  # (m + 2n) finite right-hand side
     rn1: np.ndarray  # (m + 2n) 1-norms of the inequality rows
@@ -84,25 +86,18 @@ class DirectData:
     lb: np.ndarray
     ub: np.ndarray
 
-    @property
-    def C(self) -> np.ndarray:
-        """The rows ``[A; B]`` (m + p, n)."""
-        return self.arrays[1]
-
     @classmethod
     def of(cls, d: PolyData, solver: Any) -> DirectData:
         """The arrays of shared NumPy data ``d`` for the DAQP backend ``solver``."""
-        from ..backends.projection import projection_qp
-
         n, m, p = d.n, d.m, d.p
         A, a, B, b, lb, ub = (np.asarray(v, dtype=np.float64) for v in d.parts())
-        arrays = solver._data(projection_qp(A, a, B, b, lb, ub, np.zeros(n)))
+        arrays, norms = solver.projection_arrays(A, a, B, b, lb, ub)
         rhs = np.concatenate([a, -lb, ub])
         fin = np.isfinite(rhs)
         ones = np.ones(2 * n)
         rn2 = np.concatenate([np.linalg.norm(A, axis=1), ones])
         c = np.concatenate([a, b])
-        return cls(arrays, np.where(fin, rhs, 0.0), fin, np.concatenate([np.abs(A).sum(axis=1), ones]),
+        return cls(arrays, norms, np.vstack([A, B]), np.where(fin, rhs, 0.0), fin, np.concatenate([np.abs(A).sum(axis=1), ones]),
                    np.where(rn2 > 0, rn2, 1.0), np.abs(B).sum(axis=1), np.where(np.isfinite(c), c, 0.0),
                    np.arange(m, m + p, dtype=np.intp), lb, ub)
 
@@ -369,7 +364,7 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
                              got.polished, solver.name, [got.record] if got.record is not None else [], start,
                              got.viol, nondegenerate=True)  # every point verified (_merge drops both otherwise)
         return out if sub is None else _merge(np, out, rest, sub)
-    sol, flags = solver.solve_points(X, dd.arrays)
+    sol, flags = solver.solve_points(X, dd.arrays, dd.row_norms)
     status = sol.status
     # optimal (not DAQP's soft optimum), with a finite answer (solve_points makes a non-finite one NaN)
     idx = np.flatnonzero((flags == 1) & np.isfinite(sol.x).all(axis=1))
