@@ -848,8 +848,9 @@ def test_layer_edge_cases_from_a_new_users_trial():
     import pickle
 
     torch.testing.assert_close(pickle.loads(pickle.dumps(L))(x), y0, rtol=0, atol=1e-12)
-    with pytest.raises(pp.ProblemError, match="floating"):
-        ProjectionLayer(A=torch.randn(3, 4), a=torch.ones(3), dtype=torch.int64)
+    for dtype in (torch.int64, torch.float16, torch.bfloat16):  # float storage the projection computes in only
+        with pytest.raises(pp.ProblemError, match="float32 or torch.float64"):
+            ProjectionLayer(A=torch.randn(3, 4), a=torch.ones(3), dtype=dtype)
     # inconsistent equalities the backend does not report: no NaN output
     B = torch.tensor([[1.0, 0, 0], [1, 0, 0]], dtype=dt)
     b = torch.tensor([0.0, 1.0], dtype=dt)
@@ -1030,3 +1031,48 @@ def test_forward_mode_and_vmap_over_a_sets_total_are_refused_not_silent():
             f(fwAD.make_dual(t, torch.ones(3, dtype=torch.float64)))
         with pytest.raises(pp.ProblemError, match="vmap over a set's total"):
             vmap(lambda z, tt, Set=Set: project(z, Set(tt[None])))(x, t)
+
+
+def test_layer_under_inference_mode_scalar_right_hand_sides_and_legacy_batching(rng):
+    """A second new user's trial: a layer built or moved under ``torch.inference_mode`` (its buffers have no
+    version counter) works in and out of that mode; scalar ``a`` / ``b`` are stored with one entry per row
+    (the layer could not be called before); torch's legacy batching through a NumPy backward is a
+    ProblemError pointing to torch.func, and the simplex's torch backward still runs there."""
+    dt = torch.float64
+    A, a = [[1.0, 1.0]], [1.0]
+    x = torch.tensor(3 * rng.normal(size=(5, 2)))
+    ref = project(x, torch.tensor(A, dtype=dt), torch.tensor(a, dtype=dt))
+    with torch.inference_mode():
+        built = ProjectionLayer(A=A, a=a)
+        torch.testing.assert_close(built(x), ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(built(x), ref, rtol=0, atol=1e-12)
+    moved = ProjectionLayer(A=A, a=a)
+    with torch.inference_mode():
+        moved.float()
+    torch.testing.assert_close(moved(x.float()), ref.float(), rtol=0, atol=1e-6)
+    moved.A = torch.tensor([[1.0, -1.0]])  # a new buffer is still seen after the inference copy
+    assert moved(torch.tensor([[3.0, 0.0]])).tolist() == [[2.0, 1.0]]
+
+    for kw, rows in ((dict(A=A, a=1.0), "a"), (dict(B=A, b=1.0), "b")):
+        for structured in (True, False):
+            layer = ProjectionLayer(**kw, lb=0.0, structured=structured)
+            assert getattr(layer, rows).shape == (1,) and layer.lb.shape == (2,)
+            want = project(x, *(torch.tensor(A, dtype=dt), torch.ones(1, dtype=dt)) if rows == "a" else (),
+                           **({} if rows == "a" else dict(B=torch.tensor(A, dtype=dt), b=torch.ones(1, dtype=dt))),
+                           lb=torch.zeros(2, dtype=dt))
+            torch.testing.assert_close(layer(x), want, rtol=0, atol=1e-12)
+    assert "lower bounds=2" in repr(ProjectionLayer(A=A, a=1.0, lb=0.0, structured=False))
+
+    def poly(z):
+        return project(z, torch.tensor(A, dtype=dt), torch.tensor(a, dtype=dt))
+
+    with pytest.raises(pp.ProblemError, match="legacy batching.*torch.func"):
+        torch.autograd.functional.jacobian(poly, x, vectorize=True)
+    J = torch.autograd.functional.jacobian(poly, x)  # the loop of torch.autograd works
+    torch.testing.assert_close(J, torch.func.jacrev(poly)(x), rtol=0, atol=1e-12)
+
+    def simplex(z):
+        return project(z, pp.sets.Simplex(2))
+
+    torch.testing.assert_close(torch.autograd.functional.jacobian(simplex, x, vectorize=True),
+                               torch.func.jacrev(simplex)(x), rtol=0, atol=1e-12)

@@ -122,6 +122,19 @@ class _Project(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy, *_):
+        if torch._C._functorch.is_legacy_batchedtensor(gy):
+            try:
+                return _Project._backward(ctx, gy)
+            except RuntimeError as exc:  # torch's legacy batching has no rule for an op of the backward
+                raise ProblemError(
+                    f"the backward of the projection onto {type(ctx.set).__name__} cannot run under torch's "
+                    "legacy batching (torch.autograd.functional.jacobian / hessian with vectorize=True, "
+                    "autograd.grad with is_grads_batched=True); use torch.func (jacrev, vmap of vjp), or "
+                    "vectorize=False") from exc
+        return _Project._backward(ctx, gy)
+
+    @staticmethod
+    def _backward(ctx, gy):
         need = ctx.needs_input_grad
         wanted = tuple(k for k, nd in zip(ctx.names, need[3:], strict=True) if nd)
         args = (gy, ctx.set, ctx.result, wanted, bool(need[0]))
@@ -618,6 +631,12 @@ def _apply(x2: torch.Tensor, S: Projector, warm: Any, forward: tuple[str, ...] =
 
 
 # ----------------------------------------------------------------------------- the Module
+def _version(t: torch.Tensor) -> int | None:
+    """The version counter of ``t``; None for an inference tensor (made under ``torch.inference_mode``), which
+    has none and cannot be changed in place outside that mode (its contents are still compared)."""
+    return None if t.is_inference() else t._version
+
+
 class ProjectionLayer(nn.Module):
     """``nn.Module`` projecting its input onto a set.
 
@@ -664,8 +683,9 @@ class ProjectionLayer(nn.Module):
                  backend: str = "auto", warm_start: bool = False, structured: bool = True,
                  **settings: Any) -> None:
         super().__init__()
-        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise ProblemError(f"dtype must be a floating torch dtype (the constraint data's storage), got {dtype!r}")
+        if dtype not in (torch.float32, torch.float64):
+            raise ProblemError(f"dtype must be torch.float32 or torch.float64 (the constraint data's storage, the "
+                               f"dtypes the projection computes in), got {dtype!r}")
         self.warm_start, self._last = bool(warm_start), None
         if isinstance(learn, str):  # one name, not its letters
             learn = (learn,)
@@ -706,11 +726,14 @@ class ProjectionLayer(nn.Module):
         P = Polyhedron(**{k: host.get(k) for k in PARTS},  # validates shapes, NaN, rank of B, lb <= ub
                        allow_dependent_rows=self._dependent)
         self.n = P.n
+        # the shapes the Polyhedron validated: a scalar right-hand side or bound is broadcast to its rows /
+        # coordinates (the functional form takes a, b of shape (m,) only)
+        shapes = {"A": P.A_dense.shape, "a": P.a.shape, "B": P.B_dense.shape, "b": P.b.shape, "lb": (P.n,),
+                  "ub": (P.n,)}
         for k in PARTS:
             v = host.get(k)
-            t = None if v is None else torch.tensor(np.array(v, dtype=np.float64), dtype=dtype)  # a copy
-            if t is not None and k in ("A", "B") and t.ndim == 1:
-                t = t[None, :]
+            t = None if v is None else torch.tensor(np.broadcast_to(np.asarray(v, dtype=np.float64), shapes[k]),
+                                                    dtype=dtype)  # a copy
             if k in learn:
                 self.register_parameter(k, nn.Parameter(t))
             else:
@@ -731,7 +754,7 @@ class ProjectionLayer(nn.Module):
         form's cache does).
         """
         return tuple((k, None, None, None) if getattr(self, k) is None else
-                     (k, id(getattr(self, k)), getattr(self, k)._version, getattr(self, k).detach().clone())
+                     (k, id(getattr(self, k)), _version(getattr(self, k)), getattr(self, k).detach().clone())
                      for k in PARTS)
 
     def _changed(self) -> bool:
@@ -740,7 +763,7 @@ class ProjectionLayer(nn.Module):
             now = getattr(self, k)
             if (now is None) != (copy is None):
                 return True
-            if now is not None and ((id(now), now._version) != (ident, version) or now.shape != copy.shape
+            if now is not None and ((id(now), _version(now)) != (ident, version) or now.shape != copy.shape
                                     or not torch.equal(now.detach(), copy)):
                 return True
         return False
