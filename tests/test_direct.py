@@ -568,7 +568,7 @@ def test_rows_of_mixed_scale_take_the_direct_path(monkeypatch):
     points, with the pipeline's answer, multipliers of the rows as given and no warning."""
     import warnings
 
-    d, X, V = problem(6, 8, 16, 7)
+    d, X, _ = problem(6, 8, 16, 7)
     d["A"][0] *= 1e-6
     d["a"][0] *= 1e-6
     S = Polyhedral(pp.Polyhedron(**d))

@@ -632,8 +632,11 @@ def _apply(x2: torch.Tensor, S: Projector, warm: Any, forward: tuple[str, ...] =
 
 # ----------------------------------------------------------------------------- the Module
 def _version(t: torch.Tensor) -> int | None:
-    """The version counter of ``t``; None for an inference tensor (made under ``torch.inference_mode``), which
-    has none and cannot be changed in place outside that mode (its contents are still compared)."""
+    """The version counter of ``t``; None for an inference tensor.
+
+    A tensor made under ``torch.inference_mode`` has none and cannot be changed in place outside that mode
+    (its contents are still compared).
+    """
     return None if t.is_inference() else t._version
 
 

@@ -138,8 +138,9 @@ class DAQPSolver(QPSolver):
         """``daqp.solve`` for each row ``x`` of ``X`` (f = −x) on one projection QP's arrays (:meth:`_data`).
 
         ``row_norms``: the norms the rows of ``arrays`` were divided by (:meth:`projection_arrays`); the
-        multipliers returned are those of the rows as given. Returns the :class:`~polyproj.solution.BatchSolution` and DAQP's exit flags (1: optimal, 2: its
-        soft optimum, both reported as solved; 0 for a point the time limit left unsolved).
+        multipliers returned are those of the rows as given. Returns the
+        :class:`~polyproj.solution.BatchSolution` and DAQP's exit flags (1: optimal, 2: its soft optimum, both
+        reported as solved; 0 for a point the time limit left unsolved).
         """
         import daqp
 

@@ -95,10 +95,11 @@ class DirectData:
         rhs = np.concatenate([a, -lb, ub])
         fin = np.isfinite(rhs)
         ones = np.ones(2 * n)
-        rn2 = np.concatenate([np.linalg.norm(A, axis=1), ones])
+        rn2 = np.concatenate([norms[:m], ones])  # 1 for zero rows, as in projection_arrays
         c = np.concatenate([a, b])
-        return cls(arrays, norms, np.vstack([A, B]), np.where(fin, rhs, 0.0), fin, np.concatenate([np.abs(A).sum(axis=1), ones]),
-                   np.where(rn2 > 0, rn2, 1.0), np.abs(B).sum(axis=1), np.where(np.isfinite(c), c, 0.0),
+        return cls(arrays, norms, np.vstack([A, B]), np.where(fin, rhs, 0.0), fin,
+                   np.concatenate([np.abs(A).sum(axis=1), ones]), rn2, np.abs(B).sum(axis=1),
+                   np.where(np.isfinite(c), c, 0.0),
                    np.arange(m, m + p, dtype=np.intp), lb, ub)
 
 
