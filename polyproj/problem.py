@@ -77,6 +77,23 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
     return M
 
 
+#: A nonzero row of a Polyhedron whose largest entry is below this is refused: its squared norm underflows
+#: (below ~1e-154), so the solvers' tolerances and the polish's normalisation would take it for a zero row
+#: and drop its constraint (a row [1e-200, 0, ...] <= 0 was ignored by every backend).
+TINY_ROW = 1e-100
+
+
+def _check_row_scale(M: Any, name: str) -> None:
+    if M is None or M.shape[0] == 0:
+        return
+    big = np.asarray(abs(M).max(axis=1).todense()).ravel() if sp.issparse(M) else np.abs(M).max(axis=1)
+    tiny = np.flatnonzero((big > 0) & (big < TINY_ROW))
+    if tiny.size:
+        raise ProblemError(f"rows {tiny[:5].tolist()} of {name} have entries only below {TINY_ROW:g} in magnitude "
+                           f"(row {int(tiny[0])}: largest {big[tiny[0]]:.3g}); scale such a row and its right-hand "
+                           "side up (the set is the same for any positive multiple), or drop a row meant as zero")
+
+
 def _where(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
@@ -509,6 +526,8 @@ class Polyhedron:
             raise ProblemError("cannot tell the number of variables: give A, B, lb/ub or n")
         A = _matrix(self.A, "A", n)
         B = _matrix(self.B, "B", n)
+        for M, name in ((A, "A"), (B, "B")):
+            _check_row_scale(M, name)
         if A is None:
             A = np.zeros((0, n))
             if self.a is not None and np.prod(np.shape(self.a)):

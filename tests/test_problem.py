@@ -229,3 +229,18 @@ def test_primal_infeasibility_certificate():
     assert not qp.is_primal_infeasibility_certificate(np.array([1.0, -1.0]), np.zeros(2))  # weight on infinite sides
     feasible = pp.QP(P=np.eye(2), q=np.zeros(2), C=[[1.0, 0.0], [1.0, 0.0]], l=[0.0, -np.inf], u=[np.inf, 1.0])
     assert not feasible.is_primal_infeasibility_certificate(np.array([-1.0, 1.0]), np.zeros(2))
+
+
+def test_polyhedron_refuses_rows_too_small_to_square():
+    """A row whose entries are all below 1e-100 has a squared norm that underflows: every backend and the
+    polish took [1e-200, 0, 0, 0] y <= 0 for a zero row and returned y0 = 2.5 for x = (3, 0, 0, 0). Refused,
+    naming the row; rows at 1e-90 and zero rows stay accepted and are projected onto exactly."""
+    A = np.array([[1e-200, 0, 0, 0], [1.0, 1, 1, 1]])
+    for M in (A, sp.csr_matrix(A)):
+        with pytest.raises(pp.ProblemError, match=r"rows \[0\] of A .* 1e-200"):
+            pp.Polyhedron(A=M, a=[0.0, 1.0])
+    with pytest.raises(pp.ProblemError, match=r"rows \[1\] of B"):
+        pp.Polyhedron(B=np.array([[1.0, 0, 0, 0], [0, 1e-120, 0, 0]]), b=[0.0, 0.0])
+    for s in (1e-90, 1e-6):
+        P = pp.Polyhedron(A=np.array([[s, 0, 0, 0], [1.0, 1, 1, 1], [0, 0, 0, 0]]), a=[0.0, 1.0, 0.0])
+        np.testing.assert_allclose(pp.project(np.array([3.0, 0, 0, 0]), P).y, 0.0, atol=1e-12)
