@@ -43,7 +43,9 @@ __all__ = [
     "batch_parts",
     "batch_threads",
     "cpu_count",
+    "fork_safe_threads",
     "keep_torch_threads",
+    "openmp_threads",
     "parallel_map",
     "set_torch_threads",
     "small_blas",
@@ -131,6 +133,29 @@ def keep_torch_threads() -> Iterator[None]:
     finally:
         if prev is not None and torch.get_num_threads() != prev:
             set_torch_threads(prev)
+
+
+_FORKED = False
+
+
+def _mark_forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
+
+
+def openmp_threads(requested: int) -> int:
+    """The OpenMP threads a solver's parallel region may use here: ``requested``, or 1 in a forked child.
+
+    A process forked (``os.fork``, a ``"fork"`` multiprocessing pool: the default on Linux up to Python 3.13)
+    from one whose OpenMP runtime (GNU libgomp) already ran a thread team inherits that team's state but
+    not its threads: its first parallel region of more than one thread waits at a barrier forever (a
+    ``ProcessPoolExecutor`` scoring DIF removals hung in ProxSuite's ``solve_in_parallel``). One thread
+    runs no team; the pool's processes are the parallelism there.
+    """
+    return 1 if _FORKED else max(1, int(requested))
 
 
 @contextlib.contextmanager
@@ -262,6 +287,31 @@ def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         return list(pool.map(fn, items))
 
 
+@contextlib.contextmanager
+def fork_safe_threads() -> Iterator[None]:
+    """One torch intra-op thread inside the block in a forked child (:func:`openmp_threads`); else nothing.
+
+    Torch's CPU kernels run on the same OpenMP runtime: in a child forked after the parent ran a torch
+    operation on two or more threads, the child's first multithreaded kernel never returns.
+    """
+    if not _FORKED:
+        yield
+        return
+    with torch_single_thread():
+        yield
+
+
+class _Job:
+    """``fn`` as an executor runs it: under :func:`fork_safe_threads` (picklable when ``fn`` is)."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, item: Any) -> Any:
+        with fork_safe_threads():
+            return self.fn(item)
+
+
 def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = None, progress: bool | None = None,
              bar_from: int, description: str) -> list[Any]:
     """``[fn(i) for i in items]`` in order, on ``executor`` or here.
@@ -271,7 +321,7 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
     """
     if executor is not None:
         try:
-            return list(executor.map(fn, items))
+            return list(executor.map(_Job(fn), items))
         except Exception as exc:
             if "pickle" not in str(exc).lower() or isinstance(exc, PolyprojError):
                 raise

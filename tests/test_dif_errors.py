@@ -459,3 +459,133 @@ def test_wrap_of_a_module_names_the_mistake():
     prob = ConstrainedProblem(net, Loss(lambda m, b: (m(b[0]).squeeze(-1) - b[1]) ** 2, (X, y)))
     with pytest.raises(pp.ProblemError, match="already receive the module"):
         prob.wrap(prob.wrap(torch.zeros(prob.dim, dtype=torch.float64)))
+
+
+def _first_coordinate(th):
+    return th[0]
+
+
+@pytest.mark.timeout(300)
+def test_fork_pool_after_openmp_teams_in_the_parent_does_not_hang():
+    """A forked worker inherits the OpenMP runtime's state but not its threads: after the parent ran a team
+    (torch on two threads; ProxSuite's solve_in_parallel, which the dual QPs of a weakly active constraint
+    use), the child's first multithreaded region waited forever. Jobs on an executor run OpenMP on one
+    thread in a forked child (runtime.openmp_threads, fork_safe_threads): the in-process scores."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from polyproj.runtime import set_torch_threads
+
+    rng = np.random.default_rng(0)
+    X, y = torch.as_tensor(rng.normal(size=(60, 4))), torch.as_tensor(rng.normal(size=60))
+    free = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq_loss, (X, y))))
+    prob = ConstrainedProblem(torch.zeros(4), Loss(_sq_loss, (X, y)),
+                              [Constraint(_first_coordinate, None, tau=float(free.theta[0]), name="weak")])
+    kkt = solve(prob, warn=False)
+    dif = DIF(prob, kkt)
+    assert kkt.status[0] == "weakly_active"  # the sign-constrained dual QPs: ProxSuite's parallel batch
+    prev = torch.get_num_threads()
+    set_torch_threads(2)
+    try:
+        big = torch.randn(4_000_000, dtype=torch.float64)
+        float((big.exp() + big.sin()).sum())  # a torch OpenMP team in this process
+        rems = [{"objective": [i]} for i in range(12)]
+        here = dif.influence(_coordinate_sum, rems)
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as ex:
+            there = dif.influence(_coordinate_sum, rems, executor=ex, chunk_size=3)
+    finally:
+        set_torch_threads(prev)
+    np.testing.assert_allclose(there.numpy(), here.numpy(), rtol=0, atol=1e-12)
+
+
+def test_third_new_user_trial_of_the_engine(setup):
+    """Found by trying the engine as a new user (each failed before): the dense path without constraints
+    (a reshape of 0 rows), a loss vmap cannot trace on the matrix-free path, a weight decay written with
+    ``p.requires_grad`` (its value was left out where values are computed without gradients), and the
+    inputs of from_params, DIF, Loss, the preconditioner and tracin_scores that passed or failed raw."""
+    import scipy.sparse.linalg as spla
+
+    from polyproj.adapters.dif import classic_if, tracin_scores
+    from polyproj.adapters.dif.calculus import objective_grad
+
+    prob, kkt = setup
+    X, y = prob.objective.data
+    test = lambda th: _sq(th, (X[:5], y[:5])).mean()  # noqa: E731
+    # no constraints: dense = matrix-free = classic IF; top_k on the dense path
+    free = ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)))
+    kf = solve(free)
+    rems = [{"objective": [1]}, {"objective": [2, 3]}]
+    dense, mf = DIF(free, kf, method="dense"), DIF(free, kf, method="matrix-free", rtol=1e-12)
+    want = torch.stack([classic_if(free, kf, r) for r in rems])
+    torch.testing.assert_close(dense.influence(None, rems), want, rtol=1e-9, atol=1e-14)
+    torch.testing.assert_close(dense.influence(test, rems), mf.influence(test, rems), rtol=1e-8, atol=1e-14)
+    assert dense.top_k(test, 2)[0].tolist() == mf.top_k(test, 2)[0].tolist()
+
+    # a Huber loss by boolean-mask indexing: vmap cannot trace it, jacrev takes over (same scores)
+    def huber(th, b):
+        r = b[0] @ th - b[1]
+        out = (r ** 2).clone()
+        big = r.abs() > 1.0
+        out[big] = 2 * r[big].abs() - 1
+        return out
+
+    hp = ConstrainedProblem(torch.zeros(4), Loss(huber, (X, y)), [Constraint(lambda th: th[1], None, 1.0, "cap")])
+    hk = solve(hp)
+    hd, hm = DIF(hp, hk, method="dense"), DIF(hp, hk, method="matrix-free", rtol=1e-12)
+    torch.testing.assert_close(hm.influence(test), hd.influence(test), rtol=1e-8, atol=1e-14)
+
+    # the p.requires_grad idiom: values and gradients of one objective (finite differences)
+    net = torch.nn.Linear(4, 1).double()
+    net.bias.requires_grad_(False)
+
+    def decayed(m, b):
+        reg = sum((p ** 2).sum() for p in m.parameters() if p.requires_grad)
+        return (m(b[0]).squeeze(-1) - b[1]) ** 2 + reg
+
+    mp = ConstrainedProblem(net, Loss(decayed, (X, y)))
+    th = mp.theta0
+    _, g = objective_grad(mp, th)
+    e = torch.zeros(mp.dim, dtype=torch.float64)
+    e[0] = 1e-6
+    with torch.no_grad():
+        fd = (mp.objective_value(th + e) - mp.objective_value(th - e)) / 2e-6
+    assert abs(float(g[0]) - float(fd)) <= 1e-6 * max(1.0, abs(float(fd)))
+
+    # inputs
+    for bad in (float("nan"), "1e-6", -1.0, 0.0):
+        with pytest.raises(pp.ProblemError, match="tol must be a positive finite number"):
+            KKTPoint.from_params(prob, kkt.theta, kkt.lambdas, tol=bad)
+    with pytest.raises(pp.ProblemError, match="must be 1-D"):
+        KKTPoint.from_params(prob, kkt.theta[None, :], kkt.lambdas)
+    listed = KKTPoint.from_params(prob, kkt.theta.tolist(), kkt.lambdas)  # floats: float64, not float32
+    assert torch.equal(listed.theta, kkt.theta)
+    with pytest.raises(pp.ProblemError, match="renormalize must be True or False"):
+        DIF(prob, kkt, renormalize="no")
+    with pytest.raises(pp.ProblemError, match="renormalize must be True or False"):
+        Loss(_sq, (X, y), renormalize="no")
+    torch.testing.assert_close(DIF(prob, kkt, damping=torch.tensor(1e-3)).delta_theta(rems[0]),
+                               DIF(prob, kkt, damping=1e-3).delta_theta(rems[0]))
+    Hinv = np.linalg.inv(DIF(prob, kkt, method="dense").H)
+    ref = DIF(prob, kkt, method="dense").delta_theta(rems[1])
+    for good in (Hinv, spla.aslinearoperator(Hinv), lambda v: torch.as_tensor(Hinv) @ torch.as_tensor(v)):
+        got = DIF(prob, kkt, method="matrix-free", preconditioner=good, rtol=1e-12).delta_theta(rems[1])
+        torch.testing.assert_close(got, ref, rtol=1e-8, atol=1e-14)
+    for bad, match in ((lambda v: v[:3], "returned shape"), (lambda v: v * np.nan, "NaN or inf"),
+                       (np.eye(3), "shape")):
+        with pytest.raises(pp.ProblemError, match=match):
+            DIF(prob, kkt, method="matrix-free", preconditioner=bad).delta_theta(rems[1])
+    with pytest.raises(pp.ProblemError, match="not positive definite"):
+        DIF(prob, kkt, method="matrix-free", krylov="minres", preconditioner=lambda v: -v).delta_theta(rems[1])
+    # tracin: a KKTPoint is a checkpoint; wrong sizes and counts say so
+    pair = tracin_scores(prob, [(kkt.theta, kkt.lambdas)], test, rems)
+    np.testing.assert_array_equal(tracin_scores(prob, [kkt], test, rems), pair)
+    with pytest.raises(pp.ProblemError, match="θ has 3 entries"):
+        tracin_scores(prob, [(kkt.theta[:3], None)], test, rems)
+    with pytest.raises(pp.ProblemError, match="one finite learning rate per checkpoint"):
+        tracin_scores(prob, [kkt], test, rems, weights=[1.0, 2.0])
+    # float32 tensors held by a function: the problem computes in float64
+    w32 = torch.ones(4)
+    with pytest.raises(pp.ProblemError, match="float64 on the CPU"):
+        ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), [Constraint(lambda th: th @ w32, None, 1.0, "lin")])
+    with pytest.raises(pp.ProblemError, match="test_fn failed .*float64 on the CPU"):
+        DIF(prob, kkt).influence(lambda th: (X[:5].float() @ th).sum(), rems)

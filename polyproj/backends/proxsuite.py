@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..problem import QP
-from ..runtime import cpu_count, keep_torch_threads
+from ..runtime import cpu_count, keep_torch_threads, openmp_threads
 from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
@@ -313,7 +313,7 @@ class ProxSuiteSolver(QPSolver):
             self._configure(solver, warm=False)
             solver.init(qp.P, q_i, *shared, **kw)
         setup = time.perf_counter() - t0
-        threads = self.backend_options.get("num_threads") or cpu_count()
+        threads = openmp_threads(self.backend_options.get("num_threads") or cpu_count())
         t1 = time.perf_counter()
         with keep_torch_threads():  # its omp_set_num_threads is torch's too
             dense.solve_in_parallel(batch, int(threads))

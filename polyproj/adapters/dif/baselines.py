@@ -230,11 +230,13 @@ def tracin_scores(problem: ConstrainedProblem, checkpoints: Sequence[tuple[Any, 
     from .scores import ProjectedGradients
 
     rems = [problem.check_removal(r) for r in _single_removals(problem, removals)]
-    w = np.ones(len(checkpoints)) if weights is None else np.asarray(weights, dtype=np.float64)
+    checkpoints = _checked_checkpoints(problem, checkpoints)
+    w = np.ones(len(checkpoints)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.shape != (len(checkpoints),) or not np.all(np.isfinite(w)):
+        raise ProblemError(f"weights: one finite learning rate per checkpoint ({len(checkpoints)}), got {w.shape[0]} "
+                           "values" + ("" if np.all(np.isfinite(w)) else " with NaN or inf"))
     out = np.zeros(len(rems))
     for eta, (th, lam) in zip(w, checkpoints, strict=True):
-        th = torch.as_tensor(th, dtype=torch.float64)
-        lam = np.zeros(problem.m) if lam is None else np.asarray(lam, dtype=np.float64)
         gF = _test_grad(problem, test_fn, th).numpy()[:, None]
         src = ProjectedGradients(problem, th, gF, np.zeros(1), np.zeros((problem.m, 1)), chunk_size)
         src.fill(rems)
@@ -243,4 +245,31 @@ def tracin_scores(problem: ConstrainedProblem, checkpoints: Sequence[tuple[Any, 
             for name, idx in rem.items():
                 wts, W = loss_weights(problem, name)
                 out[i] += eta * coef[name] * float(wts[idx] @ src.sample_data(name, idx)[0][:, 0]) / W
+    return out
+
+
+def _checked_checkpoints(problem: ConstrainedProblem, checkpoints: Any) -> list[tuple[torch.Tensor, np.ndarray]]:
+    """(θ_c, λ_c) pairs as float64 θ (d,) and λ (m,) (None: zeros); a KKTPoint counts as its (θ̄, λ̄)."""
+    from .kkt import KKTPoint
+
+    if isinstance(checkpoints, KKTPoint):
+        checkpoints = [checkpoints]
+    out = []
+    for c, item in enumerate(checkpoints):
+        if isinstance(item, KKTPoint):
+            item = (item.theta, item.lambdas)
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ProblemError(f"checkpoint {c}: a (θ, λ) pair (λ may be None) or a KKTPoint, got "
+                               f"{type(item).__name__}")
+        th, lam = item
+        th = torch.as_tensor(np.asarray(th.detach().cpu() if isinstance(th, torch.Tensor) else th,
+                                        dtype=np.float64)).reshape(-1)
+        lam = np.zeros(problem.m) if lam is None else np.asarray(
+            lam.detach().cpu() if isinstance(lam, torch.Tensor) else lam, dtype=np.float64).reshape(-1)
+        if th.shape != (problem.dim,) or lam.shape != (problem.m,):
+            raise ProblemError(f"checkpoint {c}: θ has {th.numel()} entries and λ {lam.size} (the problem: "
+                               f"{problem.dim} parameters, {problem.m} constraints)")
+        if not (bool(torch.isfinite(th).all()) and np.all(np.isfinite(lam))):
+            raise ProblemError(f"checkpoint {c}: θ or λ contains NaN or inf")
+        out.append((th, lam))
     return out

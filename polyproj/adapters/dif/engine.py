@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
 
@@ -43,7 +44,7 @@ from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
 from .krylov import KRYLOV_METHODS, SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError
 from .linearisation import Linearisation
 from .matfree import DenseInverse, DualQP, KrylovInverse
-from .problem import ConstrainedProblem, Removal
+from .problem import ConstrainedProblem, Removal, placement_error
 from .scores import ScoreJob
 
 __all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation",
@@ -185,9 +186,10 @@ class DIF:
         residuals and iteration counts).
     chunk_size : int, optional
         Samples per chunk of Hessian-vector products and per-sample gradients (bounds memory).
-    preconditioner : LinearOperator or callable, optional
+    preconditioner : LinearOperator, callable v -> M v, or d × d matrix, optional
         Matrix-free: an SPD approximation of H⁻¹ for the Krylov solves (same answers, fewer
-        iterations), e.g. a factorised Hessian of a nearby point.
+        iterations), e.g. a factorised Hessian of a nearby point. Each product is checked (shape,
+        finite); a preconditioner MINRES finds indefinite is a ProblemError.
     **settings
         QP solver settings (default ``eps_abs=1e-10``).
 
@@ -209,6 +211,10 @@ class DIF:
             raise ProblemError(f"rule must be one of {RULES}, got {rule!r}")
         if krylov not in KRYLOV_METHODS:
             raise ProblemError(f"krylov must be one of {KRYLOV_METHODS}, got {krylov!r}")
+        if isinstance(damping, (torch.Tensor, np.ndarray)) and damping.ndim == 0:  # a 0-d tensor or array: its number
+            damping = damping.item()
+        if not isinstance(renormalize, (bool, np.bool_)):
+            raise ProblemError(f"renormalize must be True or False, got {renormalize!r}")
         auto_damping = isinstance(damping, str)
         if auto_damping and damping != "auto":
             raise ProblemError(f"damping must be a number >= 0 or 'auto', got {damping!r}")
@@ -221,9 +227,11 @@ class DIF:
                                     or maxiter < 1):
             raise ProblemError(f"maxiter must be a positive integer or None, got {maxiter!r}")
         if preconditioner is not None and not callable(preconditioner) and \
-                not isinstance(preconditioner, spla.LinearOperator):
-            raise ProblemError("preconditioner must be a callable v -> M v (M ≈ H⁻¹, symmetric positive definite) or a "
-                               f"scipy LinearOperator, got {type(preconditioner).__name__}")
+                not isinstance(preconditioner, spla.LinearOperator) and \
+                not (isinstance(preconditioner, np.ndarray) and preconditioner.ndim == 2) and \
+                not sp.issparse(preconditioner):
+            raise ProblemError("preconditioner must be a callable v -> M v (M ≈ H⁻¹, symmetric positive definite), a "
+                               f"scipy LinearOperator or a d × d matrix, got {type(preconditioner).__name__}")
         if isinstance(backend, str):  # a misspelt backend fails here, not at the first weakly active removal
             from ...registry import get_backend
 
@@ -612,7 +620,7 @@ class DIF:
                 self.lin.precompute()
             terms = [self.lin.removal_terms(rem, renormalize=self.renormalize) for rem in removals]
             Q = np.array([c0 + self.lin.lam @ cc for c0, cc, _ in terms]).reshape(-1, self.problem.dim)
-            R = np.array([r for _, _, r in terms]).reshape(-1, m)
+            R = np.array([r for _, _, r in terms]).reshape(len(terms), m)  # (k, 0) without constraints
         Q, U = Q - self._c_shift, self._bound(R)
         step = dense_batch_size(self.problem.dim)  # a backend's batch holds a few d × d matrices per element
         sols = [sol for i in range(0, Q.shape[0], step)
@@ -693,7 +701,13 @@ def _qp_failure(status: Status) -> str:
 def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> Callable[[torch.Tensor], torch.Tensor]:
     """θ ↦ test_fn at θ as a 0-d tensor (a ``ProblemError`` when test_fn does not return a scalar)."""
     def f(t):
-        out = torch.as_tensor(test_fn(problem.wrap(t)))
+        try:
+            out = torch.as_tensor(test_fn(problem.wrap(t)))
+        except RuntimeError as exc:
+            err = placement_error(exc, "test_fn failed")
+            if err is None:
+                raise
+            raise err from exc
         if out.numel() != 1:
             raise ProblemError(f"test_fn must return a scalar, got shape {tuple(out.shape)}")
         return out.reshape(())

@@ -142,6 +142,7 @@ class KKTPoint:
         ProblemError
             θ infeasible, or not stationary for any admissible multipliers (not a KKT point).
         """
+        _check_tolerances(tol=tol, active_tol=active_tol, mult_tol=mult_tol)
         th = _flat_theta(problem, theta)
         gval, G = constraint_jacobian(problem, th)
         _, grad = objective_grad(problem, th)
@@ -233,13 +234,29 @@ class KKTPoint:
         return k
 
 
+def _check_tolerances(**tols: Any) -> None:
+    """Each tolerance a positive finite number (NaN would accept any point)."""
+    for name, v in tols.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0.0 < v < np.inf:
+            raise ProblemError(f"{name} must be a positive finite number, got {v!r}")
+
+
 def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
     if isinstance(theta, nn.Module):
         if problem.model is None:
             raise ProblemError("theta is a module but the problem was built on a tensor")
         ps = [p for _, p in theta.named_parameters() if p.requires_grad]
         theta = torch.cat([p.detach().reshape(-1) for p in ps])
-    th = torch.as_tensor(theta).detach().to("cpu", torch.float64).reshape(-1).clone()
+    if not isinstance(theta, torch.Tensor):  # a list or array: float64 (torch.as_tensor of floats is float32)
+        try:
+            theta = torch.as_tensor(np.asarray(theta, dtype=np.float64))
+        except (TypeError, ValueError) as exc:
+            raise ProblemError(f"theta must be a 1-D tensor, array or nn.Module, got {type(theta).__name__}: "
+                               f"{exc}") from None
+    if theta.ndim != 1:
+        raise ProblemError(f"theta must be 1-D (the flat parameters, {problem.dim} entries) or an nn.Module, got "
+                           f"shape {tuple(theta.shape)}")
+    th = theta.detach().to("cpu", torch.float64).clone()
     if th.numel() != problem.dim:
         raise ProblemError(f"theta has {th.numel()} entries, the problem has {problem.dim} parameters")
     if not bool(torch.isfinite(th).all()):
@@ -338,8 +355,7 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
         The QP subproblem is infeasible or the iteration does not reach ``tol``.
     """
     t0 = time.perf_counter()
-    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating)) or not (0.0 < tol < np.inf):
-        raise ProblemError(f"tol must be a positive number, got {tol!r}")
+    _check_tolerances(tol=tol, active_tol=active_tol, mult_tol=mult_tol)
     th = _flat_theta(problem, problem.theta0 if theta0 is None else theta0)
     lam = np.zeros(problem.m) if lambdas0 is None else np.asarray(
         lambdas0.detach().cpu() if isinstance(lambdas0, torch.Tensor) else lambdas0, dtype=np.float64).copy()
@@ -409,8 +425,17 @@ def _solve_auglag(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray
                                      chunk_size=chunk)
         res = newton.residuals[-1]
     if res > tol:
+        g = problem.constraint_values(th).numpy() if problem.m else np.zeros(0)
+        eq = problem.eq_mask
+        viol = np.where(eq, np.abs(g), np.maximum(g, 0.0))
+        hint = "raise max_iter or loosen tol"
+        if viol.size and float(viol.max()) > max(1e3 * tol, 1e-6):  # far from feasible: likely no feasible θ
+            j = int(np.argmax(viol))
+            hint = (f"the constraints are still violated by {float(viol.max()):.3e} (constraint "
+                    f"{problem.constraints[j].name!r}): they may have no common feasible point; check the τ's "
+                    "(and the starting point), or " + hint)
         raise SolverError(f"the augmented Lagrangian + Newton-MINRES did not reach the KKT residual {tol:g} "
-                          f"(residual {res:.3e}); raise max_iter or loosen tol")
+                          f"(residual {res:.3e}); {hint}")
     kkt = KKTPoint.from_params(problem, th, lam, tol=max(tol, 10 * res), active_tol=active_tol,
                                mult_tol=mult_tol, polish=False, warn=warn)
     kkt.info.update(time=time.perf_counter() - t0, method="auglag", auglag=info, newton=newton)

@@ -12,11 +12,13 @@ the reported residual is the true ‖Hx − b‖ / ‖b‖, not the recursion's 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ...errors import SolverError
+from ...errors import ProblemError, SolverError
 
 __all__ = ["KRYLOV_METHODS", "IndefiniteHessianError", "KrylovInfo", "KrylovNotConvergedError", "check_converged",
            "solve_hessian"]
@@ -150,22 +152,52 @@ def solve_hessian(op, b: np.ndarray, *, method: str = "cg", rtol: float = 1e-10,
     maxiter = min(max(100, 10 * d), 20_000) if maxiter is None else int(maxiter)
     w = _Watched(op, stop_on_negative=(method == "cg"))
     A = w.linear_operator(d)
-    if M is not None and not isinstance(M, spla.LinearOperator):
-        M = spla.LinearOperator((d, d), matvec=M, rmatvec=M, dtype=np.float64)
-    if method == "cg":
-        x, _ = spla.cg(A, b, x0=x0, rtol=rtol, atol=0.0, maxiter=maxiter, M=M)
-    else:
-        x, _ = spla.minres(A, b, x0=x0, rtol=rtol, maxiter=maxiter, M=M)
-        # MINRES stops on its own recurrence's residual estimate, which drifts from the true residual in
-        # floating point: restarted from x (the true residual recomputed) while that is above the target
-        for _ in range(MINRES_RESTARTS):
-            r = float(np.linalg.norm(op.matvec(x) - b)) / bnorm
-            if r <= rtol or w.count >= maxiter:
-                break
-            x, _ = spla.minres(A, b, x0=x, rtol=rtol, maxiter=maxiter - w.count, M=M)
+    if M is not None:
+        M = _checked_preconditioner(M, d)
+    try:
+        if method == "cg":
+            x, _ = spla.cg(A, b, x0=x0, rtol=rtol, atol=0.0, maxiter=maxiter, M=M)
+        else:
+            x, _ = spla.minres(A, b, x0=x0, rtol=rtol, maxiter=maxiter, M=M)
+            # MINRES stops on its own recurrence's residual estimate, which drifts from the true residual in
+            # floating point: restarted from x (the true residual recomputed) while that is above the target
+            for _ in range(MINRES_RESTARTS):
+                r = float(np.linalg.norm(op.matvec(x) - b)) / bnorm
+                if r <= rtol or w.count >= maxiter:
+                    break
+                x, _ = spla.minres(A, b, x0=x, rtol=rtol, maxiter=maxiter - w.count, M=M)
+    except ValueError as exc:  # SciPy's MINRES tests M's definiteness on the fly
+        if isinstance(exc, ProblemError) or "preconditioner" not in str(exc):
+            raise
+        raise ProblemError(f"the preconditioner is not positive definite ({exc}): it must approximate H⁻¹, "
+                           "symmetric positive definite") from exc
     iterations = w.count
     res = float(np.linalg.norm(op.matvec(x) - b)) / bnorm
     return x, KrylovInfo(method, iterations, res, bool(res <= 10 * rtol), w.min_curv, w.max_curv)
+
+
+def _checked_preconditioner(M: Any, d: int) -> spla.LinearOperator:
+    """The user's preconditioner as a LinearOperator whose every product is checked: shape (d,), finite."""
+    if isinstance(M, np.ndarray) or sp.issparse(M):
+        M = spla.aslinearoperator(M)
+    if isinstance(M, spla.LinearOperator):
+        if M.shape != (d, d):
+            raise ProblemError(f"the preconditioner has shape {M.shape}; H is {d} × {d}")
+        apply = M.matvec
+    else:
+        apply = M
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        v = np.asarray(v, dtype=np.float64)
+        out = apply(v.reshape(-1))
+        out = np.asarray(out.detach().cpu() if hasattr(out, "detach") else out, dtype=np.float64)
+        if out.size != d:
+            raise ProblemError(f"the preconditioner returned shape {out.shape} for a vector of {d} entries")
+        if not np.all(np.isfinite(out)):
+            raise ProblemError("the preconditioner returned NaN or inf")
+        return out.reshape(v.shape)
+
+    return spla.LinearOperator((d, d), matvec=matvec, rmatvec=matvec, dtype=np.float64)
 
 
 #: restarts of MINRES from its answer when the true residual is above the target (see :func:`solve_hessian`)

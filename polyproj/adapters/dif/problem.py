@@ -74,6 +74,16 @@ def _prepare_data(data: Any, name: str) -> tuple[Any, int | None]:
     return (tuple(conv) if isinstance(data, tuple) else conv[0]), n
 
 
+def placement_error(exc: RuntimeError, what: str) -> ProblemError | None:
+    """A ProblemError for torch's dtype or device mismatch inside a user's function (else None)."""
+    msg = str(exc)
+    if not any(k in msg for k in ("dtype", "device", "Double", "Float", "Half")):
+        return None
+    return ProblemError(f"{what} ({msg.splitlines()[0] if msg else type(exc).__name__}): the problem computes in "
+                        "float64 on the CPU (its θ, data and module), so a tensor a function holds itself must be "
+                        "float64 and on the CPU (e.g. w.double().cpu())")
+
+
 def _check_finite(v: torch.Tensor, what: str) -> None:
     if v.is_floating_point() and not bool(torch.isfinite(v).all()):
         bad = int(torch.nonzero(~torch.isfinite(v))[0, 0])
@@ -112,6 +122,8 @@ class _Term:
             raise ProblemError(f"{self.name}: fn must be callable, got {type(self.fn).__name__}")
         if not isinstance(self.name, str) or not self.name:
             raise ProblemError(f"loss name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.renormalize, (bool, np.bool_)):
+            raise ProblemError(f"{self.name}: renormalize must be True or False, got {self.renormalize!r}")
         data, n = _prepare_data(self.data, self.name)
         object.__setattr__(self, "data", data)
         if self.weights is not None:
@@ -228,9 +240,20 @@ class _FunctionalModule:
     # the module's own accessors would hand out its frozen copy of the parameters, not θ's tensors: a
     # weight decay or norm constraint written with them would not depend on θ
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
-        """The module's ``named_parameters`` with θ's tensors for the trainable ones."""
+        """The module's ``named_parameters`` with θ's tensors for the trainable ones.
+
+        Their ``requires_grad`` is True as in the user's module (frozen ones: False), also where the engine
+        evaluates values without gradients (``torch.no_grad``): a weight decay written
+        ``sum(p.pow(2).sum() for p in m.parameters() if p.requires_grad)`` must count in the objective's
+        value as in its gradient (it was left out of the values, and ``solve`` stalled).
+        """
         for k, p in self._model.named_parameters(recurse=recurse, remove_duplicate=remove_duplicate):
-            yield (prefix + ("." if prefix else "") + k), self._params.get(k, p)
+            t = self._params.get(k)
+            if t is None:
+                t = p  # frozen: the module's own tensor
+            elif not t.requires_grad and not torch.is_grad_enabled():
+                t = t.detach().requires_grad_(True)  # the same values; no graph is recorded here
+            yield (prefix + ("." if prefix else "") + k), t
 
     def parameters(self, recurse: bool = True) -> Any:
         """The module's ``parameters`` with θ's tensors for the trainable ones."""
@@ -385,13 +408,13 @@ class ConstrainedProblem:
         self._free_call = {c.name: _takes_batch(c.fn) for c in constraints if c.data is None}
         # evaluate once: shapes and finiteness
         with torch.no_grad():
-            per = self.per_sample(objective, theta)
+            per = self._first_values(objective, theta, "objective")
             if per.ndim != 1 or per.shape[0] != objective.n_samples:
                 raise ProblemError(f"objective: fn must return one loss per sample, shape ({objective.n_samples},), "
                                    f"got {tuple(per.shape)}")
             _check_finite(per, "objective")
             for c in constraints:
-                v = self.per_sample(c, theta)
+                v = self._first_values(c, theta, f"constraint {c.name!r}")
                 want = 1 if c.data is None else c.n_samples
                 if v.ndim != 1 or v.shape[0] != want:
                     raise ProblemError(f"constraint {c.name!r}: fn must return "
@@ -400,6 +423,16 @@ class ConstrainedProblem:
                 _check_finite(v, f"constraint {c.name!r}")
         for term in (objective, *constraints):
             self._check_depends(term, theta)
+
+    def _first_values(self, loss: Loss, theta: torch.Tensor, what: str) -> torch.Tensor:
+        """``per_sample`` at θ0; torch's dtype or device mismatch becomes a ProblemError that says why."""
+        try:
+            return self.per_sample(loss, theta)
+        except RuntimeError as exc:
+            err = placement_error(exc, f"{what}: fn failed at the initial parameters")
+            if err is None:
+                raise
+            raise err from exc
 
     def _check_depends(self, loss: Loss, theta: torch.Tensor) -> None:
         """A ``ProblemError`` for a term whose value is not computed from θ (on a few of its samples).

@@ -37,14 +37,22 @@ def per_sample_grads_vmap(problem: ConstrainedProblem, name: str, theta: torch.T
                           idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample gradients (k, d) and losses (k,) of loss ``name`` at the samples ``idx``.
 
-    One ``vmap(grad_and_value)`` over the selected samples: the caller bounds k (a chunk).
+    One ``vmap(grad_and_value)`` over the selected samples: the caller bounds k (a chunk). A loss that
+    ``vmap`` cannot trace (data-dependent control flow or boolean-mask indexing on the sample, e.g.
+    ``out[r.abs() > 1] = ...``) is differentiated by ``jacrev`` of the chunk's losses instead, as the dense
+    path does: the same gradients, k backward passes.
     """
     loss = problem.loss(name)
     sub = _take(loss.data, torch.as_tensor(np.asarray(idx, dtype=np.int64)))
     items = sub if isinstance(sub, tuple) else (sub,)
     f = _one_sample_loss(problem, loss, isinstance(sub, tuple))
     fn = torch.func.vmap(torch.func.grad_and_value(f), in_dims=(None, *([0] * len(items))))
-    grads, vals = fn(theta, *items)
+    try:
+        grads, vals = fn(theta, *items)
+    except RuntimeError as exc:
+        if "vmap" not in str(exc):
+            raise
+        grads, vals = torch.func.jacrev(lambda t: (problem.per_sample(loss, t, sub),) * 2, has_aux=True)(theta)
     return grads.detach(), vals.detach()
 
 
