@@ -235,6 +235,31 @@ def test_objective_far_from_unit_scale_is_solved(backend, scale):
     np.testing.assert_allclose(sol.z, [0.5 * scale], rtol=1e-5)  # in the caller's units: Px + q + Cᵀz = 0
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("big", [1e8, 1e10, 1e14])
+def test_loose_bounds_do_not_set_the_scale(backend, big):
+    """Bounds at ±1e8…1e14 around a problem at unit scale are big-M stand-ins for "no bound": taken as the scale
+    of x they made every backend but OSQP return SOLVED points off by orders of magnitude (objective 5e5 for
+    -1.5 at 1e8; x0 + x1 <= 1 broken by 2 at 1e10), and in a batch one element's box spoiled the others.
+    Now a SOLVED answer is the solution (a backend may still fail honestly, with a status that says so)."""
+    box = dict(lb=[-big, -big], ub=[big, big])
+    cases = [(pp.QP(P=np.eye(2), q=[-1.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0], **box), [0.0, 1.0]),
+             (pp.QP(P=np.zeros((2, 2)), q=[1.0, 2.0], C=[[1.0, 1.0]], l=[1.0], u=[np.inf], lb=[0.0, 0.0],
+                    ub=[big, big]), [1.0, 0.0])]
+    for qp, x in cases:
+        sol = pp.solve_qp(qp, backend=backend, time_limit=5)
+        if backend in ("proxsuite", "highs", "daqp", "osqp"):  # these solve all of them (measured)
+            assert sol.status.ok, sol.info
+        if sol.status.ok:
+            np.testing.assert_allclose(sol.x, x, atol=1e-5, err_msg=str(sol.info))
+    free = cases[0][0].with_vectors(lb=np.full(2, -np.inf), ub=np.full(2, np.inf))
+    bs = pp.get_backend(backend, time_limit=5).solve_batch(free, lb=[[-np.inf, -np.inf], [-big, -big]],
+                                                           ub=[[np.inf, np.inf], [big, big]])
+    for i in range(2):
+        if bs.status[i].ok:
+            np.testing.assert_allclose(bs.x[i], [0.0, 1.0], atol=1e-5)
+
+
 # --------------------------------------------------------------------------- time limits
 class _Slow(pp.QPSolver):
     """ProxSuite after a pause of ``delay`` seconds (a solver that ignores time_limit)."""

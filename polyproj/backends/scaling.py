@@ -13,8 +13,9 @@ that is ``P̃ = γσ²P``, ``q̃ = γσq``, ``l̃ = D l / σ``, ``ũ = D u / σ`
 
     z = D z̃ / (γσ),   z_box = z̃_box / (γσ).
 
-``σ`` is the magnitude of x suggested by the data (the largest finite bound or right-hand side
-relative to its row, and ``|q| / |P|``), ``γ`` makes the largest entry of ``P̃`` and ``q̃`` one.
+``σ`` is the magnitude of x suggested by the data (the largest finite right-hand side relative to its
+row and ``|q| / |P|``, and the largest finite bound; a bound beyond ``HIGH`` counts only up to
+``max(LOOSE`` times the others, ``HIGH)``: a big-M stand-in for "no bound"), ``γ`` makes the largest entry of ``P̃`` and ``q̃`` one.
 Normalisation applies when σ, a row of C or the objective's scale is far from one (``LOW``,
 ``HIGH``, see :func:`plan`);
 then the tolerances
@@ -35,11 +36,13 @@ from ..problem import QP
 from ..solution import BatchSolution, Solution
 from .cache import converted
 
-__all__ = ["HIGH", "IGNORE", "LOW", "Scaling", "plan"]
+__all__ = ["HIGH", "IGNORE", "LOOSE", "LOW", "Scaling", "plan"]
 
 HIGH = 1e7
 LOW = 1e-7
 IGNORE = 1e15
+#: variable bounds beyond HIGH and this factor beyond the right-hand sides and |q| / |P| do not set σ (:func:`plan`)
+LOOSE = 1e4
 
 _VECTORS = ("q", "l", "u", "lb", "ub")
 
@@ -169,8 +172,14 @@ def plan(qp: QP, **batched: np.ndarray) -> Scaling | None:
     # the matrix part is computed once per (P, C): projections and batches share them
     p_max, _, rows, rows_ok = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
     q_max = float(np.max(np.abs(vec["q"]), initial=0.0))
-    sigma = max(_finite_absmax(vec["l"] * rows, vec["u"] * rows, vec["lb"], vec["ub"]),
-                q_max / p_max if p_max > 0 else 0.0)
+    core = max(_finite_absmax(vec["l"] * rows, vec["u"] * rows), q_max / p_max if p_max > 0 else 0.0)
+    bounds = _finite_absmax(vec["lb"], vec["ub"])
+    # bounds beyond HIGH and far beyond the rest of the data (LOOSE times) are big-M stand-ins for "no bound",
+    # not the scale of x: σ from them made γ shrink the objective's gradient below eps_abs, and every backend
+    # returned "solved" points off by orders of magnitude (x0 + x1 <= 1 with a box at ±1e8 to ±1e14)
+    if core > 0 and bounds > HIGH:
+        bounds = min(bounds, max(LOOSE * core, HIGH))
+    sigma = max(core, bounds)
     sigma = sigma if sigma > 0 else 1.0
     # the objective's own scale at x's: max(|P|, |q| / σ) (1 for a projection). At 1e-12 every point is
     # "optimal" to an absolute dual tolerance, at 1e12 none is: a trigger as well (γ alone changes nothing
