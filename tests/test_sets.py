@@ -581,3 +581,27 @@ def test_set_tolerances_take_numpy_scalars():
     for bad in (True, -1.0, float("nan"), "x"):
         with pytest.raises(pp.ProblemError, match="tol must be a positive"):
             pp.sets.Birkhoff(3, tol=bad)
+
+
+def test_caps_far_above_the_total_and_huge_max_matches_are_exact():
+    """A new user's trial: CappedSimplex with upper 1e14…1e15 (a cap no entry can reach: each is at most the
+    total) stopped Newton on the wrong piece (sums up to 10 % off, reported solved); PartialMatching with
+    max_matches 1e9…1e14 put rows of sum 1 − 1e-7 on the face (off by up to 0.34). Both now equal the set
+    without the redundant bound."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2000, 5))
+    ref = pp.project(X, pp.sets.Simplex(5)).y
+    for upper in (1.0, 1e3, 1e14, 1e15):
+        res = pp.project(X, pp.sets.CappedSimplex(5, total=1.0, upper=upper))
+        np.testing.assert_allclose(res.y, ref, rtol=0, atol=1e-14)
+    tiny = pp.project(X, pp.sets.CappedSimplex(5, total=1e-6, upper=1e9)).y
+    np.testing.assert_allclose(tiny, pp.project(X, pp.sets.Simplex(5, total=1e-6)).y, rtol=0, atol=1e-15)
+    x = np.array([[0.5, 0.5 - 1e-7], [-1.0, -1.0]])
+    for mm in (None, 2.0, 1e9, 1e14):
+        np.testing.assert_allclose(pp.project(x, pp.sets.PartialMatching(2, 2, max_matches=mm)).y,
+                                   [[0.5, 0.5 - 1e-7], [0.0, 0.0]], rtol=0, atol=1e-15)
+    M = 0.4 * rng.standard_normal((200, 3, 4))
+    free = pp.project(M, pp.sets.PartialMatching(3, 4)).y
+    for mm in (1e13, 1e14):
+        np.testing.assert_allclose(pp.project(M, pp.sets.PartialMatching(3, 4, max_matches=mm)).y, free,
+                                   rtol=0, atol=1e-14)

@@ -84,12 +84,15 @@ class PartialMatching(SumsProjector):
         """
         X = face.X
         eps = float(np.finfo(np.float32 if X.dtype == xp.float32 else np.float64).eps)
-        tol = 2.0 * (self.rows + self.cols) * eps * (1.0 + self.max_matches if self.max_matches else 2.0)
+        # a line sum is at most 1: its rounding is that of r + c numbers at 1; the total's scales with max_matches
+        # (a tolerance scaled by max_matches for the lines too put rows with sums 1 − 1e-7 on the face at
+        # max_matches 1e9, and the answer moved off the projection)
+        tol = 4.0 * (self.rows + self.cols) * eps
         rs, cs = line_sums(xp, X)
         out = [face.rows[0] | (rs >= 1.0 - tol), face.rows[1] | (cs >= 1.0 - tol)]
         if self.max_matches is not None:
             tot = xp.sum(rs, axis=1, keepdims=True)
-            out.append(face.rows[2] | (tot >= self.max_matches - tol * max(1.0, self.max_matches)))
+            out.append(face.rows[2] | (tot >= self.max_matches - tol * (1.0 + self.max_matches)))
         else:
             out.append(face.rows[2])
         return tuple(out)

@@ -100,11 +100,16 @@ def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int 
     """
     xp = array_namespace(X)
     b, n = X.shape
+    cap = upper
+    if upper != float("inf") and b and upper >= float(xp.max(total)):
+        # no entry reaches the cap at the root (each is at most the total), so θ is the uncapped one; with the
+        # cap the stop test's width carried u (1e15 stopped Newton on the wrong piece: sums 10 % off)
+        upper = float("inf")
     K = CANDIDATES + (int(np.ceil(float(xp.max(total)) / upper)) if upper != float("inf") and b else 0)
     top = _largest(xp, X, K) if 2 * K < n else None
     if top is None:
         th = _newton(X, total, upper, max_iter)
-        near, free = (None, None) if tol is None else _near_free(xp, X, th.theta, upper, tol(th.theta))
+        near, free = (None, None) if tol is None else _near_free(xp, X, th.theta, cap, tol(th.theta))
         return Threshold(th.theta, th.iterations, near, free)
     cand, kth, ordered = top
     lower = None
@@ -118,7 +123,7 @@ def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int 
     th = _newton(cand, total, upper, max_iter, lower)
     near = free = None
     if tol is not None:  # the entries below the (K+1)-th are neither near a breakpoint nor free
-        near, free = _near_free(xp, xp.concat([cand, kth], axis=1), th.theta, upper, tol(th.theta))
+        near, free = _near_free(xp, xp.concat([cand, kth], axis=1), th.theta, cap, tol(th.theta))
     bad = kth > th.theta
     if not bool(xp.any(bad)):
         return Threshold(th.theta, th.iterations, near, free)
@@ -127,7 +132,7 @@ def threshold(X: Any, total: Any, upper: float = float("inf"), *, max_iter: int 
     full = _newton(Xr, xp.take(total, rows, axis=0), upper, max_iter)
     theta = _put(xp, th.theta, rows, full.theta)
     if near is not None:
-        nr, fr = _near_free(xp, Xr, full.theta, upper, tol(full.theta))
+        nr, fr = _near_free(xp, Xr, full.theta, cap, tol(full.theta))
         near, free = put_rows(xp, near, rows, nr), put_rows(xp, free, rows, fr)
     return Threshold(theta, max(th.iterations, full.iterations), near, free)
 
