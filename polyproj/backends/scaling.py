@@ -15,7 +15,8 @@ that is ``P̃ = γσ²P``, ``q̃ = γσq``, ``l̃ = D l / σ``, ``ũ = D u / σ`
 
 ``σ`` is the magnitude of x suggested by the data (the largest finite right-hand side relative to its
 row and ``|q| / |P|``, and the largest finite bound; a bound beyond ``HIGH`` counts only up to
-``max(LOOSE`` times the others, ``HIGH)``: a big-M stand-in for "no bound"), ``γ`` makes the largest entry of ``P̃`` and ``q̃`` one.
+``max(LOOSE`` times the others, ``HIGH)``: a big-M stand-in for "no bound"), ``γ`` makes the largest
+entry of ``P̃`` and ``q̃`` one.
 Normalisation applies when σ, a row of C or the objective's scale is far from one (``LOW``,
 ``HIGH``, see :func:`plan`);
 then the tolerances
