@@ -209,7 +209,9 @@ def _check_symmetric(P, name: str = "P") -> None:
         )
 
 
-def _check_psd(P, name: str = "P") -> None:
+def _check_psd(P, name: str = "P") -> bool:
+    """Raise where P is not positive semidefinite; return whether that was decided (False: too large for the
+    dense check, left to the backends' Lanczos check, :func:`polyproj.backends.convexity.is_nonconvex`)."""
     scale = matrix_scale(P)
     diag = P.diagonal() if sp.issparse(P) else np.diag(P)
     if np.any(diag < -1e-9 * scale):
@@ -221,6 +223,7 @@ def _check_psd(P, name: str = "P") -> None:
             f"{name} is not positive semidefinite (smallest eigenvalue {lam:.3g}); "
             "polyproj solves convex QPs only"
         )
+    return lam is not None
 
 
 def _dependent_rows(B) -> list[int]:
@@ -268,7 +271,8 @@ class QP:
     Parameters
     ----------
     P : (n, n) array or scipy.sparse matrix
-        Symmetric positive semidefinite (checked).
+        Symmetric positive semidefinite (checked: here up to n = 3,000 or for a diagonal P, beyond that by
+        every backend before it solves, by Lanczos; ``psd_known`` says whether the construction decided it).
     q : (n,) array
     C : (m, n) array or scipy.sparse matrix, optional
     l, u : (m,) arrays, optional
@@ -315,8 +319,9 @@ class QP:
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1, scalar=True)
         check_order(lb, ub, "lb", "ub")
         _check_symmetric(P)  # always: solvers read one triangle each, so a non-symmetric P is ambiguous
-        if self.check_psd:
-            _check_psd(P)
+        # psd_known: the construction decided convexity (False beyond the dense check's size: every backend
+        # then runs the Lanczos check, as for check_psd=False; an indefinite sparse P of n 3,001 was SOLVED)
+        object.__setattr__(self, "psd_known", bool(self.check_psd and _check_psd(P)))
         for k, v in dict(P=P, q=q, C=C, l=l, u=u, lb=lb, ub=ub).items():
             object.__setattr__(self, k, v)
 
@@ -340,7 +345,8 @@ class QP:
             check_order(vals["lb"], vals["ub"], "lb", "ub")
         else:
             vals.update(vectors)
-        for k, v in dict(P=self.P, C=self.C, check_psd=self.check_psd, **vals).items():
+        for k, v in dict(P=self.P, C=self.C, check_psd=self.check_psd, psd_known=getattr(self, "psd_known", False),
+                         **vals).items():
             object.__setattr__(new, k, v)
         return new
 

@@ -354,3 +354,18 @@ def test_batch_solution_put_inverts_take():
     back = out.put([3, 1], part)
     np.testing.assert_array_equal(back.x, sol.x)
     assert back.status == sol.status
+
+
+def test_an_indefinite_P_beyond_the_dense_check_is_never_solved():
+    """P = I of n 3,001 with one off-diagonal pair 2 (eigenvalue -1): the construction's dense check stops at
+    n = 3,000 and passed it silently, and ProxSuite, PIQP and Clarabel returned SOLVED x = 0 (the minimum is
+    -1). Undecided there (psd_known False), every backend's Lanczos check answers NON_CONVEX."""
+    n = 3001
+    P = sp.eye(n, format="lil")
+    P[0, 1] = P[1, 0] = 2.0
+    qp = pp.QP(P=P.tocsc(), q=np.zeros(n), lb=-np.ones(n), ub=np.ones(n))
+    assert not qp.psd_known and qp.with_vectors(q=np.ones(n)).psd_known is False
+    assert pp.QP(P=sp.eye(n, format="csc"), q=np.zeros(n)).psd_known  # diagonal: decided
+    for backend in ("proxsuite", "piqp", "clarabel", "osqp", "highs"):
+        if backend in pp.available_backends():
+            assert pp.solve_qp(qp, backend=backend).status is pp.Status.NON_CONVEX, backend
