@@ -210,8 +210,11 @@ def _check_symmetric(P, name: str = "P") -> None:
 
 
 def _check_psd(P, name: str = "P") -> bool:
-    """Raise where P is not positive semidefinite; return whether that was decided (False: too large for the
-    dense check, left to the backends' Lanczos check, :func:`polyproj.backends.convexity.is_nonconvex`)."""
+    """Raise where P is not positive semidefinite; return whether that was decided.
+
+    False: too large for the dense check, left to the backends' Lanczos check
+    (:func:`polyproj.backends.convexity.is_nonconvex`).
+    """
     scale = matrix_scale(P)
     diag = P.diagonal() if sp.issparse(P) else np.diag(P)
     if np.any(diag < -1e-9 * scale):

@@ -15,8 +15,10 @@ __all__ = ["is_nonconvex", "is_strictly_convex"]
 
 
 def is_nonconvex(qp: QP, always: bool = False) -> bool:
-    """True when P has an eigenvalue below ``-1e-8 max|P|`` (checked only if ``QP`` did not decide it, or
-    ``always``)."""
+    """True when P has an eigenvalue below ``-1e-8 max|P|``.
+
+    Checked only where the ``QP`` did not decide it (``psd_known``), or ``always``.
+    """
     if (getattr(qp, "psd_known", qp.check_psd) and not always) or qp.n == 0:
         return False
 
