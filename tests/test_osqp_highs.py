@@ -319,3 +319,23 @@ def test_random_small_qps_match_exact_reference(name):
         assert np.linalg.norm(sol.x - reference_solution(qp)) <= solution_distance_bound(qp, sol)
 
     prop()
+
+
+def test_false_infeasibility_claims_of_highs_and_daqp():
+    """From a new user's trial: HiGHS's QP solver said Unbounded (DUAL_INFEASIBLE) on a bounded QP with a
+    singular P (optimum -2.5): the claim now needs a direction of unbounded descent, else NUMERICAL_ERROR.
+    DAQP said DUAL_INFEASIBLE on an LP with a fixed variable and a free one of zero cost (optimum -4), and
+    NUMERICAL_ERROR ("overdetermined initial working set") on a fixed variable its row cannot meet: fixed
+    variables are substituted first, as for HiGHS."""
+    bounded = pp.QP(P=[[1.0, 1.0], [1.0, 1.0]], q=[1.0, -1.0], ub=[1.0, 1.0])
+    for eps in (1e-6, 1e-8):
+        sol = pp.solve_qp(bounded, backend="highs", eps_abs=eps)
+        assert sol.status is not pp.Status.DUAL_INFEASIBLE
+        if sol.status.ok:
+            assert sol.objective == pytest.approx(-2.5, abs=1e-6)
+    lp = pp.QP(P=np.zeros((2, 2)), q=[-2.0, 0.0], lb=[2.0, -np.inf], ub=[2.0, np.inf])
+    sol = pp.solve_qp(lp, backend="daqp")
+    assert sol.status is pp.Status.SOLVED and sol.objective == pytest.approx(-4.0)
+    np.testing.assert_allclose(sol.z_box, [2.0, 0.0], atol=1e-12)  # stationarity: q + z_box = 0
+    clash = pp.QP(P=[[0.0]], q=[1.0], C=[[1.0]], l=[1.5], u=[1.5], lb=2.0, ub=2.0)
+    assert pp.solve_qp(clash, backend="daqp").status is pp.Status.PRIMAL_INFEASIBLE

@@ -24,6 +24,7 @@ from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .options import nonnegative, positive, positive_int
+from .presolve import solve_without_fixed
 
 __all__ = ["DAQPSolver"]
 
@@ -185,7 +186,16 @@ class DAQPSolver(QPSolver):
         return sol, flags
 
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
-        """Solve one QP with DAQP."""
+        """Solve one QP with DAQP.
+
+        Fixed variables (``lb == ub``) are substituted first (:mod:`.presolve`: DAQP called an LP with a fixed
+        variable and a free one of zero cost dual infeasible); such a problem is solved without a warm start.
+        """
+        if np.any(qp.lb == qp.ub):
+            return solve_without_fixed(self, qp, self._solve)
+        return self._solve(qp, warm_start)
+
+    def _solve(self, qp: QP, warm_start: Any = None) -> Solution:
         import daqp
 
         t0 = time.perf_counter()

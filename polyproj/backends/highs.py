@@ -24,9 +24,9 @@ from .base import Capabilities, QPSolver
 from .cache import converted
 from .convexity import is_nonconvex, is_strictly_convex
 from .options import nonnegative, nonnegative_int, one_of, positive
-from .presolve import fixed_variables
+from .presolve import solve_without_fixed
 from .quiet import c_stdout_silenced
-from .validation import check_solution, empty_solution
+from .validation import check_solution
 
 __all__ = ["HiGHSSolver"]
 
@@ -114,6 +114,11 @@ def _new_highs() -> Any:
 
     _banner_shown()
     return highspy.Highs()
+
+
+def _quadratic(qp: QP) -> bool:
+    """P ≠ 0: HiGHS runs its QP solver (P = 0: the simplex)."""
+    return qp.P.nnz > 0 if sp.issparse(qp.P) else bool(np.any(qp.P))
 
 
 def qp_iteration_cap(qp: QP) -> int:
@@ -206,15 +211,7 @@ class HiGHSSolver(QPSolver):
 
         Fixed variables are substituted first (HiGHS 1.16 fails on them, :mod:`.presolve`).
         """
-        red = fixed_variables(qp)
-        if red is None:
-            return self._solve(qp)
-        sub = red.problem(qp)
-        sol = self._solve(sub) if sub.n else empty_solution(sub, self.name)
-        if not sol.status.ok and sol.status not in (Status.TIME_LIMIT, Status.MAX_ITER):
-            return self._nan_solution(qp, sol.status, self.name, iterations=sol.iterations,
-                                      solve_time=sol.solve_time, info=sol.info)
-        return red.solution(sol, qp)
+        return solve_without_fixed(self, qp, self._solve)
 
     def _solve(self, qp: QP) -> Solution:
         """HiGHS; where it fails, the recession-cone check (:meth:`_unbounded`), then the retries (:meth:`_retries`).
@@ -226,6 +223,16 @@ class HiGHSSolver(QPSolver):
         t0 = time.perf_counter()
         sol = self._run(qp)
         limit = self.settings["time_limit"]
+        if sol.status is Status.DUAL_INFEASIBLE and _quadratic(qp):
+            # HiGHS's QP solver also says "Unbounded" on bounded QPs with a singular P (P = [[1, 1], [1, 1]],
+            # q = (1, -1), x <= 1): the claim stands only with a direction of unbounded descent
+            proof = self._unbounded(qp, sol)
+            if proof is not None:
+                return proof
+            sol = self._nan_solution(qp, Status.NUMERICAL_ERROR, self.name, iterations=sol.iterations,
+                                     solve_time=sol.solve_time, setup_time=sol.setup_time,
+                                     info={**sol.info, "note": "HiGHS said Unbounded, but the LP over the recession "
+                                           "cone found no direction of unbounded descent"})
         if (limit is None or time.perf_counter() - t0 <= limit) and self._maybe_unbounded(qp, sol):
             unbounded = self._unbounded(qp, sol)
             if unbounded is not None:
@@ -246,8 +253,7 @@ class HiGHSSolver(QPSolver):
         output check of :mod:`.validation`; only where P is singular (a strictly convex QP is bounded).
         """
         if sol.status is not Status.NUMERICAL_ERROR:
-            quadratic = qp.P.nnz > 0 if sp.issparse(qp.P) else bool(np.any(qp.P))
-            if sol.status is not Status.SOLVED or not quadratic:
+            if sol.status is not Status.SOLVED or not _quadratic(qp):
                 return False
             if check_solution(qp, sol, self.name, self.settings).status is Status.SOLVED:
                 return False

@@ -18,9 +18,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..problem import QP
-from ..solution import Solution
+from ..solution import Solution, Status
 
-__all__ = ["FixedVariables", "fixed_variables"]
+__all__ = ["FixedVariables", "fixed_variables", "solve_without_fixed"]
 
 
 def _columns(M, idx: np.ndarray):
@@ -69,3 +69,23 @@ def fixed_variables(qp: QP) -> FixedVariables | None:
         return None
     free = np.flatnonzero(qp.lb != qp.ub)
     return FixedVariables(free=free, fixed=fixed, values=qp.lb[fixed].copy())
+
+
+def solve_without_fixed(backend, qp: QP, run) -> Solution:
+    """``run(qp)`` with the fixed variables substituted first (:func:`fixed_variables`), the answer mapped back.
+
+    ``backend``: the QPSolver (its name and NaN solutions); a reduced problem without variables is answered
+    here (:func:`~.validation.empty_solution`). HiGHS 1.16 fails on fixed variables; DAQP called an LP
+    with a fixed variable and a free one of zero cost dual infeasible.
+    """
+    from .validation import empty_solution
+
+    red = fixed_variables(qp)
+    if red is None:
+        return run(qp)
+    sub = red.problem(qp)
+    sol = run(sub) if sub.n else empty_solution(sub, backend.name)
+    if not sol.status.ok and sol.status not in (Status.TIME_LIMIT, Status.MAX_ITER):
+        return backend._nan_solution(qp, sol.status, backend.name, iterations=sol.iterations,
+                                     solve_time=sol.solve_time, info=sol.info)
+    return red.solution(sol, qp)
