@@ -194,3 +194,14 @@ def test_solve_time_is_reported():
     qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
     sol = pp.solve_qp(qp, backend="proxsuite")
     assert sol.status is pp.Status.SOLVED and sol.solve_time > 0.0
+
+
+def test_a_false_infeasibility_claim_on_an_unbounded_lp_is_not_kept():
+    """ProxQP said PRIMAL_INFEASIBLE (no certificate) on a feasible, unbounded LP (x = (4, 0) is feasible);
+    the second opinion says DUAL_INFEASIBLE, which did not refute the claim. Now a feasibility check by the
+    independent backend does: the claim becomes NUMERICAL_ERROR, never PRIMAL_INFEASIBLE."""
+    qp = pp.QP(P=np.zeros((2, 2)), q=[1.0, -2.0], C=[[-2.0, 0.0]], l=[-10.0], u=[-7.0], lb=[1.0, -1.0],
+               ub=[4.0, np.inf])
+    sol = pp.solve_qp(qp, backend="proxsuite")
+    assert sol.status is not pp.Status.PRIMAL_INFEASIBLE
+    assert sol.status in (pp.Status.DUAL_INFEASIBLE, pp.Status.NUMERICAL_ERROR)

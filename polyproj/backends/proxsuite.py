@@ -174,8 +174,10 @@ class ProxSuiteSolver(QPSolver):
             # converging to a certificate (docs/solvers.md); another backend's claim is not proof
         elif status is Status.PRIMAL_INFEASIBLE and not qp_of().is_primal_infeasibility_certificate(z, z_box):
             other = self._second_opinion(qp_of())
-            if other is not None and other.status.ok:
-                status = Status.NUMERICAL_ERROR  # a false claim (ProxQP makes it on some feasible LPs)
+            if other is not None and (other.status.ok or (other.status is Status.DUAL_INFEASIBLE
+                                                          and self._feasible(qp_of()))):
+                # a false claim (ProxQP makes it on some feasible LPs, bounded or not)
+                status = Status.NUMERICAL_ERROR
         tl = self.settings["time_limit"]
         if status.ok and tl is not None and info_p.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
@@ -193,6 +195,15 @@ class ProxSuiteSolver(QPSolver):
             return get_backend(other, eps_abs=self.settings["eps_abs"]).solve(qp)
         except Exception:  # advisory: ProxQP's own status stands without it
             return None
+
+    def _feasible(self, qp: QP) -> bool:
+        """Whether an independent backend finds a point of ``qp``'s constraints (its objective dropped)."""
+        import scipy.sparse as sp
+
+        zero = sp.csc_matrix((qp.n, qp.n)) if sp.issparse(qp.P) else np.zeros((qp.n, qp.n))
+        found = self._second_opinion(QP(P=zero, q=np.zeros(qp.n), C=qp.C, l=qp.l, u=qp.u, lb=qp.lb, ub=qp.ub,
+                                        check_psd=False))
+        return found is not None and found.status.ok
 
     @staticmethod
     def _info(info_p: Any) -> dict[str, Any]:
