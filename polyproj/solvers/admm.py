@@ -371,6 +371,10 @@ class _Watch:
         self.prev_x = None
         self.prim = self.dual = None
         self.ratio = None
+        # each sample's iterate when it first met the tolerances: the others keep running (and the step size
+        # keeps adapting to them), which moved solved samples off their answer (a batch with an infeasible
+        # element returned its solved one at 190 times the tolerance)
+        self.kept: dict[str, Any] | None = None
 
     def update(self, it: _Iterate, qT: Any, Kq: Any, iters: int) -> bool:
         """True when the batch may stop."""
@@ -413,10 +417,24 @@ class _Watch:
         tiny = 1e-30
         self.ratio = xp.sqrt((prim / (scale_p + tiny)) / (dual / (scale_d + tiny) + tiny))
         running = self.code == MAX_ITER
-        self.code = xp.where(running & ok, xp.full_like(self.code, SOLVED), self.code)
+        newly = running & ok
+        self.code = xp.where(newly, xp.full_like(self.code, SOLVED), self.code)
+        if bool(xp.any(newly)):
+            self._keep(newly, xt, it.s * (S.rho / S.row_norm)[:, None], prim, dual)
         self._certificates(it, xt, qT)
         self.prim, self.dual = prim, dual
         return not bool(xp.any(self.code == MAX_ITER))
+
+    def _keep(self, newly: Any, xt: Any, w: Any, prim: Any, dual: Any) -> None:
+        """Remember the iterate (x̃, multipliers of the original rows, residuals) of the samples ``newly``."""
+        xp = self.xp
+        if self.kept is None:
+            self.kept = {"mask": xp.zeros_like(newly), "x": xp.zeros_like(xt), "w": xp.zeros_like(w),
+                         "prim": xp.zeros_like(prim), "dual": xp.zeros_like(dual)}
+        k = self.kept
+        k["mask"] = k["mask"] | newly
+        k["x"], k["w"] = xp.where(newly[None, :], xt, k["x"]), xp.where(newly[None, :], w, k["w"])
+        k["prim"], k["dual"] = xp.where(newly, prim, k["prim"]), xp.where(newly, dual, k["dual"])
 
     def rho_factor(self) -> float:
         """Step-size change suggested by the last residual check (1: keep), from the running samples."""
@@ -467,7 +485,13 @@ class _Watch:
         xp, S = self.xp, self.S
         xt = _primal_point(S, Kq, it)
         w = it.s * (S.rho / S.row_norm)[:, None]  # multipliers of the original rows
-        return ADMMResult(xp.matrix_transpose(xt), xp.matrix_transpose(w), self.code, iters, self.prim, self.dual)
+        prim, dual = self.prim, self.dual
+        if self.kept is not None:  # solved samples: their iterate when they were solved
+            k = self.kept
+            xt, w = xp.where(k["mask"][None, :], k["x"], xt), xp.where(k["mask"][None, :], k["w"], w)
+            if prim is not None:
+                prim, dual = xp.where(k["mask"], k["prim"], prim), xp.where(k["mask"], k["dual"], dual)
+        return ADMMResult(xp.matrix_transpose(xt), xp.matrix_transpose(w), self.code, iters, prim, dual)
 
 
 def _gap(xp: Any, S: ADMMSetup, xt: Any, Px: Any, qT: Any, w: Any) -> tuple[Any, Any]:
