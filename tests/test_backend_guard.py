@@ -382,3 +382,13 @@ def test_admm_batch_keeps_each_solved_element_as_it_was_solved():
         residual = bs.x[0] + bs.z[0, 0] + bs.z_box[0]  # P x + q + Cᵀz + z_box
         assert np.abs(residual).max() <= 10 * eps
         np.testing.assert_allclose(bs.x[0], [0.5, 0.5], atol=10 * eps)
+
+
+def test_non_finite_warm_start_parts_are_dropped(backend):
+    """A warm start with an infinite multiplier (or a failed solve's NaN ones) made ProxSuite return
+    NUMERICAL_ERROR on a problem it solves: the guard drops non-finite parts and keeps the rest."""
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    for ws in ({"x": np.array([0.0, 1.0]), "z": np.array([np.inf])}, {"x": np.full(2, np.nan)}):
+        sol = pp.solve_qp(qp, backend=backend, warm_start=ws)
+        assert sol.status is pp.Status.SOLVED, sol.info
+        np.testing.assert_allclose(sol.x, [0.0, 1.0], atol=1e-5)

@@ -343,6 +343,21 @@ def check_warm_start(qp: QP, warm_start: Any) -> None:
             raise ProblemError(f"warm_start {key} must have shape ({size},) for this problem, got {np.shape(v)}")
 
 
+def finite_warm_start(warm_start: Any) -> Any:
+    """The warm start without its non-finite parts; as given when every part is finite, None when none is left.
+
+    A failed solve's NaN multipliers carry no start; an infinite one made ProxSuite fail a problem it solves.
+    """
+    if warm_start is None:
+        return None
+    parts = {k: _warm_part(warm_start, k) for k in ("x", "z", "z_box")}
+    bad = [k for k, v in parts.items() if v is not None and not np.all(np.isfinite(np.asarray(v, dtype=np.float64)))]
+    if not bad:
+        return warm_start
+    kept = {k: v for k, v in parts.items() if v is not None and k not in bad}
+    return kept or None
+
+
 def check_batch_warm_start(qp: QP, size: int, warm_start: Any) -> None:
     """A warm start of ``solve_batch``: a BatchSolution of ``size`` elements of this problem's sizes."""
     if warm_start is None:
@@ -384,6 +399,7 @@ def _guard_solve(fn: Callable) -> Callable:
             raise ProblemError(f"solve() takes a polyproj.QP, got {type(qp).__name__}")
         name = self.name or type(self).__name__
         check_warm_start(qp, warm_start)
+        warm_start = finite_warm_start(warm_start)
         if qp.n == 0:
             return empty_solution(qp, name)
         if is_nonconvex(qp):  # QP(check_psd=False) with an indefinite P: no backend's answer is a solution
