@@ -392,3 +392,19 @@ def test_non_finite_warm_start_parts_are_dropped(backend):
         sol = pp.solve_qp(qp, backend=backend, warm_start=ws)
         assert sol.status is pp.Status.SOLVED, sol.info
         np.testing.assert_allclose(sol.x, [0.0, 1.0], atol=1e-5)
+
+
+def test_option_values_beyond_what_the_solvers_take_are_settings_errors():
+    """Counts beyond a C integer failed at the first solve as an OverflowError (SolverError) or a status with a
+    TypeError inside (OSQP); Clarabel's own refusal of a value and an ADMM step size that makes its matrix
+    singular were SolverErrors: each is a SettingsError naming the option, when built or at the first solve."""
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    for backend, kw in (("osqp", {"max_iter": 2**31}), ("osqp", {"polish_refine_iter": 10**12}),
+                        ("clarabel", {"max_iter": 10**12}), ("clarabel", {"max_threads": 10**12}),
+                        ("daqp", {"cycle_tol": 10**12}), ("admm", {"rho": 1e300})):
+        if backend in pp.available_backends():
+            with pytest.raises(pp.SettingsError, match=next(iter(kw))):
+                pp.get_backend(backend, **kw)
+    if "clarabel" in pp.available_backends():
+        with pytest.raises(pp.SettingsError, match="direct_solve_method"):
+            pp.solve_qp(qp, backend="clarabel", direct_solve_method="nonsense")

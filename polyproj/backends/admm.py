@@ -22,7 +22,7 @@ from ..problem import QP
 from ..runtime import small_work
 from ..solution import BatchSolution, ElementQPs, Solution, Status
 from .base import Capabilities, QPSolver
-from .options import positive, positive_int, unit_interval, within
+from .options import positive_int, unit_interval, within
 from .projection import ProjectionStart
 
 __all__ = ["ADMMSolver"]
@@ -51,7 +51,7 @@ class ADMMSolver(QPSolver):
     extra = "ipm"
     options = {"rho": 10.0, "alpha": 1.6, "check": 25, "stable": None, "start_dtype": "float32", "rough_iter": 300}
     option_checks: ClassVar[dict[str, Any]] = {
-        "rho": positive, "alpha": within(0.0, 2.0), "check": positive_int, "stable": unit_interval,
+        "rho": within(0.0, 1e8), "alpha": within(0.0, 2.0), "check": positive_int, "stable": unit_interval,
         "start_dtype": lambda v: None if str(v).replace("torch.", "") in ("float32", "float64")
         else "must be 'float32' or 'float64'", "rough_iter": positive_int}
 

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 
+from ..errors import SettingsError
 from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
@@ -109,7 +110,13 @@ class ClarabelSolver(QPSolver):
         P = sp.triu(sp.csc_matrix(qp.P), format="csc")
         cones = ([clarabel.ZeroConeT(n_eq)] if n_eq else []) + (
             [clarabel.NonnegativeConeT(side_row.size)] if side_row.size else [])
-        solver = clarabel.DefaultSolver(P, qp.q, A, b, cones, self._settings())
+        try:
+            solver = clarabel.DefaultSolver(P, qp.q, A, b, cones, self._settings())
+        except Exception as exc:  # its settings are validated here, by Clarabel itself
+            if "settings" not in str(exc).lower():
+                raise
+            raise SettingsError(f"Clarabel rejected the settings ({exc}; backend options given: "
+                                f"{ {k: v for k, v in self.backend_options.items() if v is not None} })") from exc
         setup = time.perf_counter() - t0
         res = solver.solve()
         raw = str(res.status).split(".")[-1]

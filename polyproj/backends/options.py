@@ -59,14 +59,19 @@ def within(lo: float, hi: float) -> Check:
     return check
 
 
+#: the largest count a solver takes: its C / Rust integer (32 bits; OSQP, Clarabel and DAQP failed beyond it
+#: with an OverflowError or a TypeError at the first solve)
+INT_MAX = 2**31 - 1
+
+
 def positive_int(v: Any) -> str | None:
-    """An integer >= 1 (an integral float such as 1e3 is accepted)."""
-    return None if _integral(v) and v >= 1 else "must be an integer >= 1"
+    """An integer in [1, INT_MAX] (an integral float such as 1e3 is accepted)."""
+    return None if _integral(v) and 1 <= v <= INT_MAX else f"must be an integer in [1, {INT_MAX}]"
 
 
 def nonnegative_int(v: Any) -> str | None:
-    """An integer >= 0."""
-    return None if _integral(v) and v >= 0 else "must be an integer >= 0"
+    """An integer in [0, INT_MAX]."""
+    return None if _integral(v) and 0 <= v <= INT_MAX else f"must be an integer in [0, {INT_MAX}]"
 
 
 def boolean(v: Any) -> str | None:
