@@ -605,3 +605,24 @@ def test_caps_far_above_the_total_and_huge_max_matches_are_exact():
     for mm in (1e13, 1e14):
         np.testing.assert_allclose(pp.project(M, pp.sets.PartialMatching(3, 4, max_matches=mm)).y, free,
                                    rtol=0, atol=1e-14)
+
+
+def test_vjp_of_a_single_point_result_is_that_of_its_batch_of_one():
+    """``S.vjp(pp.project(x, S), G)`` for one point: Birkhoff and PartialMatching raised a bare ValueError, a
+    Polyhedral set another one, Simplex and Box returned (1, n) for an (n,) G. Now J g in the point's shape,
+    equal to the batch of one's; a G of y's size in another shape is a ProblemError."""
+    from polyproj.sets.polyhedral import Polyhedral
+
+    rng = np.random.default_rng(0)
+    P = pp.Polyhedron(A=rng.standard_normal((4, 3)), a=np.ones(4))
+    for S in (pp.sets.Simplex(3), pp.sets.Box(np.zeros(3), np.ones(3)), pp.sets.Birkhoff(2),
+              pp.sets.PartialMatching(2, 3), Polyhedral(P)):
+        ev = tuple(S.event_shape)
+        x, G = 2 * rng.standard_normal(ev), rng.standard_normal(ev)
+        one = S.vjp(pp.project(x, S), G)
+        batch = S.vjp(pp.project(x[None], S), G[None])
+        assert np.shape(one) == ev
+        np.testing.assert_allclose(np.asarray(one).reshape(-1), np.asarray(batch).reshape(-1), rtol=0, atol=1e-14)
+    S = Polyhedral(P)
+    with pytest.raises(pp.ProblemError, match="one entry per entry"):
+        S.vjp(pp.project(rng.standard_normal((2, 3)), S), np.ones((3, 2)))

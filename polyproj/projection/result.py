@@ -108,6 +108,8 @@ class ProjectionResult:
     solution: Any = field(default=None, repr=False)
     degenerate: Any = field(default=None, repr=False)
     face: Any = field(default=None, repr=False, compare=False)
+    #: for the result of a single point, the batch of one it came from (what a set's vjp computes on)
+    batch_of_one: Any = field(default=None, repr=False, compare=False)
 
     @property
     def batched(self) -> bool:
@@ -122,4 +124,5 @@ class ProjectionResult:
         # [0, ...]: the array API standard (array_api_strict) indexes every axis
         return replace(self, y=self.y[0, ...], active=self.active[0, ...], multipliers=self.multipliers[0, ...],
                        status=self.status[0], violation=self.violation[0], polished=bool(self.polished[0]),
-                       solution=sol, degenerate=None if self.degenerate is None else self.degenerate.single())
+                       solution=sol, degenerate=None if self.degenerate is None else self.degenerate.single(),
+                       batch_of_one=self)

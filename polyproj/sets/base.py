@@ -226,7 +226,9 @@ def _checked_vjp(fn: Any) -> Any:
     """``vjp`` refusing a cotangent ``G`` that is not one entry per entry of the result's ``y``.
 
     Broadcasting would otherwise take a (2, n) ``G`` at a result of one point, or fail inside the set's
-    arithmetic with a bare NumPy error.
+    arithmetic with a bare NumPy error; a G of y's size in another shape ((3, 2) for (2, 3)) failed inside
+    torch. The result of a single point (``pp.project`` of one point) is differentiated on the batch of one
+    it came from, ``J g`` returned in the point's shape.
     """
     import functools
 
@@ -234,9 +236,14 @@ def _checked_vjp(fn: Any) -> Any:
     def vjp(self: Any, result: Any, G: Any) -> Any:
         y = getattr(result, "y", None)
         gs, ys = getattr(G, "shape", None), getattr(y, "shape", None)
-        if gs is not None and ys is not None and math.prod(gs) != math.prod(ys):
-            raise ProblemError(f"G must have one entry per entry of the result's y, shape {tuple(ys)}; got "
-                               f"{tuple(gs)}")
+        if gs is not None and ys is not None and (math.prod(gs) != math.prod(ys) or (
+                tuple(gs) != tuple(ys) and not (len(gs) == 1 or gs[0] == ys[0]))):
+            raise ProblemError(f"G must have one entry per entry of the result's y, shape {tuple(ys)} (or its "
+                               f"points flattened); got {tuple(gs)}")
+        one = getattr(result, "batch_of_one", None)
+        if one is not None and not getattr(result, "batched", True):  # a single point: its batch of one, J g
+            out = fn(self, one, array_namespace(G).reshape(G, (1, *one.y.shape[1:])))  # in the point's shape
+            return array_namespace(out).reshape(out, tuple(ys))
         return fn(self, result, G)
 
     vjp._cotangent_checked = True  # type: ignore[attr-defined]
