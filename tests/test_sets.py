@@ -626,3 +626,13 @@ def test_vjp_of_a_single_point_result_is_that_of_its_batch_of_one():
     S = Polyhedral(P)
     with pytest.raises(pp.ProblemError, match="one entry per entry"):
         S.vjp(pp.project(rng.standard_normal((2, 3)), S), np.ones((3, 2)))
+    # G of another namespace is taken into the result's (a NumPy G at a torch result raised AttributeError)
+    torch = pytest.importorskip("torch")
+    simplex = pp.sets.Simplex(3)
+    X = rng.standard_normal((2, 3))
+    want = simplex.vjp(pp.project(X, simplex), np.ones((2, 3)))
+    got = simplex.vjp(pp.project(torch.tensor(X), simplex), np.ones((2, 3)))
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-15)
+    box = pp.sets.Box(np.zeros(3), np.ones(3))
+    assert isinstance(box.vjp(pp.project(X, box), torch.ones(2, 3, dtype=torch.float64)), np.ndarray)

@@ -235,6 +235,13 @@ def _checked_vjp(fn: Any) -> Any:
     @functools.wraps(fn)
     def vjp(self: Any, result: Any, G: Any) -> Any:
         y = getattr(result, "y", None)
+        if y is not None:  # G in the result's namespace (a NumPy G at a torch result failed inside the set)
+            try:
+                same = array_namespace(G) is array_namespace(y)
+            except TypeError:
+                same = False
+            if not same:
+                G = as_namespace(G, y)
         gs, ys = getattr(G, "shape", None), getattr(y, "shape", None)
         if gs is not None and ys is not None and (math.prod(gs) != math.prod(ys) or (
                 tuple(gs) != tuple(ys) and not (len(gs) == 1 or gs[0] == ys[0]))):
