@@ -339,3 +339,14 @@ def test_false_infeasibility_claims_of_highs_and_daqp():
     np.testing.assert_allclose(sol.z_box, [2.0, 0.0], atol=1e-12)  # stationarity: q + z_box = 0
     clash = pp.QP(P=[[0.0]], q=[1.0], C=[[1.0]], l=[1.5], u=[1.5], lb=2.0, ub=2.0)
     assert pp.solve_qp(clash, backend="daqp").status is pp.Status.PRIMAL_INFEASIBLE
+
+
+def test_clarabel_with_only_a_relative_tolerance():
+    """eps_abs = 0, eps_rel = 1e-6: Clarabel's feasibility tolerance was set to 0 and an exactly solved QP came
+    back SOLVED_INACCURATE ("AlmostSolved"); it takes eps_rel there."""
+    if "clarabel" not in pp.available_backends():
+        pytest.skip("clarabel not installed")
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    sol = pp.solve_qp(qp, backend="clarabel", eps_abs=0.0, eps_rel=1e-6)
+    assert sol.status is pp.Status.SOLVED
+    np.testing.assert_allclose(sol.x, [0.0, 1.0], atol=1e-6)

@@ -87,7 +87,10 @@ class ClarabelSolver(QPSolver):
 
         st, s = clarabel.DefaultSettings(), self.settings
         st.verbose = bool(s["verbose"])
-        st.tol_gap_abs = st.tol_feas = float(s["eps_abs"])
+        # Clarabel's feasibility tolerance is relative: eps_abs = 0 (only a relative tolerance asked for) takes
+        # eps_rel there (0 made it stop "almost solved" on exactly solved problems)
+        st.tol_gap_abs = float(s["eps_abs"])
+        st.tol_feas = float(s["eps_abs"]) or float(s["eps_rel"]) or 1e-12
         st.tol_gap_rel = float(s["eps_rel"])
         if s["max_iter"] is not None:
             st.max_iter = int(s["max_iter"])
