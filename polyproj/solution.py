@@ -119,17 +119,24 @@ class Solution:
             return float("nan")
         return self.qp.objective(self.x)
 
-    def _problem(self, qp: QP | None) -> QP:
+    def _problem(self, qp: QP | None, duals: bool = True) -> QP:
+        from .errors import PolyprojError, ProblemError
+
         qp = qp if qp is not None else self.qp
         if qp is None:
-            from .errors import PolyprojError
-
             raise PolyprojError("this Solution carries no problem; pass qp= to the residual method")
+        sizes = {"x": (self.x, (qp.n,))}
+        if duals:
+            sizes.update(z=(self.z, (qp.m,)), z_box=(self.z_box, (qp.n,)))
+        bad = [f"{k} {'missing' if v is None else np.shape(v)} (the problem's: {want})"
+               for k, (v, want) in sizes.items() if v is None or np.shape(v) != want]
+        if bad:
+            raise ProblemError(f"this Solution does not fit the problem: {', '.join(bad)}")
         return qp
 
     def primal_residual(self, qp: QP | None = None) -> float:
         """Largest violation of ``l <= Cx <= u`` and ``lb <= x <= ub`` (inf-norm)."""
-        return self._problem(qp).primal_violation(self.x)
+        return self._problem(qp, duals=False).primal_violation(self.x)
 
     def dual_residual(self, qp: QP | None = None) -> float:
         """Inf-norm of ``Px + q + Cᵀz + z_box`` plus multipliers on infinite bounds."""

@@ -244,3 +244,16 @@ def test_polyhedron_refuses_rows_too_small_to_square():
     for s in (1e-90, 1e-6):
         P = pp.Polyhedron(A=np.array([[s, 0, 0, 0], [1.0, 1, 1, 1], [0, 0, 0, 0]]), a=[0.0, 1.0, 0.0])
         np.testing.assert_allclose(pp.project(np.array([3.0, 0, 0, 0]), P).y, 0.0, atol=1e-12)
+
+
+def test_solution_residuals_name_a_solution_that_does_not_fit():
+    """sol.dual_residual(another_qp) raised a bare ValueError from a matrix product, a Solution without
+    multipliers a bare TypeError: a ProblemError that names the parts."""
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    sol = pp.solve_qp(qp, backend="daqp")
+    with pytest.raises(pp.ProblemError, match=r"x \(2,\) \(the problem's: \(3,\)\)"):
+        sol.dual_residual(pp.QP(P=np.eye(3), q=np.zeros(3)))
+    bare = pp.Solution(x=np.zeros(2), z=None, z_box=None, status=pp.Status.SOLVED)
+    with pytest.raises(pp.ProblemError, match="z missing"):
+        bare.duality_gap(qp)
+    assert bare.primal_residual(qp) == 0.0
