@@ -628,3 +628,25 @@ def test_automatic_thread_count_keeps_small_parts_on_one_thread(monkeypatch):
     assert workers(np, q, 128, None, n=100, m=200) == 2  # factorisations dominate
     assert workers(np, q, 1024, 2, n=20, m=40) == 2  # asked for
     assert workers(np, q, 100, None, n=100, m=200) == 1  # fewer than 64 a thread
+
+
+def test_float32_numpy_batch_raises_no_runtime_warnings():
+    """float32 iterates at their limits overflow in NumPy's kernels; the IPM's statuses and masks handle them,
+    but the RuntimeWarnings made the solve fail under -W error (pytest's filterwarnings = error)."""
+    import warnings
+
+    rng = np.random.default_rng(4)
+    n, m, b = 10, 20, 9
+    C = rng.standard_normal((m, n))
+    x0 = rng.standard_normal(n)
+    u = C @ x0 + rng.random(m)
+    l = np.full(m, -np.inf)
+    l[:4] = u[:4]
+    L = rng.standard_normal((n, n))
+    P = L @ L.T / n + 0.01 * np.eye(n)
+    Q = 3 * rng.standard_normal((b, n))
+    args = [a.astype(np.float32) for a in (P, Q, C, l, u, -2 * np.ones(n), 2 * np.ones(n))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = solve_qp_batch(*args, eps_abs=1e-6)
+    assert all(s.name == "SOLVED" for s in res.statuses())
