@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
