@@ -116,10 +116,14 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     if not opts.polish:
         out = _unpolished_output(X, data, start, solver.name)
     else:
-        pol = _polish(X, data, start, opts, _rounds(opts, solver, start, X.shape[1]),
-                      handoff=_handoff(X, opts, solver, start))
+        late = _timed_out(X, start)
+        rounds = _rounds(opts, solver, start, X.shape[1])
+        if bool(array_namespace(X).all(late)):  # the caller's time is spent: a short polish, no fallback
+            rounds = min(rounds, LATE_ROUNDS)
+        pol = _polish(X, data, start, opts, rounds, handoff=_handoff(X, opts, solver, start))
         out = _output(data, start, pol, solver.name)
-        out = _fall_back(X, data, solver, opts, start, out, flagged)
+        out = _late(X, data, solver, out, late)
+        out = _fall_back(X, data, solver, opts, start, out, flagged | late)
     if report is not None:
         xp = array_namespace(X)
         by_polish = int(xp.sum(xp.astype(flagged & out.polished, xp.int64)))
@@ -473,6 +477,30 @@ def _checked_status(X, data: PolyData, start: ProjectionStart) -> tuple[Status, 
 
 def _host_floats(v: Any) -> list[float]:
     return [float(b) for b in (v.tolist() if hasattr(v, "tolist") else list(v))]
+
+
+#: polish rounds from a start the backend's ``time_limit`` cut short everywhere (the polish verifies a start
+#: that is good enough at once; more rounds from a poor one spent seconds after a limit of 0.01 s)
+LATE_ROUNDS = 2
+
+
+def _timed_out(X, start: ProjectionStart):
+    xp = array_namespace(X)
+    return xp.asarray([s is Status.TIME_LIMIT for s in start.status], dtype=xp.bool, device=_device(X))
+
+
+def _late(X, data: PolyData, solver, out: PipelineOutput, late) -> PipelineOutput:
+    """Samples whose start hit ``time_limit`` and that the polish did not verify: the backend's time-limited
+    point, status TIME_LIMIT, a warning; no retry or fallback after the caller's limit."""
+    xp = array_namespace(X)
+    keep = late & ~out.polished
+    count = int(xp.sum(xp.astype(keep, xp.int64)))
+    if not count:
+        return out
+    warnings.warn(f"time_limit reached: {count} of {keep.shape[0]} points keep backend {solver.name!r}'s "
+                  "time-limited answer (status TIME_LIMIT, not polished: not the exact projection)",
+                  PolyprojWarning, stacklevel=5)
+    return _keep_start(X, data, out, keep)
 
 
 def _keep_start(X, data: PolyData, out: PipelineOutput, refused) -> PipelineOutput:
