@@ -491,7 +491,8 @@ def _timed_out(X, start: ProjectionStart):
 
 def _late(X, data: PolyData, solver, out: PipelineOutput, late) -> PipelineOutput:
     """Samples whose start hit ``time_limit`` and that the polish did not verify: the backend's time-limited
-    point, status TIME_LIMIT, a warning; no retry or fallback after the caller's limit."""
+    point, status TIME_LIMIT, a warning; no retry or fallback after the caller's limit.
+    """
     xp = array_namespace(X)
     keep = late & ~out.polished
     count = int(xp.sum(xp.astype(keep, xp.int64)))
