@@ -490,8 +490,9 @@ def _timed_out(X, start: ProjectionStart):
 
 
 def _late(X, data: PolyData, solver, out: PipelineOutput, late) -> PipelineOutput:
-    """Samples whose start hit ``time_limit`` and that the polish did not verify: the backend's time-limited
-    point, status TIME_LIMIT, a warning; no retry or fallback after the caller's limit.
+    """Samples whose start hit ``time_limit`` and that the polish did not verify keep the backend's point.
+
+    Their status stays TIME_LIMIT, with a warning; no retry or fallback runs after the caller's limit.
     """
     xp = array_namespace(X)
     keep = late & ~out.polished
