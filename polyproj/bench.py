@@ -69,6 +69,30 @@ def shifted_geometric_mean(values: Sequence[float], shift: float = SHIFT) -> flo
     return float(np.exp(np.mean(np.log(v + shift))) - shift)
 
 
+def unwritable(path: str | os.PathLike) -> str | None:
+    """Why the results file ``path`` cannot be written (None when it can): checked before a long run.
+
+    A folder, a parent that cannot be made, or a file that cannot be created (``/proc/x.json``: writable by
+    its permissions, refused by the kernel) — found by creating the run's temporary file and removing it.
+    """
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        return f"{str(path)!r} is a folder; give the JSON file to write"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(path.name + ".tmp")
+        existed = probe.exists()
+        with open(probe, "a"):
+            pass
+        if not existed:
+            probe.unlink()
+    except OSError as exc:
+        return f"cannot write the results to {str(path)!r}: {exc.strerror or exc}"
+    return None
+
+
 def machine_description() -> dict[str, Any]:
     """Platform, CPU, Python and package versions (written into every results file)."""
     from .registry import backend_info
@@ -321,8 +345,8 @@ def cli_main(args: argparse.Namespace) -> int:
         return refuse(str(exc))
     if not list_problems(args.data, "all"):
         return refuse(f"no Maros–Meszaros .mat files in {args.data!r}")
-    if args.out is not None and os.path.isdir(args.out):
-        return refuse(f"--out {args.out!r} is a folder; give the JSON file to write")
+    if args.out is not None and (why := unwritable(args.out)) is not None:
+        return refuse(f"--out: {why}")
     if len(set(backends)) != len(backends):
         return refuse(f"--backends names a backend twice: {backends}")
     if args.problems:

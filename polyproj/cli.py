@@ -58,6 +58,17 @@ def _positive(kind: type, what: str):
     return parse
 
 
+def _seed(text: str) -> int:
+    """An argparse type: a whole number >= 0 (NumPy's and hypothesis's seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--seed must be >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``polyproj`` command."""
     from ._version import __version__
@@ -71,14 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the showcase")
     p.add_argument("--quick", action="store_true", help="smaller sizes (used by the tests)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.set_defaults(func=lambda a: _delegate("polyproj.demo:main", a))
 
     p = sub.add_parser("check", help="run the property and conformance suites on a backend")
     p.add_argument("backend", help="registered name or module:Class")
     p.add_argument("--examples", type=_positive(int, "--examples"), default=None,
                    help="hypothesis examples per property (>= 1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.set_defaults(func=lambda a: _delegate("polyproj.testing.check:cli_main", a))
 
     p = sub.add_parser("bench", help="benchmarks")

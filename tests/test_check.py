@@ -211,7 +211,7 @@ def test_cli_check_fails_on_a_broken_backend_given_as_module_path(capsys):
 @pytest.mark.core
 def test_cli_check_unknown_backend(capsys):
     assert main(["check", "proxsuitte"]) == 2
-    assert "proxsuite" in capsys.readouterr().out  # the close match is suggested
+    assert "proxsuite" in capsys.readouterr().err  # the close match is suggested (errors go to stderr)
 
 
 def test_runtime_registered_backend_is_checkable_by_name():

@@ -45,3 +45,22 @@ def test_check_rejects_a_non_positive_example_count(capsys):
         err = capsys.readouterr().err
         assert "--examples must be a finite number > 0" in err and "Traceback" not in err
 
+
+
+@pytest.mark.core
+def test_check_and_bench_refuse_bad_input_cleanly(capsys, tmp_path):
+    """A new user's trial: a negative --seed reported every property as an ERROR of the backend; a backend
+    class whose constructor fails gave a TypeError traceback; an --out folder or an unwritable file failed
+    after the run (IsADirectoryError, FileNotFoundError tracebacks). Each is now a one-line error first."""
+    with pytest.raises(SystemExit) as info:
+        main(["check", "ipm", "--seed", "-3"])
+    assert info.value.code == 2 and "--seed must be >= 0" in capsys.readouterr().err
+    assert main(["check", "tests.toy_backend:NeedsArgument", "--examples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "could not be built: TypeError" in err and "Traceback" not in err
+    with pytest.raises(SystemExit, match="is a folder"):
+        main(["bench", "apps", "mhc", "--quick", "--out", str(tmp_path)])
+    from polyproj.bench import unwritable
+
+    assert unwritable(tmp_path / "sub" / "r.json") is None and (tmp_path / "sub").is_dir()
+    assert "cannot write" in unwritable("/proc/polyproj_results.json")

@@ -27,3 +27,12 @@ class ToyKKTSolver(pp.QPSolver):
         sol = np.linalg.solve(K, np.concatenate([-qp.q, qp.u]))
         return pp.Solution(x=sol[: qp.n], z=sol[qp.n:], z_box=np.zeros(qp.n), status=pp.Status.SOLVED,
                            iterations=1, solve_time=time.perf_counter() - t0, backend=self.name, qp=qp)
+
+
+class NeedsArgument(ToyKKTSolver):
+    """A third-party class whose constructor fails (a required argument): ``polyproj check`` says so."""
+
+    name = "needs_argument"
+
+    def __init__(self, required, **settings):
+        super().__init__(**settings)

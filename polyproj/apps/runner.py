@@ -113,15 +113,11 @@ def _write(path: Path, header: dict[str, Any], records: list[RunRecord], complet
 
 def _check_writable(path: Path) -> None:
     """Fail before the first training run, not after it, when the results file cannot be written."""
-    import os
+    from ..bench import unwritable
 
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SystemExit(f"polyproj: cannot write the results to {path}: {exc.strerror or exc}") from None
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise SystemExit(f"polyproj: cannot write the results to {path}: permission denied")
+    why = unwritable(path)
+    if why is not None:
+        raise SystemExit(f"polyproj: {why}")
 
 
 def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecord], Any, Any]:

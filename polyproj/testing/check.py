@@ -28,6 +28,7 @@ wrong answer into the exact projection, so the projection properties alone would
 from __future__ import annotations
 
 import importlib
+import sys
 import time
 import unittest
 from collections.abc import Callable, Sequence
@@ -109,6 +110,7 @@ class CheckReport:
 
     def table(self):
         """A rich Table of the results."""
+        from rich.markup import escape
         from rich.table import Table
 
         t = Table(title=f"polyproj check {self.backend} (seed {self.seed}, {self.max_examples} examples per property)")
@@ -119,7 +121,7 @@ class CheckReport:
         for r in self.results:
             counts = ", ".join(f"{v} {k}" for k, v in r.counts.items())
             t.add_row(r.name, r.group, style[r.status], str(r.examples), counts, f"{r.seconds:.1f}",
-                      r.message.splitlines()[0][:160] if r.message else "")
+                      escape(r.message.splitlines()[0][:160]) if r.message else "")
         return t
 
     def __str__(self) -> str:
@@ -347,7 +349,15 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
     >>> report.passed
     True
     """
-    solver = get_backend(name_or_solver, **settings)
+    for what, v, low in (("max_examples", max_examples, 1), ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise PolyprojError(f"{what} must be an integer >= {low}, got {v!r}")
+    try:
+        solver = get_backend(name_or_solver, **settings)
+    except PolyprojError:
+        raise
+    except Exception as exc:  # a third-party class whose constructor fails
+        raise PolyprojError(f"backend {name_or_solver!r} could not be built: {type(exc).__name__}: {exc}") from exc
     label = name_or_solver if isinstance(name_or_solver, str) else (solver.name or type(solver).__name__)
     names = list(PROPERTIES if properties is None else properties)
     unknown = [n for n in names if n not in PROPERTIES]
@@ -378,6 +388,7 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
 def cli_main(args: Any) -> int:
     """``polyproj check NAME|module:Class [--examples N] [--seed S]``: print the table; 1 on failure."""
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console()
     if not console.is_terminal:  # logs and pipes: do not fold the table into 80 columns
@@ -386,11 +397,11 @@ def cli_main(args: Any) -> int:
         report = check_backend(args.backend, max_examples=args.examples or DEFAULT_EXAMPLES, seed=args.seed,
                                progress=console.is_terminal)
     except PolyprojError as exc:
-        console.print(f"[red]polyproj check: {exc}[/red]")
+        print(f"polyproj check: {exc}", file=sys.stderr)
         return 2
     console.print(report.table())
     for r in report.failed:
-        console.print(f"\n[bold red]{r.name}[/bold red] ({r.status}): {r.message}")
+        console.print(f"\n[bold red]{r.name}[/bold red] ({r.status}): {escape(r.message)}")
         if r.falsifying:
             console.print(r.falsifying, markup=False, highlight=False)
     console.print("[green]all properties hold[/green]" if report.passed else
