@@ -47,7 +47,6 @@ def test_check_rejects_a_non_positive_example_count(capsys):
 
 
 
-@pytest.mark.core
 def test_check_and_bench_refuse_bad_input_cleanly(capsys, tmp_path):
     """A new user's trial: a negative --seed reported every property as an ERROR of the backend; a backend
     class whose constructor fails gave a TypeError traceback; an --out folder or an unwritable file failed

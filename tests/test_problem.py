@@ -250,7 +250,8 @@ def test_solution_residuals_name_a_solution_that_does_not_fit():
     """sol.dual_residual(another_qp) raised a bare ValueError from a matrix product, a Solution without
     multipliers a bare TypeError: a ProblemError that names the parts."""
     qp = pp.QP(P=np.eye(2), q=[-1.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
-    sol = pp.solve_qp(qp, backend="daqp")
+    sol = pp.Solution(x=np.array([0.0, 1.0]), z=np.array([1.0]), z_box=np.zeros(2), status=pp.Status.SOLVED, qp=qp)
+    assert sol.dual_residual() == 0.0
     with pytest.raises(pp.ProblemError, match=r"x \(2,\) \(the problem's: \(3,\)\)"):
         sol.dual_residual(pp.QP(P=np.eye(3), q=np.zeros(3)))
     bare = pp.Solution(x=np.zeros(2), z=None, z_box=None, status=pp.Status.SOLVED)
