@@ -650,3 +650,13 @@ def test_float32_numpy_batch_raises_no_runtime_warnings():
         warnings.simplefilter("error")
         res = solve_qp_batch(*args, eps_abs=1e-6)
     assert all(s.name == "SOLVED" for s in res.statuses())
+
+
+def test_crossing_bounds_are_refused_by_the_batch_solver():
+    """solve_qp_batch with lb > ub (or a side at the wrong infinity) ran 100 iterations and said MAX_ITER; the
+    QP path refuses such data when built: so does the batch solver now."""
+    for lo, hi in (([1.0], [0.0]), ([np.inf], [np.inf]), ([-np.inf], [-np.inf])):
+        with pytest.raises(pp.ProblemError, match="crossing or infinite sides"):
+            solve_qp_batch(np.eye(1), np.zeros((1, 1)), None, None, None, lo, hi)
+    with pytest.raises(pp.ProblemError, match="l <= u"):
+        solve_qp_batch(np.eye(1), np.zeros((2, 1)), np.ones((1, 1)), [[0.0], [2.0]], [[1.0], [1.0]], None, None)

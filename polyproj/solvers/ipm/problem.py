@@ -142,7 +142,7 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
     Raises
     ------
     ProblemError
-        Inconsistent shapes, non-real dtypes, NaN/inf in P, q or C, NaN in the bounds.
+        Inconsistent shapes, non-real dtypes, NaN/inf in P, q or C, NaN in the bounds, crossing bounds.
     """
     arrays = [a for a in (P, q, C, l, u, lb, ub) if a is not None and not isinstance(a, (list, tuple, float, int))]
     xp = array_namespace(*arrays)
@@ -176,6 +176,11 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
     for v, name in zip(vecs, ("l", "u", "lb", "ub")):
         if bool(xp.any(xp.isnan(v))):
             raise ProblemError(f"{name} contains NaN")
+    for lo, hi, names in ((vecs[0], vecs[1], ("l", "u")), (vecs[2], vecs[3], ("lb", "ub"))):
+        # as QP's check: crossing sides (the IPM ran to max_iter), or a side at the wrong infinity
+        if bool(xp.any(lo > hi)) or bool(xp.any(xp.isinf(lo) & (lo > 0))) or bool(xp.any(xp.isinf(hi) & (hi < 0))):
+            raise ProblemError(f"{names[0]} <= {names[1]} must hold entrywise with {names[0]} < +inf and "
+                               f"{names[1]} > -inf (crossing or infinite sides)")
     return xp, BatchQP(P3, q, C3, *vecs, _start_point(conv, xp, warm_start, b, n))
 
 
