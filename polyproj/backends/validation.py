@@ -337,6 +337,11 @@ def check_warm_start(qp: QP, warm_start: Any) -> None:
     if not (isinstance(warm_start, dict) or hasattr(warm_start, "x")):
         raise ProblemError(f"warm_start must be a Solution or a dict with 'x' (and 'z', 'z_box'), got "
                            f"{type(warm_start).__name__}")
+    if isinstance(warm_start, dict):
+        unknown = sorted(set(map(str, warm_start)) - {"x", "z", "z_box"})
+        if unknown or not warm_start:
+            raise ProblemError(f"warm_start takes the keys 'x', 'z', 'z_box'; got {sorted(map(str, warm_start))} "
+                               "(a misspelt key would be ignored)")
     for key, size in (("x", qp.n), ("z", qp.m), ("z_box", qp.n)):
         v = _warm_part(warm_start, key)
         if v is not None and np.shape(v) != (size,):
