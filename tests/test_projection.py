@@ -580,3 +580,15 @@ def test_a_spent_time_limit_ends_the_projection_quickly(monkeypatch):
     assert all(s is pp.Status.TIME_LIMIT for s, ok in zip(late.status, late.polished, strict=True) if not ok)
     ample = pp.project(X, P, backend="ipm", time_limit=60.0)
     np.testing.assert_allclose(ample.y, exact.y, rtol=0, atol=1e-9)
+
+
+def test_infeasible_error_carries_a_solution_for_every_backend():
+    """pp.project raises InfeasibleError carrying the solution (README); through the IPM and the ADMM, whose
+    projections keep no backend record, it carried None."""
+    P = pp.Polyhedron(B=np.ones((1, 3)), b=[5.0], lb=np.zeros(3), ub=np.ones(3))  # sum 5 in [0, 1]^3: empty
+    for backend in ("ipm", "admm", "daqp", "auto"):
+        with pytest.raises(pp.InfeasibleError) as info:
+            pp.project(np.array([[0.3, 0.2, 0.1]]), P, backend=backend)
+        sol = info.value.solution
+        assert sol is not None and sol.status == (pp.Status.PRIMAL_INFEASIBLE,), backend
+        assert sol.x.shape == (1, 3) and sol.z.shape == (1, 1) and sol.z_box.shape == (1, 3)

@@ -567,6 +567,21 @@ def _probe(solver, X, data: PolyData) -> bool:
     return bool(_feasible(xp, data, got.y, one)[0])
 
 
+def _as_solution(start: ProjectionStart, data: PolyData, name: str) -> Any:
+    """A start without a backend record (the IPM's, the ADMM's) as a BatchSolution in the QP's layout.
+
+    ``z`` = the rows of A, then B's; ``z_box`` = upper minus lower bound multipliers (upper positive).
+    """
+    from ..backends.projection import to_host
+    from ..solution import BatchSolution
+
+    y, mult, mu = (np.asarray(to_host(v), dtype=np.float64) for v in (start.y, start.mult, start.mu))
+    m, n = data.m, data.n
+    z_box = mult[:, m + n: m + 2 * n] - mult[:, m: m + n]
+    return BatchSolution(x=y, z=np.concatenate([mult[:, :m], mu], axis=1), z_box=z_box, status=tuple(start.status),
+                         iterations=np.zeros(y.shape[0], dtype=np.int64), backend=name)
+
+
 def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
     xp = array_namespace(X)
     idx = _host_ints(xp.nonzero(flagged)[0])
@@ -588,7 +603,9 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
 
     xp = array_namespace(X)
     empty = InfeasibleError(f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
-                            f"{Status.PRIMAL_INFEASIBLE.message}", solution=start.solution)
+                            f"{Status.PRIMAL_INFEASIBLE.message}",
+                            solution=start.solution if start.solution is not None else _as_solution(start, data,
+                                                                                                  solver.name))
     other = independent_of(solver.name)
     if other is None:
         if not has_donor and (data.batched or not _probe(solver, X, data)):
