@@ -340,7 +340,7 @@ def test_warm_start_is_accepted(rng):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"q": np.zeros((2, 4))}, "P must have shape"),
+        ({"q": np.zeros((2, 4))}, "q has 4 columns but P is"),
         ({"l": np.zeros(5)}, "l must have shape"),
         ({"lb": np.zeros((3, 3))}, "lb must have shape"),
         ({"q": np.full((2, 3), np.nan)}, "q contains NaN"),
@@ -660,3 +660,16 @@ def test_crossing_bounds_are_refused_by_the_batch_solver():
             solve_qp_batch(np.eye(1), np.zeros((1, 1)), None, None, None, lo, hi)
     with pytest.raises(pp.ProblemError, match="l <= u"):
         solve_qp_batch(np.eye(1), np.zeros((2, 1)), np.ones((1, 1)), [[0.0], [2.0]], [[1.0], [1.0]], None, None)
+
+
+def test_batch_solver_input_errors_name_the_problem():
+    """A q of the wrong width was blamed on P; an empty batch of per-element matrices raised a bare ValueError;
+    NumPy beside torch a bare TypeError from array_api_compat."""
+    with pytest.raises(pp.ProblemError, match=r"q has 4 columns but P is 3 × 3"):
+        solve_qp_batch(np.eye(3), np.zeros((2, 4)), None, None, None, None, None)
+    res = solve_qp_batch(np.zeros((0, 3, 3)), np.zeros((0, 3)), np.zeros((0, 2, 3)), None, np.zeros((0, 2)),
+                         None, None)
+    assert res.x.shape == (0, 3) and len(res.statuses()) == 0
+    torch = pytest.importorskip("torch")
+    with pytest.raises(pp.ProblemError, match="one array library"):
+        solve_qp_batch(torch.eye(3, dtype=torch.float64), np.zeros((2, 3)), None, None, None, None, None)

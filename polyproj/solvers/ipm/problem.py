@@ -145,7 +145,10 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
         Inconsistent shapes, non-real dtypes, NaN/inf in P, q or C, NaN in the bounds, crossing bounds.
     """
     arrays = [a for a in (P, q, C, l, u, lb, ub) if a is not None and not isinstance(a, (list, tuple, float, int))]
-    xp = array_namespace(*arrays)
+    try:
+        xp = array_namespace(*arrays)
+    except TypeError as exc:  # NumPy beside torch, say: one namespace per batch
+        raise ProblemError(f"the arrays must come from one array library (and device): {exc}") from None
     P, q = _detach(P), xp.asarray(_detach(q))
     if q.ndim == 1:
         q = q[None, :]
@@ -164,7 +167,13 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
     q, P = conv(q), conv(P)
     C = conv(C) if C is not None else xp.zeros((0, n), dtype=dtype, device=dev)
     m = C.shape[-2]
+    p_n = P.shape[-1] if getattr(P, "ndim", 0) >= 2 else None
+    if p_n is not None and p_n != n:  # name the vector: q's width is what disagrees with P
+        raise ProblemError(f"q has {n} columns but P is {p_n} × {p_n}: q must have shape (batch, {p_n})")
     P3, C3 = _as3(P, n, n, "P"), _as3(C, m, n, "C")
+    if b == 0:  # an empty batch of per-element matrices: no element to solve, shared (zero) shapes
+        P3 = P3 if P3.shape[0] else xp.zeros((1, n, n), dtype=dtype, device=dev)
+        C3 = C3 if C3.shape[0] else xp.zeros((1, m, n), dtype=dtype, device=dev)
     for M, name in ((P3, "P"), (C3, "C"), (q, "q")):
         if M.shape[0] not in (1, b) and name != "q":
             raise ProblemError(f"{name} has batch size {M.shape[0]}, q has {b}")
