@@ -85,7 +85,10 @@ def kkt_point(xp: Any, qp: BatchQP, rows: Rows, tol: Tolerances, zero: Any, x: A
 def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState) -> LoopState:
     """The termination test at ``point``: converged elements SOLVED, non-finite ones NUMERICAL_ERROR.
 
-    The best point of every running element with a finite ``point`` becomes ``point``.
+    The best point of every running element becomes ``point`` where that is finite and converged, or no
+    further from the tolerances (``max(pres/tp, dres/td, gap/tg)``) than the best so far: MAX_ITER and
+    TIME_LIMIT return the closest point the IPM passed, not the last one (near the precision floor of
+    the normal equations the iterates can move away again: 1.4e-7 returned after 1.2e-8 was passed).
     """
     finite = (xp.isfinite(point.pres) & xp.isfinite(point.dres) & xp.isfinite(point.gap)
               & xp.all(xp.isfinite(point.x), axis=1))
@@ -93,8 +96,17 @@ def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState) -> Loo
     running = loop.status == RUNNING
     status = codes.set(loop.status, running & conv, "SOLVED")
     status = codes.set(status, running & ~finite, "NUMERICAL_ERROR")
-    best = point if loop.best is None else loop.best.update(xp, running & finite, point)
+    if loop.best is None:
+        best = point
+    else:
+        closer = _distance(xp, point) <= _distance(xp, loop.best)
+        best = loop.best.update(xp, running & finite & (conv | closer | ~xp.isfinite(loop.best.pres)), point)
     return LoopState(loop.it, loop.iterate, best, status, loop.iterations, loop.pin_cnt, loop.din_cnt)
+
+
+def _distance(xp: Any, p: Any) -> Any:
+    """How far a point is from the tolerances: ``max(pres/tp, dres/td, gap/tg)`` per element (<= 1: converged)."""
+    return xp.maximum(xp.maximum(p.pres / p.tp, p.dres / p.td), p.gap / p.tg)
 
 
 def _primal_certificate(xp, qp, rows, num, tol, dzg_u, dzb_u, x1):
