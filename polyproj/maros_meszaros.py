@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.io
@@ -80,8 +81,23 @@ def _folder(folder: str | os.PathLike) -> str:
     return folder
 
 
+def _loadmat(path: str, names: list[str] | None = None) -> dict[str, Any]:
+    """The variables of a ``.mat`` file; an unreadable file or a missing variable is a ProblemError naming it."""
+    from .errors import ProblemError
+
+    try:
+        d = scipy.io.loadmat(path, variable_names=names)
+    except Exception as exc:  # scipy's MatReadError, ValueError, OSError on a truncated or foreign file
+        raise ProblemError(f"{path!r} is not a readable Maros–Meszaros .mat file: {type(exc).__name__}: "
+                           f"{exc}") from None
+    missing = [k for k in (names or ["n", "m", "P", "q", "A", "l", "u"]) if k not in d]
+    if missing:
+        raise ProblemError(f"{path!r} lacks the variable(s) {missing} of a Maros–Meszaros problem")
+    return d
+
+
 def _sizes(path: str) -> tuple[int, int]:
-    d = scipy.io.loadmat(path, variable_names=["n", "m"])
+    d = _loadmat(path, ["n", "m"])
     return int(np.asarray(d["n"]).item()), int(np.asarray(d["m"]).item())
 
 
@@ -131,7 +147,7 @@ def load_problem(path: str | os.PathLike, split_bounds: bool = True, check_psd: 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise DataNotFound(f"Maros–Meszaros problem file {path!r} not found")
-    d = scipy.io.loadmat(path)
+    d = _loadmat(path)
     n, m = int(np.asarray(d["n"]).item()), int(np.asarray(d["m"]).item())
     P = sp.csc_matrix(d["P"], dtype=np.float64)
     P = ((P + P.T) * 0.5).tocsc()  # stored symmetric up to rounding; make it exactly so

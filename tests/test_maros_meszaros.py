@@ -232,3 +232,16 @@ def test_interrupted_bench_keeps_the_finished_results(mm_dir, tmp_path):
     assert data["complete"] is False
     assert [(r["problem"], r["backend"]) for r in data["records"]] == [("HS21", "proxsuite")]
     assert data["records"][0]["success"]
+
+
+def test_an_unreadable_problem_file_is_named(tmp_path):
+    """A truncated .mat file in the folder failed with scipy's raw MatReadError (a traceback from
+    `polyproj bench solvers`): a ProblemError naming the file."""
+    from polyproj.maros_meszaros import list_problems, load_problem
+
+    bad = tmp_path / "HS21.mat"
+    bad.write_text("garbage")
+    with pytest.raises(pp.ProblemError, match="HS21.mat' is not a readable Maros–Meszaros .mat file"):
+        load_problem(bad)
+    with pytest.raises(pp.ProblemError, match="HS21.mat"):
+        list_problems(tmp_path, "all")
