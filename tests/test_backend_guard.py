@@ -417,3 +417,15 @@ def test_a_warm_start_dict_with_unknown_keys_is_refused():
         with pytest.raises(pp.ProblemError, match="takes the keys 'x', 'z', 'z_box'"):
             pp.solve_qp(qp, backend="ipm", warm_start=ws)
     assert pp.solve_qp(qp, backend="ipm", warm_start={"x": np.zeros(2)}).status is pp.Status.SOLVED
+
+
+def test_verbose_reports_polyproj_s_own_solvers(capsys):
+    """verbose=True printed nothing for the IPM and the ADMM (the external solvers print their logs): one line a
+    call now, with the statuses, iterations and largest residuals; quiet by default."""
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -2.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    for backend in ("ipm", "admm"):
+        pp.solve_qp(qp, backend=backend)
+        assert capsys.readouterr().out == ""
+        pp.get_backend(backend, verbose=True).solve_batch(qp, q=[[-1.0, -2.0], [1.0, 1.0]])
+        out = capsys.readouterr().out
+        assert out.startswith(f"polyproj {backend}: 2 QP(s)") and "SOLVED 2" in out and "residual" in out

@@ -21,7 +21,7 @@ from ..polydata import PolyData
 from ..problem import QP
 from ..runtime import small_work
 from ..solution import BatchSolution, ElementQPs, Solution, Status
-from .base import Capabilities, QPSolver
+from .base import Capabilities, QPSolver, report_batch
 from .options import positive_int, unit_interval, within
 from .projection import ProjectionStart
 
@@ -99,9 +99,13 @@ class ADMMSolver(QPSolver):
         if bad.any():
             x, z, z_box = x.copy(), z.copy(), z_box.copy()
             x[bad], z[bad], z_box[bad] = np.nan, np.nan, np.nan
+        wall = time.perf_counter() - t0
+        if self.settings["verbose"]:
+            residuals = None if res.prim_res is None else {"primal residual": res.prim_res,
+                                                             "dual residual": res.dual_res}
+            report_batch(self.name, status, [res.iterations], wall, residuals)
         return BatchSolution(x=x, z=z, z_box=z_box, status=status, iterations=np.full(size, res.iterations),
-                             solve_time=time.perf_counter() - t0, backend=self.name,
-                             qps=ElementQPs(qp, vecs, size))
+                             solve_time=wall, backend=self.name, qps=ElementQPs(qp, vecs, size))
 
     # ---------------------------------------------------------------- projections
     def solve_projections(self, X: Any, data: PolyData, *, rough: bool = False) -> ProjectionStart:

@@ -58,6 +58,23 @@ SETTINGS: dict[str, Any] = {
 }
 
 
+def report_batch(name: str, statuses: Any, iterations: Any, seconds: float, residuals: Any = None) -> None:
+    """The ``verbose`` report of polyproj's own batched solvers (the IPM, the ADMM): one line a call.
+
+    External solvers print their own logs when ``verbose``; these print what a batch needs: its size, the
+    statuses by count, the iterations (largest), the wall time and, when known, the largest residuals.
+    """
+    from collections import Counter
+
+    counts = ", ".join(f"{k.name} {v}" for k, v in Counter(statuses).most_common())
+    its = int(np.max(np.asarray(iterations), initial=0))
+    line = f"polyproj {name}: {len(statuses)} QP(s) in {seconds:.3g} s, at most {its} iterations; {counts}"
+    if residuals is not None:
+        line += "; largest " + ", ".join(f"{k} {float(np.nanmax(np.asarray(v), initial=0.0)):.2e}"
+                                         for k, v in residuals.items())
+    print(line, flush=True)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend can do (shown by ``polyproj backends``)."""

@@ -21,7 +21,7 @@ from ..polydata import PolyData, qp_multipliers_to_rows
 from ..problem import QP
 from ..runtime import small_blas
 from ..solution import BatchSolution, ElementQPs, Solution
-from .base import Capabilities, QPSolver
+from .base import Capabilities, QPSolver, report_batch
 from .options import nonnegative_int, one_of, positive_int
 from .projection import ProjectionStart
 
@@ -94,6 +94,10 @@ class IPMSolver(QPSolver):
                 threads=self.backend_options.get("threads"),
             )
         wall = time.perf_counter() - t0
+        if s["verbose"]:
+            report_batch(self.name, res.statuses(), self._back(res.iterations), wall,
+                         {"primal residual": self._back(res.prim_res), "dual residual": self._back(res.dual_res),
+                          "gap": self._back(res.gap)})
         return res, wall
 
     def _collect(self, res: Any) -> tuple[np.ndarray, ...]:
