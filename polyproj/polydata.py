@@ -219,3 +219,16 @@ def qp_multipliers_to_rows(xp: Any, z: Any, z_box: Any, m: int) -> Any:
     z = xp.where(xp.isnan(z), xp.zeros_like(z), z)
     zb = xp.where(xp.isnan(z_box), xp.zeros_like(z_box), z_box)
     return xp.concat([z[:, :m], -zb, zb], axis=1)
+
+
+def rows_to_qp_multipliers(xp: Any, mult: Any, mu: Any, m: int) -> tuple[Any, Any]:
+    """``(z, z_box)`` of a QP solution from inequality-row multipliers (b, m + 2n) and equality ones (b, p).
+
+    The inverse of :func:`qp_multipliers_to_rows`: ``z`` holds the rows of ``[A; B]``.
+    A bound's multiplier is the upper row's positive part less the lower row's (the polish keeps one of them
+    nonzero and non-negative; :func:`qp_multipliers_to_rows` writes ``−z_box`` and ``z_box``).
+    """
+    n = (mult.shape[1] - m) // 2
+    zero = xp.zeros_like(mult[:, m: m + n])
+    z_box = xp.maximum(mult[:, m + n:], zero) - xp.maximum(mult[:, m: m + n], zero)
+    return xp.concat([mult[:, :m], mu], axis=1), z_box

@@ -592,3 +592,19 @@ def test_infeasible_error_carries_a_solution_for_every_backend():
         sol = info.value.solution
         assert sol is not None and sol.status == (pp.Status.PRIMAL_INFEASIBLE,), backend
         assert sol.x.shape == (1, 3) and sol.z.shape == (1, 1) and sol.z_box.shape == (1, 3)
+
+
+def test_row_and_qp_multiplier_layouts_are_inverse():
+    """rows_to_qp_multipliers inverts qp_multipliers_to_rows (the QP's z_box, upper positive), and reads the
+    polish's layout (one non-negative bound row per active bound) the same way."""
+    from polyproj.polydata import qp_multipliers_to_rows, rows_to_qp_multipliers
+
+    rng = np.random.default_rng(0)
+    m, p, n = 3, 2, 4
+    z, zb = rng.standard_normal((5, m + p)), rng.standard_normal((5, n))
+    rows = qp_multipliers_to_rows(np, z, zb, m)
+    z2, zb2 = rows_to_qp_multipliers(np, rows, z[:, m:], m)
+    np.testing.assert_array_equal(z2, z)
+    np.testing.assert_array_equal(zb2, zb)
+    polish = np.concatenate([z[:, :m], np.maximum(-zb, 0.0), np.maximum(zb, 0.0)], axis=1)
+    np.testing.assert_array_equal(rows_to_qp_multipliers(np, polish, z[:, m:], m)[1], zb)

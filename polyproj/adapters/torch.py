@@ -721,8 +721,8 @@ class ProjectionLayer(nn.Module):
             self._seen = self._buffer_state()
 
     def _store(self, vals: dict[str, Any], learn: Any, dtype: torch.dtype) -> None:
-        host = {k: _dense(v) for k, v in vals.items()}  # stored dense, copied to the layer's dtype below
-        host = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
+        dense = {k: _dense(v) for k, v in vals.items()}  # stored dense, copied to the layer's dtype below
+        host = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v) for k, v in dense.items()}
         missing = [k for k in learn if host.get(k) is None]
         if missing:
             raise ProblemError(f"learn names {missing}, which are not given: there is nothing to learn")

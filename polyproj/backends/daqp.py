@@ -191,9 +191,7 @@ class DAQPSolver(QPSolver):
         Fixed variables (``lb == ub``) are substituted first (:mod:`.presolve`: DAQP called an LP with a fixed
         variable and a free one of zero cost dual infeasible); such a problem is solved without a warm start.
         """
-        if np.any(qp.lb == qp.ub):
-            return solve_without_fixed(self, qp, self._solve)
-        return self._solve(qp, warm_start)
+        return solve_without_fixed(self, qp, lambda q: self._solve(q, warm_start if q is qp else None))
 
     def _solve(self, qp: QP, warm_start: Any = None) -> Solution:
         import daqp

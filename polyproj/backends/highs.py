@@ -223,20 +223,19 @@ class HiGHSSolver(QPSolver):
         t0 = time.perf_counter()
         sol = self._run(qp)
         limit = self.settings["time_limit"]
-        if sol.status is Status.DUAL_INFEASIBLE and _quadratic(qp):
-            # HiGHS's QP solver also says "Unbounded" on bounded QPs with a singular P (P = [[1, 1], [1, 1]],
-            # q = (1, -1), x <= 1): the claim stands only with a direction of unbounded descent
-            proof = self._unbounded(qp, sol)
-            if proof is not None:
-                return proof
-            sol = self._nan_solution(qp, Status.NUMERICAL_ERROR, self.name, iterations=sol.iterations,
-                                     solve_time=sol.solve_time, setup_time=sol.setup_time,
-                                     info={**sol.info, "note": "HiGHS said Unbounded, but the LP over the recession "
-                                           "cone found no direction of unbounded descent"})
-        if (limit is None or time.perf_counter() - t0 <= limit) and self._maybe_unbounded(qp, sol):
+        # HiGHS's QP solver also says "Unbounded" on bounded QPs with a singular P (P = [[1, 1], [1, 1]],
+        # q = (1, -1), x <= 1): that claim stands only with a direction of unbounded descent (checked whatever
+        # the time limit), as a failure becomes DUAL_INFEASIBLE only with one (one LP either way)
+        claimed = sol.status is Status.DUAL_INFEASIBLE and _quadratic(qp)
+        if claimed or ((limit is None or time.perf_counter() - t0 <= limit) and self._maybe_unbounded(qp, sol)):
             unbounded = self._unbounded(qp, sol)
             if unbounded is not None:
                 return unbounded
+            if claimed:
+                sol = self._nan_solution(qp, Status.NUMERICAL_ERROR, self.name, iterations=sol.iterations,
+                                         solve_time=sol.solve_time, setup_time=sol.setup_time,
+                                         info={**sol.info, "note": "HiGHS said Unbounded, but the LP over the "
+                                               "recession cone found no direction of unbounded descent"})
         for why, run in self._retries(qp):
             if sol.status is not Status.NUMERICAL_ERROR or (limit is not None and time.perf_counter() - t0 > limit):
                 break

@@ -198,8 +198,6 @@ class ProxSuiteSolver(QPSolver):
 
     def _feasible(self, qp: QP) -> bool:
         """Whether an independent backend finds a point of ``qp``'s constraints (its objective dropped)."""
-        import scipy.sparse as sp
-
         zero = sp.csc_matrix((qp.n, qp.n)) if sp.issparse(qp.P) else np.zeros((qp.n, qp.n))
         found = self._second_opinion(QP(P=zero, q=np.zeros(qp.n), C=qp.C, l=qp.l, u=qp.u, lb=qp.lb, ub=qp.ub,
                                         check_psd=False))

@@ -116,7 +116,7 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     if not opts.polish:
         out = _unpolished_output(X, data, start, solver.name)
     else:
-        late = _timed_out(X, start)
+        late = _with_status(X, start, Status.TIME_LIMIT)
         rounds = _rounds(opts, solver, start, X.shape[1])
         if bool(array_namespace(X).all(late)):  # the caller's time is spent: a short polish, no fallback
             rounds = min(rounds, LATE_ROUNDS)
@@ -484,11 +484,6 @@ def _host_floats(v: Any) -> list[float]:
 LATE_ROUNDS = 2
 
 
-def _timed_out(X, start: ProjectionStart):
-    xp = array_namespace(X)
-    return xp.asarray([s is Status.TIME_LIMIT for s in start.status], dtype=xp.bool, device=_device(X))
-
-
 def _late(X, data: PolyData, solver, out: PipelineOutput, late) -> PipelineOutput:
     """Samples whose start hit ``time_limit`` and that the polish did not verify keep the backend's point.
 
@@ -517,8 +512,14 @@ def _keep_start(X, data: PolyData, out: PipelineOutput, refused) -> PipelineOutp
 
 
 # ----------------------------------------------------------------------------- false infeasibility
+def _with_status(like, start: ProjectionStart, status: Status):
+    """(batch,) bool in ``like``'s namespace: the samples whose start has ``status``."""
+    xp = array_namespace(like)
+    return xp.asarray([s is status for s in start.status], dtype=xp.bool, device=_device(like))
+
+
 def _flags(xp, start: ProjectionStart, like):
-    return xp.asarray([s is Status.PRIMAL_INFEASIBLE for s in start.status], dtype=xp.bool, device=_device(like))
+    return _with_status(like, start, Status.PRIMAL_INFEASIBLE)
 
 
 def _feasible(xp, data: PolyData, Y, ok):
@@ -570,15 +571,15 @@ def _probe(solver, X, data: PolyData) -> bool:
 def _as_solution(start: ProjectionStart, data: PolyData, name: str) -> Any:
     """A start without a backend record (the IPM's, the ADMM's) as a BatchSolution in the QP's layout.
 
-    ``z`` = the rows of A, then B's; ``z_box`` = upper minus lower bound multipliers (upper positive).
+    ``z`` = the rows of A, then B's; ``z_box`` upper positive (:func:`~polyproj.polydata.rows_to_qp_multipliers`).
     """
     from ..backends.projection import to_host
+    from ..polydata import rows_to_qp_multipliers
     from ..solution import BatchSolution
 
     y, mult, mu = (np.asarray(to_host(v), dtype=np.float64) for v in (start.y, start.mult, start.mu))
-    m, n = data.m, data.n
-    z_box = mult[:, m + n: m + 2 * n] - mult[:, m: m + n]
-    return BatchSolution(x=y, z=np.concatenate([mult[:, :m], mu], axis=1), z_box=z_box, status=tuple(start.status),
+    z, z_box = rows_to_qp_multipliers(np, mult, mu, data.m)
+    return BatchSolution(x=y, z=z, z_box=z_box, status=tuple(start.status),
                          iterations=np.zeros(y.shape[0], dtype=np.int64), backend=name)
 
 

@@ -250,7 +250,7 @@ def tracin_scores(problem: ConstrainedProblem, checkpoints: Sequence[tuple[Any, 
 
 def _checked_checkpoints(problem: ConstrainedProblem, checkpoints: Any) -> list[tuple[torch.Tensor, np.ndarray]]:
     """(θ_c, λ_c) pairs as float64 θ (d,) and λ (m,) (None: zeros); a KKTPoint counts as its (θ̄, λ̄)."""
-    from .kkt import KKTPoint
+    from .kkt import KKTPoint, _flat_lambdas, _flat_theta
 
     if isinstance(checkpoints, KKTPoint):
         checkpoints = [checkpoints]
@@ -262,14 +262,9 @@ def _checked_checkpoints(problem: ConstrainedProblem, checkpoints: Any) -> list[
             raise ProblemError(f"checkpoint {c}: a (θ, λ) pair (λ may be None) or a KKTPoint, got "
                                f"{type(item).__name__}")
         th, lam = item
-        th = torch.as_tensor(np.asarray(th.detach().cpu() if isinstance(th, torch.Tensor) else th,
-                                        dtype=np.float64)).reshape(-1)
-        lam = np.zeros(problem.m) if lam is None else np.asarray(
-            lam.detach().cpu() if isinstance(lam, torch.Tensor) else lam, dtype=np.float64).reshape(-1)
-        if th.shape != (problem.dim,) or lam.shape != (problem.m,):
-            raise ProblemError(f"checkpoint {c}: θ has {th.numel()} entries and λ {lam.size} (the problem: "
-                               f"{problem.dim} parameters, {problem.m} constraints)")
-        if not (bool(torch.isfinite(th).all()) and np.all(np.isfinite(lam))):
-            raise ProblemError(f"checkpoint {c}: θ or λ contains NaN or inf")
-        out.append((th, lam))
+        try:
+            out.append((_flat_theta(problem, th),
+                        np.zeros(problem.m) if lam is None else _flat_lambdas(problem, lam, "λ")))
+        except ProblemError as exc:
+            raise ProblemError(f"checkpoint {c}: {exc}") from None
     return out

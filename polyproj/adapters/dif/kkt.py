@@ -157,10 +157,7 @@ class KKTPoint:
         active = eq | (gval >= -active_tol)
         lam, polished = None, False
         if lambdas is not None:
-            lam = np.asarray(lambdas.detach().cpu() if isinstance(lambdas, torch.Tensor) else lambdas,
-                             dtype=np.float64).reshape(-1)
-            if lam.shape != (problem.m,) or not np.all(np.isfinite(lam)):
-                raise ProblemError(f"lambdas must be {problem.m} finite numbers, got shape {lam.shape}")
+            lam = _flat_lambdas(problem, lambdas, "lambdas")
             # a row with a clear multiplier is active while complementarity λⱼ|gⱼ| holds to tol, even when
             # its slack exceeds active_tol (a KKT point at tolerance tol may leave gⱼ ~ tol/λⱼ below zero)
             active |= (lam > mult_tol) & (np.abs(lam * gval) <= tol)
@@ -241,6 +238,15 @@ def _check_tolerances(**tols: Any) -> None:
             raise ProblemError(f"{name} must be a positive finite number, got {v!r}")
 
 
+def _flat_lambdas(problem: ConstrainedProblem, lambdas: Any, what: str) -> np.ndarray:
+    """Multipliers (a tensor on any device, an array, a list) as a new float64 array of m finite numbers."""
+    lam = np.array(lambdas.detach().cpu().numpy() if isinstance(lambdas, torch.Tensor) else lambdas,
+                   dtype=np.float64).reshape(-1)
+    if lam.shape != (problem.m,) or not np.all(np.isfinite(lam)):
+        raise ProblemError(f"{what} must be {problem.m} finite numbers, got shape {lam.shape}")
+    return lam
+
+
 def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
     if isinstance(theta, nn.Module):
         if problem.model is None:
@@ -258,7 +264,7 @@ def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
                            f"shape {tuple(theta.shape)}")
     th = theta.detach().to("cpu", torch.float64).clone()
     if th.numel() != problem.dim:
-        raise ProblemError(f"theta has {th.numel()} entries, the problem has {problem.dim} parameters")
+        raise ProblemError(f"θ has {th.numel()} entries, the problem has {problem.dim} parameters")
     if not bool(torch.isfinite(th).all()):
         raise ProblemError("theta contains NaN or inf")
     return th
@@ -357,10 +363,7 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     t0 = time.perf_counter()
     _check_tolerances(tol=tol, active_tol=active_tol, mult_tol=mult_tol)
     th = _flat_theta(problem, problem.theta0 if theta0 is None else theta0)
-    lam = np.zeros(problem.m) if lambdas0 is None else np.asarray(
-        lambdas0.detach().cpu() if isinstance(lambdas0, torch.Tensor) else lambdas0, dtype=np.float64).copy()
-    if lam.shape != (problem.m,):
-        raise ProblemError(f"lambdas0 must have shape ({problem.m},), got {lam.shape}")
+    lam = np.zeros(problem.m) if lambdas0 is None else _flat_lambdas(problem, lambdas0, "lambdas0")
     if method not in ("auto", "sqp", "auglag"):
         raise ProblemError(f"method must be 'auto', 'sqp' or 'auglag', got {method!r}")
     if method == "auglag" or (method == "auto" and problem.dim > SQP_MAX_DIM):
