@@ -25,7 +25,7 @@ from array_api_compat import device as _device
 
 from .errors import ProblemError
 
-__all__ = ["PolyData", "RowLayout", "ineq_slack", "matvec"]
+__all__ = ["PolyData", "RowLayout", "empty_row", "ineq_slack", "matvec"]
 
 
 def matvec(xp: Any, M: Any, Y: Any) -> Any:
@@ -39,6 +39,27 @@ def ineq_slack(Y: Any, A: Any, a: Any, lb: Any, ub: Any) -> Any:
     """Slack of every inequality row: ``[a − A y, y − lb, ub − y]``, shape (b, m + 2n)."""
     xp = array_namespace(Y, A)
     return xp.concat([a - matvec(xp, A, Y), Y - lb, ub - Y], axis=1)
+
+
+def empty_row(xp: Any, A: Any, a: Any, B: Any, b: Any) -> str | None:
+    """Why the data are empty by a zero row, or None.
+
+    A zero row reads ``0 <= a_i`` (empty when ``a_i < 0``) or ``0 = b_j`` (empty when ``b_j != 0``). Shared
+    or batched parts (``A (m, n)`` or ``(batch, m, n)``), any namespace. Such a row admits no point;
+    solvers that scale rows by their norms cannot see it (a zero row has none), so it is named here, before
+    any solve.
+    """
+    for M, v, name, vname, test in ((A, a, "A", "a", lambda r: r < 0), (B, b, "B", "b", lambda r: r != 0)):
+        bad = xp.all(M == 0, axis=-1) & test(v)
+        if bool(xp.any(bad)):
+            v = xp.broadcast_to(v, bad.shape)
+            i = int(xp.nonzero(xp.reshape(bad, (-1,)))[0][0])
+            rhs, r = float(xp.reshape(v, (-1,))[i]), v.shape[-1]
+            loc = f"row {i % r}" + (f" of sample {i // r}" if v.ndim > 1 else "")
+            rule = f"0 <= {rhs:g}" if name == "A" else f"0 = {rhs:g}"
+            return (f"{loc} of {name} is zero with {vname} = {rhs:g}: it reads {rule}, which no point satisfies, "
+                    "so the polyhedron is empty")
+    return None
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,28 @@ class PolyData:
             if all(int(d) > 0 for d in v.shape):  # empty parts have no size
                 fin = xp.where(xp.isfinite(v), xp.abs(v), xp.zeros_like(v))
                 size = max(size, float(xp.max(fin)))
+        return size
+
+    @cached_property
+    def distance_size(self) -> float:
+        """Largest distance from the origin of a constraint's hyperplane (0.0 when there is none).
+
+        Over the finite right-hand sides and the nonzero rows: ``|a_i| / ||A_i||``, ``|b_j| / ||B_j||``,
+        ``|lb_k|``, ``|ub_k|``. The polyhedron's size in the space of ``y``, whatever the rows' own scales: a row
+        ``1e8 y_1 <= 1e7`` lies 0.1 from the origin, not 1e7 (:attr:`rhs_size` reads 1e7).
+        """
+        xp = self.xp
+        size = 0.0
+        for M, v in ((self.A, self.a), (self.B, self.b), (None, self.lb), (None, self.ub)):
+            if not all(int(d) > 0 for d in v.shape):
+                continue
+            fin = xp.isfinite(v)
+            if M is not None:
+                norm = xp.linalg.vector_norm(M, axis=-1)
+                fin = fin & (norm > 0)
+                v = v / xp.where(norm > 0, norm, xp.ones_like(norm))
+            if bool(xp.any(fin)):
+                size = max(size, float(xp.max(xp.where(fin, xp.abs(v), xp.zeros_like(v)))))
         return size
 
     @cached_property

@@ -25,6 +25,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from .errors import ProblemError
+from .polydata import empty_row
 
 __all__ = ["QP", "Polyhedron"]
 
@@ -83,15 +84,48 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
 TINY_ROW = 1e-100
 
 
+def _row_max(M: Any) -> np.ndarray:
+    """Largest magnitude of each row of a dense or sparse matrix (0 for a zero row)."""
+    if M.shape[0] == 0 or M.shape[1] == 0:
+        return np.zeros(M.shape[0])
+    return np.asarray(abs(M).max(axis=1).todense()).ravel() if sp.issparse(M) else np.abs(M).max(axis=1)
+
+
 def _check_row_scale(M: Any, name: str) -> None:
     if M is None or M.shape[0] == 0:
         return
-    big = np.asarray(abs(M).max(axis=1).todense()).ravel() if sp.issparse(M) else np.abs(M).max(axis=1)
+    big = _row_max(M)
     tiny = np.flatnonzero((big > 0) & (big < TINY_ROW))
     if tiny.size:
         raise ProblemError(f"rows {tiny[:5].tolist()} of {name} have entries only below {TINY_ROW:g} in magnitude "
                            f"(row {int(tiny[0])}: largest {big[tiny[0]]:.3g}); scale such a row and its right-hand "
                            "side up (the set is the same for any positive multiple), or drop a row meant as zero")
+
+
+#: a right-hand side read as "no bound" (|a_i| >= 1e20) on a row whose entries reach 1e20 / DROPPED_RATIO is refused
+DROPPED_RATIO = 1e16
+
+
+def _check_dropped_rows(A: Any, a: np.ndarray, given: Any) -> None:
+    """Refuse a right-hand side read as "no bound" (``|a_i| >= 1e20``) on a row scaled up as far.
+
+    ``1e20 (y_1 + y_2) <= 1e20`` is the set ``y_1 + y_2 <= 1``: reading its right-hand side as ``+inf`` would
+    drop the row. The convention holds where the row's entries are far below the right-hand side (``a_i = 1e20``
+    on a row of unit entries, as data files write "no bound"); it is refused where ``|a_i| / max|A_ij|`` is
+    below :data:`DROPPED_RATIO`.
+    """
+    if not A.shape[0] or given is None or not np.isinf(a).any():
+        return
+    raw = np.asarray(given.detach().cpu().numpy() if hasattr(given, "detach") else given, dtype=np.float64)
+    raw = np.broadcast_to(raw.reshape(-1) if raw.ndim else raw, a.shape)
+    big = _row_max(A)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        bad = np.isinf(a) & np.isfinite(raw) & (big > 0) & (np.abs(raw) / big < DROPPED_RATIO)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ProblemError(f"a[{i}] = {raw[i]:g} reads as no bound (|v| >= {_INF_THRESHOLD:g} means +inf), which "
+                           f"would drop row {i}, yet that row's entries reach {big[i]:.3g}: divide row {i} of A "
+                           f"and a[{i}] by a common factor (the set is the same), or pass a[{i}] = inf to drop it")
 
 
 def _where(mask: np.ndarray) -> tuple[int, ...]:
@@ -114,6 +148,7 @@ def check_values(arr: np.ndarray, name: str, allow_inf: int = 0) -> np.ndarray:
         idx = _where(nan)
         where = f"index {idx[0]}" if arr.ndim == 1 else str(idx)
         raise ProblemError(f"{name} contains NaN (first at {where})")
+    given = arr
     arr = np.where(arr >= _INF_THRESHOLD, np.inf, np.where(arr <= -_INF_THRESHOLD, -np.inf, arr))
     if allow_inf == 0:
         wrong = np.isinf(arr)
@@ -122,7 +157,9 @@ def check_values(arr: np.ndarray, name: str, allow_inf: int = 0) -> np.ndarray:
     if wrong.any():
         idx = _where(wrong)
         allowed = "" if allow_inf == 0 else " or " + ("+inf" if allow_inf > 0 else "-inf")
-        raise ProblemError(f"{name}[{_loc(idx)}] = {arr[idx]} is not allowed: a forbidden infinity "
+        value = f"{arr[idx]}" if np.isinf(given[idx]) else \
+            f"{given[idx]:g}, which reads as {arr[idx]} (|v| >= {_INF_THRESHOLD:g} means no bound),"
+        raise ProblemError(f"{name}[{_loc(idx)}] = {value} is not allowed: a forbidden infinity "
                            f"(must be finite{allowed})")
     return arr
 
@@ -524,9 +561,9 @@ class Polyhedron:
             if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
                 raise ProblemError(f"n must be a positive integer (the number of variables), got {n!r}")
             n = int(n)
-        for M in (self.A, self.B):
+        for M, name in ((self.A, "A"), (self.B, "B")):
             if M is not None and n is None:
-                shp = M.shape if sp.issparse(M) else np.shape(M)
+                shp = M.shape if sp.issparse(M) or hasattr(M, "shape") else np.shape(_asarray(M, name))
                 n = int(shp[-1]) if len(shp) else None
         for v in (self.lb, self.ub):
             if v is not None and n is None and np.ndim(v) > 0:  # a scalar bound does not tell n
@@ -550,6 +587,10 @@ class Polyhedron:
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1, scalar=True)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1, scalar=True)
         check_order(lb, ub, "lb", "ub")
+        _check_dropped_rows(A, a, self.a)
+        why = empty_row(np, _row_max(A)[:, None], a, _row_max(B)[:, None], b)  # zero rows, sparse or dense
+        if why is not None:
+            raise ProblemError(why)
         rank = B.shape[0]
         if B.shape[0] and B.shape[0] * n <= _RANK_CHECK_LIMIT:
             dep = _dependent_rows(B)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,24 @@ def test_hs_functions_reject_bad_arguments():
     with pytest.raises(pp.ProblemError, match="boolean mask"):
         pp.hs_jacobian(P, np.array([2, 0, 1]))
     np.testing.assert_array_equal(pp.hs_jacobian(P, np.array([1, 0, 0])), np.diag([0.0, 1.0, 1.0]))
+
+
+def test_malformed_arguments_are_problem_errors():
+    """Ragged lists, a 3-D mask and NaN in V: ProblemErrors naming the argument (NumPy's ValueError escaped, and
+    NaN in V came back as NaN silently); np.matrix points project as plain arrays."""
+    P = pp.Polyhedron(A=[[1.0, 1.0]], a=[1.0], lb=[0.0, 0.0])
+    act = np.array([True, False, False])
+    with pytest.raises(pp.ProblemError, match="A is not a rectangular array"):
+        pp.Polyhedron(A=[[1.0, 2.0], [1.0]], a=[1.0, 2.0])
+    with pytest.raises(pp.ProblemError, match=r"active must have shape \(n_ineq,\) or \(batch, n_ineq\)"):
+        pp.hs_jacobian(P, np.zeros((1, 1, 3), bool))
+    with pytest.raises(pp.ProblemError, match="active is not a rectangular array"):
+        pp.hs_jacobian(P, [[True, False, False], [True]])
+    with pytest.raises(pp.ProblemError, match="V is not a rectangular array"):
+        pp.hs_vjp(P, act, [[1.0, 2.0], [1.0]])
+    with pytest.raises(pp.ProblemError, match="V contains NaN"):
+        pp.hs_vjp(P, act, [np.nan, 1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)  # np.matrix itself
+        res = pp.project(np.matrix([[3.0, 3.0]]), P, backend="ipm")
+    np.testing.assert_allclose(res.y, [[0.5, 0.5]], atol=1e-9)

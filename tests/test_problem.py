@@ -258,3 +258,20 @@ def test_solution_residuals_name_a_solution_that_does_not_fit():
     with pytest.raises(pp.ProblemError, match="z missing"):
         bare.duality_gap(qp)
     assert bare.primal_residual(qp) == 0.0
+
+
+def test_right_hand_sides_read_as_no_bound():
+    """|v| >= 1e20 means no bound; on a row scaled up as far (1e20 (y1 + y2) <= 1e20 is y1 + y2 <= 1) that would
+    drop the row silently: refused, naming it. Where the convention does not apply (b, bounds) the message
+    names the value given, not the inf it was read as."""
+    import scipy.sparse as sp
+
+    assert np.isinf(pp.Polyhedron(A=[[1.0, 1.0]], a=[1e20]).a[0])  # data files' "no bound"
+    assert pp.Polyhedron(A=[[1e19, 1e19]], a=[1e19]).a[0] == 1e19
+    for A in ([[1e20, 1e20]], sp.csr_matrix(np.array([[1e19, 0.0]]))):
+        with pytest.raises(pp.ProblemError, match=r"a\[0\] = 1e\+20 reads as no bound.*would drop row 0"):
+            pp.Polyhedron(A=A, a=[1e20])
+    with pytest.raises(pp.ProblemError, match=r"b\[0\] = 1e\+25, which reads as inf"):
+        pp.Polyhedron(B=[[1e25, 1e25]], b=[1e25])
+    with pytest.raises(pp.ProblemError, match=r"lb\[0\] = 1e\+25, which reads as inf"):
+        pp.Polyhedron(lb=[1e25, 0.0])

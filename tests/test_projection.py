@@ -148,6 +148,73 @@ def test_project_infeasible_polyhedron_raises():
     assert pp.Status.PRIMAL_INFEASIBLE in info.value.solution.status
 
 
+@pytest.mark.core
+def test_a_zero_row_no_point_satisfies_is_named_at_construction():
+    """``0 y <= -1`` or ``0 y = 1``: the set is empty, and no solver that scales rows by their norms sees it (the
+    ADMM's start and the polish returned y = x as SOLVED and polished, violation 1)."""
+    import scipy.sparse as sp
+
+    for kw, what in ((dict(A=[[0.0, 0.0], [1.0, 1.0]], a=[-1.0, 1.0]), "row 0 of A is zero with a = -1"),
+                     (dict(A=sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 0.0]])), a=[1.0, -2.0]), "row 1 of A"),
+                     (dict(B=[[0.0, 0.0]], b=[1.0]), "row 0 of B is zero with b = 1")):
+        with pytest.raises(pp.ProblemError, match=f"{what}.*empty"):
+            pp.Polyhedron(**kw)
+    # satisfied by every point: the set is that of the other rows
+    P = pp.Polyhedron(A=[[0.0, 0.0], [1.0, 1.0]], a=[0.0, 1.0])
+    assert np.allclose(pp.project(np.array([2.0, 2.0]), P, backend="ipm").y, [0.5, 0.5], atol=1e-8)
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("backend", ["ipm", "admm"])
+def test_rows_of_very_different_norms_do_not_set_the_scale(backend, rng):
+    """Rows scaled by up to 2.4e8 with right-hand sides to 1.4e7 bound a polyhedron of size ~60 around the origin.
+    The pipeline's unit scale was set by the right-hand sides (2^24), which shrank it to ~1e-8 for the
+    backend: the IPM returned points hundreds of units off as SOLVED (the polish refused them). The same set
+    with unit rows is the reference."""
+    A = np.array([[1.895e2, 1.624e3], [-2.409e8, -9.863e6], [3.898e1, 1.207e2], [-1.017e5, 4.239e4]])
+    a = np.array([-3.417e2, -1.365e7, -2.366e1, -1.593e4])
+    norms = np.linalg.norm(A, axis=1)
+    X = np.vstack([[-9.0, 10.0], 20.0 * rng.normal(size=(39, 2))])
+    lb = [-1.0, -np.inf]
+    res = pp.project(X, pp.Polyhedron(A=A, a=a, lb=lb), backend=backend)
+    ref = pp.project(X, pp.Polyhedron(A=A / norms[:, None], a=a / norms, lb=lb), backend=backend)
+    assert res.polished.all() and ref.polished.all()
+    assert np.abs(res.y - ref.y).max() <= 1e-8 * (1.0 + np.abs(X).max())
+    assert np.allclose(res.y[0], [0.06573944, -0.21807735], atol=1e-7)
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("backend", ["ipm", "admm"])
+def test_points_at_the_ends_of_the_float64_range(backend):
+    """Subnormal points onto a cone: their scale 2^-1030 has no reciprocal in float64 (the data became NaN: a
+    ProblemError about an argument u the user never gave; the ADMM returned x itself, infeasible, as SOLVED).
+    A projection whose coordinate exceeds the float64 range is NUMERICAL_ERROR, not SOLVED with -inf."""
+    cone = pp.Polyhedron(A=[[1.0, 1.0, 1.0]], a=[0.0])
+    tiny = pp.project(np.array([5e-324, 0.0, 5e-324]), cone, backend=backend)  # 1 bit of precision: feasible
+    assert tiny.status == pp.Status.SOLVED and tiny.y.sum() <= 0.0
+    for x in (np.array([1e-310, 0.0, 1e-310]), np.array([1.7e308, 0.0, 1.7e308])):
+        res = pp.project(x, cone, backend=backend)
+        assert res.status == pp.Status.SOLVED and res.polished
+        assert np.allclose(res.y, x - (x / 3.0).sum(), rtol=1e-12, atol=0.0) and (res.y / 3.0).sum() <= 0.0
+    # the degeneracy report's scale tol (1 + |x| + |y|) overflowed there: every active row was called weak
+    assert not res.degenerate.weak
+    res = pp.project(np.array([1.7e308, -1.7e308, 1.7e308]), pp.Polyhedron(A=[[1.0, 1.0, 1.0]], a=[1.0]),
+                     backend=backend)
+    assert res.status == pp.Status.NUMERICAL_ERROR and not res.polished and np.isnan(res.y).all()
+
+
+def test_the_polish_never_accepts_a_face_row_it_leaves_violated():
+    """The same zero row handed to the pipeline directly (past the constructors' check): the ADMM's start takes
+    it for active, the face solve cannot place y on it (no support); the polish accepted y = x, violation 1."""
+    from polyproj.polydata import PolyData
+    from polyproj.projection.pipeline import PolishOptions, run
+
+    A, a = np.array([[0.0, 0.0], [1.0, 1.0]]), np.array([-1.0, 1.0])
+    d = PolyData(A, a, np.zeros((0, 2)), np.zeros(0), np.full(2, -np.inf), np.full(2, np.inf))
+    with pytest.raises(pp.InfeasibleError, match="empty"):
+        run(np.array([[1.0, 2.0]] * 3), d, pp.get_backend("admm"), PolishOptions())
+
+
 def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeypatch):
     """A backend that calls a few elements of a batch PRIMAL_INFEASIBLE while it solves the others
     (ProxSuite does at tight tolerances) must not make project() call the polyhedron empty: those

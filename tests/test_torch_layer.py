@@ -553,6 +553,18 @@ def test_layer_copies_the_callers_data(rng):
         ProjectionLayer(A=P.A, a=P.a, learn=("lb",))
 
 
+def test_a_zero_row_of_per_sample_constraints_is_an_empty_set(rng):
+    """One sample's zero row ``0 y <= -1``: InfeasibleError naming the row and the sample (the layer's own data
+    path does not build a Polyhedron)."""
+    x = torch.tensor(rng.normal(size=(3, 2)))
+    A = torch.tensor(rng.normal(size=(3, 2, 2)))
+    A[1, 1] = 0.0
+    with pytest.raises(pp.InfeasibleError, match="row 1 of sample 1 of A is zero with a = -1"):
+        project(x, A, torch.tensor([1.0, -1.0], dtype=torch.float64))
+    A[1, 1] = torch.tensor([1.0, 1.0])
+    assert project(x, A, torch.tensor([1.0, -1.0], dtype=torch.float64)).shape == (3, 2)
+
+
 def test_empty_batch_and_huge_points(rng):
     P = _polytope(rng)
     d = _tensors(P)

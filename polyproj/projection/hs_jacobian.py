@@ -23,15 +23,17 @@ __all__ = ["hs_jacobian", "hs_vjp"]
 
 
 def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool, Face]:
-    from ..problem import Polyhedron
+    from ..problem import Polyhedron, _asarray
 
     if not isinstance(polyhedron, Polyhedron):
         raise ProblemError(f"the HS-Jacobian functions take a Polyhedron, got {type(polyhedron).__name__}; for a "
                            "set use S.as_polyhedron() (or S.vjp on its projection result)")
-    raw = np.asarray(active.detach().cpu() if hasattr(active, "detach") else active)
+    raw = _asarray(active.detach().cpu() if hasattr(active, "detach") else active, "active")
     if raw.dtype != bool and not (raw.dtype.kind in "iu" and np.isin(raw, (0, 1)).all()):
         raise ProblemError(f"active must be a boolean mask (or 0/1 integers), got dtype {raw.dtype}")
     act = raw.astype(bool)
+    if act.ndim not in (1, 2):
+        raise ProblemError(f"active must have shape (n_ineq,) or (batch, n_ineq), got {act.shape}")
     single = act.ndim == 1
     act = np.atleast_2d(act)
     layout = RowLayout.of(polyhedron)
@@ -92,10 +94,14 @@ def hs_vjp(polyhedron: Any, active: Any, V: Any) -> np.ndarray:
     -------
     ndarray shaped like V.
     """
-    raw = np.asarray(V.detach().cpu() if hasattr(V, "detach") else V)
+    from ..problem import _asarray
+
+    raw = _asarray(V.detach().cpu() if hasattr(V, "detach") else V, "V")
     if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)):
         raise ProblemError(f"V must hold real numbers, got dtype {raw.dtype}")
     V = raw.astype(np.float64)
+    if not np.isfinite(V).all():
+        raise ProblemError("V contains NaN or inf")
     if V.ndim not in (1, 2):
         raise ProblemError(f"V must have shape (n,) or (batch, n), got {V.shape}")
     single_v = V.ndim == 1

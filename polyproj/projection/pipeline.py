@@ -1,7 +1,7 @@
 """The one projection pipeline: solve → recover → polish → fall back → result, for every array namespace.
 
 Data far from unit size are projected as ``Π_{sP}(s x) = s Π_P(x)`` with ``s`` a power of 2 near the
-polyhedron's size (:func:`_unit_scale`), so the backends see a polyhedron of unit size however far the
+polyhedron's size (:func:`_unit_exponent`), so the backends see a polyhedron of unit size however far the
 points lie.
 
 For a batch ``X`` (batch, n) and polyhedral data (:class:`~polyproj.polydata.PolyData`, shared or per
@@ -102,12 +102,16 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     """
     if rough is None:
         rough = opts.polish and solver.capabilities.early_stop
-    s = _unit_scale(X, data)
-    if s != 1.0:  # Π_{sP}(s x) = s Π_P(x): the backend sees data of unit size (s a power of 2: exact)
-        given = None if start is None else replace(start, y=start.y / s, mult=start.mult / s, mu=start.mu / s)
-        out = run(X / s, _scaled(data, 1.0 / s), solver, opts, rough=rough, warm=warm, start=given)
-        return replace(out, Y=out.Y * s, mult=out.mult * s, mu=out.mu * s, faces=out.faces,
-                       start=replace(out.start, y=out.start.y * s, mult=out.start.mult * s, mu=out.start.mu * s))
+    e = _unit_exponent(X, data)
+    if e:  # Π_{sP}(s x) = s Π_P(x), s = 2^e: the backend sees data of unit size (powers of 2: exact)
+        given = None if start is None else replace(start, y=_pow2(start.y, -e), mult=_pow2(start.mult, -e),
+                                                   mu=_pow2(start.mu, -e))
+        out = run(_pow2(X, -e), _scaled(data, -e), solver, opts, rough=rough, warm=warm, start=given)
+        with np.errstate(over="ignore"):  # a projection beyond the float64 range: NUMERICAL_ERROR (_overflow)
+            return _overflow(replace(out, Y=_pow2(out.Y, e), mult=_pow2(out.mult, e), mu=_pow2(out.mu, e),
+                                     faces=out.faces, start=replace(out.start, y=_pow2(out.start.y, e),
+                                                                    mult=_pow2(out.start.mult, e),
+                                                                    mu=_pow2(out.start.mu, e))), out.Y)
     if warm is not None and opts.polish:
         return _warm(X, data, solver, opts, warm)
     if start is None:
@@ -136,17 +140,20 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     return out
 
 
-#: the data's size (largest finite right-hand side, else largest |x|) within [2^-SCALE_BAND, 2^SCALE_BAND] is
-#: left as it is
+#: the data's size (largest distance of a hyperplane from the origin, else largest |x|) within
+#: [2^-SCALE_BAND, 2^SCALE_BAND] is left as it is
 SCALE_BAND = 8
 #: points beyond 2^FAR_BITS times the polyhedron's size set the scale themselves (no double resolves a
 #: unit polytope there: y = x − Aᵀλ cancels to eps |x|)
 FAR_BITS = 56
 
 
-def _unit_scale(X: Any, data: PolyData) -> float:
-    """A power of 2 near the size of the finite right-hand sides (of the batch for a cone; 1 when near 1).
+def _unit_exponent(X: Any, data: PolyData) -> int:
+    """``e`` with ``2^e`` near the polyhedron's size (of the batch for a cone; 0 when near 1).
 
+    The size is the largest distance of a hyperplane from the origin (:attr:`PolyData.distance_size`), not
+    the largest right-hand side: a row ``2.4e8 y_1 + 1e7 y_2 <= 1.4e7`` lies 0.06 from the origin, and a scale
+    set by its right-hand side shrank the polyhedron to ~1e-8, below the backends' absolute tolerances.
     The polyhedron sets the scale, not the points: scaling by a far point's size (|x| ≫ the right-hand
     sides) would shrink the polyhedron below the backends' absolute tolerances, where every row is within
     tolerance of every point and no active set can be told. A cone (no finite nonzero right-hand side)
@@ -155,18 +162,42 @@ def _unit_scale(X: Any, data: PolyData) -> float:
     """
     xp = array_namespace(X)
     far = float(xp.max(xp.abs(X))) if X.shape[0] and X.shape[1] else 0.0
-    size = data.rhs_size or far
+    size = data.distance_size or far
     if not (0.0 < size < float("inf")):
-        return 1.0
+        return 0
     e = int(np.round(np.log2(size)))
     if far > 0.0:  # scaled points stay below 2^FAR_BITS (finite as QP data, which reads 1e20 as infinite)
         e = max(e, int(np.ceil(np.log2(far))) - FAR_BITS)
-    return 1.0 if abs(e) <= SCALE_BAND else float(2.0 ** e)
+    return 0 if abs(e) <= SCALE_BAND else e
 
 
-def _scaled(data: PolyData, f: float) -> PolyData:
-    """The polyhedron ``f·P`` (right-hand sides and bounds times ``f``; the rows unchanged)."""
-    return PolyData(data.A, data.a * f, data.B, data.b * f, data.lb * f, data.ub * f)
+def _pow2(v: Any, e: int) -> Any:
+    """``v · 2^e``, exact.
+
+    In two factors, each a normal double: ``2^e`` alone overflows for ``|e| > 1023`` (points of 1e-310 have
+    ``e = -1030``).
+    """
+    half = e // 2
+    return (v * (2.0 ** half)) * (2.0 ** (e - half))
+
+
+def _scaled(data: PolyData, e: int) -> PolyData:
+    """The polyhedron ``2^e·P`` (right-hand sides and bounds times ``2^e``; the rows unchanged)."""
+    return PolyData(data.A, _pow2(data.a, e), data.B, _pow2(data.b, e), _pow2(data.lb, e), _pow2(data.ub, e))
+
+
+def _overflow(out: PipelineOutput, scaled_y: Any) -> PipelineOutput:
+    """The samples whose projection overflows on the way back from unit scale: NUMERICAL_ERROR.
+
+    A coordinate beyond ~1.8e308 is not an answer: ``y`` NaN, unpolished.
+    """
+    xp = array_namespace(out.Y)
+    lost = xp.all(xp.isfinite(scaled_y), axis=1) & ~xp.all(xp.isfinite(out.Y), axis=1)
+    if not bool(xp.any(lost)):
+        return out
+    status = tuple(Status.NUMERICAL_ERROR if bool(b) else s for s, b in zip(out.status, lost, strict=True))
+    return replace(out, Y=xp.where(lost[:, None], xp.full_like(out.Y, float("nan")), out.Y), status=status,
+                   polished=out.polished & ~lost)
 
 
 #: polish rounds a warm start may take before its samples go through the whole pipeline

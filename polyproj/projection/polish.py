@@ -315,7 +315,10 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     if dt.p:
         eq_res = xp.abs(matvec(xp, dt.B, Yt) - dt.b)
         eq_ok = eq_ok & xp.all(eq_res <= tol * (st.bsum + st.bn1 * sig_y), axis=1)
-    done = ~xp.any(neg, axis=1) & ~xp.any(viol, axis=1) & eq_ok
+    # a face row the face solve left violated: its hyperplane has no point on the face (a zero row whose
+    # right-hand side is negative, a row whose support the face's bounds fix): never an accepted answer
+    off_face = St & st.fin & (slack < -feas_tol)
+    done = ~xp.any(neg, axis=1) & ~xp.any(viol, axis=1) & ~xp.any(off_face, axis=1) & eq_ok
     add, drop = _changes(xp, St, slack, st, mt_n, neg, viol, incons, ft, wt, block)
     Snew = xp.where(done[:, None], St, (St | add) & ~drop)
     if faces is not None and bool(xp.any(done)):

@@ -18,7 +18,7 @@ from array_api_compat import device as _device
 
 from ..backends.options import positive
 from ..errors import InfeasibleError, PolyprojError, ProblemError
-from ..polydata import PolyData, RowLayout
+from ..polydata import PolyData, RowLayout, empty_row
 from ..problem import Polyhedron
 from ..projection import backward
 from ..projection.faces import Face, put_rows
@@ -191,12 +191,12 @@ class Polyhedral(Projector):
         """
         from ..backends.defaults import direct_points
         from ..projection import direct
-        from ..projection.pipeline import _unit_scale
+        from ..projection.pipeline import _unit_exponent
 
         if not (isinstance(X, np.ndarray) and 0 < X.shape[0] <= direct.DIRECT_BATCH and X.shape[1]
                 and not data.batched and opts.polish and opts.max_rounds is None and not self.settings
                 and ((self.auto and X.shape[0] <= direct_points(X.shape[1])) or self.solver.name == "daqp")) \
-                or _unit_scale(X, data) != 1.0:
+                or _unit_exponent(X, data):
             return None
         dd = self._like.get("direct")
         if dd is None:
@@ -213,7 +213,7 @@ class Polyhedral(Projector):
 
         def fallback(idx, solved, part):
             Xs = X[idx]
-            if _unit_scale(Xs, data) != 1.0:
+            if _unit_exponent(Xs, data):
                 return None  # the pipeline would scale the part otherwise than the batch: the batch goes there
             solver = self._solver_for(Xs)
             # DAQP's start for these samples is the direct path's own solves: not computed twice
@@ -316,8 +316,11 @@ def degeneracy(X: Any, info: FaceInfo, tol: float, eq_deficiency: int = 0) -> De
     act, mult = info.active, info.mult
     norms = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(d.A, axis=-1), (X.shape[0], m)),
                        xp.ones((X.shape[0], 2 * n), dtype=mult.dtype, device=_device(X))], axis=1)
-    size = 1.0 + xp.max(xp.abs(X), axis=1, keepdims=True) + xp.max(xp.abs(info.Y), axis=1, keepdims=True)
-    weak = xp.any(act & (mult * norms <= tol * size), axis=1)
+    # tol (1 + max|x| + max|y|) term by term: the sum alone overflows for points near the float64 maximum
+    # (every active row was then reported weak)
+    floor = tol * (1.0 + xp.max(xp.abs(X), axis=1, keepdims=True)) + tol * xp.max(xp.abs(info.Y), axis=1,
+                                                                                 keepdims=True)
+    weak = xp.any(act & (mult <= floor / norms), axis=1)
     at_lb, at_ub = act[:, m: m + n], act[:, m + n:]
     both = xp.any(at_lb & at_ub, axis=1)
     return Degeneracy(weak, dependent_fn=lambda: _dependent(info, both, eq_deficiency))
@@ -365,7 +368,7 @@ def polydata_from_arrays(like: Any, A: Any = None, a: Any = None, B: Any = None,
     ProblemError
         Shapes, NaN / forbidden infinities, a part without its partner (``A`` without ``a``).
     InfeasibleError
-        ``lb > ub`` somewhere.
+        ``lb > ub`` somewhere, or a zero row that no point satisfies (:func:`~polyproj.polydata.empty_row`).
     """
     xp = array_namespace(like)
     n = like.shape[-1]
@@ -378,6 +381,9 @@ def polydata_from_arrays(like: Any, A: Any = None, a: Any = None, B: Any = None,
         out[k] = _bound(xp, vals[k], k, sign, n, batch_shape, N, like)
     if bool(xp.any(out["lb"] > out["ub"])):
         raise InfeasibleError("lb > ub for some coordinate: the polyhedron is empty")
+    why = empty_row(xp, out["A"], out["a"], out["B"], out["b"])
+    if why is not None:
+        raise InfeasibleError(why)
     given = tuple(k for k in PARTS if vals[k] is not None)
     return PolyData(*(out[k] for k in PARTS)), given
 
