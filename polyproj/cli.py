@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=_positive(int, "--examples"), default=None,
                    help="hypothesis examples per property (>= 1)")
     p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--timeout", type=_positive(float, "--timeout"), default=900.0,
+                   help="seconds each property may take before it is reported as an error (default 900)")
     p.set_defaults(func=lambda a: _delegate("polyproj.testing.check:cli_main", a))
 
     p = sub.add_parser("bench", help="benchmarks")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from .backends.base import QPSolver
+from .backends.base import Capabilities, QPSolver
 from .backends.defaults import QP_DEFAULT
 from .errors import BackendNotFound, BackendUnavailable, PolyprojError, close_matches
 
@@ -91,6 +91,10 @@ def _check_class(cls: Any, name: str) -> type[QPSolver]:
     if missing:
         raise PolyprojError(f"backend {name!r} ({cls.__name__}) does not implement {', '.join(missing)}: a backend "
                             "writes solve(self, qp, warm_start=None) -> polyproj.Solution")
+    caps = getattr(cls, "capabilities", None)
+    if not isinstance(caps, Capabilities):
+        raise PolyprojError(f"backend {name!r} ({cls.__name__}) declares capabilities = {caps!r:.80}; it must be a "
+                            "polyproj.Capabilities, e.g. pp.Capabilities(dense=True, sparse=True)")
     return cls
 
 
@@ -130,8 +134,8 @@ def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False)
     overwrite : bool
         Replace an existing registration of the same name (built-ins included).
     """
-    if not isinstance(name, str) or not name.strip() or name != name.strip() or ":" in name:
-        raise PolyprojError(f"a backend name must be a non-empty string without surrounding spaces or ':' "
+    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name) or ":" in name:
+        raise PolyprojError(f"a backend name must be a non-empty string without spaces or ':' "
                             f"(reserved for 'module:Class'), got {name!r}")
     _check_class(cls, name)
     if not overwrite and (name in _RUNTIME or name in _BUILTIN):
@@ -144,6 +148,8 @@ def unregister_backend(name: str, *, missing_ok: bool = False) -> None:
 
     Raises BackendNotFound when ``name`` has no run-time registration, unless ``missing_ok``.
     """
+    if not isinstance(name, str):
+        raise PolyprojError(f"unregister_backend takes a backend name (a string), got {type(name).__name__} {name!r}")
     if _RUNTIME.pop(name, None) is None and not missing_ok:
         where = " (a built-in or entry-point backend: those cannot be unregistered)" if name in _all_names() else ""
         raise BackendNotFound(f"no run-time registration named {name!r}{where}; registered at run time: "
@@ -196,7 +202,10 @@ def backend_info() -> list[BackendInfo]:
             source = "runtime" if name in _RUNTIME else "builtin" if name in _BUILTIN else "entry point"
             rows.append(BackendInfo(name, False, reason=str(exc), source=source))
             continue
-        reason = cls.unavailable_reason()
+        try:
+            reason = cls.unavailable_reason()
+        except Exception as exc:  # a third party's check that fails is its backend's problem, not the listing's
+            reason = f"its availability check raised {type(exc).__name__}: {exc}"
         version = ""
         if reason is None:
             try:

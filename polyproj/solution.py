@@ -223,7 +223,10 @@ class BatchSolution:
         return np.array([s.ok for s in self.status], dtype=bool)
 
     def solution(self, i: int) -> Solution:
-        """Element ``i`` as a :class:`Solution`."""
+        """Element ``i`` as a :class:`Solution` (its ``info``: the batch's ``info["elements"][i]`` where given)."""
+        elements = self.info.get("elements") if isinstance(self.info, dict) else None
+        info = elements[i] if isinstance(elements, (list, tuple)) and len(elements) == len(self) \
+            and isinstance(elements[i], dict) else {}
         return Solution(
             x=self.x[i],
             z=self.z[i],
@@ -233,6 +236,7 @@ class BatchSolution:
             solve_time=self.solve_time / max(len(self), 1),
             backend=self.backend,
             qp=None if self.qps is None else self.qps[i],
+            info=dict(info),
         )
 
     def take(self, idx: Sequence[int] | np.ndarray) -> BatchSolution:

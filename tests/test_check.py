@@ -273,3 +273,150 @@ def test_a_backend_that_raises_gives_error_rows_not_an_abort():
     rows = {r.name: r for r in report.results}
     assert rows["nonlicq_example"].status == "error" and "boom" in rows["nonlicq_example"].message
     assert all(r.status in ("error", "skipped") for r in report.results)
+
+
+# ----------------------------------------------------------------------------- a third party's mistakes
+class _SolvedOnInfeasible(ProxSuiteSolver):
+    """Declares no infeasibility detection and answers SOLVED (x = 0) where ProxSuite finds the QP infeasible."""
+
+    name = "solved_on_infeasible"
+    capabilities = pp.Capabilities(dense=True, sparse=True, infeasibility=False)
+
+    def solve(self, qp, warm_start=None):
+        sol = super().solve(qp, warm_start)
+        if sol.status is pp.Status.PRIMAL_INFEASIBLE:
+            return Solution(x=np.zeros(qp.n), z=np.zeros(qp.m), z_box=np.zeros(qp.n), status=pp.Status.SOLVED,
+                            backend=self.name, qp=qp)
+        return sol
+
+
+def test_a_false_solved_on_an_infeasible_qp_fails_whatever_the_backend_declares():
+    """The guard demoted the false SOLVED to NUMERICAL_ERROR, which the property took for an honest failure."""
+    report = check_backend(_SolvedOnInfeasible, max_examples=4, properties=["infeasibility"], conformance=False,
+                           shrink_budget=0.0)
+    row = report["infeasibility"]
+    assert row.status == "failed" and "claimed SOLVED on a certified-infeasible QP" in row.message
+
+
+class _PrimalOnly(pp.QPSolver):
+    """An honest primal-only backend: ProxSuite's x, no multipliers (NaN)."""
+
+    name = "primal_only"
+    capabilities = pp.Capabilities(dense=True, duals=False)
+    shift = 0.0
+
+    def solve(self, qp, warm_start=None):
+        s = pp.get_backend("proxsuite", eps_abs=self.settings["eps_abs"]).solve(qp)
+        x = s.x if qp.primal_violation(s.x + self.shift) > 0 else s.x + self.shift  # a feasible detour
+        return Solution(x=x, z=np.full(qp.m, np.nan), z_box=np.full(qp.n, np.nan), status=s.status,
+                        backend=self.name, qp=qp)
+
+
+class _PrimalOnlySuboptimal(_PrimalOnly):
+    name = "primal_only_suboptimal"
+    shift = 0.3
+
+
+def test_a_primal_only_backend_is_checked_by_its_objective_not_its_multipliers():
+    """``Capabilities(duals=False)``: the guard accepts such answers; the kit failed every KKT check on NaN duals."""
+    report = check_backend(_PrimalOnly, max_examples=3, seed=1, properties=["qp_contract", "batch_contract"],
+                           shrink_budget=0.0)
+    assert report.passed, str(report)
+    assert report["conformance:sign_convention"].status == "skipped"
+    bad = check_backend(_PrimalOnlySuboptimal, max_examples=6, seed=1, properties=["qp_contract"],
+                        conformance=False, shrink_budget=0.0)
+    assert bad["qp_contract"].status == "failed" and "not optimal" in bad["qp_contract"].message
+
+
+class _Hangs(ProxSuiteSolver):
+    name = "hangs"
+
+    def solve(self, qp, warm_start=None):
+        import time
+
+        time.sleep(3600)  # stands in for a solve that never returns
+
+
+def test_a_property_past_its_timeout_is_an_error_and_the_check_goes_on():
+    report = check_backend(_Hangs, max_examples=2, properties=["qp_contract", "infeasibility"], conformance=False,
+                           timeout=0.5)
+    assert [r.status for r in report.results] == ["error", "error"]
+    assert all("timed out after 0.5 s" in r.message for r in report.results)
+
+
+class _DictCaps(ProxSuiteSolver):
+    name = "dict_caps"
+    capabilities = {"dense": True, "sparse": True}
+
+
+@pytest.mark.core
+def test_registry_refuses_what_would_break_it_later():
+    """Capabilities written as a dict broke backend_info, solve_qp and the kit later with AttributeErrors; names
+    with inner whitespace split the 'Known backends' messages; a list given to unregister_backend was a TypeError."""
+    with pytest.raises(pp.PolyprojError, match="capabilities = .* must be a polyproj.Capabilities"):
+        pp.register_backend("dict_caps", _DictCaps)
+    for bad in ("a b", "a\nb"):
+        with pytest.raises(pp.PolyprojError, match="without spaces"):
+            pp.register_backend(bad, ProxSuiteSolver)
+    with pytest.raises(pp.PolyprojError, match="takes a backend name"):
+        pp.unregister_backend(["x"])
+
+
+@pytest.mark.core
+def test_kit_arguments_are_checked_by_name():
+    from polyproj.testing import check_projector, run_property
+
+    S = pp.sets.Simplex(3)
+    for call, what in ((lambda: check_projector(S, examples=0), "examples must be an integer >= 1"),
+                       (lambda: check_projector(S, seed=-1), "seed must be an integer >= 0"),
+                       (lambda: check_projector(S, tol=-1.0), "tol must be a positive finite number"),
+                       (lambda: check_backend("ipm", tol=float("nan")), "tol must be a positive finite number"),
+                       (lambda: check_backend("ipm", timeout=0), "timeout must be a positive finite number"),
+                       (lambda: check_backend("ipm", properties="qp_contract"), "sequence of names"),
+                       (lambda: run_property("nope", "ipm"), "unknown property 'nope'"),
+                       (lambda: run_property("qp_contract", "ipm", max_examples=0), "max_examples must be")):
+        with pytest.raises(pp.PolyprojError, match=what):
+            call()
+
+
+class _BadBatch(pp.QPSolver):
+    name = "bad_batch"
+    capabilities = pp.Capabilities(dense=True)
+
+    def solve(self, qp, warm_start=None):
+        return pp.get_backend("ipm").solve(qp)
+
+    def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None):
+        import dataclasses
+
+        bs = pp.QPSolver.solve_batch(self, qp, q=q, l=l, u=u, lb=lb, ub=ub)
+        return dataclasses.replace(bs, x=np.asarray(bs.x) + 1.0)
+
+
+@pytest.mark.core
+def test_a_batch_element_keeps_the_guards_reason():
+    """BatchSolution.solution(i) dropped info: the kit's message lost why the guard demoted the element."""
+    bs = pp.get_backend(_BadBatch).solve_batch(pp.QP(P=[[1.0]], q=[0.0], lb=[0.0]), q=[[1.0]])
+    sol = bs.solution(0)
+    assert sol.info["claimed_status"] == "SOLVED" and "violates stationarity" in sol.info["validation"]
+
+
+def test_cli_check_imports_module_class_from_the_working_directory(tmp_path):
+    """The installed console script does not put the working directory on sys.path; `polyproj check
+    my_module:MySolver` from the module's folder said it could not import it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "my_probe_module.py").write_text(textwrap.dedent("""
+        from polyproj.backends.proxsuite import ProxSuiteSolver
+        class MySolver(ProxSuiteSolver):
+            name = "mysolver"
+            capabilities = {"dense": True}   # refused: proves the module was imported
+    """))
+    script = Path(sys.executable).parent / "polyproj"
+    if not script.exists():
+        pytest.skip("no polyproj console script beside this interpreter")
+    run = subprocess.run([str(script), "check", "my_probe_module:MySolver", "--examples", "1"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "must be a polyproj.Capabilities" in run.stderr, run.stderr

@@ -225,3 +225,59 @@ def test_bad_input_is_a_clear_error(rng):
     with pytest.raises(pp.ProblemError, match="Polyhedron or a polyproj.Projector"):
         pp.project(np.zeros(3), "simplex")
     assert pp.project(np.zeros((0, 3)), S).y.shape == (0, 3)
+
+
+class _Box01(pp.Projector):
+    """[0, 1]^n, correct unless ``broken`` says how not."""
+
+    def __init__(self, n, broken=""):
+        self._n, self.broken = n, broken
+
+    @property
+    def n(self):
+        return self._n
+
+    def project_batch(self, X):
+        from array_api_compat import is_numpy_array
+
+        if self.broken == "raises":
+            raise RuntimeError("kaboom")
+        if self.broken == "none":
+            return None
+        xp = array_namespace(X)
+        Y = xp.clip(X, 0.0, 1.0)
+        if self.broken == "nan outside numpy" and not is_numpy_array(X):
+            Y = Y * float("nan")
+        active = xp.concat([X <= 0, X >= 1], axis=1)
+        mult = xp.concat([xp.clip(-X, 0.0, None), xp.clip(X - 1, 0.0, None)], axis=1)
+        return self.result(X, Y, active=active, multipliers=mult)
+
+    def vjp(self, result, G):
+        if self.broken == "vjp none":
+            return None
+        if self.broken == "vjp nan":
+            return G * float("nan")
+        xp = array_namespace(G)
+        act = result.active[:, : self._n] | result.active[:, self._n:]
+        return xp.where(act, xp.zeros_like(G), G)
+
+    def as_polyhedron(self):
+        k = self._n + (1 if self.broken == "wrong n" else 0)
+        return pp.Polyhedron(lb=np.zeros(k), ub=np.ones(k))
+
+
+@pytest.mark.parametrize(("broken", "row", "what"), [
+    ("vjp none", "vjp", "S.vjp returned None"),
+    ("vjp nan", "vjp", "differs from the HS-Jacobian"),
+    ("nan outside numpy", "namespaces", "differ by nan"),
+    ("raises", "set-up", "kaboom"),
+    ("none", "set-up", "ProjectionResult"),
+    ("wrong n", "set-up", "has 4 variables but S.n is 3"),
+])
+def test_check_projector_fails_broken_sets_in_its_report(broken, row, what):
+    """NaN compared False against the tolerances (a NaN vjp or a NaN torch answer passed), and a set that raised
+    escaped check_projector as a raw exception."""
+    assert check_projector(_Box01(3), examples=8, seed=0).passed
+    report = check_projector(_Box01(3, broken), examples=8, seed=0)
+    assert not report.passed
+    assert report[row].status in ("failed", "error") and what in report[row].message, str(report)

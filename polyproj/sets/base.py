@@ -40,7 +40,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from ..errors import ProblemError
+from ..errors import ProblemError, SolverError
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from ..solution import Status
@@ -55,6 +55,8 @@ def as_array(X: Any) -> Any:
             X = np.asarray(X, dtype=np.float64)
         except (TypeError, ValueError) as exc:
             raise ProblemError(f"X must hold real numbers: {exc}") from exc
+    if isinstance(X, np.ndarray) and type(X) is not np.ndarray:  # np.matrix (its * and @ differ), masked arrays
+        X = np.asarray(X)
     try:
         xp = array_namespace(X)
     except TypeError as exc:
@@ -158,6 +160,9 @@ class Projector(abc.ABC):
             first = int(bad[0])
             raise ProblemError(f"X contains NaN or inf (first in {'the point' if single else f'sample {first}'})")
         res = self.project_batch(X2) if X2.shape[0] else self.empty_result(X2)
+        if not isinstance(res, ProjectionResult):
+            raise SolverError(f"{type(self).__name__}.project_batch returned {type(res).__name__}, not a "
+                              "ProjectionResult (build it with self.result(X, Y, active=..., multipliers=...))")
         from dataclasses import replace
 
         if low is not None:  # returned in X's dtype, with the violation of the rounded points

@@ -27,8 +27,12 @@ wrong answer into the exact projection, so the projection properties alone would
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import signal
 import sys
+import threading
 import time
 import unittest
 from collections.abc import Callable, Sequence
@@ -175,26 +179,84 @@ PROPERTIES: tuple[str, ...] = ("qp_contract", "qp_contract_sparse", "infeasibili
                                "conservativity", "licq_equivalence", "hs_contains_b", "nonlicq_example")
 
 
+def check_arguments(**given: Any) -> None:
+    """Check the kit's arguments by name.
+
+    Counts (``max_examples``, ``examples``) are integers >= 1 and ``seed`` one >= 0; ``tol`` and ``timeout``
+    positive finite numbers (``timeout`` may be None), ``shrink_budget`` a finite number >= 0.
+    """
+    for what, v in given.items():
+        if what in ("max_examples", "examples", "seed"):
+            low = 0 if what == "seed" else 1
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise PolyprojError(f"{what} must be an integer >= {low}, got {v!r}")
+        elif not (what == "timeout" and v is None):
+            number = not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+            zero_ok = what == "shrink_budget"
+            if not (number and (0 <= v if zero_ok else 0 < v) and v < np.inf):
+                raise PolyprojError(f"{what} must be a {'non-negative' if zero_ok else 'positive'} finite number, "
+                                    f"got {v!r}")
+
+
+class _TimedOut(BaseException):
+    """Raised by the alarm of :func:`_time_limit`: a BaseException, so that hypothesis does not shrink it."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """Interrupt the block after ``seconds`` (SIGALRM; the main thread on POSIX, else no limit).
+
+    A signal reaches Python code only: a solver's C loop that never returns to the interpreter is not cut short.
+    """
+    if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise _TimedOut()
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, float(seconds))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _timed_out(name: str, group: str, seconds: float, calls: int = 0) -> PropertyResult:
+    return PropertyResult(name, group, "error", calls, {}, f"timed out after {seconds:g} s (timeout): a solve that "
+                          "does not return, or a property too slow for this backend", "", seconds)
+
+
 def _falsifying_text(exc: BaseException) -> str:
     notes = [str(n) for n in getattr(exc, "__notes__", [])]
-    return "\n".join(n for n in notes if not n.startswith("You can add @seed"))
+    # hypothesis's seed hint and its "Explanation" of the lines only failing cases ran (the kit's own lines:
+    # nothing a backend's author can use)
+    return "\n".join(n for n in notes if not n.startswith(("You can add @seed", "Explanation:")))
 
 
 def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0,
-                 tol: float = 1e-6, shrink_budget: float = 30.0) -> PropertyResult:
+                 tol: float = 1e-6, shrink_budget: float = 30.0, timeout: float | None = None) -> PropertyResult:
     """Run one property of :data:`PROPERTIES` on a backend and return its result.
 
-    ``shrink_budget`` (seconds) bounds the time spent shrinking a falsifying example.
+    ``shrink_budget`` (seconds) bounds the time spent shrinking a falsifying example. ``timeout`` (seconds, or
+    None) ends the property as an error (:func:`_time_limit`: Python code only, in the main thread).
 
     The counts (``result.counts``) sum what the checks verified, e.g. ``segments`` for
     conservativity or ``points`` for LICQ equivalence.
     """
+    check_arguments(max_examples=max_examples, seed=seed, tol=tol, shrink_budget=shrink_budget, timeout=timeout)
+    if name not in PROPERTIES:
+        raise PolyprojError(f"unknown property {name!r}; known: {', '.join(PROPERTIES)}")
     solver = get_backend(backend)
     if name == "nonlicq_example":
-        return _run_nonlicq(solver)
+        try:
+            with _time_limit(timeout):
+                return _run_nonlicq(solver)
+        except _TimedOut:
+            return _timed_out(name, "hs-jacobian", timeout)
     specs = {s.name: s for s in _props()}
-    if name not in specs:
-        raise KeyError(f"unknown property {name!r}; known: {', '.join(PROPERTIES)}")
     spec = specs[name]
     reason = spec.applies(solver)
     if reason:
@@ -231,7 +293,10 @@ def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = D
 
     t0 = time.perf_counter()
     try:
-        prop()
+        with _time_limit(timeout):
+            prop()
+    except _TimedOut:
+        return _timed_out(name, spec.group, timeout, calls[0])
     except AssertionError as exc:
         return PropertyResult(name, spec.group, "failed", calls[0], {}, str(exc), _falsifying_text(exc),
                               time.perf_counter() - t0)
@@ -273,7 +338,7 @@ def _run_nonlicq(solver: QPSolver) -> PropertyResult:
                           seconds=time.perf_counter() - t0)
 
 
-def _conformance(solver: QPSolver, seed: int) -> list[PropertyResult]:
+def _conformance(solver: QPSolver, seed: int, timeout: float | None = None) -> list[PropertyResult]:
     try:
         mod = importlib.import_module("polyproj.testing.conformance")
     except ModuleNotFoundError as exc:
@@ -289,7 +354,11 @@ def _conformance(solver: QPSolver, seed: int) -> list[PropertyResult]:
     for name, fn in checks.items():
         t0 = time.perf_counter()
         try:
-            fn(solver, np.random.default_rng(seed))
+            with _time_limit(timeout):
+                fn(solver, np.random.default_rng(seed))
+        except _TimedOut:
+            out.append(_timed_out(f"conformance:{name}", "conformance", timeout, 1))
+            continue
         except unittest.SkipTest as exc:  # conformance.CheckSkipped: a capability the backend lacks
             out.append(PropertyResult(f"conformance:{name}", "conformance", "skipped", message=str(exc),
                                       seconds=time.perf_counter() - t0))
@@ -310,7 +379,8 @@ def _conformance(solver: QPSolver, seed: int) -> list[PropertyResult]:
 
 def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, *,
                   properties: Sequence[str] | None = None, conformance: bool = True, tol: float = 1e-6,
-                  progress: bool = False, shrink_budget: float = 30.0, **settings: Any) -> CheckReport:
+                  progress: bool = False, shrink_budget: float = 30.0, timeout: float | None = None,
+                  **settings: Any) -> CheckReport:
     """Run the backend contract, projection and HS-Jacobian properties on a backend.
 
     Parameters
@@ -332,6 +402,10 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
         Show a progress bar.
     shrink_budget : float
         Seconds allowed for shrinking each falsifying example.
+    timeout : float, optional
+        Seconds each property (and each conformance check) may take; past it the property is reported as an
+        error and the next one runs. Enforced by an alarm in the main thread (POSIX): it interrupts Python
+        code, not a solver's own compiled loop. ``polyproj check`` sets 900.
     **settings
         Solver settings (``eps_abs``, ...).
 
@@ -349,9 +423,10 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
     >>> report.passed
     True
     """
-    for what, v, low in (("max_examples", max_examples, 1), ("seed", seed, 0)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-            raise PolyprojError(f"{what} must be an integer >= {low}, got {v!r}")
+    check_arguments(max_examples=max_examples, seed=seed, tol=tol, shrink_budget=shrink_budget, timeout=timeout)
+    if isinstance(properties, str):
+        raise PolyprojError(f"properties must be a sequence of names, e.g. [{properties!r}], got the string "
+                            f"{properties!r}")
     try:
         solver = get_backend(name_or_solver, **settings)
     except PolyprojError:
@@ -370,18 +445,18 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
         with Progress(transient=True) as bar:
             task = bar.add_task(f"checking {label}", total=len(names) + int(conformance))
             if conformance:
-                results += _conformance(solver, seed)
+                results += _conformance(solver, seed, timeout)
                 bar.advance(task)
             for n in names:
                 bar.update(task, description=f"{label}: {n}")
                 results.append(run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
-                                            shrink_budget=shrink_budget))
+                                            shrink_budget=shrink_budget, timeout=timeout))
                 bar.advance(task)
     else:
         if conformance:
-            results += _conformance(solver, seed)
+            results += _conformance(solver, seed, timeout)
         results += [run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
-                                 shrink_budget=shrink_budget) for n in names]
+                                 shrink_budget=shrink_budget, timeout=timeout) for n in names]
     return CheckReport(str(label), tuple(results), seed, max_examples)
 
 
@@ -393,9 +468,13 @@ def cli_main(args: Any) -> int:
     console = Console()
     if not console.is_terminal:  # logs and pipes: do not fold the table into 80 columns
         console = Console(width=200)
+    if ":" in args.backend and "" not in sys.path and os.getcwd() not in sys.path:
+        # "my_module:MySolver" from the directory holding my_module.py, as `python -m polyproj` finds it (the
+        # installed console script does not put the working directory on the path)
+        sys.path.append(os.getcwd())
     try:
         report = check_backend(args.backend, max_examples=args.examples or DEFAULT_EXAMPLES, seed=args.seed,
-                               progress=console.is_terminal)
+                               progress=console.is_terminal, timeout=getattr(args, "timeout", 900.0))
     except PolyprojError as exc:
         print(f"polyproj check: {exc}", file=sys.stderr)
         return 2

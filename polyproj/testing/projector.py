@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .check import CheckReport, PropertyResult
+from .check import CheckReport, PropertyResult, check_arguments
 
 __all__ = ["check_projector", "projector_points"]
 
@@ -80,6 +80,21 @@ def _run(name: str, group: str, fn, *args) -> PropertyResult:
                           seconds=time.perf_counter() - t0)
 
 
+def _setup(S: Any, rng: np.random.Generator, examples: int) -> dict[str, Any]:
+    """The set's polyhedron and the checks' points; a set whose methods fail here fails the report."""
+    from ..errors import ProblemError
+    from ..problem import Polyhedron
+
+    P = S.as_polyhedron()
+    if not isinstance(P, Polyhedron):
+        raise AssertionError(f"S.as_polyhedron() returned {type(P).__name__}, not a pp.Polyhedron")
+    if P.n != S.n:
+        raise ProblemError(f"S.as_polyhedron() has {P.n} variables but S.n is {S.n}")
+    X = projector_points(S, rng, examples)
+    Xd = _degenerate(S, P, X.copy(), rng)
+    return {"points": X.shape[0], "_data": (P, X, Xd)}
+
+
 def _agreement(S: Any, P: Any, X: np.ndarray, backend: Any, tol: float) -> dict[str, int]:
     from ..api import project
 
@@ -87,6 +102,7 @@ def _agreement(S: Any, P: Any, X: np.ndarray, backend: Any, tol: float) -> dict[
     got = np.asarray(S.project(X).y, dtype=float).reshape(X.shape)
     scale = 1.0 + np.abs(X).max(axis=1)
     err = np.abs(got - ref.y).max(axis=1) / scale
+    err = np.where(np.isfinite(err), err, np.inf)  # NaN in the answer is a failure, not a pass
     if np.any(err > tol):
         i = int(np.argmax(err))
         raise AssertionError(f"S.project differs from the QP projection ({ref.backend}) by {err[i]:.3g} (relative) "
@@ -99,9 +115,14 @@ def _vjp(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator, tol: float) ->
 
     res = S.project_batch(X)
     G = rng.standard_normal(X.shape)
-    got = np.asarray(S.vjp(res, G), dtype=float)
+    out = S.vjp(res, G)
+    got = np.asarray(out, dtype=float) if out is not None else None
+    if got is None or got.shape != G.shape:
+        raise AssertionError(f"S.vjp returned {'None' if got is None else f'shape {got.shape}'} for G of shape "
+                             f"{G.shape}; expected an array of G's shape")
     ref = hs_vjp(P, np.asarray(res.active), G)
     err = np.abs(got - ref).max(axis=1)
+    err = np.where(np.isfinite(err), err, np.inf)  # NaN in the product is a failure, not a pass
     if np.any(err > tol * (1.0 + np.abs(G).max(axis=1))):
         i = int(np.argmax(err))
         raise AssertionError(f"S.vjp differs from the HS-Jacobian of the active set by {err[i]:.3g} at x = "
@@ -148,7 +169,7 @@ def _namespaces(S: Any, X: np.ndarray) -> dict[str, int]:
         if not isinstance(y, torch.Tensor):
             raise AssertionError(f"a torch input gave {type(y).__name__}, not a tensor")
         err = float(np.abs(y.numpy() - ref).max())
-        if err > 1e-12 * (1 + np.abs(X).max()):
+        if not err <= 1e-12 * (1 + np.abs(X).max()):  # NaN fails
             raise AssertionError(f"torch and NumPy inputs differ by {err:.3g}")
         checked += 1
     try:
@@ -158,7 +179,7 @@ def _namespaces(S: Any, X: np.ndarray) -> dict[str, int]:
     if xps is not None:
         y = S.project(xps.asarray(X)).y
         err = float(np.abs(np.asarray(y) - ref).max())
-        if err > 1e-12 * (1 + np.abs(X).max()):
+        if not err <= 1e-12 * (1 + np.abs(X).max()):  # NaN fails
             raise AssertionError(f"array_api_strict and NumPy inputs differ by {err:.3g}")
         checked += 1
     return {"namespaces": checked}
@@ -191,10 +212,14 @@ def check_projector(S: Any, *, examples: int = 20, seed: int = 0, backend: Any =
         S = Polyhedral(S, PROJECTION_DEFAULT)
     if not isinstance(S, Projector):
         raise ProblemError(f"check_projector takes a pp.Projector or a pp.Polyhedron, got {type(S).__name__}")
+    check_arguments(examples=examples, seed=seed, tol=tol)
     rng = np.random.default_rng(seed)
-    P = S.as_polyhedron()
-    X = projector_points(S, rng, examples)
-    Xd = _degenerate(S, P, X.copy(), rng)
+    # the set's own methods run here too (its points come from its projections): a set that raises or
+    # returns nonsense gets a report with that as its error, not a traceback
+    setup = _run("set-up", "projection", _setup, S, rng, examples)
+    if setup.status != "passed":
+        return CheckReport(repr(S), (setup,), seed, examples)
+    P, X, Xd = setup.counts.pop("_data")
     results = (
         # first, and every check on copies: a set that writes into its input would spoil the points
         _run("input kept", "projection", _input_kept, S, X.copy()),

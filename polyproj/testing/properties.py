@@ -51,6 +51,7 @@ __all__ = [
     "ineq_form",
     "nonlicq_example",
     "project_checked",
+    "reference_objective",
 ]
 
 
@@ -164,11 +165,28 @@ def _scale(*arrays: np.ndarray) -> float:
 
 
 # --------------------------------------------------------------------------- backend contract (raw)
-def check_solution_kkt(qp: QP, sol: Solution, tol: float = 1e-6, what: str = "") -> None:
+def reference_objective(qp: QP) -> float:
+    """The optimal value of a feasible QP by polyproj's IPM at 1e-10, its own KKT residuals checked.
+
+    The yardstick of a primal-only backend, whose x has no multipliers to certify it.
+    """
+    from ..registry import get_backend
+
+    ref = get_backend("ipm", eps_abs=1e-10, eps_rel=1e-10).solve(qp)
+    res = ref.residuals(qp)
+    lim = 1e-7 * _scale(*(lambda d: (d.P, d.q, d.C, d.l, d.u, d.lb, d.ub))(qp.dense()))
+    if ref.status is not Status.SOLVED or not all(v <= lim for v in res.values()):
+        raise RuntimeError(f"the reference solve of {qp!r} is not certified: {ref.status.name}, {res}")
+    return float(qp.objective(ref.x))
+
+
+def check_solution_kkt(qp: QP, sol: Solution, tol: float = 1e-6, what: str = "", *, duals: bool = True) -> None:
     """The raw Solution of a feasible QP: status, feasibility, stationarity, sign convention, gap.
 
     Residuals are compared with ``tol · (1 + max |data|)``. A wrong multiplier sign is named as
-    such (stationarity holds with ``-z``).
+    such (stationarity holds with ``-z``). ``duals=False`` (a backend declaring ``Capabilities(duals=False)``):
+    the multipliers are not checked; ``x`` must be feasible with an objective within the same bound of the
+    optimum (:func:`reference_objective`).
     """
     where = f" ({what})" if what else ""
     qd = qp.dense()
@@ -184,6 +202,15 @@ def check_solution_kkt(qp: QP, sol: Solution, tol: float = 1e-6, what: str = "")
     pr = qp.primal_violation(x)
     if not pr <= lim:
         raise AssertionError(f"x = {_arr(x, 10)} violates the constraints by {pr:.3g} > {lim:.3g}{where}")
+    if not duals:
+        best = reference_objective(qp)
+        if not qp.objective(x) <= best + lim * scale:
+            raise AssertionError(f"x = {_arr(x, 10)} is feasible but not optimal: objective {qp.objective(x):.10g} "
+                                 f"against the optimum {best:.10g} (bound {lim * scale:.3g}){where}")
+        if demoted:
+            raise AssertionError(f"the backend claimed SOLVED, polyproj's output check made it {sol.status.name}"
+                                 f"{where}: {sol.info.get('validation')}")
+        return
     dr = sol.dual_residual(qp)
     if not dr <= lim:
         flipped = Solution(x=x, z=-np.asarray(sol.z), z_box=-np.asarray(sol.z_box), status=sol.status)
@@ -207,7 +234,7 @@ def check_solution_kkt(qp: QP, sol: Solution, tol: float = 1e-6, what: str = "")
 def check_qp_contract(case: Any, solver: Any, tol: float = 1e-6) -> dict[str, int]:
     """``solver.solve`` on a feasible QP (a :class:`~polyproj.testing.strategies.QPCase`)."""
     sol = solver.solve(case.qp)
-    check_solution_kkt(case.qp, sol, tol, what="solve")
+    check_solution_kkt(case.qp, sol, tol, what="solve", duals=solver.capabilities.duals)
     return {"qps": 1}
 
 
@@ -217,6 +244,9 @@ def check_infeasible_contract(case: Any, solver: Any, tol: float = 1e-6) -> dict
     if sol.status.ok:
         raise AssertionError(f"status {sol.status.name} with x = {_arr(sol.x)} on a certified-infeasible QP "
                              f"(primal violation {case.qp.primal_violation(sol.x):.3g})")
+    if sol.info.get("claimed_status") == Status.SOLVED.name:  # whatever the backend declares: a false claim
+        raise AssertionError(f"the backend claimed SOLVED on a certified-infeasible QP; polyproj's output check made "
+                             f"it {sol.status.name}: {sol.info.get('validation')}")
     if solver.capabilities.infeasibility and sol.status is not Status.PRIMAL_INFEASIBLE:
         raise AssertionError(f"status {sol.status.name} on a certified-infeasible QP; the backend declares "
                              "infeasibility detection, so PRIMAL_INFEASIBLE is expected")
@@ -236,7 +266,8 @@ def check_batch_contract(P: Polyhedron, X: np.ndarray, solver: Any, tol: float =
     ref = project_checked(X, P, solver).y
     for i in range(X.shape[0]):
         qpi = qp.with_vectors(q=-X[i])
-        check_solution_kkt(qpi, bs.solution(i), tol, what=f"solve_batch element {i}, projection of x = {_arr(X[i])}")
+        check_solution_kkt(qpi, bs.solution(i), tol, what=f"solve_batch element {i}, projection of x = {_arr(X[i])}",
+                           duals=solver.capabilities.duals)
         err = float(np.abs(bs.x[i] - ref[i]).max())
         if err > np.sqrt(tol) * _scale(X[i]):
             raise AssertionError(f"solve_batch element {i}: x = {_arr(bs.x[i], 10)} is {err:.3g} away from the "
