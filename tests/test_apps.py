@@ -192,3 +192,19 @@ def test_app_models_run_in_float32_and_an_unwritable_out_fails_first(tmp_path):
     with pytest.raises(SystemExit, match="cannot write the results"):  # before any training run
         main(["bench", "apps", "mhc", "--quick", "--in-process", "--epochs", "1", "--methods", "sinkhorn20",
               "--no-plot", "--out", str(blocked / "x.json")])
+
+
+def test_portfolio_sets_refuse_unknown_variants_and_empty_caps():
+    """anchor("bogus") returned the preference anchor, and anchor("capped") with n · cap <= 1 a portfolio above the
+    cap ([1/3] * 3 for a cap of 0.2), where polyhedron() and projection_set() refuse."""
+    import polyproj as pp
+    from polyproj.apps import portfolio
+
+    cfg = portfolio.Config()
+    with pytest.raises(pp.ProblemError, match="unknown portfolio constraint 'bogus'"):
+        portfolio.anchor("bogus", cfg, 20)
+    for f in (portfolio.anchor, portfolio.polyhedron):
+        with pytest.raises(pp.ProblemError, match="n · cap = 0.6 must exceed 1"):
+            f("capped", cfg, 3)
+    w = portfolio.anchor("capped", cfg, 20)
+    assert np.isclose(w.sum(), 1.0) and w.max() < cfg.cap

@@ -636,3 +636,59 @@ def test_vjp_of_a_single_point_result_is_that_of_its_batch_of_one():
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-15)
     box = pp.sets.Box(np.zeros(3), np.ones(3))
     assert isinstance(box.vjp(pp.project(X, box), torch.ones(2, 3, dtype=torch.float64)), np.ndarray)
+
+
+def test_birkhoff_samples_newton_leaves_at_1e12_are_solved_exactly():
+    """A batch of 300 Birkhoff(6) points at |x| ~ 1e12: Newton leaves about half to the generic path, whose IPM
+    reports them infeasible; HiGHS' second opinion solved 3, the polish from x 147, and one came back NaN (the
+    layer returned it). Samples two backends fail now go to the exact per-point DAQP before the polish from x."""
+    pytest.importorskip("daqp")
+    rng = np.random.default_rng(6)
+    for _ in range(14):
+        rng.standard_normal((300, 6, 6))
+    X = rng.standard_normal((300, 6, 6)) * 1e12
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        res = pp.project(X, pp.sets.Birkhoff(6))
+    assert np.isfinite(res.y).all() and all(s is pp.Status.SOLVED for s in res.status) and res.polished.all()
+    assert np.allclose(res.y.sum(axis=-1), 1.0, atol=1e-9) and np.allclose(res.y.sum(axis=-2), 1.0, atol=1e-9)
+    assert res.y.min() >= -1e-12
+
+
+def test_far_points_no_backend_resolves_are_not_reported_solved():
+    """At |x| ~ 1e24 (eps |x| ~ 1e8 against a set of size 1) the Birkhoff projection came back as SOLVED with row
+    sums off by 5.8e8 (pp.project) and the layer returned it; now NUMERICAL_ERROR, and the layer raises."""
+    C = np.array([[1.0e24, -2.0e24], [3.0e24, 0.5e24]])
+    for S in (pp.sets.Birkhoff(2), pp.sets.Birkhoff(2).as_polyhedron()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pp.PolyprojWarning)
+            res = pp.project(C if isinstance(S, pp.sets.Birkhoff) else C.reshape(4), S)
+        if res.max_violation > 1e-6:
+            assert res.status is not pp.Status.SOLVED and not res.polished
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        with pytest.raises(pp.InfeasibleError, match="could not be projected|no projection"):
+            project(torch.tensor(C)[None], pp.sets.Birkhoff(2))
+
+
+def test_capped_simplex_far_points_in_float32_and_caps_above_a_tiny_total():
+    """float32 points at |x| ~ 1e8: the first threshold pass stopped short (θ 2.34e7 against 2.9e7) and the one
+    shift inherited its piece: sums 2.8 for a total of 3 with a cap of 0.4 (now shifted until θ is near 0). A cap
+    of 1000 above a total of 1e-12 made the shift rule see a set of size 1000: [0, 0, 0] (sum 0) where the
+    simplex gives [1e-12, 0, 0]."""
+    x = np.array([1.05311576e+08, 1.77649136e+08, -2.55329184e+08, -1.37965060e+07, 1.01371944e+08,
+                  1.35214176e+08, 6.53788400e+07, 1.49711792e+08, 2.89957600e+07, 5.51267120e+07,
+                  1.78737680e+07, -1.07385872e+08], dtype=np.float32)
+    S = pp.sets.CappedSimplex(12, total=3.0, upper=0.4)
+    r32, r64 = pp.project(x, S), pp.project(x.astype(np.float64), S)
+    assert r32.y.dtype == np.float32 and abs(float(r32.y.sum()) - 3.0) <= 1e-5
+    np.testing.assert_allclose(r32.y, r64.y, atol=1e-6)
+    rng = np.random.default_rng(0)
+    X = (rng.standard_normal((200, 12)) * 1e8).astype(np.float32)
+    assert np.abs(pp.project(X, S).y.sum(axis=1) - 3.0).max() <= 1e-5
+    x = np.array([100000.3, 7.0, -2.0])
+    for S in (pp.sets.CappedSimplex(3, total=1e-12, upper=1000.0), pp.sets.CappedSimplex(3, total=1e-12, upper=1.0)):
+        np.testing.assert_array_equal(pp.project(x, S).y, pp.project(x, pp.sets.Simplex(3, total=1e-12)).y)

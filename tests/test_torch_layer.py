@@ -1088,3 +1088,31 @@ def test_layer_under_inference_mode_scalar_right_hand_sides_and_legacy_batching(
 
     torch.testing.assert_close(torch.autograd.functional.jacobian(simplex, x, vectorize=True),
                                torch.func.jacrev(simplex)(x), rtol=0, atol=1e-12)
+
+
+def test_vmap_over_x_with_a_per_sample_total_serves_every_slice():
+    """A (batch,) total given outside the vmapped function, as the refusal of vmap over a total advises: each
+    slice of the vmap has that batch, and the fold gave the set 8 points for 2 totals (a ProblemError)."""
+    x = torch.randn(4, 2, 3, dtype=torch.float64)
+    t = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    S = pp.sets.Simplex(3, total=t)
+    y = torch.func.vmap(lambda z: project(z, S))(x)
+    loop = torch.stack([project(xi, S) for xi in x])
+    torch.testing.assert_close(y, loop)
+    (g_vmap,) = torch.autograd.grad((y ** 2).sum(), t)
+    (g_loop,) = torch.autograd.grad((torch.stack([project(xi, S) for xi in x]) ** 2).sum(), t)
+    torch.testing.assert_close(g_vmap, g_loop)
+    fixed = pp.sets.Simplex(3, total=np.array([1.0, 2.0]))  # a NumPy total: no gradient, the same tiling
+    torch.testing.assert_close(torch.func.vmap(lambda z: project(z, fixed))(x).sum(-1),
+                               torch.tensor([[1.0, 2.0]] * 4, dtype=torch.float64))
+
+
+def test_box_bounds_that_require_grad_are_refused_not_dropped():
+    """Box holds its bounds as NumPy: lb.grad and ub.grad stayed None without a word."""
+    lb = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(pp.ProblemError, match="Box holds fixed bounds.*project\\(x, lb=lb, ub=ub\\)"):
+        pp.sets.Box(lb, torch.ones(3, dtype=torch.float64))
+    x = torch.tensor([[-2.0, 0.5, 3.0]], dtype=torch.float64, requires_grad=True)
+    ub = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    project(x, lb=lb, ub=ub).sum().backward()  # the form that differentiates the bounds
+    assert lb.grad.tolist() == [1.0, 0.0, 0.0] and ub.grad.tolist() == [0.0, 0.0, 1.0]

@@ -21,6 +21,7 @@ from torch.autograd import forward_ad as _forward_ad
 
 from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
+from ..projection.pipeline import UNVERIFIED_VIOLATION
 from ..runtime import is_vmapped, small_work
 from ..sets.base import Projector
 from ..sets.detect import recognise
@@ -84,6 +85,19 @@ def _unfold(res: Any, g: torch.Tensor) -> Any:
     return res
 
 
+def _per_point(v: Any, N: int) -> bool:
+    return getattr(v, "ndim", 0) >= 1 and int(v.shape[0]) == N
+
+
+def _tile(v: Any, V: int, N: int) -> Any:
+    """``v`` repeated ``V`` times along its first axis when it holds one entry per point of a slice (N)."""
+    if not _per_point(v, N):
+        return v
+    if isinstance(v, torch.Tensor):
+        return v.repeat(V, *([1] * (v.ndim - 1)))
+    return np.tile(np.asarray(v), (V,) + (1,) * (np.ndim(v) - 1))
+
+
 class _Project(torch.autograd.Function):
     """``y = Π_S(x)`` with the set's HS-Jacobian backward; ``params`` are the set's differentiable data.
 
@@ -106,8 +120,8 @@ class _Project(torch.autograd.Function):
                 return torch.from_numpy(np.array(res.y, dtype=_NP[x.dtype])), res, Sx
             if isinstance(Sx, Polyhedral):
                 res = _usable(Sx.project_batch(xd, record=True, warm_start=cfg.warm), Sx.data)
-            else:
-                res = Sx.project_batch(xd)
+            else:  # a structured set: its answers too are checked before they are returned
+                res = _usable(Sx.project_batch(xd))
         # a copy: the output must not be the tensor the result (kept by ctx) holds, or ctx -> result -> y ->
         # grad_fn -> ctx is a reference cycle through autograd that Python's gc cannot free (graphs leak)
         return res.y.to(x.dtype, copy=True), res, Sx
@@ -169,23 +183,26 @@ class _Project(torch.autograd.Function):
         xb = x.movedim(in_dims[0], 0)
         V, N = xb.shape[0], xb.shape[1]
         level = torch._C._functorch.maybe_current_level()
+        # a set's per-sample parameters (one total per point of a slice) serve every slice: tiled V times
+        # (torch.repeat for the differentiated ones, whose gradient autograd sums back over the slices)
+        params = tuple(_tile(p, V, N) for p in params)
+        rest = {k: v for k, v in S.parameters().items() if k not in cfg.names} if isinstance(S, Projector) else {}
+        if any(_per_point(v, N) for v in rest.values()):
+            S = S.with_parameters(**{k: _tile(v, V, N) for k, v in rest.items()})
         y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, _Config(cfg.names), *params)
         return (y.reshape(V, N, -1), _Folded(res, level, V, N), Sx), (0, None, None)
 
 
-#: an unverified point (the polish refused it; it keeps the backend's answer, with a warning) is returned
-#: only when it violates no constraint by more than this, relative to the polyhedron's scale at the point,
-#: ``max|rhs| + max_j ||row_j||_1 max|y|`` (:meth:`~polyproj.polydata.PolyData.scale_at`):
-#: the same test at every scale of the data (``Π_{sP}(s x) = s Π_P(x)``)
-UNVERIFIED_VIOLATION = 1e-6
 
 
-def _usable(res: Any, data: Any) -> Any:
+def _usable(res: Any, data: Any = None) -> Any:
     """``res`` when every point is one the layer can return: never a NaN or infeasible output.
 
     ``InfeasibleError`` for a point the backend left without an answer (NaN: e.g. inconsistent equalities
-    it did not report) or an unverified one that violates its constraints (:data:`UNVERIFIED_VIOLATION`;
-    ``data``: the set's :class:`~polyproj.polydata.PolyData`).
+    it did not report) or an unverified one that violates its constraints by more than
+    :data:`~polyproj.projection.pipeline.UNVERIFIED_VIOLATION` of the scale there (``data``: the polyhedron's
+    :class:`~polyproj.polydata.PolyData`, its :meth:`~polyproj.polydata.PolyData.scale_at`; None, a
+    structured set: ``1 + max|y|``, the set's own violation measure).
     """
     if isinstance(res.y, np.ndarray) and bool(np.asarray(res.polished).all()) and np.isfinite(res.y).all():
         return res  # the common case, on the host: every point verified
@@ -196,10 +213,12 @@ def _usable(res: Any, data: Any) -> Any:
     if bool((polished & ~nan).all()):  # one device sync in the common case
         return res
     viol = torch.as_tensor(res.violation, device=Y.device)
-    bad = ~polished & (viol > UNVERIFIED_VIOLATION * data.scale_at(Y))
+    scale = data.scale_at(Y) if data is not None else 1.0 + torch.nan_to_num(Y).abs().amax(dim=1)
+    bad = ~polished & (viol > UNVERIFIED_VIOLATION * scale)
     if bool(nan.any()):
         raise InfeasibleError(f"{int(nan.sum())} of {Y.shape[0]} points have no projection (backend {res.backend!r} "
-                              "returned none; the polyhedron may be empty, e.g. inconsistent equalities)")
+                              "returned none; the polyhedron may be empty, e.g. inconsistent equalities, or the "
+                              "points too far from it for float64, |x| >> the set)")
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0, 0])
         raise InfeasibleError(f"{int(bad.sum())} of {Y.shape[0]} points could not be projected: the exact polish "

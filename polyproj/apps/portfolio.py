@@ -46,11 +46,15 @@ METHODS = ("fixed", "polyproj", "polyproj_leak", "linsatnet", "softmax_penalty",
 ANNUAL = math.sqrt(252.0)
 
 
+#: the portfolio constraints of the study
+VARIANTS: tuple[str, ...] = ("preference", "capped", "simplex")
+
+
 @dataclass(frozen=True)
 class Config:
     """Data split, model and training settings (``config(quick)`` gives the two presets)."""
 
-    constraints: tuple[str, ...] = ("preference", "capped", "simplex")
+    constraints: tuple[str, ...] = VARIANTS
     start: str = "2005-01-01"
     train_end: str = "2016-12-31"
     val_end: str = "2018-12-31"
@@ -130,14 +134,30 @@ def polyhedron(variant: str, cfg: Config, n: int) -> Polyhedron:
         s[: cfg.preferred] = 1.0
         return Polyhedron(A=-s[None, :], a=[-cfg.min_preferred], B=np.ones((1, n)), b=[1.0], lb=np.zeros(n))
     if variant == "capped":
+        _check_cap(cfg, n)
         return Polyhedron(B=np.ones((1, n)), b=[1.0], lb=np.zeros(n), ub=np.full(n, cfg.cap))
     if variant == "simplex":
         return Polyhedron(B=np.ones((1, n)), b=[1.0], lb=np.zeros(n))
-    raise ProblemError(f"unknown portfolio constraint {variant!r}: use 'preference', 'capped' or 'simplex'")
+    raise _unknown(variant)
+
+
+def _unknown(variant: str) -> ProblemError:
+    return ProblemError(f"unknown portfolio constraint {variant!r}: use one of {', '.join(map(repr, VARIANTS))}")
+
+
+def _check_cap(cfg: Config, n: int) -> None:
+    """``n · cap > 1``: the capped set has an interior (its anchor 1/n lies strictly below the cap)."""
+    if not n * cfg.cap > 1.0:
+        raise ProblemError(f"a cap of {cfg.cap:g} on {n} assets leaves no room for a fully invested portfolio "
+                           f"strictly inside it (n · cap = {n * cfg.cap:g} must exceed 1)")
 
 
 def anchor(variant: str, cfg: Config, n: int) -> np.ndarray:
     """A strictly feasible portfolio: the radial map's anchor and the ``fixed`` reference."""
+    if variant not in VARIANTS:
+        raise _unknown(variant)
+    if variant == "capped":
+        _check_cap(cfg, n)
     if variant in ("capped", "simplex"):
         return np.full(n, 1.0 / n)
     _check_preference(cfg, n)

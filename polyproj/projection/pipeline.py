@@ -200,6 +200,9 @@ def _overflow(out: PipelineOutput, scaled_y: Any) -> PipelineOutput:
                    polished=out.polished & ~lost)
 
 
+#: an unverified point (polish refused) violating its constraints by more than this times the polyhedron's
+#: scale there (:meth:`PolyData.scale_at`) is no solution: NUMERICAL_ERROR
+UNVERIFIED_VIOLATION = 1e-6
 #: polish rounds a warm start may take before its samples go through the whole pipeline
 WARM_ROUNDS = 4
 #: share of the batch left after a warm start's first round beyond which the guess is given up at once
@@ -338,10 +341,18 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
     if not bool(xp.any(refused)):
         return out
     bad = int(xp.sum(xp.astype(refused, xp.int64)))
+    out = _keep_start(X, data, out, refused)
+    wrong = refused & (data.violation(out.Y) > UNVERIFIED_VIOLATION * data.scale_at(out.Y))
+    off = int(xp.sum(xp.astype(wrong, xp.int64)))
+    if off:  # the backend's own point breaks the constraints: not a solution, whatever the backend said
+        out = replace(out, status=tuple(Status.NUMERICAL_ERROR if w else s
+                                        for s, w in zip(out.status, _host_bools(wrong), strict=True)))
     warnings.warn(f"polish refused for {bad} of {refused.shape[0]} points: the KKT conditions could not be "
                   "verified on the identified active set; those points keep the backend's accuracy "
-                  f"(backend {solver.name!r})", PolyprojWarning, stacklevel=5)
-    return _keep_start(X, data, out, refused)
+                  f"(backend {solver.name!r})" + (f"; {off} of them violate the constraints (status NUMERICAL_ERROR"
+                                                  "; far points, |x| >> the polyhedron, cause this)" if off else ""),
+                  PolyprojWarning, stacklevel=5)
+    return out
 
 
 def _backed_retry(X, data: PolyData, solver, opts: PolishOptions, start: ProjectionStart, out: PipelineOutput,
@@ -649,7 +660,9 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
     good = _feasible(xp, data.take(idx), again.y, ok)
     count = int(xp.sum(xp.astype(good, xp.int64)))
     label = f"backend {other!r}"
-    if has_donor and count < int(idx.shape[0]):  # the set is not empty: the exact per-point fallback on the rest
+    if (has_donor or count) and count < int(idx.shape[0]):
+        # the set is not empty (a sample solved, or another backend's solve): the exact per-point fallback on the
+        # rest, before the polish from x (a sample it cannot verify would be returned as NaN)
         again, good, label = _exact_opinion(solver, X, data, idx, again, good, other)
         count = int(xp.sum(xp.astype(good, xp.int64)))
     if data.batched and count < int(idx.shape[0]):
@@ -664,7 +677,8 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
         gidx = xp.nonzero(good)[0]
         start = _patch_start(xp, start, xp.take(idx, gidx, axis=0), _take_start(xp, again, gidx))
     if not has_donor:
-        return start, head + f"and solved none; backend {other!r} found them feasible: {count} solved by it"
+        by = "them" if " and " in label else "it"
+        return start, head + f"and solved none; {label} found them feasible: {count} solved by {by}"
     return start, report + (f"; {label} solved {count} it kept flagging" if count else "")
 
 
@@ -675,11 +689,15 @@ def _exact_opinion(solver, X, data: PolyData, idx, again: ProjectionStart, good,
     final working set however far a point lies, where interior-point and ADMM tolerances relative to
     ``|x|`` fail. Returns the merged start, the new ``good`` and the backends' names for the report.
     """
+    from ..backends.defaults import EXACT_FALLBACK, _available
     from ..registry import get_backend
 
     xp = array_namespace(X)
     rest = xp.nonzero(~good)[0]
     name = _fallback_name(X, solver, "auto", int(rest.shape[0]))
+    if name in (solver.name, other) and _on_cpu(X) and EXACT_FALLBACK not in (solver.name, other) \
+            and _available(EXACT_FALLBACK, **_unified(solver.settings)):
+        name = EXACT_FALLBACK  # samples two backends failed: exactness before speed, whatever their count
     if name in (solver.name, other):
         return again, good, f"backend {other!r}"
     sel = xp.take(idx, rest, axis=0)

@@ -8,6 +8,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
+from ..errors import ProblemError
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector
@@ -30,6 +31,11 @@ class Box(Projector):
     """
 
     def __init__(self, lb: Any = None, ub: Any = None, *, n: int | None = None) -> None:
+        for name, v in (("lb", lb), ("ub", ub)):
+            if getattr(v, "requires_grad", False):  # held as NumPy: the gradient would be dropped silently
+                raise ProblemError(f"Box holds fixed bounds, but {name} is a tensor that requires a gradient; for "
+                                   f"gradients with respect to the bounds project with them: "
+                                   f"polyproj.adapters.torch.project(x, lb=lb, ub=ub)")
         self._polyhedron = Polyhedron(lb=lb, ub=ub, n=n)  # validates: shapes, NaN, lb <= ub
         self.lb, self.ub = self._polyhedron.lb, self._polyhedron.ub
 

@@ -23,7 +23,8 @@ from ..runtime import is_vmapped
 from .base import Projector, as_namespace
 from .threshold import native_module, threshold
 
-#: rows whose threshold exceeds FAR times the set's size (t + u) are solved again shifted by it (:meth:`_shift`)
+#: rows whose threshold exceeds FAR times the set's size (t + min(u, t)) are solved again shifted by it
+#: (:meth:`_shift`; float32 batches with such a row in float64, :meth:`CappedSimplex._in_float64`)
 FAR = 1024.0
 
 __all__ = ["CappedSimplex", "Simplex"]
@@ -133,6 +134,8 @@ class CappedSimplex(Projector):
         U = self.upper
         th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
         shift = self._shift(xp, th.theta, t)
+        if shift is not None and X.dtype != xp.float64:
+            return self._in_float64(X)
         if shift is not None:  # Π(x − c1) = Π(x) (Σy is fixed), θ moves by c: solved again near θ = 0
             X = X - shift
             th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
@@ -145,6 +148,24 @@ class CappedSimplex(Projector):
         return self.result(X, Y, active, mult, violation=viol, face=active,
                            degenerate=Degeneracy(th.near, ~th.free))
 
+    def _in_float64(self, X: Any) -> ProjectionResult:
+        """A float32 batch with a far row, projected in float64 and returned in float32.
+
+        In float32 the threshold's window can be narrower than the spacing of the floats near it (a cap of 0.4
+        among entries ~1e7 apart at |x| 1e8: no float32 θ gives the total, and the sums came out 2.8 or 3.2 for
+        3); the float32 points are exact in float64, where the shift of :meth:`_shift` resolves them.
+        """
+        from dataclasses import replace
+
+        xp = array_namespace(X)
+        wide = self if not self.per_sample else self.with_parameters(total=xp.astype(as_namespace(self.total, X),
+                                                                                      xp.float64))
+        res = wide.project_batch(xp.astype(X, xp.float64))
+        y, mult = xp.astype(res.y, X.dtype), xp.astype(res.multipliers, X.dtype)
+        viol = xp.abs(xp.sum(xp.astype(y, xp.float64), axis=1) - xp.astype(self._totals(X)[:, 0], xp.float64))
+        return replace(res, y=y, multipliers=mult, violation=xp.astype(viol, X.dtype),
+                       max_violation=float(xp.max(viol)) if X.shape[0] else 0.0)
+
     def _shift(self, xp: Any, theta: Any, t: Any) -> Any:
         """The rows' thresholds (b, 1) where one is far beyond the set's size (``FAR (t + u)``), else None.
 
@@ -155,8 +176,10 @@ class CappedSimplex(Projector):
         within ``t + u`` of 0 and their differences are exact; the far ones are at 0 or ``u`` either way.
         Decided per row, on its own total.
         """
+        # the set's size: entries lie in [0, min(u, t)] (a cap above the total never binds: CappedSimplex(3,
+        # 1e-12, 1000) is the simplex of total 1e-12, and t + u said 1000)
         U = self.upper if self.upper != float("inf") else 0.0
-        far = xp.abs(theta) > FAR * (xp.abs(t) + U)
+        far = xp.abs(theta) > FAR * (xp.abs(t) + xp.minimum(xp.abs(t), xp.full_like(t, U)))
         if not (theta.shape[0] and bool(xp.any(far))):
             return None
         return xp.where(far, theta, xp.zeros_like(theta))
