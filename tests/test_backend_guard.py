@@ -429,3 +429,23 @@ def test_verbose_reports_polyproj_s_own_solvers(capsys):
         pp.get_backend(backend, verbose=True).solve_batch(qp, q=[[-1.0, -2.0], [1.0, 1.0]])
         out = capsys.readouterr().out
         assert out.startswith(f"polyproj {backend}: 2 QP(s)") and "SOLVED 2" in out and "residual" in out
+
+
+@pytest.mark.timeout(120)
+def test_constraints_far_tighter_than_the_unconstrained_minimiser(backend):
+    """min ½x² + 1e8 x on [−1, 1]: σ = |q| / |P| = 1e8 set the tolerances, and ProxSuite, PIQP, Clarabel, the IPM
+    and the ADMM returned SOLVED points up to 47 % outside the box; the same with rows (P = 1e-6 I, q = (1e4,
+    −3e3), −1 <= x1 ± x2 <= 1: residuals up to 7). An answer far below σ has the problem solved again, normalised
+    by its own size (scaling.replan)."""
+    qp = pp.QP(np.array([[1.0]]), np.array([1e8]), lb=[-1.0], ub=[1.0])
+    sol = pp.solve_qp(qp, backend=backend)
+    assert sol.status is pp.Status.SOLVED, sol.info
+    np.testing.assert_allclose(sol.x, [-1.0], atol=1e-7)
+    bs = pp.get_backend(backend).solve_batch(qp, q=np.array([[1e8], [2e8]]))
+    assert all(s is pp.Status.SOLVED for s in bs.status)
+    np.testing.assert_allclose(bs.x, [[-1.0], [-1.0]], atol=1e-7)
+    qp = pp.QP(1e-6 * np.eye(2), np.array([1e4, -3e3]), C=np.array([[1.0, 1.0], [1.0, -1.0]]), l=[-1.0, -1.0],
+               u=[1.0, 1.0])
+    sol = pp.solve_qp(qp, backend=backend)
+    assert sol.status in (pp.Status.SOLVED, pp.Status.SOLVED_INACCURATE), sol.info
+    np.testing.assert_allclose(sol.x, [-1.0, 0.0], atol=1e-6)

@@ -690,3 +690,25 @@ def test_an_unfinished_element_returns_the_closest_point_it_passed(rng):
         if prev is not None:
             assert np.all(dist <= prev), (k, dist, prev)
         prev = dist
+
+
+def test_solve_qp_batch_names_its_bad_arguments():
+    """Each of these ran (a silent MAX_ITER, a setting ignored, a warm start dropped) or raised a raw
+    AttributeError / ValueError from inside the solver."""
+    P, q, C = np.eye(2), np.array([[1.0, -1.0]]), np.array([[1.0, 1.0]])
+    args = (P, q, C, np.array([-1.0]), np.array([1.0]))
+    for kw, what in ((dict(batch_chunk=-1), "batch_chunk must be an integer"),
+                     (dict(batch_chunk=0), "batch_chunk must be an integer"),
+                     (dict(eps_abs=0.0, eps_rel=0.0), "both 0"),
+                     (dict(eps_abs=-1.0), "eps_abs must be a finite number >= 0"),
+                     (dict(eps_abs=float("nan")), "eps_abs must be a finite number >= 0"),
+                     (dict(time_limit=float("nan")), "time_limit must be"),
+                     (dict(max_iter=-5), "max_iter must be an integer"),
+                     (dict(warm_start={"x": torch.zeros(1, 2, dtype=torch.float64)}), "warm_start x is a torch"),
+                     (dict(warm_start=np.zeros((1, 2))), "warm_start must be a dict or an object with x")):
+        with pytest.raises(pp.ProblemError, match=what):
+            solve_qp_batch(*args, **kw)
+    with pytest.raises(pp.ProblemError, match="l <= u must hold"):  # +1e20 reads as +inf, as QP reads it
+        solve_qp_batch(P, q, C, np.array([1e20]), np.array([np.inf]))
+    res = solve_qp_batch([[1.0, 0.0], [0.0, 1.0]], [[1.0, -1.0]], [[1.0, 1.0]], [-1.0], [1.0])  # lists: NumPy's
+    assert res.statuses() == (pp.Status.SOLVED,)

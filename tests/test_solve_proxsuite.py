@@ -205,3 +205,21 @@ def test_a_false_infeasibility_claim_on_an_unbounded_lp_is_not_kept():
     sol = pp.solve_qp(qp, backend="proxsuite")
     assert sol.status is not pp.Status.PRIMAL_INFEASIBLE
     assert sol.status in (pp.Status.DUAL_INFEASIBLE, pp.Status.NUMERICAL_ERROR)
+
+
+def test_a_native_batch_retries_a_refuted_infeasibility_claim_as_solve_does():
+    """An LP ProxQP calls infeasible at its default rho: solve() retried it (SOLVED), both native batch paths
+    (only q varying, and per-element vectors) left it NUMERICAL_ERROR."""
+    q = np.array([1.6443627009055837, -0.13137742257009144, -0.6083885777334679, -1.2718979918739488])
+    C = np.array([[0.7415884212884828, 0.7239565416499906, 1.6187762233340763, -1.2055581426463289]])
+    l = u = np.array([2.615449667089659])
+    lb = np.array([0.46271579544048747, 1.2768403952034537, -0.06929442458292592, -1.1668209961560962])
+    ub = np.array([1.5807307413728613, 2.0283293323300544, 0.3459683394301002, -1.036233342237963])
+    qp = pp.QP(np.zeros((4, 4)), q, C, l, u, lb=lb, ub=ub)
+    ref = pp.solve_qp(qp, backend="proxsuite")
+    assert ref.status is pp.Status.SOLVED
+    solver = pp.get_backend("proxsuite")
+    for bs in (solver.solve_batch(qp, q=np.stack([q, q])), solver.solve_batch(qp, q=np.stack([q, q]),
+                                                                              l=np.stack([l, l]))):
+        assert [s.name for s in bs.status] == ["SOLVED", "SOLVED"]
+        np.testing.assert_allclose(bs.x, np.stack([ref.x, ref.x]), atol=1e-6)

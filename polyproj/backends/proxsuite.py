@@ -266,14 +266,35 @@ class ProxSuiteSolver(QPSolver):
         and that answer is kept when it is SOLVED.
         """
         sol = self._solve(qp, warm_start)
-        if (sol.status is Status.NUMERICAL_ERROR and self.backend_options.get("rho") is None
-                and str(sol.info.get("raw_status", "")).endswith("PRIMAL_INFEASIBLE")):
-            again = self._solve(qp, warm_start, rho=RETRY_RHO)
-            if again.status is Status.SOLVED:
-                again.info["retry"] = f"rho {RETRY_RHO:g} after ProxQP's refuted {sol.info['raw_status']}"
-                return replace(again, iterations=sol.iterations + again.iterations,
-                               solve_time=sol.solve_time + again.solve_time)
-        return sol
+        return self._retried(qp, sol, warm_start) if self._refuted(sol.status, sol.info) else sol
+
+    def _refuted(self, status: Status, info: dict) -> bool:
+        """ProxQP's claim of primal infeasibility that the output check refuted (NUMERICAL_ERROR), rho not set."""
+        return (status is Status.NUMERICAL_ERROR and self.backend_options.get("rho") is None
+                and str(info.get("raw_status", "")).endswith("PRIMAL_INFEASIBLE"))
+
+    def _retried(self, qp: QP, sol: Solution, warm_start: Any = None) -> Solution:
+        """``qp`` solved again with ``rho`` = :data:`RETRY_RHO`; that answer when SOLVED, else ``sol``."""
+        again = self._solve(qp, warm_start, rho=RETRY_RHO)
+        if again.status is not Status.SOLVED:
+            return sol
+        again.info["retry"] = f"rho {RETRY_RHO:g} after ProxQP's refuted {sol.info['raw_status']}"
+        return replace(again, iterations=sol.iterations + again.iterations,
+                       solve_time=sol.solve_time + again.solve_time)
+
+    def _retried_batch(self, qp: QP, vecs: dict, size: int, bs: BatchSolution) -> BatchSolution:
+        """The elements of a native batch whose refuted infeasibility :meth:`solve` would retry, retried."""
+        elements = bs.info.get("elements") or [{}] * size
+        idx = [i for i in range(size) if self._refuted(bs.status[i], elements[i])]
+        if not idx:
+            return bs
+        qps = ElementQPs(qp, vecs, size)
+        sols = [self._retried(qps[i], bs.solution(i)) for i in idx]
+        out = bs.put(np.asarray(idx), BatchSolution.stack(sols, backend=self.name))
+        info = [dict(e) for e in elements]
+        for i, s in zip(idx, sols, strict=True):
+            info[i] = {**info[i], **s.info}
+        return replace(out, info={**bs.info, "elements": info})
 
     def _solve(self, qp: QP, warm_start: Any, rho: float | None = None) -> Solution:
         warm = warm_start is not None and self.settings["warm_start"]
@@ -328,10 +349,13 @@ class ProxSuiteSolver(QPSolver):
             dense.solve_in_parallel(batch, int(threads))
         wall = time.perf_counter() - t1
         if only_q:
-            return self._collect_batch(qp, vecs, size, [batch.get(i).results for i in range(size)],
-                                       (ieq, iin, box_rows, False), wall, setup)
-        sols = [self._collect(qps[i], batch.get(i).results, layouts[i], 0.0) for i in range(size)]
-        return BatchSolution.stack(sols, backend=self.name, solve_time=wall, setup_time=setup)
+            bs = self._collect_batch(qp, vecs, size, [batch.get(i).results for i in range(size)],
+                                     (ieq, iin, box_rows, False), wall, setup)
+        else:
+            sols = [self._collect(qps[i], batch.get(i).results, layouts[i], 0.0) for i in range(size)]
+            bs = BatchSolution.stack(sols, backend=self.name, solve_time=wall, setup_time=setup,
+                                     info={"elements": [s.info for s in sols]})
+        return self._retried_batch(qp, vecs, size, bs)
 
     @staticmethod
     def _shared(A, b, Cin, lo, hi) -> tuple:

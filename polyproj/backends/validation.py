@@ -395,6 +395,23 @@ def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
         _INSIDE.reset(token)
 
 
+def _scaled_solve(solver: Any, fn: Callable, qp: QP, warm_start: Any, scale: scaling.Scaling | None) -> Any:
+    """``fn`` on ``qp`` as given (``scale`` None) or normalised by ``scale``, its answer in ``qp``'s units."""
+    if scale is None:
+        return _call(solver, fn, qp, warm_start)
+    raw = _call(solver, fn, scale.problem(qp), scale.warm_start(warm_start))
+    return scale.solution(raw, qp) if isinstance(raw, Solution) else raw
+
+
+def _scaled_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, warm_start: Any,
+                  scale: scaling.Scaling | None) -> Any:
+    """``fn`` on the batch as given or normalised by ``scale``, its answers in the batch's units."""
+    if scale is None:
+        return _call(solver, fn, qp, warm_start=warm_start, **vecs)
+    raw = _call(solver, fn, scale.problem(qp), **scale.vectors(**vecs))
+    return scale.batch(raw, ElementQPs(qp, vecs, size)) if isinstance(raw, BatchSolution) else raw
+
+
 def _guard_solve(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def solve(self: Any, qp: QP, warm_start: Any = None) -> Solution:
@@ -413,11 +430,12 @@ def _guard_solve(fn: Callable) -> Callable:
         if "scaling_plan" not in qp.memo:  # a QP never changes: planned once per problem
             qp.memo["scaling_plan"] = scaling.plan(qp)
         scale = qp.memo["scaling_plan"]
-        if scale is None:
-            sol = _call(self, fn, qp, warm_start)
-        else:
-            raw = _call(self, fn, scale.problem(qp), scale.warm_start(warm_start))
-            sol = scale.solution(raw, qp) if isinstance(raw, Solution) else raw
+        sol = _scaled_solve(self, fn, qp, warm_start, scale)
+        if scale is not None and isinstance(sol, Solution) and sol.status.ok:
+            x = np.asarray(sol.x, dtype=np.float64)
+            again, better = scaling.replan(qp, scale, float(np.max(np.abs(x), initial=0.0)))
+            if again:  # σ was far above the answer's size: its tolerances were too (scaling.replan)
+                scale, sol = better, _scaled_solve(self, fn, qp, warm_start, better)
         return check_solution(qp, sol, name, self.settings, self.capabilities.duals, time.perf_counter() - t0, scale)
 
     solve._polyproj_guarded = True  # type: ignore[attr-defined]
@@ -445,11 +463,14 @@ def _guard_solve_batch(fn: Callable) -> Callable:
             return BatchSolution.stack([self._nan_solution(qp, Status.NON_CONVEX, name)] * size, backend=name)
         t0 = time.perf_counter()
         scale = scaling.plan(qp, **vecs)
-        if scale is None:
-            bs = _call(self, fn, qp, warm_start=warm_start, **vecs)
-        else:
-            raw = _call(self, fn, scale.problem(qp), **scale.vectors(**vecs))
-            bs = scale.batch(raw, ElementQPs(qp, vecs, size)) if isinstance(raw, BatchSolution) else raw
+        bs = _scaled_batch(self, fn, qp, vecs, size, warm_start, scale)
+        if scale is not None and isinstance(bs, BatchSolution):
+            x = np.asarray(bs.x, dtype=np.float64)
+            ok = np.array([s.ok for s in bs.status], dtype=bool)
+            x_max = float(np.max(np.abs(x[ok]), initial=0.0)) if ok.any() and np.isfinite(x[ok]).all() else np.inf
+            again, better = scaling.replan(qp, scale, x_max, **vecs)
+            if again:  # σ was far above the answers' size: so were its tolerances (scaling.replan)
+                scale, bs = better, _scaled_batch(self, fn, qp, vecs, size, warm_start, better)
         return check_batch(qp, vecs, size, bs, name, self.settings, self.capabilities.duals,
                            time.perf_counter() - t0, scale)
 

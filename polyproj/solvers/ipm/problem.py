@@ -126,9 +126,20 @@ def _start_point(conv: Any, xp: Any, warm_start: Any, b: int, n: int) -> Any:
     """The primal point of ``warm_start`` (an object or dict with ``x``) as (b, n), or None."""
     if warm_start is None:
         return None
+    if hasattr(warm_start, "shape") and not hasattr(warm_start, "x"):
+        raise ProblemError("warm_start must be a dict or an object with x (e.g. {'x': X} or a previous result), got "
+                           f"a bare {type(warm_start).__name__}")
     x0 = warm_start.get("x") if isinstance(warm_start, dict) else getattr(warm_start, "x", None)
     if x0 is None:
         return None
+    if hasattr(x0, "shape"):
+        try:
+            same = array_namespace(x0) is xp
+        except TypeError:
+            same = False
+        if not same:
+            raise ProblemError(f"warm_start x is a {type(x0).__module__}.{type(x0).__name__}, but the data are "
+                               f"{xp.__name__} arrays: give it in the data's array library")
     x0 = conv(x0)
     x0 = x0[None, :] if x0.ndim == 1 else x0
     if tuple(x0.shape) != (b, n):
@@ -145,6 +156,8 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
         Inconsistent shapes, non-real dtypes, NaN/inf in P, q or C, NaN in the bounds, crossing bounds.
     """
     arrays = [a for a in (P, q, C, l, u, lb, ub) if a is not None and not isinstance(a, (list, tuple, float, int))]
+    if not arrays:  # nested lists only: NumPy's
+        arrays = [np.asarray(q, dtype=np.float64)]
     try:
         xp = array_namespace(*arrays)
     except TypeError as exc:  # NumPy beside torch, say: one namespace per batch
@@ -187,7 +200,8 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
             raise ProblemError(f"{name} contains NaN")
     for lo, hi, names in ((vecs[0], vecs[1], ("l", "u")), (vecs[2], vecs[3], ("lb", "ub"))):
         # as QP's check: crossing sides (the IPM ran to max_iter), or a side at the wrong infinity
-        if bool(xp.any(lo > hi)) or bool(xp.any(xp.isinf(lo) & (lo > 0))) or bool(xp.any(xp.isinf(hi) & (hi < 0))):
+        # |v| >= 1e20 reads as infinite (a lower side of +1e20 is +inf, as QP reads it)
+        if bool(xp.any(lo > hi)) or bool(xp.any(lo >= _INF)) or bool(xp.any(hi <= -_INF)):
             raise ProblemError(f"{names[0]} <= {names[1]} must hold entrywise with {names[0]} < +inf and "
                                f"{names[1]} > -inf (crossing or infinite sides)")
     return xp, BatchQP(P3, q, C3, *vecs, _start_point(conv, xp, warm_start, b, n))

@@ -71,7 +71,8 @@ def solve_qp_batch(
     Raises
     ------
     ProblemError
-        Inconsistent shapes, non-real dtypes, or NaN/inf in P, q or C.
+        Inconsistent shapes, non-real dtypes, NaN/inf in P, q or C, a warm start of another array library, or a
+        setting out of its range (tolerances >= 0 and not both 0, counts >= 1).
 
     Examples
     --------
@@ -85,6 +86,8 @@ def solve_qp_batch(
     >>> [s.name for s in res.statuses()]
     ['SOLVED', 'SOLVED']
     """
+    _check_settings(eps_abs=eps_abs, eps_rel=eps_rel, max_iter=max_iter, time_limit=time_limit, ruiz_iter=ruiz_iter,
+                    batch_chunk=batch_chunk, threads=threads)
     xp, qp = as_batch_qp(P, q, C, l, u, lb, ub, warm_start)
     settings = Settings(float(eps_abs), float(eps_rel), int(max_iter), int(ruiz_iter),
                         None if time_limit is None else time.perf_counter() + float(time_limit))
@@ -94,3 +97,18 @@ def solve_qp_batch(
     single = n_workers > 1 or qp.n <= SMALL_N
     with single_threaded_kernels(xp, qp.q) if single else contextlib.nullcontext():
         return solve_batch(xp, qp, settings, chunk, n_workers)
+
+
+def _check_settings(**given: Any) -> None:
+    """ProblemError naming a setting of :func:`solve_qp_batch` out of its range (None: the default)."""
+    from ...backends.options import nonnegative, nonnegative_int, positive_int
+    from ...errors import ProblemError
+
+    checks = {"eps_abs": nonnegative, "eps_rel": nonnegative, "max_iter": positive_int, "time_limit": nonnegative,
+              "ruiz_iter": nonnegative_int, "batch_chunk": positive_int, "threads": positive_int}
+    for k, v in given.items():
+        why = None if v is None else checks[k](v)
+        if why is not None:
+            raise ProblemError(f"solve_qp_batch: {k} {why}, got {v!r}")
+    if not (given["eps_abs"] > 0 or given["eps_rel"] > 0):
+        raise ProblemError("solve_qp_batch: eps_abs and eps_rel are both 0; no iterate meets a zero tolerance")
