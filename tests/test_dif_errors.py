@@ -589,3 +589,103 @@ def test_third_new_user_trial_of_the_engine(setup):
         ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), [Constraint(lambda th: th @ w32, None, 1.0, "lin")])
     with pytest.raises(pp.ProblemError, match="test_fn failed .*float64 on the CPU"):
         DIF(prob, kkt).influence(lambda th: (X[:5].float() @ th).sum(), rems)
+
+
+def test_tied_parameters_resolve_to_theta_under_every_name():
+    """``b.weight = a.weight``: θ holds the tensor once (named_parameters drops the duplicate), and a loss written
+    with ``m.b(...)`` or ``state_dict()['b.weight']`` got the module's frozen copy: another objective, gradient
+    1.68 at the forward-written problem's KKT point."""
+    from torch import nn
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.out = nn.Linear(3, 3), nn.Linear(3, 3), nn.Linear(3, 1)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.out(torch.tanh(self.b(torch.tanh(self.a(x))))).squeeze(-1)
+
+    torch.manual_seed(0)
+    X, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, dtype=torch.float64)
+
+    def full(m, b):
+        return (m(b[0]) - b[1]) ** 2
+
+    def sub(m, b):
+        return (m.out(torch.tanh(m.b(torch.tanh(m.a(b[0]))))).squeeze(-1) - b[1]) ** 2
+
+    net = Tied().double()
+    p_full, p_sub = (ConstrainedProblem(net, Loss(f, (X, y))) for f in (full, sub))
+    theta = p_full.theta0 + 0.3
+    assert float(p_full.objective_value(theta)) == pytest.approx(float(p_sub.objective_value(theta)), rel=1e-14)
+    w = p_sub.wrap(theta)
+    assert torch.equal(w.b.weight, w.a.weight) and torch.equal(w.state_dict()["b.weight"], w.a.weight)
+
+
+def test_meta_tensors_are_named_not_raw_torch_errors():
+    from torch import nn
+
+    X, y = torch.randn(10, 3, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
+    with torch.device("meta"):
+        net = nn.Linear(3, 1)
+    with pytest.raises(pp.ProblemError, match="'meta' device"):
+        ConstrainedProblem(net, Loss(lambda m, b: (m(b[0]).squeeze(-1) - b[1]) ** 2, (X, y)))
+    with pytest.raises(pp.ProblemError, match="'meta' device"):
+        Loss(_sq, (X.to("meta"), y))
+    prob = ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)))
+    with pytest.raises(pp.ProblemError, match="'meta' device"):
+        KKTPoint.from_params(prob, torch.zeros(3, device="meta"))
+
+
+def test_second_order_of_a_removal_that_moves_nothing_is_zero_without_a_warning():
+    """Data of an inactive constraint only: ω = 0, the correction at rounding; ‖δ‖/max(‖ω‖, 1e-300) was 7e284 and
+    warned that the removal lay outside the expansion's range."""
+    torch.manual_seed(0)
+    X = torch.randn(50, 3, dtype=torch.float64)
+    y = X @ torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    prob = ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)), [Constraint(_sq, (X[:10], y[:10]), tau=5.0,
+                                                                             name="grp")])
+    dif = DIF(prob, solve(prob))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pp.PolyprojWarning)
+        res = dif.result({"grp": [0]}, order=2)
+        scores = dif.influence(lambda th: th.sum(), [{"grp": [0]}, {}], order=2)
+    assert res.order == 2 and res.correction_ratio == 0.0 and float(res.omega.abs().max()) == 0.0
+    assert scores.abs().max() == 0.0
+
+
+def test_finite_rule_refuses_a_removal_whose_answer_depends_on_the_multipliers_split():
+    """Two copies of a binding constraint (LICQ fails): every split of λ̄ between them is a KKT point, and a removal
+    from one copy gave answers 0.11 to 0.93 (relative) from retraining by the split. Refused; a removal from both
+    copies alike is split-invariant and kept."""
+    torch.manual_seed(0)
+    N = 120
+    X = torch.randn(N, 4, dtype=torch.float64)
+    X[:, -1] = 1.0
+    y = (torch.sigmoid(X @ torch.tensor([1.5, -1.0, 0.7, 0.2], dtype=torch.float64))
+         > torch.rand(N, dtype=torch.float64)).double()
+    grp = torch.arange(N) < 50
+    a = torch.where(grp, N / grp.sum(), -N / (~grp).sum()).double()
+
+    def logloss(th, b):
+        return torch.nn.functional.binary_cross_entropy_with_logits(b[0] @ th, b[1], reduction="none") + \
+            1e-3 * (th ** 2).sum()
+
+    def dp(th, b):
+        return b[1] * (b[0] @ th)
+
+    prob = ConstrainedProblem(torch.zeros(4), Loss(logloss, (X, y)),
+                              [Constraint(dp, (X, a), tau=-1.0039, name=k) for k in ("dp", "dp2")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)  # multipliers not unique
+        kkt = solve(prob)
+        total = float(kkt.lambdas.sum())
+        splits = [KKTPoint.from_params(prob, kkt.theta, [f * total, (1 - f) * total], polish=False)
+                  for f in (0.5, 1.0, 0.2)]
+    for k in splits:
+        with pytest.raises(pp.ProblemError, match="multipliers are not unique"):
+            DIF(prob, k, rule="finite").delta_theta({"dp": [4]})
+    both = [DIF(prob, k, rule="finite").delta_theta({"dp": [4], "dp2": [4]}).numpy() for k in splits]
+    np.testing.assert_allclose(both[1], both[0], atol=1e-10)
+    np.testing.assert_allclose(both[2], both[0], atol=1e-10)

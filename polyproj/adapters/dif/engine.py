@@ -51,6 +51,9 @@ __all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "D
            "auto_damping_for", "dense_batch_size"]
 
 
+#: steps (first order) and corrections (second) at most this times (1 + ‖θ̄‖) are rounding, not a removal's effect
+ROUNDING_STEP = 1e-10
+
 @dataclass(frozen=True)
 class DIFResult:
     """Directional derivative of θ for one removal.
@@ -259,6 +262,8 @@ class DIF:
             self.floor = np.zeros(self.rows.size)
             self.u0 = np.zeros(self.rows.size)
         self.C = self.lin.G[self.rows]
+        #: (m, k) the directions λ̄ may move along at θ̄ (left null vectors of the active gradients: LICQ fails)
+        self._ambiguous = _multiplier_null_space(self.lin.G, active)
         #: the dense QP's linear term is c − Cᵀλ̄ under the finite rule (its multipliers are then λ̄ + μ)
         self._c_shift = self.floor @ self.C
         floor = kkt.suggested_damping if auto_damping else float(damping)
@@ -373,6 +378,14 @@ class DIF:
 
     def _terms(self, removal: Removal) -> tuple[np.ndarray, np.ndarray]:
         c0, cc, r = self.lin.removal_terms(removal, renormalize=self.renormalize)
+        shift = self._ambiguous.T @ cc if self._ambiguous.shape[1] else np.zeros((0, cc.shape[1]))
+        if self.rule == "finite" and np.abs(shift).max(initial=0.0) > 1e-9 * np.abs(cc).max(initial=0.0):
+            # the answer's term λ̄ᵀ(Δ∇g) moves with the multipliers' split: not defined by the data
+            names = [self.problem.names[j + 1] for j in np.flatnonzero(np.abs(self._ambiguous).max(axis=1) > 1e-8)]
+            raise ProblemError(f"rule='finite' is not defined for this removal: it changes the data of constraints "
+                               f"{names}, whose gradients are linearly dependent at θ̄ (LICQ fails), so their "
+                               "multipliers are not unique and the answer would depend on how λ̄ is split among "
+                               "them; remove the duplicate constraint, or use rule='derivative'")
         return c0 + self.lin.lam @ cc, r
 
     # ------------------------------------------------------------------ one removal
@@ -400,7 +413,14 @@ class DIF:
 
         removed = self.problem.remove(removal)
         step = correction(self, removed, first.omega.numpy(), first.multipliers)
-        ratio = float(np.linalg.norm(step.delta)) / max(float(first.omega.norm()), 1e-300)
+        size_d, size_w = float(np.linalg.norm(step.delta)), float(first.omega.norm())
+        # a step and a correction both at rounding level (a removal that moves nothing: data of an inactive
+        # constraint only, an empty removal) have no ratio to judge: not "outside the expansion's range"
+        noise = ROUNDING_STEP * (1.0 + float(self.kkt.theta.norm()))
+        if max(size_d, size_w) <= noise:
+            self.second_order_log.append(0.0)
+            return replace(first, order=2, correction_ratio=0.0)
+        ratio = size_d / size_w
         self.second_order_log.append(ratio)
         if not ratio <= 1.0:
             # no contraction: the correction is larger than the step it corrects, so the removal lies
@@ -661,6 +681,23 @@ def _check_point(problem: ConstrainedProblem, kkt: KKTPoint, lin: Linearisation)
         if not np.isfinite(now[k]) or now[k] > 10.0 * was + 1e-8 * scale:
             raise ProblemError(f"kkt is not a KKT point of this problem: its {k} residual is {now[k]:.3e} here "
                                f"against {was:.3e} where it was computed" + again)
+
+
+def _multiplier_null_space(G: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """(m, k) the directions the active multipliers may move along at θ̄: left null vectors of ``G_A``.
+
+    ``k = 0`` under LICQ. A removal whose constraint terms have a component along one is not defined by the
+    data under the finite rule.
+    """
+    rows = np.flatnonzero(active)
+    if rows.size < 2:
+        return np.zeros((G.shape[0], 0))
+    U, s, _ = np.linalg.svd(G[rows], full_matrices=True)
+    tol = 1e-9 * max(1.0, float(s[0]) if s.size else 1.0)
+    rank = int(np.sum(s > tol))
+    out = np.zeros((G.shape[0], rows.size - rank))
+    out[rows] = U[:, rank:]
+    return out
 
 
 def _chunk(value: Any, default: int) -> int:

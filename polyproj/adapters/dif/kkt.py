@@ -240,6 +240,8 @@ def _check_tolerances(**tols: Any) -> None:
 
 def _flat_lambdas(problem: ConstrainedProblem, lambdas: Any, what: str) -> np.ndarray:
     """Multipliers (a tensor on any device, an array, a list) as a new float64 array of m finite numbers."""
+    if isinstance(lambdas, torch.Tensor) and lambdas.is_meta:
+        raise ProblemError(f"{what} are on the 'meta' device: they have a shape but no values")
     lam = np.array(lambdas.detach().cpu().numpy() if isinstance(lambdas, torch.Tensor) else lambdas,
                    dtype=np.float64).reshape(-1)
     if lam.shape != (problem.m,) or not np.all(np.isfinite(lam)):
@@ -248,6 +250,10 @@ def _flat_lambdas(problem: ConstrainedProblem, lambdas: Any, what: str) -> np.nd
 
 
 def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
+    meta = theta.is_meta if isinstance(theta, torch.Tensor) else isinstance(theta, nn.Module) and any(
+        p.is_meta for p in theta.parameters())
+    if meta:
+        raise ProblemError("theta is on the 'meta' device: it has a shape but no values")
     if isinstance(theta, nn.Module):
         if problem.model is None:
             raise ProblemError("theta is a module but the problem was built on a tensor")

@@ -61,6 +61,8 @@ def _prepare_data(data: Any, name: str) -> tuple[Any, int | None]:
             raise ProblemError(f"{name}: data[{k}] must be a tensor, got {type(t).__name__}")
         if t.ndim == 0:
             raise ProblemError(f"{name}: data[{k}] is a scalar; the first dimension must index samples")
+        if t.is_meta:
+            raise ProblemError(f"{name}: data[{k}] is on the 'meta' device: it has a shape but no values")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ProblemError(f"{name}: data[{k}] contains NaN or inf")
         conv.append(_as_float64(t))
@@ -365,6 +367,11 @@ class ConstrainedProblem:
 
     def __init__(self, params: torch.Tensor | nn.Module, objective: Loss,
                  constraints: Sequence[Constraint] = ()) -> None:
+        meta = [k for k, p in (params.named_parameters() if isinstance(params, nn.Module) else [("params", params)])
+                if isinstance(p, torch.Tensor) and p.is_meta]
+        if meta:
+            raise ProblemError(f"params: {meta[0]} is on the 'meta' device: it has a shape but no values "
+                               "(materialise the module, e.g. with to_empty() and its initialisation, first)")
         if isinstance(params, nn.Module):
             _check_deterministic(params)
             self.model: nn.Module | None = copy.deepcopy(params).double().cpu()
@@ -373,6 +380,12 @@ class ConstrainedProblem:
                 raise ProblemError("params: the module has no trainable parameters")
             self._names = [k for k, _ in named]
             self._shapes = [tuple(p.shape) for _, p in named]
+            # tied parameters (one tensor under several names: ``b.weight = a.weight``) are one entry of θ;
+            # every other name of it must resolve to θ's tensor too (``m.b(x)``, ``state_dict()``), not to the
+            # module's frozen copy
+            first = {id(p): k for k, p in named}
+            self._aliases = {k: first[id(p)] for k, p in self.model.named_parameters(remove_duplicate=False)
+                             if id(p) in first and first[id(p)] != k}
             theta = torch.cat([p.detach().reshape(-1) for _, p in named])
         elif isinstance(params, torch.Tensor) or isinstance(params, np.ndarray):
             theta = torch.as_tensor(params).detach()
@@ -498,6 +511,8 @@ class ConstrainedProblem:
             return theta
         chunks = torch.split(theta, [int(np.prod(s)) for s in self._shapes])
         params = {k: c.reshape(s) for k, c, s in zip(self._names, chunks, self._shapes, strict=True)}
+        for alias, name in getattr(self, "_aliases", {}).items():
+            params[alias] = params[name]
         return _FunctionalModule(self.model, params)
 
     def per_sample(self, loss: Loss, theta: torch.Tensor, data: Any = "all") -> torch.Tensor:
