@@ -181,6 +181,26 @@ class PolyData:
         xp = self.xp
         return PolyData(*(xp.astype(v, dtype) for v in self.parts()))
 
+    def distance_violation(self, Y: Any) -> Any:
+        """Largest violation of each row of ``Y`` (b, n) as a distance (inf where Y is not finite).
+
+        Each row's miss divided by its norm. Unlike :meth:`violation` (in the rows' own units), the same for any
+        scaling of the rows: a row of norm 1.3e8 missed by 5e7 is 0.4 away, not 5e7.
+        """
+        xp = array_namespace(Y, self.A)
+        v = xp.zeros((Y.shape[0],), dtype=Y.dtype, device=_device(Y))
+        for M, rhs, eq in ((self.A, self.a, False), (self.B, self.b, True)):
+            if not M.shape[-2]:
+                continue
+            norm = xp.linalg.vector_norm(M, axis=-1)
+            r = matvec(xp, M, Y) - rhs
+            r = xp.abs(r) if eq else xp.where(r > 0, r, xp.zeros_like(r))
+            v = xp.maximum(v, xp.max(r / xp.where(norm > 0, norm, xp.ones_like(norm)), axis=1))
+        if self.n:
+            r = xp.maximum(Y - self.ub, self.lb - Y)
+            v = xp.maximum(v, xp.max(xp.where(r > 0, r, xp.zeros_like(r)), axis=1))
+        return xp.where(xp.all(xp.isfinite(Y), axis=1), v, xp.full_like(v, float("inf")))
+
     def violation(self, Y: Any) -> Any:
         """Largest constraint violation of each row of ``Y`` (b, n); ``inf`` where Y is not finite."""
         xp = array_namespace(Y, self.A)

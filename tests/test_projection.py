@@ -572,9 +572,10 @@ def test_named_backends_failing_on_far_points_are_backed_by_the_exact_fallback(b
 
 
 def test_the_layers_unverified_answers_are_judged_at_the_polyhedrons_scale():
-    """An unverified point is returned only within UNVERIFIED_VIOLATION of the polyhedron's scale
-    (max|rhs| + max||row||_1 max|y|), the same test at every scale of the data: at scale 1e-8 a
-    violation of 1e-9 is 10 % of the polytope, not 1e-9 of 1 + |y|."""
+    """An unverified point is returned only within UNVERIFIED_VIOLATION of the polyhedron's size (distance_size +
+    max|y|), as a distance outside its constraints (each row's miss over its norm): the same test at every scale
+    of the data and of the rows (at scale 1e-8 a miss of 1e-9 is 10 % of the polytope, not 1e-9 of 1 + |y|; a
+    row of norm 5e8 missed by 5e2 is 1e-6 away)."""
     from types import SimpleNamespace
 
     import torch
@@ -584,18 +585,21 @@ def test_the_layers_unverified_answers_are_judged_at_the_polyhedrons_scale():
     from polyproj.polydata import PolyData
 
     for scale in (1e-8, 1.0, 1e8):
-        P, _ = _far_case(scale, 1.0)
-        d = PolyData.from_polyhedron(P)
-        y = np.full((1, d.n), 0.5 * scale)
-        size = d.rhs_size + d.row_size * 0.5 * scale
-        for viol, ok in ((0.1 * UNVERIFIED_VIOLATION * size, True), (10 * UNVERIFIED_VIOLATION * size, False)):
-            res = SimpleNamespace(y=torch.tensor(y), polished=np.array([False]), violation=np.array([viol]),
-                                  backend="x")
-            if ok:
-                assert _usable(res, d) is res
-            else:
-                with pytest.raises(InfeasibleError, match="could not be projected"):
-                    _usable(res, d)
+        for row in (1.0, 1e8):  # the row 3 y0 + 4 y1 <= 5 scale, times row: at distance `scale` from 0
+            P = pp.Polyhedron(A=[[3.0 * row, 4.0 * row]], a=[5.0 * scale * row], lb=[-2 * scale] * 2,
+                              ub=[2 * scale] * 2)
+            d = PolyData.from_polyhedron(P)
+            normal = np.array([0.6, 0.8])
+            for f, ok in ((0.1, True), (10.0, False)):
+                size = 2.0 * scale + 0.8 * scale  # distance_size + max|y|
+                y = (scale + f * UNVERIFIED_VIOLATION * size) * normal
+                res = SimpleNamespace(y=torch.tensor(y[None, :]), polished=np.array([False]),
+                                      violation=np.array([float(d.violation(y[None, :])[0])]), backend="x")
+                if ok:
+                    assert _usable(res, d) is res
+                else:
+                    with pytest.raises(InfeasibleError, match="could not be projected"):
+                        _usable(res, d)
 
 
 @pytest.mark.parametrize("backend", ["daqp", "osqp", "clarabel"])
@@ -675,3 +679,94 @@ def test_row_and_qp_multiplier_layouts_are_inverse():
     np.testing.assert_array_equal(zb2, zb)
     polish = np.concatenate([z[:, :m], np.maximum(-zb, 0.0), np.maximum(zb, 0.0)], axis=1)
     np.testing.assert_array_equal(rows_to_qp_multipliers(np, polish, z[:, m:], m)[1], zb)
+
+
+@pytest.mark.parametrize("case", ["rows 1e-6 to 1e7, far point", "batch with a point 6e11 away", "row norms to 1.3e8"])
+def test_rows_of_wide_norms_with_far_points_project_exactly(case):
+    """Three polyhedra with row norms spanning 1e-6 to 1e8 and a far point in the batch: DAQP / auto returned one
+    point as NUMERICAL_ERROR (after the unit scale became the distance size), PIQP / Clarabel a feasible point
+    2.5 off the projection as SOLVED, and auto / DAQP a point 8.7e5 outside a constraint as SOLVED (its
+    violation measured in the rows' units, 5e7 against a scale of 1.5e15). The reference: the same set with
+    unit rows."""
+    if case == "rows 1e-6 to 1e7, far point":
+        A = np.array([[-5.7216595602706168e-04, -3.6767347838614732e-04, -2.1268359557958558e-03,
+              -3.2623132583715210e-03, -9.2981396909865086e-04],
+             [ 3.6500604205197945e-01,  1.5001864982235419e-01,  4.4091834449165446e-01,
+              -1.2018247441116887e-01,  1.0378031442294371e-01],
+             [-2.3245761021845769e-05, -1.6624859535713048e-04, -1.6025736075055986e-05,
+              -7.1143418316473535e-05,  1.1946053280288143e-04],
+             [-4.8995031284384928e-03, -1.1922005632852789e-03,  1.1556484126311410e-02,
+               1.9989114656447149e-02, -2.8909818367786541e-03],
+             [-1.9549059775742452e+00,  2.0363426196836962e+00,  1.3175225345507629e+01,
+              -1.2421150627683803e+01, -1.4651445141441913e+01],
+             [ 1.4119126806317398e+07, -7.6225899105919688e+05,  4.4336906173624680e+05,
+              -1.0186223661889454e+07, -2.2496136174210566e+06],
+             [-9.2874508595693983e-04, -3.6321285688493779e-03, -2.6820304453737957e-03,
+              -1.2041021543511641e-03,  1.7452504647615260e-03],
+             [ 5.3757580357150908e+05, -7.5442719029098481e+05, -7.7403170871911861e+05,
+               3.0457323642438021e+05,  8.7786366566435696e+04],
+             [-1.9715735380278908e+04, -3.1698109487287449e+04, -1.8379104276881226e+04,
+              -7.0035936494762962e+02,  1.2909485779994000e+04],
+             [ 2.3095749799937656e-06,  1.6497812977814695e-06, -2.4666781328746986e-06,
+               4.0874819895794188e-06,  1.5591949948457642e-06],
+             [-7.9287412487797919e+00, -1.0462032425360571e+01,  4.7451971458562809e+01,
+              -2.4222386554535817e+01, -1.8983619727458159e+01],
+             [ 3.1656780251527223e+01,  6.3517253238601108e+02, -6.6304347232459054e+02,
+               4.3440484842784014e+02, -9.5849253889444037e+02]])
+        a = np.array([ 1.9206315802830355e-08,  4.5473187525230859e-06,  1.8671772352373040e-09,
+             -6.5195302538507621e-09,  1.0813610445883497e-04,  1.3602759371985857e+02,
+              3.4589800819554057e-08,  6.2506071882552865e+00,  1.4869954377698841e-01,
+              4.4391343177695334e-12,  6.3476262384356663e-04, -3.5525141528983503e-03])
+        X = np.array([[-4.5063816161896750e+02,  2.0800788973794678e+02,  1.5757724512882959e+02,
+              -6.3658471938054186e+02,  6.5484880460852622e+01],
+             [ 1.6500250689855858e+05, -1.2575945720875103e+05, -1.0958871848156581e+05,
+              -2.7023673769321007e+05, -3.0689174952883284e+04],
+             [ 8.5326126894641146e+00,  1.6214142561614583e+01,  5.1906286313089353e+01,
+               5.3725984483742817e+00, -4.9843272187699569e+01]])
+        P, backends = pp.Polyhedron(A=A, a=a), ("daqp", "auto")
+        norms = np.linalg.norm(A, axis=1)
+        unit = pp.Polyhedron(A=A / norms[:, None], a=a / norms)
+    elif case == "batch with a point 6e11 away":
+        A = np.array([[-1.6891991718978500e-02,  6.7330336424998253e-03],
+             [-5.5679710724572064e+06,  1.4930246154722147e+07],
+             [-9.7637206605631697e+00, -1.3365105298373248e+01],
+             [ 4.1210145041505964e-03,  3.1834997216663666e-03]])
+        a = np.array([7.3586861274238830e-02, 1.5070826059736973e+08, 2.4554728022145613e+00, 7.6314785014781700e-02])
+        lb = np.array([-3.293574914886223, 5.2654345469283745])
+        ub = np.array([1.2031532716134445, 17.67114357674488])
+        X = np.array([[-2.5093396164138277e+01, -2.9588453082147193e+01],
+             [-5.8190487349511719e+11, -6.0502513310911975e+11]])
+        P, backends = pp.Polyhedron(A=A, a=a, lb=lb, ub=ub), ("piqp", "clarabel")
+        norms = np.linalg.norm(A, axis=1)
+        unit = pp.Polyhedron(A=A / norms[:, None], a=a / norms, lb=lb, ub=ub)
+    else:
+        A = np.array([[ 4.6505878847354403e+00, -2.6774166968435345e+01,  4.4268500800323674e+00],
+             [ 9.5965278449380409e-05,  9.6183907992127921e-05, -4.9865592232025598e-05],
+             [ 4.1524112423302640e+01, -4.1283536763496443e+01, -2.5777857506361408e+00],
+             [ 5.7427326865338132e+07, -1.0913007715124856e+08,  2.1412194451980866e+07],
+             [-2.0759208863115066e-07, -3.4363512937176940e-06, -3.8985714954486554e-07],
+             [ 4.4708078403561657e+00,  1.6300953085783384e+01, -1.0859753711653129e+01],
+             [ 2.4481880706231311e+07,  5.6465877044221153e+06, -3.3995619915974177e+07],
+             [ 2.8113561400615794e-04, -1.2944440429294023e-04,  1.4699341662421719e-04]])
+        a = np.array([ 7.3051395863506526e+07,  9.1464098024819918e+02,  1.0430429001780911e+08,
+              4.2383935670122800e+14,  6.4799381981357884e+00,  6.5063355996775545e+07,
+              1.8679310014613831e+14, -1.5373512836639779e+02])
+        B = np.array([[-1.6900976798335198e+08, -3.2614253907858931e+07, -4.2824176562897742e+07]])
+        b = np.array([-9.825813507300214e+13])
+        X = np.array([[-1.3370585336696881e+08, -5.1885032572892092e+07, -2.7889725348173016e+08],
+                      [-2.3063579784190730e+13, -1.0806931721252486e+14, 2.1111005979879109e+14]])
+        P, backends = pp.Polyhedron(A=A, a=a, B=B, b=b), ("auto", "daqp")
+        na, nb = np.linalg.norm(A, axis=1), np.linalg.norm(B, axis=1)
+        unit = pp.Polyhedron(A=A / na[:, None], a=a / na, B=B / nb[:, None], b=b / nb)
+    for backend in backends:
+        pytest.importorskip(backend) if backend != "auto" else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pp.PolyprojWarning)
+            res = pp.project(X, P, backend=backend)
+            ref = pp.project(X, unit, backend="ipm")
+        for i in range(X.shape[0]):
+            if not ref.polished[i]:
+                continue
+            assert res.status[i] is pp.Status.SOLVED and res.polished[i], (backend, i, res.status[i])
+            scale = 1.0 + np.abs(ref.y[i]).max()
+            assert np.abs(res.y[i] - ref.y[i]).max() <= 1e-7 * scale, (backend, i)

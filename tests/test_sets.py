@@ -657,21 +657,27 @@ def test_birkhoff_samples_newton_leaves_at_1e12_are_solved_exactly():
 
 def test_far_points_no_backend_resolves_are_not_reported_solved():
     """At |x| ~ 1e24 (eps |x| ~ 1e8 against a set of size 1) the Birkhoff projection came back as SOLVED with row
-    sums off by 5.8e8 (pp.project) and the layer returned it; now NUMERICAL_ERROR, and the layer raises."""
+    sums off by 5.8e8 (pp.project) and the layer returned it. Now the refused point goes to the fallback
+    backend first; what stays unverified is not SOLVED, and the layer returns only a point within
+    UNVERIFIED_VIOLATION of the set (or raises)."""
     C = np.array([[1.0e24, -2.0e24], [3.0e24, 0.5e24]])
     for S in (pp.sets.Birkhoff(2), pp.sets.Birkhoff(2).as_polyhedron()):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pp.PolyprojWarning)
             res = pp.project(C if isinstance(S, pp.sets.Birkhoff) else C.reshape(4), S)
-        if res.max_violation > 1e-6:
-            assert res.status is not pp.Status.SOLVED and not res.polished
+        assert res.polished or res.status is not pp.Status.SOLVED
+        assert res.polished or res.max_violation <= 1e-6 or res.status is pp.Status.NUMERICAL_ERROR
     torch = pytest.importorskip("torch")
     from polyproj.adapters.torch import project
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pp.PolyprojWarning)
-        with pytest.raises(pp.InfeasibleError, match="could not be projected|no projection"):
-            project(torch.tensor(C)[None], pp.sets.Birkhoff(2))
+        try:
+            Y = project(torch.tensor(C)[None], pp.sets.Birkhoff(2))
+        except pp.InfeasibleError:
+            return
+    assert float((Y.sum(-1) - 1).abs().max()) <= 1e-5 and float((Y.sum(-2) - 1).abs().max()) <= 1e-5
+    assert float(Y.min()) >= -1e-5
 
 
 def test_capped_simplex_far_points_in_float32_and_caps_above_a_tiny_total():

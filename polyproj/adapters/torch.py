@@ -21,7 +21,7 @@ from torch.autograd import forward_ad as _forward_ad
 
 from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
-from ..projection.pipeline import UNVERIFIED_VIOLATION
+from ..projection.pipeline import UNVERIFIED_VIOLATION, violates
 from ..runtime import is_vmapped, small_work
 from ..sets.base import Projector
 from ..sets.detect import recognise
@@ -213,8 +213,17 @@ def _usable(res: Any, data: Any = None) -> Any:
     if bool((polished & ~nan).all()):  # one device sync in the common case
         return res
     viol = torch.as_tensor(res.violation, device=Y.device)
-    scale = data.scale_at(Y) if data is not None else 1.0 + torch.nan_to_num(Y).abs().amax(dim=1)
-    bad = ~polished & (viol > UNVERIFIED_VIOLATION * scale)
+    if data is not None:  # distances outside the constraints (pipeline.violates), in the data's namespace
+        y = res.y
+        if isinstance(y, torch.Tensor) and isinstance(data.A, np.ndarray):
+            y = y.detach().cpu().numpy()
+        elif not isinstance(y, torch.Tensor) and isinstance(data.A, torch.Tensor):
+            y = torch.as_tensor(np.asarray(y), device=data.A.device)
+        off = torch.as_tensor(np.asarray(violates(data, y)) if isinstance(y, np.ndarray) else violates(data, y),
+                              device=Y.device)
+    else:
+        off = viol > UNVERIFIED_VIOLATION * (1.0 + torch.nan_to_num(Y).abs().amax(dim=1))
+    bad = ~polished & off
     if bool(nan.any()):
         raise InfeasibleError(f"{int(nan.sum())} of {Y.shape[0]} points have no projection (backend {res.backend!r} "
                               "returned none; the polyhedron may be empty, e.g. inconsistent equalities, or the "

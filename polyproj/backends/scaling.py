@@ -37,7 +37,7 @@ from ..problem import QP
 from ..solution import BatchSolution, Solution
 from .cache import converted
 
-__all__ = ["HIGH", "IGNORE", "LOOSE", "LOW", "REPLAN", "Scaling", "plan", "replan"]
+__all__ = ["HIGH", "IGNORE", "LOOSE", "LOW", "REPLAN", "REPLAN_ROUNDS", "Scaling", "needs_replan", "plan", "replan"]
 
 HIGH = 1e7
 LOW = 1e-7
@@ -160,25 +160,47 @@ def _matrix_part(qp: QP) -> tuple[float, np.ndarray, np.ndarray, bool]:
     return _absmax(qp.P), norms, rows, rows_ok
 
 
-#: a solve whose |x| lies this far below the σ it was normalised with is solved again (:func:`replan`)
-REPLAN = 1e3
+#: a solve whose |x| lies this far below the σ it was normalised with is solved again (:func:`replan`), at most
+#: REPLAN_ROUNDS times
+REPLAN, REPLAN_ROUNDS = 1e3, 3
 
 
-def replan(qp: QP, scale: Scaling, x_max: float, **batched: np.ndarray) -> tuple[bool, Scaling | None]:
-    """``(again, plan)``: whether a solve normalised by ``scale`` must be solved again, and how.
+def needs_replan(qp: QP, sigma: float, x_max: Any, **batched: np.ndarray) -> Any:
+    """Whether solves normalised by ``sigma`` whose answers have ``max|x| = x_max`` must be solved again.
 
-    σ takes ``|q| / |P|`` (the unconstrained minimiser's size) when no right-hand side or bound is larger,
-    but constraints can hold x far smaller: ``min ½x² + 1e8 x`` on ``[−1, 1]`` got σ = 1e8, tolerances
-    relative to it, and SOLVED points 47 % outside the box from four backends. When the answer's ``|x|``
-    (``x_max``) is below ``σ / REPLAN`` (and so are the right-hand sides and bounds), σ is re-planned from
-    it; ``plan`` is None where the problem then needs no normalisation.
+    σ takes ``|q| / |P|`` (the unconstrained minimiser's size) when no right-hand side or bound is larger, but
+    constraints can hold x far smaller: ``min ½x² + 1e8 x`` on ``[−1, 1]`` got σ = 1e8, tolerances relative
+    to it, and SOLVED points 47 % outside the box from four backends. Again when ``x_max`` (and the
+    right-hand sides and bounds) lie below ``σ / REPLAN``. ``x_max`` a number, or one per element of a batch
+    (``batched`` then holds the batch's vectors, one row per element): a bool or a (b,) bool array.
     """
-    if not (np.isfinite(x_max) and scale.sigma > REPLAN * max(x_max, _constraint_size(qp, **batched), 1e-300)):
-        return False, None
-    better = plan(qp, magnitude=max(2.0 * x_max, 1e-300), **batched)
-    if better is not None and better.sigma > scale.sigma / REPLAN:
-        return False, None
-    return True, better
+    x = np.asarray(x_max, dtype=np.float64)
+    size = _constraint_sizes(qp, x.size, **batched) if x.ndim else _constraint_size(qp, **batched)
+    out = np.isfinite(x) & (np.asarray(sigma) > REPLAN * np.maximum(np.maximum(x, size), 1e-300))
+    return out if x.ndim else bool(out)
+
+
+def replan(qp: QP, x_max: float, **batched: np.ndarray) -> Scaling:
+    """The normalisation from an answer's size ``x_max`` (in place of ``|q| / |P|``), whatever the band.
+
+    The objective keeps its normalisation (|q| ~ 1e8 left as given stalled OSQP and the ADMM).
+    """
+    return plan(qp, magnitude=max(2.0 * x_max, 1e-300), force=True, **batched)
+
+
+def _constraint_sizes(qp: QP, size: int, **batched: np.ndarray) -> np.ndarray:
+    """(size,) the largest finite right-hand side (relative to its row) or bound of each element of a batch."""
+    _, _, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
+    out = np.zeros(size)
+    for k in ("l", "u", "lb", "ub"):
+        v = np.asarray(batched.get(k, getattr(qp, k)), dtype=np.float64)
+        v = np.broadcast_to(v if v.ndim == 2 else v[None, :], (size, v.shape[-1]))
+        if k in ("l", "u"):
+            v = v * rows
+        a = np.abs(v)
+        a = np.where(np.isfinite(a) & (a < IGNORE), a, 0.0)
+        out = np.maximum(out, a.max(axis=1, initial=0.0))
+    return out
 
 
 def _constraint_size(qp: QP, **batched: np.ndarray) -> float:
@@ -187,7 +209,7 @@ def _constraint_size(qp: QP, **batched: np.ndarray) -> float:
     return max(_finite_absmax(vec["l"] * rows, vec["u"] * rows), _finite_absmax(vec["lb"], vec["ub"]))
 
 
-def plan(qp: QP, *, magnitude: float | None = None, **batched: np.ndarray) -> Scaling | None:
+def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batched: np.ndarray) -> Scaling | None:
     """The normalisation for ``qp`` (and batched vectors replacing its own), or None when not needed.
 
     It applies when the magnitude of x suggested by the data (``σ``), a row norm of C or the objective's
@@ -216,7 +238,7 @@ def plan(qp: QP, *, magnitude: float | None = None, **batched: np.ndarray) -> Sc
     # "optimal" to an absolute dual tolerance, at 1e12 none is: a trigger as well (γ alone changes nothing
     # else)
     curvature = max(p_max, q_max / sigma)
-    if LOW <= sigma <= HIGH and rows_ok and (curvature == 0 or LOW <= curvature <= HIGH):
+    if not force and LOW <= sigma <= HIGH and rows_ok and (curvature == 0 or LOW <= curvature <= HIGH):
         return None
     objective = max(p_max * sigma**2, q_max * sigma)
     gamma = 1.0 / objective if objective > 0 else 1.0

@@ -412,6 +412,47 @@ def _scaled_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, warm
     return scale.batch(raw, ElementQPs(qp, vecs, size)) if isinstance(raw, BatchSolution) else raw
 
 
+def _unconfirmed(sol: Solution, again: Any) -> Solution:
+    """``sol`` (solved with σ far above its size) whose re-solve at its own size failed: SOLVED_INACCURATE."""
+    what = again.status.name if isinstance(again, Solution) else type(again).__name__
+    note = (f"solved with a normalisation σ far above the answer's size; the re-solve at its own size ended {what}, "
+            "so the answer is not confirmed at that size")
+    return replace(sol, status=Status.SOLVED_INACCURATE if sol.status is Status.SOLVED else sol.status,
+                   info={**sol.info, "validation": note, "claimed_status": sol.status.name})
+
+
+def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, scale: scaling.Scaling,
+                     bs: BatchSolution) -> BatchSolution:
+    """The elements of a batch whose answers lie far below σ, solved again at their own size.
+
+    Per element: one element's legitimately large x must not keep another's σ.
+    """
+    sigma = np.full(size, scale.sigma)
+    for _ in range(scaling.REPLAN_ROUNDS):
+        x = np.asarray(bs.x, dtype=np.float64)
+        ok = np.array([s.ok for s in bs.status], dtype=bool) & np.isfinite(x).all(axis=1)
+        x_each = np.max(np.abs(x), axis=1, initial=0.0)
+        idx = np.flatnonzero(ok & scaling.needs_replan(qp, sigma, x_each, **vecs))
+        if not idx.size:
+            return bs
+        sub_vecs = {k: np.asarray(a)[idx] for k, a in vecs.items()}
+        better = scaling.replan(qp, float(x_each[idx].max()), **sub_vecs)
+        sub = _scaled_batch(solver, fn, qp, sub_vecs, int(idx.size), None, better)
+        if not isinstance(sub, BatchSolution) or len(sub) != idx.size:
+            return bs
+        good = np.array([s.ok for s in sub.status], dtype=bool)
+        if not good.all():  # not confirmed at their own size: the first answers, SOLVED_INACCURATE
+            status = list(bs.status)
+            for i in idx[~good]:
+                status[i] = Status.SOLVED_INACCURATE if status[i] is Status.SOLVED else status[i]
+            bs = replace(bs, status=tuple(status))
+        if not good.any():
+            return bs
+        bs = bs.put(idx[good], sub.take(np.flatnonzero(good)))
+        sigma[idx[good]] = better.sigma
+    return bs
+
+
 def _guard_solve(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def solve(self: Any, qp: QP, warm_start: Any = None) -> Solution:
@@ -431,11 +472,18 @@ def _guard_solve(fn: Callable) -> Callable:
             qp.memo["scaling_plan"] = scaling.plan(qp)
         scale = qp.memo["scaling_plan"]
         sol = _scaled_solve(self, fn, qp, warm_start, scale)
-        if scale is not None and isinstance(sol, Solution) and sol.status.ok:
-            x = np.asarray(sol.x, dtype=np.float64)
-            again, better = scaling.replan(qp, scale, float(np.max(np.abs(x), initial=0.0)))
-            if again:  # σ was far above the answer's size: its tolerances were too (scaling.replan)
-                scale, sol = better, _scaled_solve(self, fn, qp, warm_start, better)
+        for _ in range(scaling.REPLAN_ROUNDS):  # σ far above the answer's size: so were its tolerances
+            if scale is None or not (isinstance(sol, Solution) and sol.status.ok):
+                break
+            x_max = float(np.max(np.abs(np.asarray(sol.x, dtype=np.float64)), initial=0.0))
+            if not scaling.needs_replan(qp, scale.sigma, x_max):
+                break
+            better = scaling.replan(qp, x_max)
+            again = _scaled_solve(self, fn, qp, warm_start, better)
+            if not (isinstance(again, Solution) and again.status.ok):  # not confirmed at its own size
+                sol = _unconfirmed(sol, again)
+                break
+            scale, sol = better, again
         return check_solution(qp, sol, name, self.settings, self.capabilities.duals, time.perf_counter() - t0, scale)
 
     solve._polyproj_guarded = True  # type: ignore[attr-defined]
@@ -465,12 +513,7 @@ def _guard_solve_batch(fn: Callable) -> Callable:
         scale = scaling.plan(qp, **vecs)
         bs = _scaled_batch(self, fn, qp, vecs, size, warm_start, scale)
         if scale is not None and isinstance(bs, BatchSolution):
-            x = np.asarray(bs.x, dtype=np.float64)
-            ok = np.array([s.ok for s in bs.status], dtype=bool)
-            x_max = float(np.max(np.abs(x[ok]), initial=0.0)) if ok.any() and np.isfinite(x[ok]).all() else np.inf
-            again, better = scaling.replan(qp, scale, x_max, **vecs)
-            if again:  # σ was far above the answers' size: so were its tolerances (scaling.replan)
-                scale, bs = better, _scaled_batch(self, fn, qp, vecs, size, warm_start, better)
+            bs = _replanned_batch(self, fn, qp, vecs, size, scale, bs)
         return check_batch(qp, vecs, size, bs, name, self.settings, self.capabilities.duals,
                            time.perf_counter() - t0, scale)
 
