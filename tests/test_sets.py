@@ -698,3 +698,13 @@ def test_capped_simplex_far_points_in_float32_and_caps_above_a_tiny_total():
     x = np.array([100000.3, 7.0, -2.0])
     for S in (pp.sets.CappedSimplex(3, total=1e-12, upper=1000.0), pp.sets.CappedSimplex(3, total=1e-12, upper=1.0)):
         np.testing.assert_array_equal(pp.project(x, S).y, pp.project(x, pp.sets.Simplex(3, total=1e-12)).y)
+
+
+def test_a_cap_above_the_total_sets_no_weak_tolerance():
+    """CappedSimplex(5, 1, u) with u from 1e13 up reported points 0.03 to 0.2 from every breakpoint as weakly
+    active (the tolerance grew with u, which never binds); the simplex and the generic path say they are not."""
+    X = np.array([[0.3, -1.2, 0.8, 0.1, -0.4], [1.5, 0.2, -0.7, 0.05, 0.9]])
+    for u in (10.0, 1e13, 1e15):
+        res = pp.project(X, pp.sets.CappedSimplex(5, total=1.0, upper=u))
+        assert not np.asarray(res.degenerate.weak).any()
+        np.testing.assert_allclose(res.y, pp.project(X, pp.sets.Simplex(5)).y, atol=1e-15)

@@ -185,10 +185,15 @@ class CappedSimplex(Projector):
         return xp.where(far, theta, xp.zeros_like(theta))
 
     def _weak_tol(self, xp: Any, dtype: Any, t: Any):
-        """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + u + t)`` (a function of θ)."""
+        """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + t + min(u, t))`` (a function of θ).
+
+        ``min(u, t)``: a cap above the total never binds and sets no breakpoint's rounding (a cap of 1e15 on a
+        total of 1 called every point weakly active).
+        """
         eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
         U = self.upper if self.upper != float("inf") else 0.0
-        return lambda theta: 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + U)
+        cap = xp.minimum(xp.abs(t), xp.full_like(t, U))
+        return lambda theta: 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + cap)
 
     def vjp(self, result: ProjectionResult, G: Any) -> Any:
         """``J g = f ⊙ (g − mean_F g)`` on the free coordinates ``F`` (zero where none is free)."""
