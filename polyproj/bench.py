@@ -134,7 +134,21 @@ def solve_one(mm: Any, backend: str, tol: float, time_limit: float) -> SolveReco
     return SolveRecord(mm.name, backend, sol.status.value, bool(ok), runtime, *res, int(sol.iterations), note)
 
 
+def _leave_ctrl_c_to_the_parent() -> None:
+    """In a solve's child: SIGINT ignored (then unblocked: :func:`_start` blocked it across the fork).
+
+    Ctrl-C is the parent's to handle (it kills the children and keeps what finished): a child that took it
+    died with a traceback and was recorded as a failed solve.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _child(conn: Any, mm: Any, backend: str, tol: float, time_limit: float) -> None:
+    _leave_ctrl_c_to_the_parent()
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # solvers' C-level banners and logs would garble the progress bar
     os.dup2(devnull, 2)
@@ -142,6 +156,24 @@ def _child(conn: Any, mm: Any, backend: str, tol: float, time_limit: float) -> N
         conn.send(asdict(solve_one(mm, backend, tol, time_limit)))
     finally:
         conn.close()
+
+
+def _start(proc: Any) -> None:
+    """``proc.start()`` with SIGINT blocked across the fork.
+
+    A Ctrl-C that landed inside it was taken by the child or lost in the parent's after-fork hooks (the run
+    went on and exited 0); blocked, it waits and is raised in the parent once the child exists.
+    """
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        proc.start()
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _honour_ctrl_c() -> None:
@@ -219,7 +251,7 @@ def run_suite(data: str, backends: Sequence[str], names: Sequence[str], tol: flo
                         continue
                 parent, child = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_child, args=(child, cache[name], b, tol, time_limit), daemon=True)
-                proc.start()
+                _start(proc)
                 child.close()
                 running[parent] = (proc, name, b, time.monotonic() + hard)
             ready = wait(list(running), timeout=0.05)
@@ -349,6 +381,8 @@ def cli_main(args: argparse.Namespace) -> int:
         return refuse(f"--out: {why}")
     if len(set(backends)) != len(backends):
         return refuse(f"--backends names a backend twice: {backends}")
+    if args.problems and len(set(args.problems)) != len(args.problems):
+        return refuse(f"--problems names a problem twice: {list(args.problems)}")
     if args.problems:
         missing = sorted(set(args.problems) - set(list_problems(args.data, "all")))
         if missing:

@@ -59,14 +59,21 @@ def _positive(kind: type, what: str):
 
 
 def _seed(text: str) -> int:
-    """An argparse type: a whole number >= 0 (NumPy's and hypothesis's seeds)."""
+    """An argparse type: a whole number in [0, 2**63 - 1] (NumPy's, hypothesis's and torch's seeds).
+
+    torch takes none beyond 2**64 - 1: a larger seed failed in the middle of ``polyproj demo``.
+    """
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--seed must be a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--seed must be >= 0, got {value}")
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"--seed must be in [0, {SEED_MAX}], got {value}")
     return value
+
+
+#: the largest --seed (torch.manual_seed takes a 64-bit integer)
+SEED_MAX = 2**63 - 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import ProblemError
+
 if TYPE_CHECKING:  # pragma: no cover
     from .problem import QP
 
@@ -73,7 +75,7 @@ def _finite_dot(bound: np.ndarray, mult: np.ndarray) -> float:
     return float(np.dot(bound[fin], mult[fin]))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # array fields: identity, not an ambiguous elementwise ==
 class Solution:
     """Result of one QP solve.
 
@@ -195,7 +197,7 @@ class ElementQPs(Sequence):
         return self._qp.with_vectors(validate=False, **{k: v[i] for k, v in self._vectors.items()})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # array fields: identity, not an ambiguous elementwise ==
 class BatchSolution:
     """Results of many QPs sharing P and C (one row per element).
 
@@ -241,7 +243,7 @@ class BatchSolution:
 
     def take(self, idx: Sequence[int] | np.ndarray) -> BatchSolution:
         """The elements ``idx`` as a batch record of their own (times shared out by count)."""
-        idx = np.asarray(idx, dtype=np.intp)
+        idx = _indices(idx, len(self))
         share = len(idx) / max(len(self), 1)
         return BatchSolution(self.x[idx], self.z[idx], self.z_box[idx], tuple(self.status[i] for i in idx),
                              self.iterations[idx], self.solve_time * share, self.setup_time * share, self.backend,
@@ -249,7 +251,9 @@ class BatchSolution:
 
     def put(self, idx: Sequence[int] | np.ndarray, other: BatchSolution) -> BatchSolution:
         """A copy with the elements ``idx`` replaced by those of ``other`` (in order): the inverse of :meth:`take`."""
-        idx = np.asarray(idx, dtype=np.intp)
+        idx = _indices(idx, len(self))
+        if len(other) != len(idx):
+            raise ProblemError(f"put: {len(idx)} positions but {len(other)} elements to put there")
         x, z, z_box, its = (np.array(v, copy=True) for v in (self.x, self.z, self.z_box, self.iterations))
         x[idx], z[idx], z_box[idx], its[idx] = other.x, other.z, other.z_box, other.iterations
         status = list(self.status)
@@ -272,3 +276,18 @@ class BatchSolution:
             qps=tuple(s.qp for s in sols) if sols and sols[0].qp is not None else None,
             **kw,
         )
+
+
+def _indices(idx: Any, size: int) -> np.ndarray:
+    """Positions in a batch of ``size``: integers (negative from the end) or a boolean mask of length ``size``."""
+    arr = np.asarray(idx)
+    if arr.dtype == bool:
+        if arr.shape != (size,):
+            raise ProblemError(f"a boolean mask of a batch of {size} must have shape ({size},), got {arr.shape}")
+        return np.flatnonzero(arr)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ProblemError(f"batch positions must be integers or a boolean mask, got dtype {arr.dtype}")
+    arr = arr.astype(np.intp).reshape(-1)
+    if arr.size and (arr.max() >= size or arr.min() < -size):
+        raise ProblemError(f"batch positions {arr.tolist()[:5]} out of range for a batch of {size}")
+    return np.where(arr < 0, arr + size, arr)

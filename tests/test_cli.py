@@ -53,7 +53,10 @@ def test_check_and_bench_refuse_bad_input_cleanly(capsys, tmp_path):
     after the run (IsADirectoryError, FileNotFoundError tracebacks). Each is now a one-line error first."""
     with pytest.raises(SystemExit) as info:
         main(["check", "ipm", "--seed", "-3"])
-    assert info.value.code == 2 and "--seed must be >= 0" in capsys.readouterr().err
+    assert info.value.code == 2 and "--seed must be in [0, " in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # torch.manual_seed takes none beyond 2**64 - 1: it failed mid-demo
+        main(["demo", "--quick", "--seed", str(2**64)])
+    assert info.value.code == 2 and "--seed must be in [0, " in capsys.readouterr().err
     assert main(["check", "tests.toy_backend:NeedsArgument", "--examples", "1"]) == 2
     err = capsys.readouterr().err
     assert "could not be built: TypeError" in err and "Traceback" not in err

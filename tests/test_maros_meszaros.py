@@ -245,3 +245,43 @@ def test_an_unreadable_problem_file_is_named(tmp_path):
         load_problem(bad)
     with pytest.raises(pp.ProblemError, match="HS21.mat"):
         list_problems(tmp_path, "all")
+
+
+@pytest.mark.core
+def test_bench_refuses_a_problem_named_twice(mm_dir, tmp_path, capsys):
+    """--problems HS21 HS21 ran it twice and counted 2 problems, 2 solved (--backends already refused repeats)."""
+    from polyproj.cli import main
+
+    assert main(["bench", "solvers", "--data", mm_dir, "--backends", "ipm", "--problems", "HS21", "HS21",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "names a problem twice" in capsys.readouterr().out
+
+
+def test_bench_children_leave_ctrl_c_to_the_parent():
+    """A SIGINT that landed inside the fork of a solve's child was taken by the child (a traceback, the solve
+    recorded as failed) or lost in the parent's after-fork hooks (the run went on and exited 0). The parent
+    blocks it across the fork; the child ignores it."""
+    import multiprocessing as mp
+    import signal
+
+    from polyproj import bench
+
+    class Probe:  # stands in for a Process: what the signal mask is while it starts
+        def start(self):
+            self.blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+    probe = Probe()
+    bench._start(probe)
+    assert probe.blocked and signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+
+    def in_child(conn):
+        bench._leave_ctrl_c_to_the_parent()
+        conn.send(signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+                  and signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set()))
+
+    proc = ctx.Process(target=in_child, args=(child,))
+    bench._start(proc)
+    assert parent.recv() is True
+    proc.join(5)

@@ -275,3 +275,35 @@ def test_right_hand_sides_read_as_no_bound():
         pp.Polyhedron(B=[[1e25, 1e25]], b=[1e25])
     with pytest.raises(pp.ProblemError, match=r"lb\[0\] = 1e\+25, which reads as inf"):
         pp.Polyhedron(lb=[1e25, 0.0])
+
+
+def test_batch_positions_and_result_objects():
+    """BatchSolution.take read a boolean mask as the indices 0/1 (wrong elements); out-of-range positions and a
+    put of the wrong length were raw IndexErrors (the latter after broadcasting one row into both); results
+    with lazy degeneracy reports could not be pickled; == raised NumPy's ambiguous truth value; single() on a
+    single point or a batch of 4 failed or dropped three points silently."""
+    import pickle
+
+    s = [pp.Solution(x=np.array([v, v]), z=np.zeros(1), z_box=np.zeros(2), status=st)
+         for v, st in ((1.0, pp.Status.SOLVED), (2.0, pp.Status.MAX_ITER), (3.0, pp.Status.SOLVED))]
+    b = pp.BatchSolution.stack(s)
+    t = b.take(np.array([False, True, False]))
+    assert t.x.tolist() == [[2.0, 2.0]] and t.status == (pp.Status.MAX_ITER,)
+    assert b.take([-1]).x.tolist() == [[3.0, 3.0]]
+    with pytest.raises(pp.ProblemError, match="out of range"):
+        b.take([5])
+    with pytest.raises(pp.ProblemError, match="2 positions but 1 elements"):
+        b.put([0, 1], b.take([1]))
+    assert (b == b) and not (b == pickle.loads(pickle.dumps(b)))  # identity, not an elementwise comparison
+    P = pp.Polyhedron(A=[[1.0, 1.0]], a=[1.0], lb=[0.0, 0.0])
+    X = np.array([[2.0, 2.0], [3.0, -1.0]])
+    res = pp.project(X, P, backend="ipm")  # its degeneracy report is lazy
+    again = pickle.loads(pickle.dumps(res))
+    np.testing.assert_array_equal(again.y, res.y)
+    np.testing.assert_array_equal(again.degenerate.dependent, res.degenerate.dependent)
+    one = pickle.loads(pickle.dumps(pp.project(X[0], P, backend="ipm")))
+    assert one.status is pp.Status.SOLVED and one.degenerate.dependent in (True, False)
+    with pytest.raises(pp.PolyprojError, match="batch of one, not of 2"):
+        res.single()
+    with pytest.raises(pp.PolyprojError, match="already a single point"):
+        pp.project(X[0], P, backend="ipm").single()

@@ -110,7 +110,10 @@ def fallback_for(on_cpu: bool, n: int, count: int, settings: dict) -> str:
 
 def independent_of(name: str) -> str | None:
     """A backend other than ``name`` to ask for a second opinion (None when none is installed)."""
-    for other in INDEPENDENT:
-        if other != name and _available(other):
-            return other
-    return None
+    others = independents_of(name)
+    return others[0] if others else None
+
+
+def independents_of(name: str) -> list[str]:
+    """Every installed backend of :data:`INDEPENDENT` other than ``name``, in order (third opinions)."""
+    return [other for other in INDEPENDENT if other != name and _available(other)]

@@ -654,7 +654,7 @@ def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
 
 def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, head: str, report: str):
     """The still-flagged samples by an independent backend; raise when nothing proves the set non-empty."""
-    from ..backends.defaults import independent_of
+    from ..backends.defaults import independent_of, independents_of
     from ..registry import get_backend
 
     xp = array_namespace(X)
@@ -668,10 +668,15 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
             raise empty
         return start, report or head + "but the polyhedron is not empty (a point at its scale projects into it)"
     idx = xp.nonzero(flagged)[0]
-    again = get_backend(other).solve_projections(xp.take(X, idx, axis=0), data.take(idx), rough=False)
-    ok = xp.asarray([s.ok for s in again.status], dtype=xp.bool, device=_device(X))
-    good = _feasible(xp, data.take(idx), again.y, ok)
-    count = int(xp.sum(xp.astype(good, xp.int64)))
+    for other in independents_of(solver.name):
+        # the next opinion where one solves none (the IPM's MAX_ITER on equalities of condition 4e6, where HiGHS
+        # solves both points and DAQP's own probe fails its dependence test: a non-empty set was called empty)
+        again = get_backend(other).solve_projections(xp.take(X, idx, axis=0), data.take(idx), rough=False)
+        ok = xp.asarray([s.ok for s in again.status], dtype=xp.bool, device=_device(X))
+        good = _feasible(xp, data.take(idx), again.y, ok)
+        count = int(xp.sum(xp.astype(good, xp.int64)))
+        if count:
+            break
     label = f"backend {other!r}"
     if (has_donor or count) and count < int(idx.shape[0]):
         # the set is not empty (a sample solved, or another backend's solve): the exact per-point fallback on the

@@ -60,8 +60,16 @@ class Degeneracy:
         dep = "(not computed)" if self._dependent is None else repr(self._dependent)
         return f"Degeneracy(weak={self.weak!r}, dependent={dep})"
 
+    def __getstate__(self) -> tuple:
+        """Pickled with ``dependent`` computed: the lazy test is a closure over the batch (not picklable)."""
+        return (self.weak, self.dependent)
 
-@dataclass(frozen=True)
+    def __setstate__(self, state: tuple) -> None:
+        self.weak, self._dependent = state
+        self._dependent_fn = None
+
+
+@dataclass(frozen=True, eq=False)  # array fields: no elementwise ==, which has no truth value
 class ProjectionResult:
     """Projections of a batch onto a set, with what the HS-Jacobian needs.
 
@@ -118,6 +126,13 @@ class ProjectionResult:
 
     def single(self) -> ProjectionResult:
         """The result of a batch of one as the result of a single point (batch dimension dropped)."""
+        from ..errors import PolyprojError
+
+        if not self.batched:
+            raise PolyprojError("single() takes the result of a batch of one; this is already a single point's")
+        if len(self.status) != 1:
+            raise PolyprojError(f"single() takes the result of a batch of one, not of {len(self.status)} points "
+                                "(index the arrays, e.g. result.y[i], for one of them)")
         sol = self.solution
         if sol is not None and hasattr(sol, "solution"):
             sol = sol.solution(0)
