@@ -167,6 +167,8 @@ def iter_problems(folder: str | os.PathLike, subset: str = "all", names: list[st
                   **kwargs) -> Iterator[MarosMeszaros]:
     """Yield the problems of ``folder`` in ``subset`` (or exactly ``names``) in name order."""
     folder = _folder(folder)
+    if isinstance(names, str):  # one name, not its characters
+        names = [names]
     chosen = list_problems(folder, subset) if names is None else list(names)
     for name in chosen:
         yield load_problem(os.path.join(folder, f"{name}.mat"), **kwargs)

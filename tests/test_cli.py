@@ -66,3 +66,28 @@ def test_check_and_bench_refuse_bad_input_cleanly(capsys, tmp_path):
 
     assert unwritable(tmp_path / "sub" / "r.json") is None and (tmp_path / "sub").is_dir()
     assert "cannot write" in unwritable("/proc/polyproj_results.json")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C in polyproj demo or bench apps printed raw KeyboardInterrupt tracebacks (the commands' own
+    handlers keep what finished first)."""
+    import polyproj.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_backends", interrupted)
+    assert cli.main(["backends"]) == 130
+    assert capsys.readouterr().err.strip() == "polyproj: interrupted"
+
+
+def test_iter_problems_takes_one_name_as_a_string(tmp_path):
+    """names="HS21" looped over its characters ('H.mat' not found)."""
+    from pathlib import Path
+
+    from polyproj.maros_meszaros import iter_problems
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "maros_meszaros"
+    if not (folder / "HS21.mat").exists():
+        pytest.skip("the Maros–Meszaros folder is not beside the repository")
+    assert [p.name for p in iter_problems(folder, names="HS21")] == ["HS21"]
