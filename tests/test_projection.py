@@ -266,12 +266,19 @@ def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeyp
         """``real`` (a solve_projections) with element 4 reported PRIMAL_INFEASIBLE."""
         def solve_projections(self, Xb, data, **kw):
             start = real(self, Xb, data, **kw)
-            flags = [np.allclose(np.asarray(x), X[4]) for x in np.asarray(Xb)]
+            flags = [np.shape(x) == X[4].shape and np.allclose(np.asarray(x), X[4]) for x in np.asarray(Xb)]
             return replace(start, status=tuple(pp.Status.PRIMAL_INFEASIBLE if f else s
                                                for f, s in zip(flags, start.status, strict=True)))
         return solve_projections
 
     monkeypatch.setattr(ipm_cls, "solve_projections", flagging_point_4(real_proj))
+    # the next independent opinion (HiGHS) is asked when the first solves none
+    with pytest.warns(pp.PolyprojWarning, match="1 recovered; backend 'highs' solved 1 it kept flagging$"):
+        r = pp.project(X, P, backend=solver)
+    assert np.all(r.polished) and r.status == (pp.Status.SOLVED,) * 6
+    for name in ("highs", "osqp"):  # every independent opinion flags it too
+        other_cls = type(pp.get_backend(name))
+        monkeypatch.setattr(other_cls, "solve_projections", flagging_point_4(other_cls.solve_projections))
     # the polyhedron is not empty (others were solved): the exact per-point fallback (DAQP) is asked next
     with pytest.warns(pp.PolyprojWarning, match="1 recovered; backends 'ipm' and 'daqp' solved 1 it kept flagging$"):
         r = pp.project(X, P, backend=solver)

@@ -668,7 +668,9 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
             raise empty
         return start, report or head + "but the polyhedron is not empty (a point at its scale projects into it)"
     idx = xp.nonzero(flagged)[0]
+    tried = []
     for other in independents_of(solver.name):
+        tried.append(other)
         # the next opinion where one solves none (the IPM's MAX_ITER on equalities of condition 4e6, where HiGHS
         # solves both points and DAQP's own probe fails its dependence test: a non-empty set was called empty)
         again = get_backend(other).solve_projections(xp.take(X, idx, axis=0), data.take(idx), rough=False)
@@ -677,6 +679,8 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
         count = int(xp.sum(xp.astype(good, xp.int64)))
         if count:
             break
+    else:  # none solved any: the report names the first opinion asked
+        other = tried[0]
     label = f"backend {other!r}"
     if (has_donor or count) and count < int(idx.shape[0]):
         # the set is not empty (a sample solved, or another backend's solve): the exact per-point fallback on the
