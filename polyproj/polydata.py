@@ -119,6 +119,12 @@ class PolyData:
         return size
 
     @cached_property
+    def row_norms(self) -> tuple[Any, Any]:
+        """The 2-norms of the rows of ``A`` and of ``B`` ((m,) and (p,), or per sample): computed once."""
+        xp = self.xp
+        return xp.linalg.vector_norm(self.A, axis=-1), xp.linalg.vector_norm(self.B, axis=-1)
+
+    @cached_property
     def distance_size(self) -> float:
         """Largest distance from the origin of a constraint's hyperplane (0.0 when there is none).
 
@@ -128,12 +134,12 @@ class PolyData:
         """
         xp = self.xp
         size = 0.0
-        for M, v in ((self.A, self.a), (self.B, self.b), (None, self.lb), (None, self.ub)):
+        norm_a, norm_b = self.row_norms
+        for norm, v in ((norm_a, self.a), (norm_b, self.b), (None, self.lb), (None, self.ub)):
             if not all(int(d) > 0 for d in v.shape):
                 continue
             fin = xp.isfinite(v)
-            if M is not None:
-                norm = xp.linalg.vector_norm(M, axis=-1)
+            if norm is not None:
                 fin = fin & (norm > 0)
                 v = v / xp.where(norm > 0, norm, xp.ones_like(norm))
             if bool(xp.any(fin)):
@@ -189,10 +195,9 @@ class PolyData:
         """
         xp = array_namespace(Y, self.A)
         v = xp.zeros((Y.shape[0],), dtype=Y.dtype, device=_device(Y))
-        for M, rhs, eq in ((self.A, self.a, False), (self.B, self.b, True)):
+        for M, rhs, norm, eq in ((self.A, self.a, self.row_norms[0], False), (self.B, self.b, self.row_norms[1], True)):
             if not M.shape[-2]:
                 continue
-            norm = xp.linalg.vector_norm(M, axis=-1)
             r = matvec(xp, M, Y) - rhs
             r = xp.abs(r) if eq else xp.where(r > 0, r, xp.zeros_like(r))
             v = xp.maximum(v, xp.max(r / xp.where(norm > 0, norm, xp.ones_like(norm)), axis=1))

@@ -91,10 +91,8 @@ def _row_max(M: Any) -> np.ndarray:
     return np.asarray(abs(M).max(axis=1).todense()).ravel() if sp.issparse(M) else np.abs(M).max(axis=1)
 
 
-def _check_row_scale(M: Any, name: str) -> None:
-    if M is None or M.shape[0] == 0:
-        return
-    big = _row_max(M)
+def _check_row_scale(big: np.ndarray, name: str) -> None:
+    """Refuse rows whose largest entry ``big`` (:func:`_row_max`) is nonzero but below :data:`TINY_ROW`."""
     tiny = np.flatnonzero((big > 0) & (big < TINY_ROW))
     if tiny.size:
         raise ProblemError(f"rows {tiny[:5].tolist()} of {name} have entries only below {TINY_ROW:g} in magnitude "
@@ -106,7 +104,7 @@ def _check_row_scale(M: Any, name: str) -> None:
 DROPPED_RATIO = 1e16
 
 
-def _check_dropped_rows(A: Any, a: np.ndarray, given: Any) -> None:
+def _check_dropped_rows(big: np.ndarray, a: np.ndarray, given: Any) -> None:
     """Refuse a right-hand side read as "no bound" (``|a_i| >= 1e20``) on a row scaled up as far.
 
     ``1e20 (y_1 + y_2) <= 1e20`` is the set ``y_1 + y_2 <= 1``: reading its right-hand side as ``+inf`` would
@@ -114,11 +112,10 @@ def _check_dropped_rows(A: Any, a: np.ndarray, given: Any) -> None:
     on a row of unit entries, as data files write "no bound"); it is refused where ``|a_i| / max|A_ij|`` is
     below :data:`DROPPED_RATIO`.
     """
-    if not A.shape[0] or given is None or not np.isinf(a).any():
+    if not big.size or given is None or not np.isinf(a).any():
         return
     raw = np.asarray(given.detach().cpu().numpy() if hasattr(given, "detach") else given, dtype=np.float64)
     raw = np.broadcast_to(raw.reshape(-1) if raw.ndim else raw, a.shape)
-    big = _row_max(A)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         bad = np.isinf(a) & np.isfinite(raw) & (big > 0) & (np.abs(raw) / big < DROPPED_RATIO)
     if bad.any():
@@ -572,8 +569,10 @@ class Polyhedron:
             raise ProblemError("cannot tell the number of variables: give A, B, lb/ub or n")
         A = _matrix(self.A, "A", n)
         B = _matrix(self.B, "B", n)
-        for M, name in ((A, "A"), (B, "B")):
-            _check_row_scale(M, name)
+        big_a = _row_max(A) if A is not None else np.zeros(0)  # each row's largest entry: read by three checks
+        big_b = _row_max(B) if B is not None else np.zeros(0)
+        _check_row_scale(big_a, "A")
+        _check_row_scale(big_b, "B")
         if A is None:
             A = np.zeros((0, n))
             if self.a is not None and np.prod(np.shape(self.a)):
@@ -587,8 +586,8 @@ class Polyhedron:
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1, scalar=True)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1, scalar=True)
         check_order(lb, ub, "lb", "ub")
-        _check_dropped_rows(A, a, self.a)
-        why = empty_row(np, _row_max(A)[:, None], a, _row_max(B)[:, None], b)  # zero rows, sparse or dense
+        _check_dropped_rows(big_a, a, self.a)
+        why = empty_row(np, big_a[:, None], a, big_b[:, None], b)  # zero rows, sparse or dense
         if why is not None:
             raise ProblemError(why)
         rank = B.shape[0]

@@ -23,7 +23,7 @@ from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
 from ..projection.pipeline import UNVERIFIED_VIOLATION, violates
 from ..runtime import is_vmapped, small_work
-from ..sets.base import Projector
+from ..sets.base import Projector, as_namespace
 from ..sets.detect import recognise
 from ..sets.polyhedral import PARTS, Polyhedral, polydata_from_arrays
 
@@ -214,13 +214,7 @@ def _usable(res: Any, data: Any = None) -> Any:
         return res
     viol = torch.as_tensor(res.violation, device=Y.device)
     if data is not None:  # distances outside the constraints (pipeline.violates), in the data's namespace
-        y = res.y
-        if isinstance(y, torch.Tensor) and isinstance(data.A, np.ndarray):
-            y = y.detach().cpu().numpy()
-        elif not isinstance(y, torch.Tensor) and isinstance(data.A, torch.Tensor):
-            y = torch.as_tensor(np.asarray(y), device=data.A.device)
-        off = torch.as_tensor(np.asarray(violates(data, y)) if isinstance(y, np.ndarray) else violates(data, y),
-                              device=Y.device)
+        off = torch.as_tensor(violates(data, as_namespace(res.y, data.A)), device=Y.device)
     else:
         off = viol > UNVERIFIED_VIOLATION * (1.0 + torch.nan_to_num(Y).abs().amax(dim=1))
     bad = ~polished & off

@@ -175,7 +175,7 @@ def needs_replan(qp: QP, sigma: float, x_max: Any, **batched: np.ndarray) -> Any
     (``batched`` then holds the batch's vectors, one row per element): a bool or a (b,) bool array.
     """
     x = np.asarray(x_max, dtype=np.float64)
-    size = _constraint_sizes(qp, x.size, **batched) if x.ndim else _constraint_size(qp, **batched)
+    size = _constraint_sizes(qp, **batched)
     out = np.isfinite(x) & (np.asarray(sigma) > REPLAN * np.maximum(np.maximum(x, size), 1e-300))
     return out if x.ndim else bool(out)
 
@@ -188,25 +188,18 @@ def replan(qp: QP, x_max: float, **batched: np.ndarray) -> Scaling:
     return plan(qp, magnitude=max(2.0 * x_max, 1e-300), force=True, **batched)
 
 
-def _constraint_sizes(qp: QP, size: int, **batched: np.ndarray) -> np.ndarray:
-    """(size,) the largest finite right-hand side (relative to its row) or bound of each element of a batch."""
+def _constraint_sizes(qp: QP, **batched: np.ndarray) -> np.ndarray:
+    """The largest finite right-hand side (relative to its row) or bound.
+
+    One number, or one per element where ``batched`` holds a batch's vectors (one row per element).
+    """
     _, _, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
-    out = np.zeros(size)
+    out = np.zeros(())
     for k in ("l", "u", "lb", "ub"):
         v = np.asarray(batched.get(k, getattr(qp, k)), dtype=np.float64)
-        v = np.broadcast_to(v if v.ndim == 2 else v[None, :], (size, v.shape[-1]))
-        if k in ("l", "u"):
-            v = v * rows
-        a = np.abs(v)
-        a = np.where(np.isfinite(a) & (a < IGNORE), a, 0.0)
-        out = np.maximum(out, a.max(axis=1, initial=0.0))
+        a = np.abs(v * rows if k in ("l", "u") else v)
+        out = np.maximum(out, np.where(np.isfinite(a) & (a < IGNORE), a, 0.0).max(axis=-1, initial=0.0))
     return out
-
-
-def _constraint_size(qp: QP, **batched: np.ndarray) -> float:
-    vec = {k: batched.get(k, getattr(qp, k)) for k in _VECTORS}
-    _, _, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
-    return max(_finite_absmax(vec["l"] * rows, vec["u"] * rows), _finite_absmax(vec["lb"], vec["ub"]))
 
 
 def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batched: np.ndarray) -> Scaling | None:

@@ -215,6 +215,8 @@ def violates(data: PolyData, Y: Any) -> Any:
     xp = array_namespace(Y)
     y = xp.where(xp.isfinite(Y), Y, xp.zeros_like(Y))
     return data.distance_violation(Y) > UNVERIFIED_VIOLATION * (data.distance_size + xp.max(xp.abs(y), axis=1))
+
+
 #: polish rounds a warm start may take before its samples go through the whole pipeline
 WARM_ROUNDS = 4
 #: share of the batch left after a warm start's first round beyond which the guess is given up at once
@@ -348,7 +350,7 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
     refused = ~out.polished & ~flagged
     if not bool(xp.any(refused)):
         return out
-    out = _failed_retry(X, data, solver, opts, start, out, refused)
+    out = _failed_retry(X, data, solver, opts, out, refused)
     refused = ~out.polished & ~flagged
     if not bool(xp.any(refused)):
         return out
@@ -392,8 +394,7 @@ def _backed_retry(X, data: PolyData, solver, opts: PolishOptions, start: Project
     return _merge(xp, out, idx, _output(ds, sub, pol, solver.name))
 
 
-def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, start: ProjectionStart, out: PipelineOutput,
-                  refused) -> PipelineOutput:
+def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineOutput, refused) -> PipelineOutput:
     """The refused samples solved by the fallback backend.
 
     The polish could not verify the backend's point there: NUMERICAL_ERROR, a point outside the polyhedron (a
@@ -403,14 +404,13 @@ def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, start: Project
     ``solver``; its own pipeline polishes the points it solves.
     """
     xp = array_namespace(X)
-    failed = refused
-    count = int(xp.sum(xp.astype(failed, xp.int64)))
+    count = int(xp.sum(xp.astype(refused, xp.int64)))
     if not count:
         return out
     name = _fallback_name(X, solver, opts.fallback, count)
     if name == solver.name:
         return out
-    idx = xp.nonzero(failed)[0]
+    idx = xp.nonzero(refused)[0]
     return _merge(xp, out, idx, _run_by(name, X, data, solver, opts, idx))
 
 
@@ -654,7 +654,7 @@ def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
 
 def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, head: str, report: str):
     """The still-flagged samples by an independent backend; raise when nothing proves the set non-empty."""
-    from ..backends.defaults import independent_of, independents_of
+    from ..backends.defaults import independents_of
     from ..registry import get_backend
 
     xp = array_namespace(X)
@@ -662,15 +662,13 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
                             f"{Status.PRIMAL_INFEASIBLE.message}",
                             solution=start.solution if start.solution is not None else _as_solution(start, data,
                                                                                                   solver.name))
-    other = independent_of(solver.name)
-    if other is None:
+    others = independents_of(solver.name)
+    if not others:
         if not has_donor and (data.batched or not _probe(solver, X, data)):
             raise empty
         return start, report or head + "but the polyhedron is not empty (a point at its scale projects into it)"
     idx = xp.nonzero(flagged)[0]
-    tried = []
-    for other in independents_of(solver.name):
-        tried.append(other)
+    for other in others:
         # the next opinion where one solves none (the IPM's MAX_ITER on equalities of condition 4e6, where HiGHS
         # solves both points and DAQP's own probe fails its dependence test: a non-empty set was called empty)
         again = get_backend(other).solve_projections(xp.take(X, idx, axis=0), data.take(idx), rough=False)
@@ -680,7 +678,7 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
         if count:
             break
     else:  # none solved any: the report names the first opinion asked
-        other = tried[0]
+        other = others[0]
     label = f"backend {other!r}"
     if (has_donor or count) and count < int(idx.shape[0]):
         # the set is not empty (a sample solved, or another backend's solve): the exact per-point fallback on the

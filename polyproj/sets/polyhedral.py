@@ -314,7 +314,7 @@ def degeneracy(X: Any, info: FaceInfo, tol: float, eq_deficiency: int = 0) -> De
     d = info.data
     m, n = d.m, d.n
     act, mult = info.active, info.mult
-    norms = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(d.A, axis=-1), (X.shape[0], m)),
+    norms = xp.concat([xp.broadcast_to(d.row_norms[0], (X.shape[0], m)),
                        xp.ones((X.shape[0], 2 * n), dtype=mult.dtype, device=_device(X))], axis=1)
     # tol (1 + max|x| + max|y|) term by term: the sum alone overflows for points near the float64 maximum
     # (every active row was then reported weak)

@@ -176,10 +176,7 @@ class CappedSimplex(Projector):
         within ``t + u`` of 0 and their differences are exact; the far ones are at 0 or ``u`` either way.
         Decided per row, on its own total.
         """
-        # the set's size: entries lie in [0, min(u, t)] (a cap above the total never binds: CappedSimplex(3,
-        # 1e-12, 1000) is the simplex of total 1e-12, and t + u said 1000)
-        U = self.upper if self.upper != float("inf") else 0.0
-        far = xp.abs(theta) > FAR * (xp.abs(t) + xp.minimum(xp.abs(t), xp.full_like(t, U)))
+        far = xp.abs(theta) > FAR * (xp.abs(t) + self._binding_cap(xp, t))
         if not (theta.shape[0] and bool(xp.any(far))):
             return None
         return xp.where(far, theta, xp.zeros_like(theta))
@@ -191,9 +188,17 @@ class CappedSimplex(Projector):
         total of 1 called every point weakly active).
         """
         eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
-        U = self.upper if self.upper != float("inf") else 0.0
-        cap = xp.minimum(xp.abs(t), xp.full_like(t, U))
+        cap = self._binding_cap(xp, t)
         return lambda theta: 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + cap)
+
+    def _binding_cap(self, xp: Any, t: Any) -> Any:
+        """``min(u, t)`` (0 without a cap): the largest entry of a point of the set.
+
+        A cap above the total never binds: ``CappedSimplex(3, 1e-12, 1000)`` is the simplex of total 1e-12, and
+        the set's size ``t + u`` said 1000 (its far-point shift and its weak tolerance read this instead).
+        """
+        U = self.upper if self.upper != float("inf") else 0.0
+        return xp.minimum(xp.abs(t), xp.full_like(t, U))
 
     def vjp(self, result: ProjectionResult, G: Any) -> Any:
         """``J g = f ⊙ (g − mean_F g)`` on the free coordinates ``F`` (zero where none is free)."""

@@ -54,6 +54,7 @@ __all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "D
 #: steps (first order) and corrections (second) at most this times (1 + ‖θ̄‖) are rounding, not a removal's effect
 ROUNDING_STEP = 1e-10
 
+
 @dataclass(frozen=True)
 class DIFResult:
     """Directional derivative of θ for one removal.
@@ -378,8 +379,9 @@ class DIF:
 
     def _terms(self, removal: Removal) -> tuple[np.ndarray, np.ndarray]:
         c0, cc, r = self.lin.removal_terms(removal, renormalize=self.renormalize)
-        shift = self._ambiguous.T @ cc if self._ambiguous.shape[1] else np.zeros((0, cc.shape[1]))
-        if self.rule == "finite" and np.abs(shift).max(initial=0.0) > 1e-9 * np.abs(cc).max(initial=0.0):
+        ambiguous = self.rule == "finite" and self._ambiguous.shape[1] and \
+            np.abs(self._ambiguous.T @ cc).max(initial=0.0) > 1e-9 * np.abs(cc).max(initial=0.0)
+        if ambiguous:
             # the answer's term λ̄ᵀ(Δ∇g) moves with the multipliers' split: not defined by the data
             names = [self.problem.names[j + 1] for j in np.flatnonzero(np.abs(self._ambiguous).max(axis=1) > 1e-8)]
             raise ProblemError(f"rule='finite' is not defined for this removal: it changes the data of constraints "
