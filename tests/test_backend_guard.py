@@ -484,4 +484,6 @@ def test_replan_per_element_repeated_and_normalised(backend):
     sol = pp.solve_qp(pp.QP([[1.2351097488477127]], [-4.2868038348788864e+10], lb=[-0.00868474255939732], ub=[ub]),
                       backend=backend)
     assert sol.status is pp.Status.SOLVED, sol.info
-    assert abs(sol.x[0] - ub) <= 1e-7 * ub
+    # the tolerances hold in units of σ ~ 2 ub: 1e-6 ub leaves interior-point answers their margin and still
+    # catches the first re-plan's answer 3.2e-6 outside the box (4e-4 ub)
+    assert abs(sol.x[0] - ub) <= 1e-6 * ub
