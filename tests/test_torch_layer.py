@@ -675,6 +675,77 @@ def test_per_slice_data_gradients_under_vmap_take_one_backward(rows, rng, monkey
         np.testing.assert_allclose(per[i].numpy(), ref.numpy(), rtol=0, atol=1e-11, err_msg=k)
 
 
+@pytest.mark.parametrize("rows", [5, 7])  # a slice of n points, of m points
+def test_vmap_over_slices_of_n_or_m_points_keeps_the_data_shared(rows, rng):
+    """Shared polyhedral data whose first dimension equals the points in a slice (lb (n,), A (m, n)) are not
+    taken for one entry per point: vmap equals the whole batch, vmap(grad) the loop over slices (the data
+    were tiled: a ProblemError naming lb's shape for n points, a torch RuntimeError for m)."""
+    from torch.func import grad, vmap
+
+    P = _polytope(rng, n=5, m=7, p=1)
+    d = _tensors(P)
+    names = ("A", "a", "B", "b", "lb", "ub")
+    X = torch.tensor(2 * rng.normal(size=(3, rows, 5)))
+    data = [d[k] for k in names]
+    y = vmap(lambda z: project(z, *data))(X)
+    np.testing.assert_allclose(y.numpy(), project(X, *data).numpy(), rtol=0, atol=1e-12)
+
+    def h(x, *dd):
+        return (project(x, *dd) ** 2).sum()
+
+    argnums = tuple(range(1, 7))
+    per = vmap(grad(h, argnums=argnums), in_dims=(0, *([None] * 6)))(X, *data)
+    loop = [grad(h, argnums=argnums)(X[v], *data) for v in range(3)]
+    for i, k in enumerate(names):
+        np.testing.assert_allclose(per[i].numpy(), torch.stack([g[i] for g in loop]).numpy(), rtol=0, atol=1e-11,
+                                   err_msg=k)
+
+
+def test_vmap_of_a_warm_started_layer():
+    """vmap of ProjectionLayer(warm_start=True) (and of its jacrev): the folded result is no warm start for a
+    later call (it raised AttributeError), and the next plain call is still exact."""
+    from torch.func import jacrev, vmap
+
+    x = torch.tensor([[[2.0, 1.0], [0.2, 0.1], [0.3, 0.3]], [[0.5, 0.9], [3.0, -1.0], [0.0, 0.0]]],
+                     dtype=torch.float64)
+    cold = ProjectionLayer(A=[[1.0, 1.0]], a=[1.0], lb=[0.0, 0.0])
+    warm = ProjectionLayer(A=[[1.0, 1.0]], a=[1.0], lb=[0.0, 0.0], warm_start=True)
+    np.testing.assert_allclose(vmap(warm)(x).numpy(), vmap(cold)(x).numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(vmap(jacrev(warm))(x[0]).numpy(), vmap(jacrev(cold))(x[0]).numpy(), rtol=0,
+                               atol=1e-12)
+    np.testing.assert_allclose(warm(x[1]).numpy(), cold(x[1]).numpy(), rtol=0, atol=1e-12)
+
+
+def test_torch_compile_runs_the_layer_eagerly(rng):
+    """torch.compile of a model holding the layer (and of a function calling project): the projection is a graph
+    break, compiled code around it, so every batch — degenerate points that leave the direct path too — gives
+    the eager output and gradient (traced, Dynamo failed inside polyproj's NumPy code on such batches)."""
+    import logging
+
+    torch._logging.set_logs(dynamo=logging.ERROR)
+    torch._dynamo.reset()
+    layer = ProjectionLayer(A=[[1.0, 1.0]], a=[1.0], lb=[0.0, 0.0])
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2, dtype=torch.float64), layer)
+    compiled = torch.compile(model, backend="eager")
+    fn = torch.compile(lambda z: project(z.sin(), torch.ones(1, 2, dtype=torch.float64),
+                                         torch.ones(1, dtype=torch.float64), lb=0.0) * 2, backend="eager")
+    batches = [torch.tensor([[2.0, 1.0]], dtype=torch.float64)]  # y = (1, 0): weakly active lower bound
+    batches += [torch.tensor(3 * rng.normal(size=(k, 2))) for k in (1, 7, 40)]
+    for xb in batches:
+        inp = torch.cat([xb, xb[:, :1]], dim=1)
+        for f_c, f_e, z in ((compiled, model, inp), (fn, None, xb)):
+            ze, zc = z.clone().requires_grad_(), z.clone().requires_grad_()
+            ref = f_e(ze) if f_e is not None else project(ze.sin(), torch.ones(1, 2, dtype=torch.float64),
+                                                          torch.ones(1, dtype=torch.float64), lb=0.0) * 2
+            out = f_c(zc)
+            np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=0, atol=1e-12)
+            w = torch.tensor(rng.normal(size=tuple(ref.shape)))
+            (ref * w).sum().backward()
+            (out * w).sum().backward()
+            np.testing.assert_allclose(zc.grad.numpy(), ze.grad.numpy(), rtol=0, atol=1e-12)
+    torch._dynamo.reset()
+
+
 def test_scalar_bounds_in_the_layer(rng):
     """``lb=0``, ``ub=1`` (numbers or 0-d tensors) bound every coordinate; a 0-d tensor's gradient is the sum."""
     A = rng.normal(size=(8, 6))

@@ -10,6 +10,7 @@ is conversion and autograd glue only: it holds no solver.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,27 @@ from ..sets.detect import recognise
 from ..sets.polyhedral import PARTS, Polyhedral, polydata_from_arrays
 
 __all__ = ["ProjectionLayer", "choose_backend", "project"]
+
+
+def _eager_under_compile(fn: Any) -> Any:
+    """``fn`` run eagerly where ``torch.compile`` traces it: a graph break, compiled code around it.
+
+    The projection leaves torch (NumPy, the solvers' extensions) and keeps Python state (the set cache, a
+    warm start), which Dynamo cannot trace: traced, it failed on whichever batch first took a NumPy branch.
+    ``torch.compiler.disable`` is applied on the first call under compilation (importing Dynamo costs
+    seconds, so not at import), and a plain call is the function itself.
+    """
+    disabled: list[Any] = []
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            if not disabled:
+                disabled.append(torch.compiler.disable(fn))
+            return disabled[0](*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return run
 
 
 def choose_backend(x: torch.Tensor, shared: bool) -> str:
@@ -184,9 +206,13 @@ class _Project(torch.autograd.Function):
         V, N = xb.shape[0], xb.shape[1]
         level = torch._C._functorch.maybe_current_level()
         # a set's per-sample parameters (one total per point of a slice) serve every slice: tiled V times
-        # (torch.repeat for the differentiated ones, whose gradient autograd sums back over the slices)
-        params = tuple(_tile(p, V, N) for p in params)
-        rest = {k: v for k, v in S.parameters().items() if k not in cfg.names} if isinstance(S, Projector) else {}
+        # (torch.repeat for the differentiated ones, whose gradient autograd sums back over the slices).
+        # Polyhedral data are shared here (per-sample data are refused above): never tiled, whatever their
+        # first dimension (lb of shape (n,) or A of shape (m, n) when a slice holds n or m points)
+        tiled = not isinstance(S, Polyhedral)
+        params = tuple(_tile(p, V, N) for p in params) if tiled else params
+        rest = {k: v for k, v in S.parameters().items() if k not in cfg.names} \
+            if tiled and isinstance(S, Projector) else {}
         if any(_per_point(v, N) for v in rest.values()):
             S = S.with_parameters(**{k: _tile(v, V, N) for k, v in rest.items()})
         y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, _Config(cfg.names), *params)
@@ -520,6 +546,7 @@ class _SetCache:
 _SETS = _SetCache()
 
 
+@_eager_under_compile
 def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None,
             ub: Any = None, *, A: Any = None, backend: str = "auto", structured: bool = True,
             **settings: Any) -> torch.Tensor:
@@ -801,6 +828,7 @@ class ProjectionLayer(nn.Module):
             self._seen, self._last = self._buffer_state(), None
         return self.set
 
+    @_eager_under_compile
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Project ``x`` (..., n); with ``warm_start`` the previous call's active sets start the polish."""
         self._recognised()
@@ -810,7 +838,9 @@ class ProjectionLayer(nn.Module):
         else:
             parts = dict(A=self.A, a=self.a, B=self.B, b=self.b, lb=self.lb, ub=self.ub)
             y, res = _project(x, None, parts, self.backend, self.settings, warm)
-        if self.warm_start and res.y.shape[0]:  # an empty batch is no guess for the next one
+        # an empty batch is no guess for the next one; nor is a vmap's folded result (the slices of a batch
+        # folded into one, _Folded): a later call outside the vmap does not project that batch
+        if self.warm_start and not isinstance(res, _Folded) and res.y.shape[0]:
             self._last = res
         return y
 
