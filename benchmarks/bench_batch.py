@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_json
+from common import quick_name, write_results
 
 import polyproj as pp
 from polyproj.runtime import set_torch_threads
@@ -243,7 +243,9 @@ def main(argv=None) -> int:
                     help="skip runs predicted to need more memory (GiB; default half the RAM)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="solve_in_parallel threads")
     ap.add_argument("--quick", action="store_true", help="n 20, 100 and batch <= 1024")
-    ap.add_argument("--out", default="batch_cpu")
+    ap.add_argument("--out", default=None,
+                    help="results name in benchmarks/results or a .json path (default batch_cpu; --quick: "
+                    "batch_cpu_quick)")
     args = ap.parse_args(argv)
     if args.quick:
         args.sizes = [s for s in args.sizes if s <= 100]
@@ -345,9 +347,11 @@ def main(argv=None) -> int:
     console.print(table)
     console.print("cells: median time (largest |y - y_ref|); ratio > 1 means polyproj is faster than the best peer")
     env = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    path = write_json(args.out, dict(eps=args.eps, ipm_eps=args.ipm_eps, project_eps=args.project_eps, repeats=args.repeats, budget=args.budget, mem_budget=args.mem_budget,
-                                     torch_threads=torch.get_num_threads(), proxsuite_threads=args.threads,
-                                     env=env, rows=rows, summary=summary))
+    path = write_results(args.out or quick_name("batch_cpu", args.quick),  # --quick: never the published file
+                         dict(quick=bool(args.quick), eps=args.eps, ipm_eps=args.ipm_eps, project_eps=args.project_eps,
+                              repeats=args.repeats, budget=args.budget, mem_budget=args.mem_budget,
+                              torch_threads=torch.get_num_threads(), proxsuite_threads=args.threads,
+                              env=env, rows=rows, summary=summary))
     console.print(f"wrote {path}")
     return 0
 

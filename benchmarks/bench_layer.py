@@ -35,7 +35,7 @@ Run::
 
     .venv/bin/python benchmarks/bench_layer.py                 # headline + sweeps (long)
     .venv/bin/python benchmarks/bench_layer.py --only headline  # the headline only
-    .venv/bin/python benchmarks/bench_layer.py --quick          # smoke run
+    .venv/bin/python benchmarks/bench_layer.py --quick          # smoke run (results/layer_quick.json)
 
 Each ``--only`` part updates its key of an existing JSON (so parts can run separately).
 """
@@ -519,7 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold-heap", action="store_true",
                     help="skip the heap warm-up (see warm_heap): the first method timed in the process then "
                     "pays glibc's page faults on its temporaries")
-    ap.add_argument("--out", default=str(RESULTS / "layer.json"))
+    ap.add_argument("--out", default=None,
+                    help="JSON results file (default benchmarks/results/layer.json; --quick: layer_quick.json, so "
+                    "that a smoke run never replaces the published figures)")
     ap.add_argument("--fresh", action="store_true", help="start a new JSON instead of updating --out")
     ap.add_argument("--merge", action="store_true",
                     help="sweeps: replace only the rows of --methods, keep the other methods' earlier rows")
@@ -527,7 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot-tags", nargs="*", default=None,
                     help="the sweep tags to draw (default: every tag in --out; '' is the untagged sweep)")
     args = ap.parse_args(argv)
-    out = Path(args.out)
+    from common import quick_name  # this script's folder is on sys.path (run as a script or imported beside it)
+
+    out = Path(args.out) if args.out else RESULTS / f"{quick_name('layer', args.quick)}.json"
     if args.plot_only:
         plot(json.loads(out.read_text()), out.with_suffix(".png"), args.plot_tags)
         return 0
@@ -558,7 +562,9 @@ def main(argv: list[str] | None = None) -> int:
         m["load_average_end"] = os.getloadavg()
         m["affinity"] = cores  # the cores this run was kept on (pin_cores)
         results["runs"][part] = dict(machine=m, repeats=reps, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                                     heap_warmup_mib=0 if args.cold_heap else HEAP_WARMUP_MIB)
+                                     heap_warmup_mib=0 if args.cold_heap else HEAP_WARMUP_MIB, quick=bool(args.quick))
+        if args.quick:  # a smoke run's sizes and repeats: say so (also when --out adds it to another file)
+            results["quick"] = True
 
     if "headline" in parts:
         cfg = dict(batch=128, n=50, m=100)

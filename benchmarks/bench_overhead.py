@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from types import SimpleNamespace
 
@@ -38,8 +39,8 @@ from rich.progress import track
 from rich.table import Table
 
 import polyproj as pp
-from polyproj.bench import machine_description, shifted_geometric_mean
-from polyproj.maros_meszaros import list_problems, load_problem
+from polyproj.bench import _finite, machine_description, shifted_geometric_mean, unwritable
+from polyproj.maros_meszaros import SUBSETS, list_problems, load_problem
 
 
 # --------------------------------------------------------------------------- direct solver calls
@@ -111,19 +112,47 @@ def direct_proxsuite(qp, tol):
 DIRECT = {"osqp": direct_osqp, "highs": direct_highs, "proxsuite": direct_proxsuite}
 
 
-def main() -> None:
+def _geomean(ratios) -> float:
+    """Geometric mean; NaN (null in the JSON) when no problem was timed (no warning of an empty mean)."""
+    return float(np.exp(np.mean(np.log(ratios)))) if len(ratios) else float("nan")
+
+
+def _refuse(message: str) -> int:
+    print(f"bench_overhead.py: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=os.path.join("..", "shared", "data", "maros_meszaros"))
-    ap.add_argument("--subset", default="small")
-    ap.add_argument("--backends", nargs="+", default=[b for b in DIRECT if b in pp.available_backends()])
+    ap.add_argument("--subset", default="small", choices=sorted(SUBSETS))
+    ap.add_argument("--backends", nargs="+", default=[b for b in DIRECT if b in pp.available_backends()],
+                    help=f"backends with a direct path here: {', '.join(DIRECT)} (default: those installed)")
     ap.add_argument("--tol", type=float, default=1e-6)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--max-time", type=float, default=0.5, help="skip problems whose direct solve exceeds this (s)")
     ap.add_argument("--problems", nargs="+", default=None, help="only these problems (default: the whole subset)")
     ap.add_argument("--out", default=os.path.join("benchmarks", "results", "overhead.json"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     console = Console()
-    names = args.problems or list_problems(args.data, args.subset)
+    # refused before any timing: a wrong name, a backend without a direct path here, an unwritable --out
+    other = [b for b in args.backends if b not in DIRECT]
+    if other:
+        return _refuse(f"no direct path for backend(s) {other}: this benchmark compares {sorted(DIRECT)} only")
+    absent = [b for b in args.backends if b not in pp.available_backends()]
+    if absent:
+        return _refuse(f"backend(s) {absent} not installed here")
+    try:
+        names = list_problems(args.data, args.subset)
+        if args.problems:
+            missing = sorted(set(args.problems) - set(list_problems(args.data, "all")))
+            if missing:
+                return _refuse(f"unknown problem(s) {missing} in {args.data!r}")
+            names = list(args.problems)
+    except pp.PolyprojError as exc:  # no such folder, no .mat file in it, an unreadable file
+        return _refuse(str(exc))
+    if (why := unwritable(args.out)) is not None:
+        return _refuse(f"--out: {why}")
     rows: list[dict] = []
     skipped: list[str] = []
     for name in track(names, description="timing", console=console):
@@ -167,8 +196,8 @@ def main() -> None:
              "sgm_direct_s": shifted_geometric_mean(d), "sgm_polyproj_s": shifted_geometric_mean(p),
              "ratio_shift10s": shifted_geometric_mean(p) / shifted_geometric_mean(d),
              "ratio_shift1ms": shifted_geometric_mean(p, 1e-3) / shifted_geometric_mean(d, 1e-3),
-             "geomean_ratio": float(np.exp(np.mean(np.log(p / d)))),
-             "geomean_ratio_min": float(np.exp(np.mean(np.log([row["polyproj_min"] / row["direct_min"] for row in r])))),
+             "geomean_ratio": _geomean(p / d),
+             "geomean_ratio_min": _geomean([row["polyproj_min"] / row["direct_min"] for row in r]),
              "sgm_direct_ms_shift1ms": 1e3 * shifted_geometric_mean(d, 1e-3),
              "sgm_polyproj_ms_shift1ms": 1e3 * shifted_geometric_mean(p, 1e-3),
              "same_x": int(sum(row["same_x"] for row in r))}
@@ -178,12 +207,13 @@ def main() -> None:
                       f"{s['same_x']}/{s['problems']}")
     console.print(table)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump({"benchmark": "overhead", "subset": args.subset, "tol": args.tol, "repeats": args.repeats,
-                   "machine": machine_description(), "summary": summary, "rows": rows,
-                   "skipped_not_convex": skipped}, fh, indent=1)
+    payload = {"benchmark": "overhead", "subset": args.subset, "tol": args.tol, "repeats": args.repeats,
+               "machine": machine_description(), "summary": summary, "rows": rows, "skipped_not_convex": skipped}
+    with open(args.out, "w") as fh:  # NaN (no problem timed: --max-time below every solve) as null
+        json.dump(_finite(payload), fh, indent=1, allow_nan=False)
     console.print(f"results written to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -12,7 +12,8 @@ projection (ProxSuite at 1e-12 then polished). The headline compares pp.project 
 backend tolerance as the direct calls (1e-9); ``pp.project @1e-6`` shows that polish gives a more
 accurate answer than direct 1e-9 solves from a looser (cheaper) solve.
 
-Run: ``.venv/bin/python benchmarks/bench_projection.py [--repeats 7]``
+Run: ``.venv/bin/python benchmarks/bench_projection.py [--repeats 7] [--out NAME_OR_PATH]`` (default
+``benchmarks/results/projection.json``; give another ``--out`` for a trial at other sizes).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import write_json
+from common import write_results
 
 import polyproj as pp
 
@@ -96,14 +97,16 @@ def _check_solved(results) -> None:
         raise RuntimeError(f"{bad} direct solves did not finish")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--m", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--out", default="projection",
+                    help="results name in benchmarks/results or a .json path (default projection)")
+    args = ap.parse_args(argv)
     P, X = make_problem(args.seed, args.batch, args.n, args.m)
     ref = pp.project(X, P, eps_abs=1e-12).y
     contenders = {
@@ -133,9 +136,10 @@ def main() -> None:
         print(f"{k:22s} {1e3 * med[k]:10.2f} {ratio:18.3f} {viol:10.1e} {err:12.1e}")
     overhead = med["pp.project @1e-9"] / fastest_direct - 1.0
     print(f"framework overhead at equal backend tolerance: {100 * overhead:+.1f}% (target <= +10%)")
-    path = write_json("projection", {"config": vars(args), "rows": rows, "overhead_same_tol": overhead})
+    path = write_results(args.out, {"config": vars(args), "rows": rows, "overhead_same_tol": overhead})
     print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -14,9 +14,10 @@ sent to the whole pipeline.
 Run::
 
     .venv/bin/python benchmarks/bench_warm_start.py                  # batches 16 128 1024, 3 learning rates
-    .venv/bin/python benchmarks/bench_warm_start.py --quick
+    .venv/bin/python benchmarks/bench_warm_start.py --quick          # smoke run: warm_start_quick.json
 
-JSON: ``benchmarks/results/warm_start.json``.
+JSON: ``benchmarks/results/warm_start.json`` (``--quick``: ``warm_start_quick.json``; ``--out``: a name there
+or a path).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_layer import make_problem  # noqa: E402
-from common import write_json  # noqa: E402
+from common import quick_name, write_results  # noqa: E402
 
 
 def run(batch: int, lr: float, steps: int, n: int, seed: int) -> dict:
@@ -126,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="warm_start")
+    ap.add_argument("--out", default=None,
+                    help="results name in benchmarks/results or a .json path (default warm_start; --quick: "
+                    "warm_start_quick)")
     args = ap.parse_args(argv)
     if args.quick:
         args.batches, args.lrs, args.steps, args.n = [16], [1e-2], 4, 10
@@ -141,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"cold {r['cold_ms']:8.2f} ms, warm {r['warm_ms']:8.2f} ms ({r['speedup']:.2f}x), whole pipeline "
                   f"for {100 * r['full_pipeline_share']:.1f} %, DAQP for {100 * r['daqp_share']:.1f} % of the samples, "
                   f"max |dy| {r['max_abs_dy']:.1e}, max |dgrad| {r['max_abs_dgrad']:.1e}", flush=True)
-    path = write_json(args.out, {"threads": args.threads, "rows": rows})
+    path = write_results(args.out or quick_name("warm_start", args.quick),
+                         {"quick": bool(args.quick), "threads": args.threads, "rows": rows})
     print(f"wrote {path}")
     return 0
 

@@ -62,6 +62,23 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+def quick_name(name: str, quick: bool) -> str:
+    """The results name of a run: ``<name>_quick`` for a ``--quick`` smoke run, so that it never replaces the
+    published ``<name>.json`` (bench_sets.py and the dif_*.py scripts name their smoke runs so)."""
+    return f"{name}_quick" if quick else name
+
+
+def write_results(out: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    """:func:`write_json` for a ``--out`` that is a name or a path: ``x.json`` is written as it is; anything else
+    gets ``.json`` appended, relative to ``benchmarks/results`` (a name: ``warm_start``; an absolute path without
+    the suffix, as :func:`write_json` took it: ``/tmp/run1`` is ``/tmp/run1.json``)."""
+    out = os.fspath(out)
+    path = Path(out) if out.endswith(".json") else RESULTS / f"{out}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine(), **payload}, indent=2, default=float) + "\n")
+    return path
+
+
 def random_qp_batch(seed: int = 0, n: int = 30, m: int = 50, b: int = 64) -> tuple:
     """The GPU checks' random QPs ``(P, q, C, l, u, lb, ub)``: one strongly convex P (lambda_min >= 0.1), b linear
     terms, two-sided rows with 5 one-sided below, 5 above and one equality, a lower bound on x."""

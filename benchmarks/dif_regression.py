@@ -5,10 +5,10 @@ from the KKT point) against all-point scores of DIF, the classic influence funct
 (best ρ of a sweep, quadratic and hinge penalties). Reports Pearson r of predicted vs actual
 parameter change and test-loss change, the constraint violation of θ̄ + ω in the retrained problem,
 and the time of all-point DIF vs all-point LOO retraining. Writes
-``benchmarks/results/dif_regression.json`` and ``dif_regression.png``.
+``benchmarks/results/dif_regression.json`` and ``dif_regression.png`` (``--quick``: ``dif_regression_quick``).
 
     .venv/bin/python benchmarks/dif_regression.py            # n = 500 (about 2 minutes)
-    .venv/bin/python benchmarks/dif_regression.py --quick    # n = 150
+    .venv/bin/python benchmarks/dif_regression.py --quick    # n = 150 (dif_regression_quick.json)
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def violation(problem, removals, theta, omegas) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the study, print the table, write JSON and the scatter plot."""
-    from common import RESULTS, write_json
+    from common import RESULTS, quick_name, write_json
     from rich.console import Console
     from rich.table import Table
 
@@ -57,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="proxsuite")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: tiny tensors, shared cores)")
     ap.add_argument("--quick", action="store_true", help="n = 150, 3 repeats")
-    ap.add_argument("--name", default="dif_regression")
+    ap.add_argument("--name", default="dif_regression", help="results name (--quick appends _quick)")
     args = ap.parse_args(argv)
-    if args.quick:
+    if args.quick:  # a smoke run never replaces the published figures (as the other dif_*.py scripts)
         args.n, args.repeats = 150, 3
+    args.name = quick_name(args.name, args.quick)
     set_torch_threads(args.threads)
     warnings.simplefilter("ignore", pp.PolyprojWarning)
     console = Console()
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.savefig(png, dpi=110)
 
     path = write_json(args.name, {
+        "quick": bool(args.quick),
         "study": {"n": args.n, "d": args.d, "seed": args.seed, "backend": args.backend,
                   "torch_threads": args.threads, "classification": kkt.classification,
                   "kkt_residual": kkt.residual, "lambdas": kkt.lambdas.tolist()},

@@ -360,7 +360,7 @@ def cli_main(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .errors import PolyprojError
-    from .maros_meszaros import DataNotFound, list_problems
+    from .maros_meszaros import SUBSETS, DataNotFound, list_problems
     from .registry import get_backend
 
     console = Console()
@@ -372,13 +372,9 @@ def cli_main(args: argparse.Namespace) -> int:
     try:
         for b in backends:  # fail early and clearly on an unknown or unavailable name
             get_backend(b)
-        names = list_problems(args.data, args.subset)
+        names = list_problems(args.data, args.subset)  # an absent or empty folder: DataNotFound
     except (PolyprojError, DataNotFound) as exc:
         return refuse(str(exc))
-    if not list_problems(args.data, "all"):
-        return refuse(f"no Maros–Meszaros .mat files in {args.data!r}")
-    if args.out is not None and (why := unwritable(args.out)) is not None:
-        return refuse(f"--out: {why}")
     if len(set(backends)) != len(backends):
         return refuse(f"--backends names a backend twice: {backends}")
     if args.problems and len(set(args.problems)) != len(args.problems):
@@ -387,15 +383,24 @@ def cli_main(args: argparse.Namespace) -> int:
         missing = sorted(set(args.problems) - set(list_problems(args.data, "all")))
         if missing:
             return refuse(f"unknown problem(s) {missing} in {args.data}")
+        # --problems picks within the subset: the dense subset's problems are solved as dense matrices, and a
+        # larger one densified took 24 GB (CONT-200) and was recorded as a crash
+        outside = [p for p in args.problems if p not in names]
+        if outside:
+            nmax, mmax = SUBSETS[args.subset]
+            return refuse(f"problem(s) {outside} are not in the {args.subset!r} subset (n <= {nmax:g}, m <= "
+                          f"{mmax:g}); pass --subset all to solve them (sparse matrices)")
         names = list(args.problems)
-    jobs = int(getattr(args, "jobs", None) or min(2, os.cpu_count() or 1))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per solve: jobs solves share the cores
-    _honour_ctrl_c()
     tol, tl = float(args.tol), float(args.time_limit)
     out = args.out
     if out is None:
         suffix = "" if args.backends is None else "_" + "-".join(backends)
         out = os.path.join("benchmarks", "results", f"solvers_{tol:g}{suffix}.json")
+    if (why := unwritable(out)) is not None:  # the default path too (a read-only working folder)
+        return refuse(f"--out: {why}" if args.out is not None else f"{why} (the default --out; pass --out FILE)")
+    jobs = int(getattr(args, "jobs", None) or min(2, os.cpu_count() or 1))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per solve: jobs solves share the cores
+    _honour_ctrl_c()
     header = {"suite": "maros_meszaros", "subset": args.subset,
               "matrices": "dense" if args.subset == "dense" else "sparse", "tol": tol, "time_limit": tl,
               "shift": SHIFT, "jobs": jobs, "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -69,16 +69,24 @@ class MarosMeszaros:
     m: int
 
 
+_WHERE = "get the .mat files from https://github.com/qpsolvers/maros_meszaros_qpbenchmark (data/)"
+
+
 def _folder(folder: str | os.PathLike) -> str:
+    """The folder as a string; absent, a file, or without any ``.mat`` file: DataNotFound naming it."""
     folder = os.fspath(folder)
     if os.path.isfile(folder):
         raise DataNotFound(f"{folder!r} is a file; pass the folder that holds the Maros–Meszaros .mat files")
     if not os.path.isdir(folder):
-        raise DataNotFound(
-            f"Maros–Meszaros folder {folder!r} not found; get the .mat files from "
-            "https://github.com/qpsolvers/maros_meszaros_qpbenchmark (data/) and pass their folder"
-        )
+        raise DataNotFound(f"Maros–Meszaros folder {folder!r} not found; {_WHERE} and pass their folder")
+    if not any(f.endswith(".mat") for f in os.listdir(folder)):  # a wrong folder, not an empty subset
+        raise DataNotFound(f"no Maros–Meszaros .mat files in {folder!r}; {_WHERE} and pass their folder")
     return folder
+
+
+def _check_subset(subset: str) -> None:
+    if subset not in SUBSETS:
+        raise PolyprojError(f"unknown subset {subset!r}; choose one of {sorted(SUBSETS)}")
 
 
 def _loadmat(path: str, names: list[str] | None = None) -> dict[str, Any]:
@@ -96,15 +104,29 @@ def _loadmat(path: str, names: list[str] | None = None) -> dict[str, Any]:
     return d
 
 
+def _size(path: str, d: dict[str, Any], key: str) -> int:
+    """The size ``d[key]`` (n or m) of the file: one non-negative integer, else a ProblemError naming the file."""
+    from .errors import ProblemError
+
+    v = np.asarray(d[key])
+    try:
+        value = float(v.item())
+    except (TypeError, ValueError):  # empty, several values, a string
+        raise ProblemError(f"{path!r}: {key} must be one number (the problem's size), got an array of shape "
+                           f"{v.shape} and dtype {v.dtype}") from None
+    if not (value >= 0 and value == int(value)):
+        raise ProblemError(f"{path!r}: {key} must be a non-negative integer (the problem's size), got {value:g}")
+    return int(value)
+
+
 def _sizes(path: str) -> tuple[int, int]:
     d = _loadmat(path, ["n", "m"])
-    return int(np.asarray(d["n"]).item()), int(np.asarray(d["m"]).item())
+    return _size(path, d, "n"), _size(path, d, "m")
 
 
 def in_subset(n: int, m: int, subset: str) -> bool:
     """True when a problem of size (n, m) belongs to ``subset`` (``dense``, ``small`` or ``all``)."""
-    if subset not in SUBSETS:
-        raise PolyprojError(f"unknown subset {subset!r}; choose one of {sorted(SUBSETS)}")
+    _check_subset(subset)
     nmax, mmax = SUBSETS[subset]
     return n <= nmax and m <= mmax
 
@@ -115,8 +137,13 @@ def list_problems(folder: str | os.PathLike, subset: str = "all") -> list[str]:
     Raises
     ------
     DataNotFound
-        When the folder is absent (the message says where to get the data).
+        When the folder is absent or holds no ``.mat`` file (the message says where to get the data).
+    ProblemError
+        When a file is not a readable Maros–Meszaros problem (the message names it).
+    PolyprojError
+        When ``subset`` is not one of :data:`SUBSETS`.
     """
+    _check_subset(subset)
     folder = _folder(folder)
     names = []
     for fname in sorted(os.listdir(folder)):
@@ -142,33 +169,70 @@ def _split_bounds(A: sp.csr_matrix, l: np.ndarray, u: np.ndarray, n: int):
     return A[keep], l[keep], u[keep], lb, ub
 
 
+def _arrays(path: str, d: dict[str, Any]) -> tuple:
+    """P, q, A, l, u, r of the file as float64, their sizes checked against n and m (ProblemError naming it)."""
+    from .errors import ProblemError
+
+    n, m = _size(path, d, "n"), _size(path, d, "m")
+    try:
+        P = sp.csc_matrix(d["P"], dtype=np.float64)
+        q = np.asarray(d["q"], dtype=np.float64).reshape(-1)
+        A = sp.csr_matrix(d["A"], dtype=np.float64)
+        l = np.asarray(d["l"], dtype=np.float64).reshape(-1)
+        u = np.asarray(d["u"], dtype=np.float64).reshape(-1)
+        r = np.asarray(d.get("r", 0.0), dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:  # a string or a cell array where numbers belong
+        raise ProblemError(f"{path!r} is not a valid Maros–Meszaros problem: {type(exc).__name__}: {exc}") from None
+    wrong = [f"{k} has shape {got}, expected {want}"
+             for k, got, want in (("P", P.shape, (n, n)), ("q", q.shape, (n,)), ("A", A.shape, (m, n)),
+                                  ("l", l.shape, (m,)), ("u", u.shape, (m,)))
+             if got != want]
+    if r.size > 1:
+        wrong.append(f"r has {r.size} values, expected one")
+    if wrong:
+        raise ProblemError(f"{path!r} is not a consistent Maros–Meszaros problem (n = {n}, m = {m}): "
+                           + "; ".join(wrong))
+    return n, m, P, q, A, l, u, float(r[0]) if r.size else 0.0
+
+
 def load_problem(path: str | os.PathLike, split_bounds: bool = True, check_psd: bool = True) -> MarosMeszaros:
-    """Read one ``.mat`` file into a :class:`MarosMeszaros` record (its ``qp`` is a sparse QP)."""
+    """Read one ``.mat`` file into a :class:`MarosMeszaros` record (its ``qp`` is a sparse QP).
+
+    Raises
+    ------
+    DataNotFound
+        When the file is absent.
+    ProblemError
+        When the file is not a readable, consistent Maros–Meszaros problem, or (``check_psd``) its P is not
+        positive semidefinite; the message names the file.
+    """
+    from .errors import ProblemError
+
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise DataNotFound(f"Maros–Meszaros problem file {path!r} not found")
-    d = _loadmat(path)
-    n, m = int(np.asarray(d["n"]).item()), int(np.asarray(d["m"]).item())
-    P = sp.csc_matrix(d["P"], dtype=np.float64)
+    n, m, P, q, A, l, u, r = _arrays(path, _loadmat(path))
     P = ((P + P.T) * 0.5).tocsc()  # stored symmetric up to rounding; make it exactly so
-    q = np.asarray(d["q"], dtype=np.float64).reshape(-1)
-    A = sp.csr_matrix(d["A"], dtype=np.float64)
-    l = np.asarray(d["l"], dtype=np.float64).reshape(-1)
-    u = np.asarray(d["u"], dtype=np.float64).reshape(-1)
-    r = float(np.asarray(d.get("r", 0.0)).reshape(-1)[0]) if np.size(d.get("r", 0.0)) else 0.0
     lb = ub = None
     if split_bounds:
         A, l, u, lb, ub = _split_bounds(A, l, u, n)
-    qp = QP(P=P, q=q, C=sp.csc_matrix(A), l=l, u=u, lb=lb, ub=ub, check_psd=check_psd)
+    try:
+        qp = QP(P=P, q=q, C=sp.csc_matrix(A), l=l, u=u, lb=lb, ub=ub, check_psd=check_psd)
+    except ProblemError as exc:  # NaN data, l > u, a non-convex P: say which file
+        raise type(exc)(f"{path!r}: {exc}") from None
     return MarosMeszaros(name=os.path.basename(path)[:-4], qp=qp, r=r, n=n, m=m)
 
 
 def iter_problems(folder: str | os.PathLike, subset: str = "all", names: list[str] | None = None,
                   **kwargs) -> Iterator[MarosMeszaros]:
-    """Yield the problems of ``folder`` in ``subset`` (or exactly ``names``) in name order."""
+    """Yield the problems of ``folder`` in ``subset`` (or exactly ``names``) in name order.
+
+    The folder and ``subset`` are checked when it is called (DataNotFound, PolyprojError), not at the first
+    problem; ``subset`` is checked with ``names`` too.
+    """
+    _check_subset(subset)
     folder = _folder(folder)
     if isinstance(names, str):  # one name, not its characters
         names = [names]
     chosen = list_problems(folder, subset) if names is None else list(names)
-    for name in chosen:
-        yield load_problem(os.path.join(folder, f"{name}.mat"), **kwargs)
+    return (load_problem(os.path.join(folder, f"{name}.mat"), **kwargs) for name in chosen)

@@ -8,7 +8,19 @@ import numpy as np
 
 from .records import RunRecord
 
-__all__ = ["plot_runs"]
+__all__ = ["plot_runs", "plotting_unavailable"]
+
+
+def plotting_unavailable() -> str | None:
+    """Why :func:`plot_runs` cannot draw here (matplotlib not importable), or None: checked before a long run."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def plot_runs(records: list[RunRecord], title: str, metric: str, prefix: Path) -> list[Path]:

@@ -45,9 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override the preset's number of epochs")
     p.add_argument("--threads", type=_positive(int, "--threads"), default=1,
                    help="torch intra-op threads of every run (default 1)")
-    p.add_argument("--in-process", action="store_true", help="run in this process (no memory isolation)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run in this process (no memory isolation, no --timeout)")
     p.add_argument("--timeout", type=_positive(float, "--timeout"), default=3600.0,
-                   help="seconds per training run before it is stopped")
+                   help="seconds per training run before it is stopped (each run in its own process; not "
+                   "applied with --in-process)")
     p.add_argument("--no-plot", action="store_true", help="skip the plots")
 
 
@@ -68,6 +70,14 @@ def _run_here(app: str, method: str, variant: str, seed: int, cfg: Any, threads:
     set_threads(threads)
     mod = importlib.import_module(APPS[app])
     return mod.run(method, variant, seed, cfg, Session(Console(), PeakMemory()))
+
+
+def _in_process(app: str, method: str, variant: str, seed: int, cfg: Any, threads: int) -> RunRecord:
+    """:func:`_run_here`, a failing method a row of the table (as in its own process), not the end of the run."""
+    try:
+        return _run_here(app, method, variant, seed, cfg, threads)
+    except Exception as exc:  # Ctrl-C (KeyboardInterrupt) still ends the run
+        return RunRecord(method, seed, variant, status=f"{type(exc).__name__}: {exc}"[:500])
 
 
 def _isolated(app: str, method: str, variant: str, seed: int, cfg: Any, threads: int, timeout: float) -> RunRecord:
@@ -132,10 +142,18 @@ def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecor
     unknown = [m for m in methods if m not in mod.METHODS]
     if unknown:
         raise SystemExit(f"polyproj: unknown method(s) {unknown} for {args.app}; choose from {list(mod.METHODS)}")
+    if len(set(methods)) != len(methods):  # a repeat was run again and counted as more seeds
+        raise SystemExit(f"polyproj: --methods names a method twice: {methods}")
     known = list(mod.variants(cfg))
-    unknown = [v for v in (args.variants or []) if v not in known]
+    every = list(dict.fromkeys([*mod.variants(mod.config(False)), *known]))  # the full preset's and the quick one's
+    unknown = [v for v in (args.variants or []) if v not in every]
     if unknown:
-        raise SystemExit(f"polyproj: unknown variant(s) {unknown} for {args.app}; choose from {known}")
+        raise SystemExit(f"polyproj: unknown variant(s) {unknown} for {args.app}; choose from {every}")
+    elsewhere = [v for v in (args.variants or []) if v not in known]
+    if elsewhere:  # valid, but not in this preset (simplex with --quick)
+        preset, hint = ("--quick", "run them without --quick") if args.quick else ("full", "add --quick")
+        raise SystemExit(f"polyproj: variant(s) {elsewhere} of {args.app} are not in the {preset} preset (its "
+                         f"variants: {known}); {hint}")
     variants = [v for v in known if args.variants is None or v in args.variants]
     seeds = range(args.seeds if args.seeds is not None else (1 if args.quick else 3))
     path = Path(args.out or f"benchmarks/results/apps_{args.app}{'_quick' if args.quick else ''}.json")
@@ -150,7 +168,7 @@ def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecor
         for seed in seeds:
             for method in methods:
                 if args.in_process:
-                    rec = _run_here(args.app, method, variant, seed, cfg, args.threads)
+                    rec = _in_process(args.app, method, variant, seed, cfg, args.threads)
                 else:
                     rec = _isolated(args.app, method, variant, seed, cfg, args.threads, args.timeout)
                 records.append(rec)
@@ -200,6 +218,16 @@ def cli_main(args: argparse.Namespace) -> int:
     """Entry point of ``polyproj bench apps``."""
     from rich.console import Console
 
+    from ..bench import _honour_ctrl_c
+
+    if not args.no_plot:  # before the training runs, not after them
+        from .plots import plotting_unavailable
+
+        why = plotting_unavailable()
+        if why is not None:
+            raise SystemExit(f"polyproj: the plots need matplotlib, which cannot be imported ({why}); install it "
+                             "(pip install matplotlib) or pass --no-plot")
+    _honour_ctrl_c()  # Ctrl-C / SIGINT stops the run also when it was started with SIGINT ignored (`cmd &`)
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a log file gets the whole table
     path, records, mod, _ = run_all(args, console)
     print_table(console, records, mod)
