@@ -487,3 +487,20 @@ def test_replan_per_element_repeated_and_normalised(backend):
     # the tolerances hold in units of σ ~ 2 ub: 1e-6 ub leaves interior-point answers their margin and still
     # catches the first re-plan's answer 3.2e-6 outside the box (4e-4 ub)
     assert abs(sol.x[0] - ub) <= 1e-6 * ub
+
+
+@pytest.mark.parametrize("R", [1e8, 1e10, 1e13])
+@pytest.mark.parametrize("zero_row", [False, True])
+def test_a_loose_or_zero_row_does_not_set_the_scale(R, zero_row):
+    """``min ½x² + x`` on x >= 0 with a row x <= R (a big-M stand-in) or 0·x <= R: x* = 0. The row's right-hand
+    side set σ = R uncapped (bounds were capped, rows not; a zero row's too), the objective shrank below the
+    tolerances, and five backends returned SOLVED x = −1 or x = 3905…6659 (R = 1e8). Every backend now answers
+    x* to its tolerance or reports that it did not solve."""
+    qp = pp.QP(P=[[1.0]], q=[1.0], C=[[0.0 if zero_row else 1.0]], l=[-np.inf], u=[R], lb=[0.0])
+    two = pp.QP(P=np.eye(2), q=[1.0, -1.0], C=[[1.0, 1.0]] if not zero_row else [[0.0, 0.0]], l=[-R], u=[R],
+                lb=[0.0, -np.inf], ub=[np.inf, 0.5])
+    for b in pp.available_backends():
+        for problem, x_star in ((qp, [0.0]), (two, [0.0, 0.5])):
+            sol = pp.solve_qp(problem, backend=b)
+            if sol.status.ok:
+                np.testing.assert_allclose(sol.x, x_star, rtol=0, atol=1e-5, err_msg=f"{b}, R={R:g}")

@@ -55,13 +55,20 @@ def _absmax(M: Any) -> float:
 
 
 def _finite_absmax(*arrays: np.ndarray) -> float:
-    out = 0.0
+    return _split_absmax(*arrays)[1]
+
+
+def _split_absmax(*arrays: np.ndarray) -> tuple[float, float]:
+    """(largest finite |v| up to HIGH, largest finite |v|) over ``arrays``; stand-ins beyond IGNORE left out."""
+    inside = out = 0.0
     for v in arrays:
         a = np.abs(v[np.isfinite(v)])
         a = a[a < IGNORE]
         if a.size:
             out = max(out, float(a.max()))
-    return out
+            a = a[a <= HIGH]
+            inside = max(inside, float(a.max(initial=0.0)))
+    return inside, out
 
 
 def _row_norms(C: Any) -> np.ndarray:
@@ -218,14 +225,20 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batch
     # x's size: the right-hand sides relative to their rows, and |q| / |P| (the unconstrained minimiser's), or
     # the size of an answer already found (``magnitude``, :func:`replan`) in place of the latter
     unconstrained = (q_max / p_max if p_max > 0 else 0.0) if magnitude is None else magnitude
-    core = max(_finite_absmax(vec["l"] * rows, vec["u"] * rows), unconstrained)
-    bounds = _finite_absmax(vec["lb"], vec["ub"])
-    # bounds beyond HIGH and far beyond the rest of the data (LOOSE times) are big-M stand-ins for "no bound",
-    # not the scale of x: σ from them made γ shrink the objective's gradient below eps_abs, and every backend
-    # returned "solved" points off by orders of magnitude (x0 + x1 <= 1 with a box at ±1e8 to ±1e14)
-    if core > 0 and bounds > HIGH:
-        bounds = min(bounds, max(LOOSE * core, HIGH))
-    sigma = max(core, bounds)
+    # a zero row's right-hand side says nothing about x (0 <= 0·x <= 1e8 set σ = 1e8)
+    live = _row_norms(qp.C) > 0 if qp.m else np.zeros(0, dtype=bool)
+    r_in, r_all = _split_absmax(vec["l"][..., live] * rows[live], vec["u"][..., live] * rows[live])
+    b_in, b_all = _split_absmax(vec["lb"], vec["ub"])
+    reference = max(unconstrained, r_in, b_in)
+    top = max(r_all, b_all)
+    # right-hand sides and bounds beyond HIGH and far beyond the rest of the data (LOOSE times) are big-M
+    # stand-ins for "no constraint", not the scale of x: σ from them made γ shrink the objective's gradient
+    # below eps_abs, and backends returned "solved" points off by orders of magnitude (x0 + x1 <= 1 with a box
+    # at ±1e8 to ±1e14; min ½x² + x on x >= 0 with a row x <= 1e8: x = −1 from two backends, 3905 to 6659
+    # from three)
+    if reference > 0 and top > HIGH:
+        top = min(top, max(LOOSE * reference, HIGH))
+    sigma = max(reference, top)
     sigma = sigma if sigma > 0 else 1.0
     # the objective's own scale at x's: max(|P|, |q| / σ) (1 for a projection). At 1e-12 every point is
     # "optimal" to an absolute dual tolerance, at 1e12 none is: a trigger as well (γ alone changes nothing
