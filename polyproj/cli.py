@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tol", type=_positive(float, "--tol"), default=1e-6, help="residual tolerance (> 0)")
     s.add_argument("--time-limit", type=_positive(float, "--time-limit"), default=10.0, help="seconds per solve (> 0)")
     s.add_argument("--subset", choices=["dense", "all", "small"], default="dense")
-    s.add_argument("--problems", nargs="+", default=None, help="only these problem names")
+    s.add_argument("--problems", nargs="+", default=None,
+                   help="only these problem names (within --subset; --subset all for the large ones)")
     s.add_argument("--out", default=None, help="JSON results file")
     s.add_argument("--jobs", type=_positive(int, "--jobs"), default=None,
                    help="parallel solves (>= 1; default min(2, cores))")
