@@ -257,6 +257,8 @@ def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
     if isinstance(theta, nn.Module):
         if problem.model is None:
             raise ProblemError("theta is a module but the problem was built on a tensor")
+        if theta is not problem.model:
+            _check_module_state(problem, theta)
         ps = [p for _, p in theta.named_parameters() if p.requires_grad]
         theta = torch.cat([p.detach().reshape(-1) for p in ps])
     if not isinstance(theta, torch.Tensor):  # a list or array: float64 (torch.as_tensor of floats is float32)
@@ -274,6 +276,54 @@ def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
     if not bool(torch.isfinite(th).all()):
         raise ProblemError("theta contains NaN or inf")
     return th
+
+
+def _same_values(mine: torch.Tensor, theirs: Any) -> bool:
+    """The problem's copy ``mine`` (float64 for floating tensors) equals the user's tensor ``theirs``.
+
+    Compared in the user's dtype: the problem's copy of a float32 buffer is exact in float32.
+    """
+    if not isinstance(theirs, torch.Tensor) or theirs.is_meta or tuple(theirs.shape) != tuple(mine.shape):
+        return False
+    theirs = theirs.detach().cpu()
+    if mine.is_floating_point() != theirs.is_floating_point():
+        return False
+    return bool(torch.equal(mine.to(theirs.dtype), theirs))
+
+
+def _check_module_state(problem: ConstrainedProblem, module: nn.Module) -> None:
+    """A ``ProblemError`` where ``module``'s state besides θ differs from the problem's copy of its module.
+
+    The problem evaluates its losses with θ in place of the trainable parameters of the module it copied when
+    it was built, keeping that copy's buffers (BatchNorm's running statistics) and frozen parameters; θ read
+    from a module whose buffers training has since updated would be checked (and re-solved) on another
+    network. BatchNorm's ``num_batches_tracked`` is not compared (an evaluation-mode forward does not read it).
+    """
+    again = (": the problem evaluates the module with θ and the buffers and frozen parameters of the copy it took "
+             "when it was built, so this θ would be checked on another network; build the ConstrainedProblem from "
+             "the trained module, after training (e.g. after BatchNorm's running statistics were updated)")
+    names = [k for k, p in module.named_parameters() if p.requires_grad]
+    if names != list(problem._names):
+        diff = sorted(set(names) ^ set(problem._names))
+        raise ProblemError(f"the module's trainable parameters {diff[:3] or '(their order)'} differ from those of "
+                           "the module the problem was built from: pass a module in its layout, with the same "
+                           "parameters trainable (requires_grad)")
+    theirs = dict(module.named_parameters(remove_duplicate=False))
+    for k, p in problem.model.named_parameters(remove_duplicate=False):
+        if p.requires_grad:
+            continue
+        if not _same_values(p.detach(), theirs.get(k)):
+            raise ProblemError(f"the module's frozen parameter {k!r} (requires_grad=False) differs from the "
+                               "problem's" + again)
+    bn_counters = {f"{m}.num_batches_tracked" if m else "num_batches_tracked"
+                   for m, mod in problem.model.named_modules() if isinstance(mod, nn.modules.batchnorm._BatchNorm)}
+    theirs_b = dict(module.named_buffers(remove_duplicate=False))
+    for k, b in problem.model.named_buffers(remove_duplicate=False):
+        if k in bn_counters:
+            continue
+        if not _same_values(b.detach(), theirs_b.get(k)):
+            what = "is missing from the module" if k not in theirs_b else "of the module differs from the problem's"
+            raise ProblemError(f"buffer {k!r} {what}" + again)
 
 
 def _nnls_multipliers(grad, G, active, eq) -> np.ndarray:
@@ -298,9 +348,15 @@ def _convexified(H: np.ndarray, grad: np.ndarray, G: np.ndarray, g: np.ndarray, 
     null(G_W)); then, if P still has an eigenvalue below ``shift``·‖H‖, every eigenvalue is replaced
     by its absolute value floored there (negative curvature becomes descent of a sensible length;
     ``shift`` grows when line searches cut the step and shrinks when full steps are taken).
+
+    ‖H‖ is the Hessian's own scale (‖∇f₀‖∞ for H = 0), not an absolute one: an objective multiplied by a
+    positive constant gets the same steps (an absolute floor flattened a small H to shift·I).
     """
     w = np.linalg.eigvalsh(H)
-    scale = max(1.0, float(np.max(np.abs(w))))
+    scale = float(np.max(np.abs(w), initial=0.0))
+    if not 0.0 < scale < np.inf:  # H = 0: the gradient's scale (also that of the objective)
+        scale = float(np.max(np.abs(grad), initial=0.0))
+        scale = scale if 0.0 < scale < np.inf else 1.0
     P, q = H, grad
     if w[0] < shift * scale and np.any(work):
         Gw = G[work]

@@ -10,6 +10,12 @@ For a removal Zʳ and a KKT point (θ̄, λ̄) the directional derivative ω* = 
 with w₀ = 1, wⱼ = λ̄ⱼ. The QP goes to any registered backend, then the exact active-set polish of the
 projections (the QP is a projection in the metric of H: :func:`_polish`) makes the answer exact to
 rounding whatever the backend's tolerance, as in :func:`polyproj.project`.
+
+The backend sees the QP normalised: its objective (P and q together) divided by ``σ ≈ max|P|`` (a
+power of two, so exactly), which moves neither the minimiser nor the active set, then q and u by their
+size. An objective multiplied by a positive constant (a loss in other units) thus gives the backend
+the same QP, whose absolute tests (ProxSuite's dual infeasibility ``‖Px‖ <= ε‖x‖``) would otherwise
+call a small but positive definite P unbounded; the multipliers are scaled back (by σ).
 """
 
 from __future__ import annotations
@@ -125,6 +131,15 @@ def _polish(P, q, C, u, eq, x, z, max_rounds: int = 50) -> tuple[np.ndarray, np.
     return Linv_t @ out.Y[0], zf, act
 
 
+def _objective_scale(P: np.ndarray) -> float:
+    """σ ≈ max|Pᵢⱼ|, a power of two (exact division), 1 for P = 0 or a non-finite P.
+
+    ``(P/σ, q/σ)`` has the QP's minimiser and multipliers ``z/σ``.
+    """
+    s = float(np.max(np.abs(P), initial=0.0))
+    return float(np.ldexp(1.0, int(np.clip(np.round(np.log2(s)), -1022, 1023)))) if 0.0 < s < np.inf else 1.0
+
+
 def _scale(q: np.ndarray, u: np.ndarray) -> float:
     s = max(float(np.max(np.abs(q), initial=0.0)), float(np.max(np.abs(u[np.isfinite(u)]), initial=0.0)))
     return s if s > 0 else 1.0
@@ -136,21 +151,23 @@ def _qp(P, q, C, u, eq) -> QP:
               u=u if C.shape[0] else None, check_psd=False)
 
 
-def _finish(P, q, C, u, eq, x, z, status, backend, s) -> QPResult:
+def _finish(P, q, C, u, eq, x, z, status, backend, s, sigma) -> QPResult:
+    """Polish the backend's answer to the QP scaled by ``s`` (P, q already divided by σ); x and z of the original."""
     if status.ok or np.all(np.isfinite(x)):
         pol = _polish(P, q / s, C, u / s, eq, np.nan_to_num(x), np.nan_to_num(z))
     else:
         pol = None
     if pol is not None:
         xa, za, act = pol
-        return QPResult(x=xa * s, z=za * s, status=Status.SOLVED, active=act, polished=True, backend=backend)
-    return QPResult(x=x * s, z=z * s, status=status, active=np.zeros(C.shape[0], bool), polished=False,
+        return QPResult(x=xa * s, z=za * (s * sigma), status=Status.SOLVED, active=act, polished=True,
+                        backend=backend)
+    return QPResult(x=x * s, z=z * (s * sigma), status=status, active=np.zeros(C.shape[0], bool), polished=False,
                     backend=backend)
 
 
 def solve_qp_exact(P: np.ndarray, q: np.ndarray, C: np.ndarray, u: np.ndarray, eq: np.ndarray,
                    backend: Any = "proxsuite", **settings: Any) -> QPResult:
-    """Solve the QP with ``backend`` (data scaled to unit size), then polish it exactly.
+    """Solve the QP with ``backend`` (objective and data scaled to unit size), then polish it exactly.
 
     Parameters
     ----------
@@ -165,18 +182,19 @@ def solve_qp_exact(P: np.ndarray, q: np.ndarray, C: np.ndarray, u: np.ndarray, e
         ``status`` SOLVED when the polish was accepted; otherwise the backend's status.
     """
     settings.setdefault("eps_abs", 1e-10)
-    conv = _convexified(P, C, eq)
+    sigma = _objective_scale(P)
+    conv = _convexified(P / sigma, C, eq)
     if conv is None:
         return _not_convex(P.shape[0], C, None)
     P, rho = conv
-    q = q - rho * (C[eq].T @ u[eq]) if rho else q
+    q = q / sigma - rho * (C[eq].T @ u[eq]) if rho else q / sigma
     s = _scale(q, u)
     qp = _qp(P, q / s, C, u / s, eq)
     sol = get_backend(backend, **settings).solve(qp)
     if sol.status in (Status.PRIMAL_INFEASIBLE, Status.DUAL_INFEASIBLE, Status.NON_CONVEX):
         return QPResult(x=sol.x, z=sol.z, status=sol.status, active=np.zeros(C.shape[0], bool), polished=False,
                         backend=sol.backend)
-    return _finish(P, q, C, u, eq, sol.x, sol.z, sol.status, sol.backend, s)
+    return _finish(P, q, C, u, eq, sol.x, sol.z, sol.status, sol.backend, s, sigma)
 
 
 def solve_qp_exact_batch(P: np.ndarray, Q: np.ndarray, C: np.ndarray, U: np.ndarray, eq: np.ndarray,
@@ -188,11 +206,12 @@ def solve_qp_exact_batch(P: np.ndarray, Q: np.ndarray, C: np.ndarray, U: np.ndar
     settings.setdefault("eps_abs", 1e-10)
     if Q.shape[0] == 0:
         return []
-    conv = _convexified(P, C, eq)
+    sigma = _objective_scale(P)
+    conv = _convexified(P / sigma, C, eq)
     if conv is None:
         return _not_convex(P.shape[0], C, Q.shape[0])
     P, rho = conv
-    Q = Q - rho * (U[:, eq] @ C[eq]) if rho else Q
+    Q = Q / sigma - rho * (U[:, eq] @ C[eq]) if rho else Q / sigma
     s = max(_scale(Q.ravel(), U.ravel()), 1e-300)
     base = _qp(P, Q[0] / s, C, U[0] / s, eq)
     kw: dict[str, Any] = {"q": Q / s}
@@ -202,4 +221,5 @@ def solve_qp_exact_batch(P: np.ndarray, Q: np.ndarray, C: np.ndarray, U: np.ndar
     bs = get_backend(backend, **settings).solve_batch(base, **kw)
     if len(bs) != Q.shape[0]:
         raise SolverError(f"backend {bs.backend!r} returned {len(bs)} solutions for a batch of {Q.shape[0]}")
-    return [_finish(P, Q[i], C, U[i], eq, bs.x[i], bs.z[i], bs.status[i], bs.backend, s) for i in range(Q.shape[0])]
+    return [_finish(P, Q[i], C, U[i], eq, bs.x[i], bs.z[i], bs.status[i], bs.backend, s,
+                    sigma) for i in range(Q.shape[0])]
