@@ -42,8 +42,8 @@ from ...solution import Status
 from .hvp import DEFAULT_CHUNK, HessianOperator
 from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
 from .krylov import KRYLOV_METHODS, SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError
-from .linearisation import Linearisation
-from .matfree import DenseInverse, DualQP, KrylovInverse
+from .linearisation import Linearisation, check_split
+from .matfree import DenseInverse, DualQP, KrylovInverse, reduced_curvature
 from .problem import ConstrainedProblem, Removal, placement_error
 from .scores import ScoreJob
 
@@ -149,9 +149,25 @@ def _more_damping(damping: float, err: Exception) -> float | None:
     if isinstance(err, IndefiniteHessianError):
         return max(2.0 * damping, damping + 1.5 * -err.curvature + 1e-12, err.max_curvature / AUTO_MAX_CONDITION)
     top = err.info.max_curvature
-    if not top > 0 or damping >= top:
+    if not top > 0 or damping >= top or not _stalled(err.info):
         return None
     return min(top, max(10.0 * damping, top / AUTO_MAX_CONDITION))
+
+
+#: a Krylov solve short of rtol counts as stalled at rounding — H + δI too ill-conditioned for rtol, which
+#: ``damping="auto"`` cures — when its true residual is within this factor of eps·κ, κ the largest over the
+#: smallest curvature it met (a lower bound on the condition number). A residual above that means the solve
+#: ran out of iterations (``maxiter``) on a well-conditioned H: raised, not hidden under a damping (a cap of
+#: 10 iterations had "auto" add 4.0 to an H of eigenvalues 1.9e-3…9.9 and flip the scores' signs)
+STALL_FACTOR = 1e4
+
+
+def _stalled(info: Any) -> bool:
+    """True when the :class:`KrylovInfo` of a solve short of rtol is a stall at rounding (:data:`STALL_FACTOR`)."""
+    low = info.min_curvature
+    if not low > 0:
+        return True
+    return info.residual <= STALL_FACTOR * np.finfo(np.float64).eps * info.max_curvature / low
 
 
 METHODS = ("auto", "dense", "matrix-free")
@@ -293,6 +309,8 @@ class DIF:
             self.V = None
             try:
                 self.active_solves  # noqa: B018 - V at once: CG meets H's negative curvature here
+                if krylov == "minres":
+                    self._check_second_order(op)
                 break
             except (IndefiniteHessianError, KrylovNotConvergedError) as err:
                 damping = _more_damping(damping, err) if auto else None
@@ -301,6 +319,29 @@ class DIF:
         else:  # pragma: no cover - twenty rounds, each at least doubling
             raise SolverError("damping='auto' could not make H positive definite in 20 rounds")
         self.damping, self.op = damping, op
+
+    def _check_second_order(self, op: HessianOperator) -> None:
+        """MINRES: refuse an H (+ damping) that is not positive definite on the binding rows' null space.
+
+        CG meets such curvature itself; MINRES solves with any non-singular H and returned a saddle's ω as
+        if it were a minimiser's (:func:`~polyproj.adapters.dif.matfree.reduced_curvature`). Raises
+        :class:`IndefiniteHessianError` (``damping="auto"`` then damps past the curvature found).
+        """
+        low, top = reduced_curvature(op, self.C[self.row_eq])
+        if np.isnan(low):
+            import warnings
+
+            from ...errors import PolyprojWarning
+
+            warnings.warn("krylov='minres': Lanczos did not converge on H restricted to the binding rows' null "
+                          "space, so second-order sufficiency (H positive definite there) is not verified",
+                          PolyprojWarning, stacklevel=4)
+        elif low <= SINGULAR_CURVATURE * max(top, 0.0):
+            raise IndefiniteHessianError(
+                f"the DIF is not defined here: H is not positive definite on the null space of the binding rows "
+                f"(smallest curvature there {low:.3e}, largest {top:.3e}; second-order sufficiency fails, θ̄ is "
+                "not a strict local minimiser). MINRES would solve with it and return a saddle's step: add "
+                f"damping > {max(-low, 0.0) * 1.1 + 1e-12:.1e}, or damping='auto'", low, top)
 
     def _solve_h(self, b: np.ndarray, what: str) -> np.ndarray:
         """H⁻¹b, with ``damping="auto"`` kept in force after the setup.
@@ -377,17 +418,15 @@ class DIF:
         """The bound u = u0 − r of the QP's rows, for r (m,) or (b, m)."""
         return self.u0 - r[..., self.rows]
 
+    @property
+    def _split(self) -> np.ndarray | None:
+        """The multipliers' free directions whose use check_split refuses (the finite rule only), or None."""
+        return self._ambiguous if self.rule == "finite" else None
+
     def _terms(self, removal: Removal) -> tuple[np.ndarray, np.ndarray]:
         c0, cc, r = self.lin.removal_terms(removal, renormalize=self.renormalize)
-        ambiguous = self.rule == "finite" and self._ambiguous.shape[1] and \
-            np.abs(self._ambiguous.T @ cc).max(initial=0.0) > 1e-9 * np.abs(cc).max(initial=0.0)
-        if ambiguous:
-            # the answer's term λ̄ᵀ(Δ∇g) moves with the multipliers' split: not defined by the data
-            names = [self.problem.names[j + 1] for j in np.flatnonzero(np.abs(self._ambiguous).max(axis=1) > 1e-8)]
-            raise ProblemError(f"rule='finite' is not defined for this removal: it changes the data of constraints "
-                               f"{names}, whose gradients are linearly dependent at θ̄ (LICQ fails), so their "
-                               "multipliers are not unique and the answer would depend on how λ̄ is split among "
-                               "them; remove the duplicate constraint, or use rule='derivative'")
+        # under the finite rule the answer's term λ̄ᵀ(Δ∇g) moves with the multipliers' split where LICQ fails
+        check_split(self._split, cc, self.problem.names[1:])
         return c0 + self.lin.lam @ cc, r
 
     # ------------------------------------------------------------------ one removal
@@ -608,7 +647,7 @@ class DIF:
         b = self.V.T @ gF if self.rows.size else np.zeros(0)
         return ScoreJob(problem=self.problem, theta=self.kkt.theta, lam=self.lin.lam, g=self.lin.g, basis=M,
                         grad_f0=self.lin.grad_f0 @ M, G=self.lin.G @ M, rows=self.rows, u0=self.u0, b=b, dual=dual,
-                        renormalize=self.renormalize,
+                        renormalize=self.renormalize, split=self._split,
                         chunk_size=_chunk(chunk_size, self.chunk_size))
 
     def top_k(self, test_fn: Callable[[Any], Any], k: int, *, largest: bool = False,
@@ -640,9 +679,9 @@ class DIF:
         else:
             if len(removals) > 1:
                 self.lin.precompute()
-            terms = [self.lin.removal_terms(rem, renormalize=self.renormalize) for rem in removals]
-            Q = np.array([c0 + self.lin.lam @ cc for c0, cc, _ in terms]).reshape(-1, self.problem.dim)
-            R = np.array([r for _, _, r in terms]).reshape(len(terms), m)  # (k, 0) without constraints
+            terms = [self._terms(rem) for rem in removals]
+            Q = np.array([c for c, _ in terms]).reshape(-1, self.problem.dim)
+            R = np.array([r for _, r in terms]).reshape(len(terms), m)  # (k, 0) without constraints
         Q, U = Q - self._c_shift, self._bound(R)
         step = dense_batch_size(self.problem.dim)  # a backend's batch holds a few d × d matrices per element
         sols = [sol for i in range(0, Q.shape[0], step)
@@ -755,6 +794,10 @@ def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> 
 
 def _test_grad(problem: ConstrainedProblem, test_fn: Callable[[Any], Any], theta: torch.Tensor) -> torch.Tensor:
     g = torch.func.grad(_test_scalar(problem, test_fn))(theta).detach().to(torch.float64)
+    if not bool(torch.isfinite(g).all()):
+        bad = int((~torch.isfinite(g)).sum())
+        raise ProblemError(f"the gradient of test_fn at θ̄ is not finite ({bad} of {g.numel()} entries NaN or inf): "
+                           "check its data (a NaN feature or label) and that it is finite near θ̄")
     if not bool(g.any()):
         import warnings
 

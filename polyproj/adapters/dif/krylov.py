@@ -145,6 +145,9 @@ def solve_hessian(op, b: np.ndarray, *, method: str = "cg", rtol: float = 1e-10,
     if method not in KRYLOV_METHODS:
         raise ValueError(f"method must be one of {KRYLOV_METHODS}, got {method!r}")
     b = np.asarray(b, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(b)):
+        raise ProblemError("the right-hand side of a Krylov solve H x = b is not finite (NaN or inf): a gradient "
+                           "of the loss, a constraint or the test function is not finite at θ̄")
     d = b.size
     bnorm = float(np.linalg.norm(b))
     if bnorm == 0.0:

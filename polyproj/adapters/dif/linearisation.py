@@ -13,6 +13,7 @@ H⁻¹∇g_A] (the matrix-free scores). :func:`removal_terms` takes the basis as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -71,6 +72,25 @@ def removal_terms(problem: ConstrainedProblem, g: np.ndarray, source: GradientSo
             cc[j] += gterm
             r[j] += rj
     return c0, cc, r
+
+
+def check_split(ambiguous: np.ndarray | None, cc: np.ndarray, names: Sequence[str]) -> None:
+    """Raise when a removal's term λ̄ᵀcc depends on how λ̄ is split among dependent constraints.
+
+    ``ambiguous`` (m, a): the directions λ̄ may move along at θ̄ (left null vectors of the active gradients,
+    LICQ failing), or None where the rule does not use λ̄ᵀcc on its own (``rule="derivative"``). ``cc`` (m, p):
+    the removal's change of the constraint gradients, in any basis (the scores' projected one too: there
+    only the part the score sees must be unambiguous). ``names``: the constraints' names.
+    """
+    if ambiguous is None or not ambiguous.shape[1]:
+        return
+    if np.abs(ambiguous.T @ cc).max(initial=0.0) <= 1e-9 * np.abs(cc).max(initial=0.0):
+        return
+    dependent = [names[j] for j in np.flatnonzero(np.abs(ambiguous).max(axis=1) > 1e-8)]
+    raise ProblemError(f"rule='finite' is not defined for this removal: it changes the data of constraints "
+                       f"{dependent}, whose gradients are linearly dependent at θ̄ (LICQ fails), so their "
+                       "multipliers are not unique and the answer would depend on how λ̄ is split among "
+                       "them; remove the duplicate constraint, or use rule='derivative'")
 
 
 class Linearisation:

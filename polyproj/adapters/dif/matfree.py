@@ -34,9 +34,15 @@ __all__ = ["DualQP"]
 
 
 def _psd(S: np.ndarray) -> bool:
+    """S positive semidefinite to rounding, judged on D S D (:func:`_equilibration`).
+
+    D S D has the inertia of S (Sylvester's law) with every row on one scale: a constraint scaled by 1e-8
+    keeps the sign of its eigenvalue.
+    """
     if S.shape[0] == 0:
         return True
-    w = np.linalg.eigvalsh(S)
+    D = _equilibration(S)
+    w = np.linalg.eigvalsh(D[:, None] * S * D[None, :])
     return bool(w[0] >= -1e-10 * max(1.0, float(np.max(np.abs(w)))))
 
 
@@ -135,25 +141,87 @@ class DualQP:
         return self.solve_batch(h[None, :])[0]
 
 
+def _equilibration(S: np.ndarray) -> np.ndarray:
+    """D = diag(1/√|S_ii|) (1 where S_ii = 0): D S D has a unit diagonal whatever the rows' scales."""
+    s = np.sqrt(np.abs(np.diagonal(S)))
+    return np.where(s > 0, 1.0 / np.where(s > 0, s, 1.0), 1.0)
+
+
 def _pinv(S: np.ndarray) -> np.ndarray:
-    """Pseudo-inverse of a symmetric matrix.
+    """A generalised inverse S⁻ (S S⁻ S = S) of a symmetric matrix: D (D S D)⁺ D, D = :func:`_equilibration`.
 
     Dependent active constraints (LICQ failing) make the dual matrix singular; ω = −H⁻¹(c + Gᵀμ) is the
-    same for every μ of the solution set, so the minimum-norm one serves.
+    same for every μ of the solution set, so any solution serves. The pseudo-inverse's cut-off is relative
+    to the largest eigenvalue: taken of S itself, it truncated a constraint scaled by 1e-8 against the
+    others (eigenvalues 3.6e-18 and 21: "LICQ fails" at 1e-7, ω off by 8e-2 at 1e-8), while equilibrated the
+    cut-off sees only true dependence.
     """
-    return np.linalg.pinv(S, hermitian=True)
+    D = _equilibration(S)
+    return D[:, None] * np.linalg.pinv(D[:, None] * S * D[None, :], hermitian=True) * D[None, :]
 
 
 def _consistent_solve(S: np.ndarray, R: np.ndarray) -> np.ndarray:
-    """μ = S⁺R (columns of R); a clear error when S μ = R has no solution (singular S, R off its range)."""
-    mu = _pinv(S) @ R
-    res = np.abs(S @ mu - R).max(axis=0, initial=0.0)
-    scale = np.abs(R).max(axis=0, initial=0.0) + np.abs(S).max(initial=0.0) * np.abs(mu).max(axis=0, initial=0.0)
+    """μ = S⁻R (columns of R); a clear error when S μ = R has no solution (singular S, R off its range).
+
+    Tested on the equilibrated system (D S D)(D⁻¹μ) = D R, where every row has the same scale.
+    """
+    D = _equilibration(S)
+    Se, Re = D[:, None] * S * D[None, :], D[:, None] * R
+    nu = np.linalg.pinv(Se, hermitian=True) @ Re
+    res = np.abs(Se @ nu - Re).max(axis=0, initial=0.0)
+    scale = np.abs(Re).max(axis=0, initial=0.0) + np.abs(Se).max(initial=0.0) * np.abs(nu).max(axis=0, initial=0.0)
     if (res > 1e-8 * np.maximum(scale, np.finfo(float).tiny)).any():
         from .engine import INCONSISTENT
 
         raise ProblemError(INCONSISTENT)
-    return mu
+    return D[:, None] * nu
+
+
+#: dimension up to which :func:`reduced_curvature` forms Zᵀ H Z by Hessian-vector products (Lanczos above)
+REDUCED_DENSE_DIM = 200
+
+
+def reduced_curvature(op, CB: np.ndarray) -> tuple[float, float]:
+    """(λ_min, λ_max) of H on null(C_B): the second-order condition MINRES needs and does not check itself.
+
+    MINRES solves with any non-singular H; the DIF is defined only where H is positive definite on the
+    null space of the binding rows C_B (second-order sufficiency). For d <= :data:`REDUCED_DENSE_DIM`:
+    Zᵀ H Z exactly (Z an orthonormal basis of null(C_B), one product a column); above, the extreme
+    eigenvalues of P H P (P the orthogonal projector onto null(C_B)) by Lanczos (``eigsh``): its
+    eigenvalues are those of Zᵀ H Z and rank(C_B) zeros, so a negative smallest one is Zᵀ H Z's. NaN where
+    Lanczos does not converge. ``op``: ``matvec``, ``dim``. (inf, 0) when null(C_B) = {0}.
+    """
+    import scipy.sparse.linalg as spla
+
+    d = int(op.dim)
+    if d <= REDUCED_DENSE_DIM:
+        Z = np.eye(d)
+        if CB.shape[0]:
+            _, sv, Vt = np.linalg.svd(CB, full_matrices=True)
+            Z = Vt[int((sv > 1e-12 * sv.max(initial=0.0)).sum()):].T
+        if not Z.shape[1]:
+            return np.inf, 0.0
+        HZ = np.column_stack([op.matvec(Z[:, i]) for i in range(Z.shape[1])])
+        w = np.linalg.eigvalsh(0.5 * (Z.T @ HZ + HZ.T @ Z))
+        return float(w[0]), float(w[-1])
+    Q = np.zeros((d, 0))
+    if CB.shape[0]:
+        U, sv, _ = np.linalg.svd(CB.T, full_matrices=False)
+        Q = U[:, sv > 1e-12 * sv.max(initial=0.0)]
+
+    def pv(v):
+        v = np.asarray(v).reshape(-1)
+        v = v - Q @ (Q.T @ v)
+        hv = op.matvec(v)
+        return hv - Q @ (Q.T @ hv)
+
+    A = spla.LinearOperator((d, d), matvec=pv, rmatvec=pv, dtype=np.float64)
+    try:
+        top, low = (float(spla.eigsh(A, k=1, which=w, tol=1e-6, maxiter=max(1000, 20 * d),
+                                     return_eigenvectors=False)[0]) for w in ("LA", "SA"))
+    except spla.ArpackNoConvergence:
+        return np.nan, np.nan
+    return low, top
 
 
 class KrylovInverse:
@@ -211,10 +279,22 @@ class DenseInverse:
         self.log: list = []
 
     def solve(self, b: np.ndarray, what: str) -> np.ndarray:
-        """H⁻¹b."""
+        """H⁻¹b; a singular H is a :class:`ProblemError` (this product, for ``what``, needs H⁻¹ itself)."""
         import scipy.linalg
 
-        return scipy.linalg.cho_solve(self._chol, b) if self._chol is not None else np.linalg.solve(self.H, b)
+        if not np.all(np.isfinite(b)):
+            raise ProblemError(f"the right-hand side of H x = b for {what} is not finite (NaN or inf): a gradient of "
+                               "the loss, a constraint or the test function is not finite at θ̄")
+        if self._chol is not None:
+            return scipy.linalg.cho_solve(self._chol, b)
+        try:
+            return np.linalg.solve(self.H, b)
+        except np.linalg.LinAlgError as exc:
+            raise ProblemError(
+                f"H is singular at θ̄, and {what} needs H⁻¹ (the paths through the Schur complement: an executor, "
+                "order=2, score jobs). The DIF QP may still be defined (H positive definite on the binding rows' "
+                "null space): call influence in process without an executor, or pass damping='auto' (or a "
+                "damping of your own) for a nearby, regularised answer") from exc
 
     def solve_many(self, B: np.ndarray, what: str) -> np.ndarray:
         """H⁻¹Bᵀ (d, k)."""

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .linearisation import removal_terms
+from .linearisation import check_split, removal_terms
 from .problem import ConstrainedProblem, Removal, _take
 
 __all__ = ["ProjectedGradients", "ScoreJob", "per_sample_grads_vmap"]
@@ -123,6 +123,7 @@ class ScoreJob:
     dual: Any
     renormalize: bool
     chunk_size: int
+    split: np.ndarray | None = None  # DIF._split: the finite rule's refusal of a multiplier-split dependent term
 
     def __call__(self, removals: list[Removal]) -> tuple[np.ndarray, np.ndarray]:
         """(scores (n,), μ (n, k)) of the removals (gradients on for the call only: the caller's mode stays)."""
@@ -138,6 +139,7 @@ class ScoreJob:
         Hd = np.empty((len(checked), k))
         for i, rem in enumerate(checked):
             c0, cc, r = removal_terms(self.problem, self.g, src, rem, renormalize=self.renormalize)
+            check_split(self.split, cc, self.problem.names[1:])
             cp = c0 + self.lam @ cc
             A[i] = cp[0]
             Hd[i] = cp[1:] + self.u0 - r[self.rows]
