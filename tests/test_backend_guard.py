@@ -504,3 +504,24 @@ def test_a_loose_or_zero_row_does_not_set_the_scale(R, zero_row):
             sol = pp.solve_qp(problem, backend=b)
             if sol.status.ok:
                 np.testing.assert_allclose(sol.x, x_star, rtol=0, atol=1e-5, err_msg=f"{b}, R={R:g}")
+
+
+def test_a_zero_row_satisfied_by_zero_does_not_empty_the_set_for_clarabel():
+    """``0 <= 0·x <= 3e6`` beside ordinary rows: as a cone row its lower side has a slack identically zero, and
+    Clarabel reported the strictly feasible QP PRIMAL_INFEASIBLE (rows x1e6) or NUMERICAL_ERROR (x1). The row is
+    left out of Clarabel's cones (multiplier 0); a zero row that 0 violates still empties the set."""
+    if "clarabel" not in pp.available_backends():
+        pytest.skip("clarabel not installed")
+    P, q = np.diag([0.2, 0.6]), np.array([-0.5, -2.5])
+    for scale in (1e6, 1.0):
+        C = np.array([[-0.7 * scale, 1.4 * scale], [0.12 * scale, 0.0], [0.0, 0.0]])
+        kw = dict(P=P, q=q, lb=[-2.0, -np.inf], ub=[0.012, 0.48])
+        qp = pp.QP(C=C, l=[-np.inf, -np.inf, 0.0], u=[-7.5 * scale, 0.88 * scale, 3e6], **kw)
+        ref = pp.solve_qp(pp.QP(C=C[:2], l=[-np.inf, -np.inf], u=[-7.5 * scale, 0.88 * scale], **kw), backend="highs")
+        sol = pp.solve_qp(qp, backend="clarabel")
+        assert sol.status is pp.Status.SOLVED, (scale, sol.status)
+        np.testing.assert_allclose(sol.x, ref.x, rtol=0, atol=1e-6)
+        assert sol.z[2] == 0.0
+        bad = pp.solve_qp(pp.QP(C=C, l=[-np.inf, -np.inf, 1.0], u=[-7.5 * scale, 0.88 * scale, 3e6], **kw),
+                          backend="clarabel")
+        assert bad.status is pp.Status.PRIMAL_INFEASIBLE

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,8 +46,14 @@ def _rows(qp: QP) -> tuple[Any, np.ndarray, int, np.ndarray, np.ndarray, np.ndar
     C = sp.csr_matrix(qp.C)
     full = sp.vstack([C, sp.identity(qp.n, format="csr")], format="csr")
     lo, hi = np.concatenate([qp.l, qp.lb]), np.concatenate([qp.u, qp.ub])
-    eq = np.flatnonzero(qp.eq_mask)
-    ineq = np.ones(qp.m + qp.n, dtype=bool)
+    # a zero row that 0 satisfies constrains nothing, and as a cone row its slack is identically zero on one
+    # side (0 <= 0·x): no interior, and Clarabel called a strictly feasible QP primal infeasible. Left out
+    # (multiplier 0); a zero row 0 violates stays, so that the set is reported empty
+    zero = np.zeros(qp.m + qp.n, dtype=bool)
+    zero[: qp.m] = np.asarray(abs(C).sum(axis=1)).ravel() == 0
+    idle = zero & (lo <= 0) & (hi >= 0)
+    eq = np.flatnonzero(qp.eq_mask & ~idle[: qp.m])
+    ineq = ~idle
     ineq[eq] = False
     upper = np.flatnonzero(ineq & np.isfinite(hi))
     lower = np.flatnonzero(ineq & np.isfinite(lo))
@@ -55,6 +62,15 @@ def _rows(qp: QP) -> tuple[Any, np.ndarray, int, np.ndarray, np.ndarray, np.ndar
     side_row = np.concatenate([upper, lower])
     side_sign = np.concatenate([np.ones(upper.size), -np.ones(lower.size)])
     return A, b, eq.size, eq, side_row, side_sign
+
+
+def _violated_zero_row(qp: QP) -> int | None:
+    """The first row of C that is zero while 0 lies outside ``[l, u]`` (the set is empty), or None."""
+    if not qp.m:
+        return None
+    zero = np.asarray(abs(sp.csr_matrix(qp.C)).sum(axis=1)).ravel() == 0
+    bad = np.flatnonzero(zero & ((qp.l > 0) | (qp.u < 0)))
+    return int(bad[0]) if bad.size else None
 
 
 class ClarabelSolver(QPSolver):
@@ -110,6 +126,10 @@ class ClarabelSolver(QPSolver):
         if hit is None:
             hit = qp.memo["clarabel"] = _rows(qp)
         A, b, n_eq, eq, side_row, side_sign = hit
+        empty = _violated_zero_row(qp)
+        if empty is not None:  # 0·x in [l, u] with 0 outside: empty, which Clarabel's cones call a numerical error
+            sol = self._nan_solution(qp, Status.PRIMAL_INFEASIBLE, self.name)
+            return replace(sol, info={**sol.info, "note": f"row {empty} is zero and 0 is outside [l, u]"})
         P = sp.triu(sp.csc_matrix(qp.P), format="csc")
         cones = ([clarabel.ZeroConeT(n_eq)] if n_eq else []) + (
             [clarabel.NonnegativeConeT(side_row.size)] if side_row.size else [])
