@@ -525,3 +525,27 @@ def test_a_zero_row_satisfied_by_zero_does_not_empty_the_set_for_clarabel():
         bad = pp.solve_qp(pp.QP(C=C, l=[-np.inf, -np.inf, 1.0], u=[-7.5 * scale, 0.88 * scale, 3e6], **kw),
                           backend="clarabel")
         assert bad.status is pp.Status.PRIMAL_INFEASIBLE
+
+
+def test_a_wrong_signed_multiplier_is_judged_by_its_force():
+    """HiGHS at eps_abs 1e-6 on a row of norm 3e6 returned SOLVED x = (−0.5, −0.05) (x* = (0.355, 0.548), duality
+    gap 0.13) with z = −8.8e-8 on the row's upper side: tiny in raw units, a force z·|row| of −0.26 against a
+    stationarity scale of ~1. The sign test now weighs each multiplier by its row; the guard names the error, and
+    what stands is x* or a status that says it is not."""
+    if "highs" not in pp.available_backends():
+        pytest.skip("highs not installed")
+    P, q = np.array([[0.8, -0.7], [-0.7, 1.0]]), np.array([0.1, -0.3])
+    qp = pp.QP(P=P, q=q, C=[[-3e6, 0.0]], l=[-np.inf], u=[1.5e6])
+    x_star = np.linalg.solve(P, -q)
+    for eps in (1e-6, 1e-7):
+        sol = pp.solve_qp(qp, backend="highs", eps_abs=eps)
+        if sol.status.ok:
+            np.testing.assert_allclose(sol.x, x_star, rtol=0, atol=1e-4)
+        else:
+            assert sol.status is pp.Status.NUMERICAL_ERROR
+            assert "multiplier" in sol.info.get("validation", "")
+    # the force test leaves right answers alone on every backend
+    for b in pp.available_backends():
+        sol = pp.solve_qp(qp, backend=b)
+        if sol.status.ok:
+            np.testing.assert_allclose(sol.x, x_star, rtol=0, atol=1e-5, err_msg=b)
