@@ -453,45 +453,57 @@ class QP:
     def is_dual_infeasibility_certificate(self, d: np.ndarray, eps: float = 1e-6) -> bool:
         """True when ``d`` proves the objective unbounded below (dual infeasibility).
 
-        ``P d ≈ 0``, ``qᵀd < 0`` and ``d`` a recession direction of the constraints
-        (``(Cd)_i <= 0`` where ``u_i`` is finite, ``>= 0`` where ``l_i`` is finite; likewise for the
-        bounds), all relative to ``||d||_inf`` with tolerance ``eps`` (OSQP's criterion).
+        ``P d ≈ 0``, ``qᵀd < 0`` and ``d`` a recession direction of the constraints (``(Cd)_i <= 0`` where
+        ``u_i`` is finite, ``>= 0`` where ``l_i`` is finite; likewise for the bounds), with ``d`` scaled to
+        ``||d||_inf = 1`` and each test relative to its data's own scale (tolerance ``eps``): ``|Pd|`` to
+        ``max|P|``, ``qᵀd`` to ``max|q|``, ``(Cd)_i`` to row i's largest entry. In absolute terms a row
+        scaled by 1e-6 passed any direction: ``d = −1`` "proved" ``min x, 1e-6 x >= 1e-6`` unbounded.
         """
         d = np.asarray(d, dtype=np.float64)
         nd = float(np.max(np.abs(d))) if d.size else 0.0
         if not np.isfinite(nd) or nd == 0.0:
             return False
         d = d / nd
-        if float(np.max(np.abs(self.P @ d), initial=0.0)) > eps or float(self.q @ d) >= -eps:
+        p_max = float(abs(self.P).max()) if self.P.size and (not sp.issparse(self.P) or self.P.nnz) else 0.0
+        q_max = float(np.max(np.abs(self.q), initial=0.0))
+        if float(np.max(np.abs(self.P @ d), initial=0.0)) > eps * p_max or float(self.q @ d) >= -eps * q_max:
             return False
-        for v, lo, hi in ((self.C @ d if self.m else np.zeros(0), self.l, self.u), (d, self.lb, self.ub)):
-            if np.any(v[np.isfinite(hi)] > eps) or np.any(v[np.isfinite(lo)] < -eps):
+        width = _row_max(self.C) if self.m else np.zeros(0)
+        for v, w, lo, hi in ((self.C @ d if self.m else np.zeros(0), width, self.l, self.u),
+                             (d, np.ones(self.n), self.lb, self.ub)):
+            if np.any(v[np.isfinite(hi)] > eps * w[np.isfinite(hi)]) or \
+                    np.any(v[np.isfinite(lo)] < -eps * w[np.isfinite(lo)]):
                 return False
         return True
 
     def is_primal_infeasibility_certificate(self, y: np.ndarray, y_box: np.ndarray, eps: float = 1e-6) -> bool:
         """True when the multipliers ``(y, y_box)`` prove the constraints empty (Farkas).
 
-        ``Cᵀy + y_box ≈ 0`` and ``uᵀy⁺ − lᵀy⁻ + ubᵀy_box⁺ − lbᵀy_box⁻ < 0`` relative to
-        ``||(y, y_box)||_inf``, with no weight on an infinite bound.
+        ``Cᵀy + y_box ≈ 0`` and ``uᵀy⁺ − lᵀy⁻ + ubᵀy_box⁺ − lbᵀy_box⁻ < 0``, with no weight on an infinite
+        bound. Judged in forces: row i's multiplier times its largest entry (``y_box`` as it is), scaled to a
+        largest force of 1; the residual against ``eps``, the support against ``eps`` times the sum of its
+        terms' magnitudes (so a row scaled by 1e-6 neither passes nor fails a certificate by its scale alone).
         """
         y = np.asarray(y, dtype=np.float64)
         yb = np.asarray(y_box, dtype=np.float64)
-        ny = float(np.max(np.abs(np.concatenate([y, yb]))))
-        if not np.isfinite(ny) or ny == 0.0:
+        width = _row_max(self.C) if self.m else np.zeros(0)
+        width = np.where(width > 0, width, 1.0)  # a zero row (0·x <= −1) is a certificate on its own
+        nf = float(np.max(np.abs(np.concatenate([y * width, yb])), initial=0.0))
+        if not np.isfinite(nf) or nf == 0.0:
             return False
-        y, yb = y / ny, yb / ny
+        y, yb = y / nf, yb / nf
         r = (self.C.T @ y if self.m else 0.0) + yb
         if float(np.max(np.abs(r), initial=0.0)) > eps:
             return False
-        support = 0.0
-        for mult, lo, hi in ((y, self.l, self.u), (yb, self.lb, self.ub)):
+        support, size = 0.0, 0.0
+        for mult, w, lo, hi in ((y, width, self.l, self.u), (yb, np.ones(self.n), self.lb, self.ub)):
             pos, neg = np.maximum(mult, 0.0), np.maximum(-mult, 0.0)
-            if np.any(pos[np.isposinf(hi)] > eps) or np.any(neg[np.isneginf(lo)] > eps):
+            if np.any((pos * w)[np.isposinf(hi)] > eps) or np.any((neg * w)[np.isneginf(lo)] > eps):
                 return False
             fh, fl = np.isfinite(hi), np.isfinite(lo)
             support += float(hi[fh] @ pos[fh] - lo[fl] @ neg[fl])
-        return support < -eps
+            size += float(np.abs(hi[fh]) @ pos[fh] + np.abs(lo[fl]) @ neg[fl])
+        return support < -eps * max(size, 1.0)
 
     def dense(self) -> QP:
         """The same problem with dense P and C."""

@@ -549,3 +549,30 @@ def test_a_wrong_signed_multiplier_is_judged_by_its_force():
         sol = pp.solve_qp(qp, backend=b)
         if sol.status.ok:
             np.testing.assert_allclose(sol.x, x_star, rtol=0, atol=1e-5, err_msg=b)
+
+
+def test_infeasibility_certificates_are_judged_at_the_rows_scale():
+    """A row scaled by 1e-6 (inside the band that is not normalised): ``d = −1`` passed as a proof that
+    ``min x s.t. 1e-6 x >= 1e-6`` (x* = 1) is unbounded, and OSQP's PRIMAL_INFEASIBLE claims on such feasible
+    QPs (whose certificates prove nothing) stood. Certificates are now tested in the rows' own units and
+    OSQP's unproved claims are NUMERICAL_ERROR; true certificates at any row scale still pass."""
+    lp = pp.QP(P=[[0.0]], q=[1.0], C=[[1e-6]], l=[1e-6], u=[np.inf])
+    assert not lp.is_dual_infeasibility_certificate(np.array([-1.0]))
+    for s in (1e-6, 1.0, 1e6):
+        unbounded = pp.QP(P=[[0.0]], q=[1.0], C=[[s]], l=[-np.inf], u=[s])  # min x, x <= 1: d = −1 proves it
+        assert unbounded.is_dual_infeasibility_certificate(np.array([-1.0]))
+        empty = pp.QP(P=[[1.0]], q=[0.0], C=[[s]], l=[2 * s], u=[np.inf], ub=[1.0])  # x >= 2 and x <= 1
+        assert empty.is_primal_infeasibility_certificate(np.array([-1.0 / s]), np.array([1.0]))
+        assert not empty.is_primal_infeasibility_certificate(np.array([-1.0 / s]), np.array([0.5]))
+    if "osqp" not in pp.available_backends():
+        return
+    feasible = [pp.QP(P=[[1.0]], q=[0.0], C=[[-1e-6]], l=[1e-6], u=[np.inf]),
+                pp.QP(P=[[0.0]], q=[1.0], C=[[1e-6]], l=[1e-6], u=[np.inf])]
+    for qp, x_star in zip(feasible, ([-1.0], [1.0]), strict=True):
+        sol = pp.solve_qp(qp, backend="osqp")
+        assert sol.status not in (pp.Status.PRIMAL_INFEASIBLE, pp.Status.DUAL_INFEASIBLE), sol.status
+        if sol.status.ok:
+            np.testing.assert_allclose(sol.x, x_star, atol=1e-4)
+    infeasible = pp.QP(P=[[1.0, 0.0], [0.0, 1.0]], q=[0.0, 0.0], C=[[1.0, 1.0]], l=[12.0], u=[np.inf],
+                       lb=[-1.0, 0.0], ub=[1.0, 1.0])
+    assert pp.solve_qp(infeasible, backend="osqp").status is pp.Status.PRIMAL_INFEASIBLE
