@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from pathlib import Path
@@ -39,6 +40,21 @@ CPU_BACKENDS = [name for name in pp.available_backends() if name != "cupy"]
 def backend(request) -> str:
     """Name of each available CPU backend in turn."""
     return request.param
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    """``bench(name)``: a benchmark script imported afresh, its ``benchmarks/results`` moved to tmp_path."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+
+    def load(name):
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+    return load
 
 
 def _projectors() -> dict:

@@ -7,7 +7,6 @@ smoke runs of the benchmark scripts (``*_quick`` names), ``bench_projection.py -
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
@@ -41,19 +40,6 @@ def _args(mm_dir, out, **kw):
                 out=None if out is None else str(out), jobs=1)
     base.update(kw)
     return argparse.Namespace(**base)
-
-
-@pytest.fixture
-def script(tmp_path, monkeypatch):
-    """Import a benchmark script with ``benchmarks/results`` moved to tmp_path (as test_dif_benchmarks does)."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    common = importlib.import_module("common")
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-
-    def load(name):
-        sys.modules.pop(name, None)
-        return importlib.import_module(name)
-    return load
 
 
 # --------------------------------------------------------------------------- polyproj bench solvers
@@ -204,23 +190,23 @@ def test_loader_names_a_malformed_file(mm_dir, tmp_path):
 
 
 # --------------------------------------------------------------------------- the benchmark scripts
-def test_quick_runs_keep_the_published_results(script, tmp_path):
+def test_quick_runs_keep_the_published_results(bench, tmp_path):
     """--quick replaced warm_start.json, batch_cpu.json and dif_regression.json: now *_quick, with "quick": true."""
     pytest.importorskip("torch")
-    assert script("bench_warm_start").main(["--quick"]) == 0
-    assert script("bench_batch").main(["--quick", "--sizes", "20", "--batches", "1", "--solvers", "ipm-numpy",
+    assert bench("bench_warm_start").main(["--quick"]) == 0
+    assert bench("bench_batch").main(["--quick", "--sizes", "20", "--batches", "1", "--solvers", "ipm-numpy",
                                        "--repeats", "1"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["batch_cpu_quick.json", "warm_start_quick.json"]
     for name in ("batch_cpu_quick", "warm_start_quick"):
         assert json.loads((tmp_path / f"{name}.json").read_text())["quick"] is True
-    assert script("bench_warm_start").main(["--quick", "--out", str(tmp_path / "sub" / "w.json")]) == 0
+    assert bench("bench_warm_start").main(["--quick", "--out", str(tmp_path / "sub" / "w.json")]) == 0
     assert json.loads((tmp_path / "sub" / "w.json").read_text())["rows"]  # --out as a path
 
 
-def test_dif_regression_quick_has_its_own_name(script, monkeypatch):
+def test_dif_regression_quick_has_its_own_name(bench, monkeypatch):
     """The whole quick study takes ~40 s: its arguments are checked up to the first step."""
     pytest.importorskip("torch")
-    mod = script("dif_regression")
+    mod = bench("dif_regression")
     seen = []
 
     class Stop(Exception):
@@ -261,9 +247,9 @@ def test_bench_layer_quick_writes_layer_quick(tmp_path):
     assert data["quick"] is True and data["runs"]["sweep_batch"]["quick"] is True
 
 
-def test_bench_projection_takes_out(script, tmp_path):
+def test_bench_projection_takes_out(bench, tmp_path):
     """bench_projection.py had no --out: every trial replaced results/projection.json."""
-    mod = script("bench_projection")
+    mod = bench("bench_projection")
     small = ["--repeats", "1", "--batch", "4", "--n", "5", "--m", "4"]
     assert mod.main([*small, "--out", str(tmp_path / "sub" / "p.json")]) == 0
     assert mod.main([*small, "--out", "trial"]) == 0  # a name: benchmarks/results/trial.json
@@ -273,11 +259,11 @@ def test_bench_projection_takes_out(script, tmp_path):
     assert len(json.loads((tmp_path / "sub" / "p.json").read_text())["rows"]) == 4
 
 
-def test_bench_overhead_refuses_bad_input_before_timing(script, mm_dir, tmp_path, monkeypatch, capsys):
+def test_bench_overhead_refuses_bad_input_before_timing(bench, mm_dir, tmp_path, monkeypatch, capsys):
     """--problems NOPE: DataNotFound traceback; --backends piqp: KeyError; an unwritable --out: after all the
     timing; every problem over --max-time: bare NaN in the JSON."""
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))  # the script sets a default
-    mod = script("bench_overhead")
+    mod = bench("bench_overhead")
     out = str(tmp_path / "o.json")
     for extra, said in ((["--problems", "NOPE"], "unknown problem(s) ['NOPE']"),
                         (["--backends", "piqp"], "no direct path for backend(s) ['piqp']"),

@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("sklearn")
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning")]
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    """Import a benchmark script with its results going to tmp_path."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    common = importlib.import_module("common")
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-
-    def load(name):
-        sys.modules.pop(name, None)
-        return importlib.import_module(name)
-    return load
 
 
 def test_fairness_quick(bench, tmp_path):
