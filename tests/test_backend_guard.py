@@ -576,3 +576,18 @@ def test_infeasibility_certificates_are_judged_at_the_rows_scale():
     infeasible = pp.QP(P=[[1.0, 0.0], [0.0, 1.0]], q=[0.0, 0.0], C=[[1.0, 1.0]], l=[12.0], u=[np.inf],
                        lb=[-1.0, 0.0], ub=[1.0, 1.0])
     assert pp.solve_qp(infeasible, backend="osqp").status is pp.Status.PRIMAL_INFEASIBLE
+
+
+def test_proxsuite_unproved_unboundedness_on_a_bounded_lp_is_not_reported():
+    """``min x s.t. 1e-6 x >= 1e-6`` (x* = 1): ProxQP answered DUAL_INFEASIBLE with x = −1e15, no recession
+    direction; an independent backend solves it, so the claim is a NUMERICAL_ERROR. A truly unbounded LP keeps
+    DUAL_INFEASIBLE."""
+    if "proxsuite" not in pp.available_backends():
+        pytest.skip("proxsuite not installed")
+    lp = pp.QP(P=[[0.0]], q=[1.0], C=[[1e-6]], l=[1e-6], u=[np.inf])
+    sol = pp.solve_qp(lp, backend="proxsuite")
+    assert sol.status is not pp.Status.DUAL_INFEASIBLE
+    if sol.status.ok:
+        np.testing.assert_allclose(sol.x, [1.0], atol=1e-4)
+    unbounded = pp.QP(P=[[0.0]], q=[1.0], C=[[1.0]], l=[-np.inf], u=[1.0])
+    assert pp.solve_qp(unbounded, backend="proxsuite").status is pp.Status.DUAL_INFEASIBLE

@@ -178,6 +178,12 @@ class ProxSuiteSolver(QPSolver):
                                                           and self._feasible(qp_of()))):
                 # a false claim (ProxQP makes it on some feasible LPs, bounded or not)
                 status = Status.NUMERICAL_ERROR
+        elif status is Status.DUAL_INFEASIBLE and not qp_of().is_dual_infeasibility_certificate(x, eps=1e-3):
+            # its iterate is no recession direction (x = −1e15 on min x, 1e-6 x >= 1e-6, bounded by x* = 1):
+            # a false claim where an independent backend solves the problem
+            other = self._second_opinion(qp_of())
+            if other is not None and other.status.ok:
+                status = Status.NUMERICAL_ERROR
         tl = self.settings["time_limit"]
         if status.ok and tl is not None and info_p.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
