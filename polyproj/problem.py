@@ -481,8 +481,9 @@ class QP:
 
         ``Cᵀy + y_box ≈ 0`` and ``uᵀy⁺ − lᵀy⁻ + ubᵀy_box⁺ − lbᵀy_box⁻ < 0``, with no weight on an infinite
         bound. Judged in forces: row i's multiplier times its largest entry (``y_box`` as it is), scaled to a
-        largest force of 1; the residual against ``eps``, the support against ``eps`` times the sum of its
-        terms' magnitudes (so a row scaled by 1e-6 neither passes nor fails a certificate by its scale alone).
+        largest force of 1; the residual against ``eps`` (so a row scaled by 1e-6 neither passes nor fails a
+        certificate by its scale alone), the support below what that residual allows at the data's distances
+        (invariant to a translation of x).
         """
         y = np.asarray(y, dtype=np.float64)
         yb = np.asarray(y_box, dtype=np.float64)
@@ -493,17 +494,22 @@ class QP:
             return False
         y, yb = y / nf, yb / nf
         r = (self.C.T @ y if self.m else 0.0) + yb
-        if float(np.max(np.abs(r), initial=0.0)) > eps:
+        res = float(np.max(np.abs(r), initial=0.0))
+        if res > eps:
             return False
-        support, size = 0.0, 0.0
+        support, reach = 0.0, 1.0
         for mult, w, lo, hi in ((y, width, self.l, self.u), (yb, np.ones(self.n), self.lb, self.ub)):
             pos, neg = np.maximum(mult, 0.0), np.maximum(-mult, 0.0)
             if np.any((pos * w)[np.isposinf(hi)] > eps) or np.any((neg * w)[np.isneginf(lo)] > eps):
                 return False
             fh, fl = np.isfinite(hi), np.isfinite(lo)
             support += float(hi[fh] @ pos[fh] - lo[fl] @ neg[fl])
-            size += float(np.abs(hi[fh]) @ pos[fh] + np.abs(lo[fl]) @ neg[fl])
-        return support < -eps * max(size, 1.0)
+            reach = max(reach, float(np.max(np.abs(hi[fh] / w[fh]), initial=0.0)),
+                        float(np.max(np.abs(lo[fl] / w[fl]), initial=0.0)))
+        # with Cᵀy + y_box = r, a point x of the constraints would give support >= rᵀx: the support must be
+        # negative beyond what the residual can reach at the data's distances (``reach``, x's units), not
+        # beyond a multiple of the bounds (which grew with a translation of x and refused exact certificates)
+        return support < -(res + 1e-12) * reach
 
     def dense(self) -> QP:
         """The same problem with dense P and C."""

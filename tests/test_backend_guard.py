@@ -490,12 +490,14 @@ def test_replan_per_element_repeated_and_normalised(backend):
 
 
 @pytest.mark.parametrize("R", [1e8, 1e10, 1e13])
-@pytest.mark.parametrize("zero_row", [False, True])
+@pytest.mark.parametrize("zero_row", [pytest.param(False, marks=pytest.mark.xfail(
+    strict=True, reason="known limit (README): a nonzero row's big right-hand side sets the scale, since one that "
+    "binds is the scale of x; capped like bounds it broke x0 >= 1e8")), True])
 def test_a_loose_or_zero_row_does_not_set_the_scale(R, zero_row):
-    """``min ½x² + x`` on x >= 0 with a row x <= R (a big-M stand-in) or 0·x <= R: x* = 0. The row's right-hand
-    side set σ = R uncapped (bounds were capped, rows not; a zero row's too), the objective shrank below the
-    tolerances, and five backends returned SOLVED x = −1 or x = 3905…6659 (R = 1e8). Every backend now answers
-    x* to its tolerance or reports that it did not solve."""
+    """``min ½x² + x`` on x >= 0 with a row 0·x <= R: x* = 0. The zero row's right-hand side set σ = R, the
+    objective shrank below the tolerances, and five backends returned SOLVED x = −1 or x = 3905…6659 (R = 1e8).
+    Every backend now answers x* to its tolerance or reports that it did not solve. A nonzero row x <= R (a
+    big-M stand-in) still sets σ: the xfail records that limit."""
     qp = pp.QP(P=[[1.0]], q=[1.0], C=[[0.0 if zero_row else 1.0]], l=[-np.inf], u=[R], lb=[0.0])
     two = pp.QP(P=np.eye(2), q=[1.0, -1.0], C=[[1.0, 1.0]] if not zero_row else [[0.0, 0.0]], l=[-R], u=[R],
                 lb=[0.0, -np.inf], ub=[np.inf, 0.5])
@@ -564,6 +566,11 @@ def test_infeasibility_certificates_are_judged_at_the_rows_scale():
         empty = pp.QP(P=[[1.0]], q=[0.0], C=[[s]], l=[2 * s], u=[np.inf], ub=[1.0])  # x >= 2 and x <= 1
         assert empty.is_primal_infeasibility_certificate(np.array([-1.0 / s]), np.array([1.0]))
         assert not empty.is_primal_infeasibility_certificate(np.array([-1.0 / s]), np.array([0.5]))
+    for t in (1e3, 1e6):  # translated: x >= t + 1 and x <= t, an exact certificate at any offset (a review)
+        moved = pp.QP(P=[[1.0]], q=[0.0], C=[[1.0], [1.0]], l=[t + 1.0, -np.inf], u=[np.inf, t])
+        assert moved.is_primal_infeasibility_certificate(np.array([-1.0, 1.0]), np.zeros(1), eps=1e-3)
+        if "osqp" in pp.available_backends():
+            assert pp.solve_qp(moved, backend="osqp").status is pp.Status.PRIMAL_INFEASIBLE
     if "osqp" not in pp.available_backends():
         return
     feasible = [pp.QP(P=[[1.0]], q=[0.0], C=[[-1e-6]], l=[1e-6], u=[np.inf]),
@@ -591,3 +598,17 @@ def test_proxsuite_unproved_unboundedness_on_a_bounded_lp_is_not_reported():
         np.testing.assert_allclose(sol.x, [1.0], atol=1e-4)
     unbounded = pp.QP(P=[[0.0]], q=[1.0], C=[[1.0]], l=[-np.inf], u=[1.0])
     assert pp.solve_qp(unbounded, backend="proxsuite").status is pp.Status.DUAL_INFEASIBLE
+
+
+@pytest.mark.parametrize("R", [1e8, 1e10])
+def test_a_binding_big_right_hand_side_is_the_scale(R):
+    """``min ½(x0² + x1²) − x1`` with ``x0 >= R``: x* = (R, 1). The right-hand side binds, so it is the scale of
+    x: capped as a big-M stand-in it left the problem unnormalised, and Clarabel said PRIMAL_INFEASIBLE, OSQP,
+    PIQP and ProxSuite MAX_ITER (a review of the cap). Every backend answers x* or says it did not solve, never
+    a false infeasibility."""
+    qp = pp.QP(P=np.eye(2), q=[0.0, -1.0], C=[[1.0, 0.0]], l=[R], u=[np.inf])
+    for b in pp.available_backends():
+        sol = pp.solve_qp(qp, backend=b)
+        assert sol.status is not pp.Status.PRIMAL_INFEASIBLE, b
+        if sol.status.ok:
+            np.testing.assert_allclose(sol.x, [R, 1.0], rtol=1e-6, atol=1e-6 * R, err_msg=b)

@@ -206,3 +206,37 @@ def test_a_test_function_that_is_not_finite_is_named(method):
         dif.top_k(F, 2)
     with pytest.raises(ProblemError, match="not finite"):
         dif._inv.solve(np.full(4, np.nan), "b")
+
+
+@pytest.mark.parametrize("binding", [False, True])
+def test_minres_second_order_check_above_the_dense_limit(binding):
+    """d = 250 (> REDUCED_DENSE_DIM): the check runs by Lanczos on P H P, whose rank(C_B) exact zeros read as a
+    singular H and refused a strictly convex problem with a binding row (a review found it); they are shifted
+    away. H = I − 2·11ᵀ/d (one negative direction, along 1): refused without a row removing it, equal to the
+    dense path with the binding equality Σθ = 0.5 (H = I on its null space)."""
+    d = 250
+    g = torch.Generator().manual_seed(1)
+    A = torch.randn(20, d, dtype=torch.float64, generator=g)
+
+    def f(th, b):
+        r = th - b
+        return 0.5 * ((r ** 2).sum(dim=1) - 2.0 * r.sum(dim=1) ** 2 / d)
+
+    cons = [Constraint(lambda th: th.sum(), None, tau=0.5, name="sum", kind="eq")] if binding else \
+        [Constraint(lambda th: th[1], None, tau=50.0, name="cap")]
+    prob = ConstrainedProblem(torch.zeros(d, dtype=torch.float64), Loss(f, A), cons)
+    th = A.mean(0).clone()
+    if binding:
+        th += (0.5 - th.sum()) / d  # the minimiser on Σθ = 0.5 (H = I there)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kkt = KKTPoint.from_params(prob, th)
+    rem = {"objective": [0, 3]}
+    if not binding:
+        with pytest.raises(IndefiniteHessianError, match="not positive definite on the null space"):
+            DIF(prob, kkt, method="matrix-free", krylov="minres").delta_theta(rem)
+        return
+    ref = DIF(prob, kkt, method="dense").delta_theta(rem)
+    got = DIF(prob, kkt, method="matrix-free", krylov="minres").delta_theta(rem)
+    # 1e-8 relative to ω (the matrix-free path's promise at rtol 1e-10), not entry by entry
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=0, atol=1e-8 * float(ref.abs().max()))

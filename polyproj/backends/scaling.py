@@ -55,20 +55,13 @@ def _absmax(M: Any) -> float:
 
 
 def _finite_absmax(*arrays: np.ndarray) -> float:
-    return _split_absmax(*arrays)[1]
-
-
-def _split_absmax(*arrays: np.ndarray) -> tuple[float, float]:
-    """(largest finite |v| up to HIGH, largest finite |v|) over ``arrays``; stand-ins beyond IGNORE left out."""
-    inside = out = 0.0
+    out = 0.0
     for v in arrays:
         a = np.abs(v[np.isfinite(v)])
         a = a[a < IGNORE]
         if a.size:
             out = max(out, float(a.max()))
-            a = a[a <= HIGH]
-            inside = max(inside, float(a.max(initial=0.0)))
-    return inside, out
+    return out
 
 
 def _row_norms(C: Any) -> np.ndarray:
@@ -200,11 +193,11 @@ def _constraint_sizes(qp: QP, **batched: np.ndarray) -> np.ndarray:
 
     One number, or one per element where ``batched`` holds a batch's vectors (one row per element).
     """
-    _, _, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
+    _, norms, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
     out = np.zeros(())
     for k in ("l", "u", "lb", "ub"):
         v = np.asarray(batched.get(k, getattr(qp, k)), dtype=np.float64)
-        a = np.abs(v * rows if k in ("l", "u") else v)
+        a = np.abs(v * np.where(norms > 0, rows, 0.0) if k in ("l", "u") else v)  # zero rows: no size
         out = np.maximum(out, np.where(np.isfinite(a) & (a < IGNORE), a, 0.0).max(axis=-1, initial=0.0))
     return out
 
@@ -220,25 +213,24 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batch
     """
     vec = {k: batched.get(k, getattr(qp, k)) for k in _VECTORS}
     # the matrix part is computed once per (P, C): projections and batches share them
-    p_max, _, rows, rows_ok = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
+    p_max, norms, rows, rows_ok = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
     q_max = float(np.max(np.abs(vec["q"]), initial=0.0))
     # x's size: the right-hand sides relative to their rows, and |q| / |P| (the unconstrained minimiser's), or
     # the size of an answer already found (``magnitude``, :func:`replan`) in place of the latter
     unconstrained = (q_max / p_max if p_max > 0 else 0.0) if magnitude is None else magnitude
-    # a zero row's right-hand side says nothing about x (0 <= 0·x <= 1e8 set σ = 1e8)
-    live = _row_norms(qp.C) > 0 if qp.m else np.zeros(0, dtype=bool)
-    r_in, r_all = _split_absmax(vec["l"][..., live] * rows[live], vec["u"][..., live] * rows[live])
-    b_in, b_all = _split_absmax(vec["lb"], vec["ub"])
-    reference = max(unconstrained, r_in, b_in)
-    top = max(r_all, b_all)
-    # right-hand sides and bounds beyond HIGH and far beyond the rest of the data (LOOSE times) are big-M
-    # stand-ins for "no constraint", not the scale of x: σ from them made γ shrink the objective's gradient
-    # below eps_abs, and backends returned "solved" points off by orders of magnitude (x0 + x1 <= 1 with a box
-    # at ±1e8 to ±1e14; min ½x² + x on x >= 0 with a row x <= 1e8: x = −1 from two backends, 3905 to 6659
-    # from three)
-    if reference > 0 and top > HIGH:
-        top = min(top, max(LOOSE * reference, HIGH))
-    sigma = max(reference, top)
+    # a zero row's right-hand side says nothing about x (0 <= 0·x <= 1e8 set σ = 1e8, and five backends returned
+    # SOLVED answers off by 1 to 6659 in those units)
+    live = norms > 0
+    core = max(_finite_absmax(vec["l"][..., live] * rows[live], vec["u"][..., live] * rows[live]), unconstrained)
+    bounds = _finite_absmax(vec["lb"], vec["ub"])
+    # bounds beyond HIGH and far beyond the rest of the data (LOOSE times) are big-M stand-ins for "no bound",
+    # not the scale of x: σ from them made γ shrink the objective's gradient below eps_abs, and every backend
+    # returned "solved" points off by orders of magnitude (x0 + x1 <= 1 with a box at ±1e8 to ±1e14). A row's
+    # right-hand side is not capped so: one that binds (x0 >= 1e8 with x* = (1e8, 1)) is the scale of x, and
+    # capped it left the problem unnormalised (PRIMAL_INFEASIBLE and MAX_ITER from five backends)
+    if core > 0 and bounds > HIGH:
+        bounds = min(bounds, max(LOOSE * core, HIGH))
+    sigma = max(core, bounds)
     sigma = sigma if sigma > 0 else 1.0
     # the objective's own scale at x's: max(|P|, |q| / σ) (1 for a projection). At 1e-12 every point is
     # "optimal" to an absolute dual tolerance, at 1e12 none is: a trigger as well (γ alone changes nothing

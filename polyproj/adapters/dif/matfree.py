@@ -188,8 +188,8 @@ def reduced_curvature(op, CB: np.ndarray) -> tuple[float, float]:
     null space of the binding rows C_B (second-order sufficiency). For d <= :data:`REDUCED_DENSE_DIM`:
     Zᵀ H Z exactly (Z an orthonormal basis of null(C_B), one product a column); above, the extreme
     eigenvalues of P H P (P the orthogonal projector onto null(C_B)) by Lanczos (``eigsh``): its
-    eigenvalues are those of Zᵀ H Z and rank(C_B) zeros, so a negative smallest one is Zᵀ H Z's. NaN where
-    Lanczos does not converge. ``op``: ``matvec``, ``dim``. (inf, 0) when null(C_B) = {0}.
+    eigenvalues are those of Zᵀ H Z and rank(C_B) zeros, which are shifted above the largest for the
+    smallest. NaN where Lanczos does not converge. ``op``: ``matvec``, ``dim``. (inf, 0) when null(C_B) = {0}.
     """
     import scipy.sparse.linalg as spla
 
@@ -216,9 +216,19 @@ def reduced_curvature(op, CB: np.ndarray) -> tuple[float, float]:
         return hv - Q @ (Q.T @ hv)
 
     A = spla.LinearOperator((d, d), matvec=pv, rmatvec=pv, dtype=np.float64)
+    kw = dict(k=1, tol=1e-6, maxiter=max(1000, 20 * d), return_eigenvectors=False)
     try:
-        top, low = (float(spla.eigsh(A, k=1, which=w, tol=1e-6, maxiter=max(1000, 20 * d),
-                                     return_eigenvectors=False)[0]) for w in ("LA", "SA"))
+        top = float(spla.eigsh(A, which="LA", **kw)[0])
+        # P H P has rank(C_B) exact zeros (range(C_Bᵀ)), which would read as a singular H: shifted to c > top,
+        # the smallest eigenvalue left is Zᵀ H Z's (or c, when all of them exceed it)
+        c = 2.0 * abs(top) if top != 0.0 else 1.0
+
+        def shifted(v):
+            v = np.asarray(v).reshape(-1)
+            return pv(v) + c * (Q @ (Q.T @ v))
+
+        B = spla.LinearOperator((d, d), matvec=shifted, rmatvec=shifted, dtype=np.float64)
+        low = float(spla.eigsh(B, which="SA", **kw)[0])
     except spla.ArpackNoConvergence:
         return np.nan, np.nan
     return low, top
