@@ -84,6 +84,11 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
 TINY_ROW = 1e-100
 
 
+#: relative tolerance at which a backend's infeasibility claim is checked against its certificate (OSQP tests
+#: them in its own scaled units, eps 1e-5 there and ~5e-5 as given; a certificate of nothing fails at any tolerance)
+CLAIM_EPS = 1e-3
+
+
 def _row_max(M: Any) -> np.ndarray:
     """Largest magnitude of each row of a dense or sparse matrix (0 for a zero row)."""
     if M.shape[0] == 0 or M.shape[1] == 0:

@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import SettingsError
-from ..problem import QP
+from ..problem import QP, _row_max
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .options import boolean, fraction, nonnegative_int, positive, text
@@ -37,11 +37,11 @@ def _status_map() -> dict[str, Status]:
             "MaxIterations": Status.MAX_ITER, "MaxTime": Status.TIME_LIMIT}
 
 
-def _rows(qp: QP) -> tuple[Any, np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
-    """``(A, b, n_eq, eq, side_row, side_sign)``: the stacked conic rows and where each came from.
+def _rows(qp: QP) -> tuple[Any, np.ndarray, int, np.ndarray, np.ndarray, np.ndarray, int | None]:
+    """``(A, b, n_eq, eq, side_row, side_sign, empty)``: the stacked conic rows and where each came from.
 
     ``side_row`` indexes ``[rows of C, then the n variables]``; ``side_sign`` is +1 for an upper side
-    and -1 for a lower side.
+    and -1 for a lower side; ``empty`` the first zero row of C that 0 violates (the set is empty), or None.
     """
     C = sp.csr_matrix(qp.C)
     full = sp.vstack([C, sp.identity(qp.n, format="csr")], format="csr")
@@ -50,8 +50,9 @@ def _rows(qp: QP) -> tuple[Any, np.ndarray, int, np.ndarray, np.ndarray, np.ndar
     # side (0 <= 0·x): no interior, and Clarabel called a strictly feasible QP primal infeasible. Left out
     # (multiplier 0); a zero row 0 violates stays, so that the set is reported empty
     zero = np.zeros(qp.m + qp.n, dtype=bool)
-    zero[: qp.m] = np.asarray(abs(C).sum(axis=1)).ravel() == 0
+    zero[: qp.m] = _row_max(C) == 0
     idle = zero & (lo <= 0) & (hi >= 0)
+    violated = np.flatnonzero(zero & ~idle)  # 0·x in [l, u] with 0 outside: the set is empty
     eq = np.flatnonzero(qp.eq_mask & ~idle[: qp.m])
     ineq = ~idle
     ineq[eq] = False
@@ -61,16 +62,7 @@ def _rows(qp: QP) -> tuple[Any, np.ndarray, int, np.ndarray, np.ndarray, np.ndar
     b = np.concatenate([hi[eq], hi[upper], -lo[lower]])
     side_row = np.concatenate([upper, lower])
     side_sign = np.concatenate([np.ones(upper.size), -np.ones(lower.size)])
-    return A, b, eq.size, eq, side_row, side_sign
-
-
-def _violated_zero_row(qp: QP) -> int | None:
-    """The first row of C that is zero while 0 lies outside ``[l, u]`` (the set is empty), or None."""
-    if not qp.m:
-        return None
-    zero = np.asarray(abs(sp.csr_matrix(qp.C)).sum(axis=1)).ravel() == 0
-    bad = np.flatnonzero(zero & ((qp.l > 0) | (qp.u < 0)))
-    return int(bad[0]) if bad.size else None
+    return A, b, eq.size, eq, side_row, side_sign, (int(violated[0]) if violated.size else None)
 
 
 class ClarabelSolver(QPSolver):
@@ -125,9 +117,8 @@ class ClarabelSolver(QPSolver):
         hit = qp.memo.get("clarabel")
         if hit is None:
             hit = qp.memo["clarabel"] = _rows(qp)
-        A, b, n_eq, eq, side_row, side_sign = hit
-        empty = _violated_zero_row(qp)
-        if empty is not None:  # 0·x in [l, u] with 0 outside: empty, which Clarabel's cones call a numerical error
+        A, b, n_eq, eq, side_row, side_sign, empty = hit
+        if empty is not None:  # an empty set, which Clarabel's cones call a numerical error
             sol = self._nan_solution(qp, Status.PRIMAL_INFEASIBLE, self.name)
             return replace(sol, info={**sol.info, "note": f"row {empty} is zero and 0 is outside [l, u]"})
         P = sp.triu(sp.csc_matrix(qp.P), format="csc")

@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import SettingsError
-from ..problem import QP
+from ..problem import CLAIM_EPS, QP
 from ..solution import BatchSolution, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
@@ -36,10 +36,6 @@ _STATUS = {
     "OSQP_TIME_LIMIT_REACHED": Status.TIME_LIMIT,
     "OSQP_NON_CVX": Status.NON_CONVEX,
 }
-
-
-#: tolerance of the check of OSQP's infeasibility certificates (relative, in the problem's own units)
-CLAIM_EPS = 1e-3
 
 
 @functools.cache
@@ -166,9 +162,7 @@ class OSQPSolver(QPSolver):
                 info["certificate_z"], zb = cert[:m], np.zeros(qp.n)
                 zb[box] = cert[m:]
                 info["certificate_z_box"] = zb
-            # OSQP tests its certificates in its own scaled units (eps_prim_inf = 1e-5 there; 5e-5 as given on a
-            # plain infeasible QP): held to 1e-3 as given, which a certificate of nothing fails at any tolerance
-            # (rows of norm 1e-6 made feasible QPs "infeasible", with a residual of the whole force)
+            # held to CLAIM_EPS in the problem's own units (rows of norm 1e-6 made feasible QPs "infeasible")
             proved = qp.is_primal_infeasibility_certificate(info["certificate_z"], zb, eps=CLAIM_EPS) \
                 if status is Status.PRIMAL_INFEASIBLE else qp.is_dual_infeasibility_certificate(cert, eps=CLAIM_EPS)
             if not proved:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from ..problem import QP
+from ..problem import CLAIM_EPS, QP
 from ..runtime import cpu_count, keep_torch_threads, openmp_threads
 from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
@@ -178,7 +178,7 @@ class ProxSuiteSolver(QPSolver):
                                                           and self._feasible(qp_of()))):
                 # a false claim (ProxQP makes it on some feasible LPs, bounded or not)
                 status = Status.NUMERICAL_ERROR
-        elif status is Status.DUAL_INFEASIBLE and not qp_of().is_dual_infeasibility_certificate(x, eps=1e-3):
+        elif status is Status.DUAL_INFEASIBLE and not qp_of().is_dual_infeasibility_certificate(x, eps=CLAIM_EPS):
             # its iterate is no recession direction (x = −1e15 on min x, 1e-6 x >= 1e-6, bounded by x* = 1):
             # a false claim where an independent backend solves the problem
             other = self._second_opinion(qp_of())

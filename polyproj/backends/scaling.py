@@ -188,6 +188,15 @@ def replan(qp: QP, x_max: float, **batched: np.ndarray) -> Scaling:
     return plan(qp, magnitude=max(2.0 * x_max, 1e-300), force=True, **batched)
 
 
+def _rhs_sizes(v: np.ndarray, norms: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``|v_i| / ||row_i||``: right-hand sides as sizes of x, 0 on a zero row.
+
+    A zero row's right-hand side says nothing about x (0 <= 0·x <= 1e8 set σ = 1e8, and five backends returned
+    SOLVED answers off by 1 to 6659 in those units).
+    """
+    return np.where(norms > 0, np.abs(v * rows), 0.0)
+
+
 def _constraint_sizes(qp: QP, **batched: np.ndarray) -> np.ndarray:
     """The largest finite right-hand side (relative to its row) or bound.
 
@@ -197,7 +206,7 @@ def _constraint_sizes(qp: QP, **batched: np.ndarray) -> np.ndarray:
     out = np.zeros(())
     for k in ("l", "u", "lb", "ub"):
         v = np.asarray(batched.get(k, getattr(qp, k)), dtype=np.float64)
-        a = np.abs(v * np.where(norms > 0, rows, 0.0) if k in ("l", "u") else v)  # zero rows: no size
+        a = _rhs_sizes(v, norms, rows) if k in ("l", "u") else np.abs(v)
         out = np.maximum(out, np.where(np.isfinite(a) & (a < IGNORE), a, 0.0).max(axis=-1, initial=0.0))
     return out
 
@@ -218,10 +227,7 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batch
     # x's size: the right-hand sides relative to their rows, and |q| / |P| (the unconstrained minimiser's), or
     # the size of an answer already found (``magnitude``, :func:`replan`) in place of the latter
     unconstrained = (q_max / p_max if p_max > 0 else 0.0) if magnitude is None else magnitude
-    # a zero row's right-hand side says nothing about x (0 <= 0·x <= 1e8 set σ = 1e8, and five backends returned
-    # SOLVED answers off by 1 to 6659 in those units)
-    live = norms > 0
-    core = max(_finite_absmax(vec["l"][..., live] * rows[live], vec["u"][..., live] * rows[live]), unconstrained)
+    core = max(_finite_absmax(_rhs_sizes(vec["l"], norms, rows), _rhs_sizes(vec["u"], norms, rows)), unconstrained)
     bounds = _finite_absmax(vec["lb"], vec["ub"])
     # bounds beyond HIGH and far beyond the rest of the data (LOOSE times) are big-M stand-ins for "no bound",
     # not the scale of x: σ from them made γ shrink the objective's gradient below eps_abs, and every backend

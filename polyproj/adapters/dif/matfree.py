@@ -34,15 +34,14 @@ __all__ = ["DualQP"]
 
 
 def _psd(S: np.ndarray) -> bool:
-    """S positive semidefinite to rounding, judged on D S D (:func:`_equilibration`).
+    """S positive semidefinite to rounding, judged on D S D (:func:`_equilibrated`).
 
     D S D has the inertia of S (Sylvester's law) with every row on one scale: a constraint scaled by 1e-8
     keeps the sign of its eigenvalue.
     """
     if S.shape[0] == 0:
         return True
-    D = _equilibration(S)
-    w = np.linalg.eigvalsh(D[:, None] * S * D[None, :])
+    w = np.linalg.eigvalsh(_equilibrated(S)[1])
     return bool(w[0] >= -1e-10 * max(1.0, float(np.max(np.abs(w)))))
 
 
@@ -141,14 +140,15 @@ class DualQP:
         return self.solve_batch(h[None, :])[0]
 
 
-def _equilibration(S: np.ndarray) -> np.ndarray:
-    """D = diag(1/√|S_ii|) (1 where S_ii = 0): D S D has a unit diagonal whatever the rows' scales."""
+def _equilibrated(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(D, D S D)``, D = diag(1/√|S_ii|) (1 where S_ii = 0): a unit diagonal whatever the rows' scales."""
     s = np.sqrt(np.abs(np.diagonal(S)))
-    return np.where(s > 0, 1.0 / np.where(s > 0, s, 1.0), 1.0)
+    D = np.where(s > 0, 1.0 / np.where(s > 0, s, 1.0), 1.0)
+    return D, D[:, None] * S * D[None, :]
 
 
 def _pinv(S: np.ndarray) -> np.ndarray:
-    """A generalised inverse S⁻ (S S⁻ S = S) of a symmetric matrix: D (D S D)⁺ D, D = :func:`_equilibration`.
+    """A generalised inverse S⁻ (S S⁻ S = S) of a symmetric matrix: D (D S D)⁺ D, D = :func:`_equilibrated`.
 
     Dependent active constraints (LICQ failing) make the dual matrix singular; ω = −H⁻¹(c + Gᵀμ) is the
     same for every μ of the solution set, so any solution serves. The pseudo-inverse's cut-off is relative
@@ -156,8 +156,8 @@ def _pinv(S: np.ndarray) -> np.ndarray:
     others (eigenvalues 3.6e-18 and 21: "LICQ fails" at 1e-7, ω off by 8e-2 at 1e-8), while equilibrated the
     cut-off sees only true dependence.
     """
-    D = _equilibration(S)
-    return D[:, None] * np.linalg.pinv(D[:, None] * S * D[None, :], hermitian=True) * D[None, :]
+    D, Se = _equilibrated(S)
+    return D[:, None] * np.linalg.pinv(Se, hermitian=True) * D[None, :]
 
 
 def _consistent_solve(S: np.ndarray, R: np.ndarray) -> np.ndarray:
@@ -165,8 +165,8 @@ def _consistent_solve(S: np.ndarray, R: np.ndarray) -> np.ndarray:
 
     Tested on the equilibrated system (D S D)(D⁻¹μ) = D R, where every row has the same scale.
     """
-    D = _equilibration(S)
-    Se, Re = D[:, None] * S * D[None, :], D[:, None] * R
+    D, Se = _equilibrated(S)
+    Re = D[:, None] * R
     nu = np.linalg.pinv(Se, hermitian=True) @ Re
     res = np.abs(Se @ nu - Re).max(axis=0, initial=0.0)
     scale = np.abs(Re).max(axis=0, initial=0.0) + np.abs(Se).max(initial=0.0) * np.abs(nu).max(axis=0, initial=0.0)
