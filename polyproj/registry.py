@@ -13,13 +13,15 @@ Nothing is imported until a backend is used or its availability is asked for.
 from __future__ import annotations
 
 import importlib
+import sys
+import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
 from .backends.base import Capabilities, QPSolver
 from .backends.defaults import QP_DEFAULT
-from .errors import BackendNotFound, BackendUnavailable, PolyprojError, close_matches
+from .errors import BackendNotFound, BackendUnavailable, PolyprojError, PolyprojWarning, close_matches
 
 __all__ = [
     "DEFAULT_BACKEND",
@@ -70,6 +72,26 @@ def _entry_points() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+#: entry-point names per ``sys.path`` (a listing costs milliseconds; a plugin installed into a new path shows up)
+_EP_NAMES: dict[tuple[str, ...], frozenset[str]] = {}
+#: names already warned about as hiding an entry point (one warning a process)
+_WARNED_HIDDEN: set[str] = set()
+
+
+def _warn_if_hiding(name: str, kind: str) -> None:
+    """Warn once when a built-in or run-time backend hides an installed entry point of the same name."""
+    if name in _WARNED_HIDDEN:
+        return
+    key = tuple(sys.path)
+    if key not in _EP_NAMES:
+        _EP_NAMES[key] = frozenset(_entry_points())
+    if name in _EP_NAMES[key]:
+        _WARNED_HIDDEN.add(name)
+        warnings.warn(f"backend name {name!r} is a {kind} backend; the installed entry point {name!r} "
+                      f"({_entry_points()[name].value}) of group {ENTRY_POINT_GROUP!r} is not used. Its package "
+                      "must register it under another name", PolyprojWarning, stacklevel=3)
+
+
 def _import_path(path: str) -> type[QPSolver]:
     mod_name, _, cls_name = path.partition(":")
     if not cls_name:
@@ -78,6 +100,9 @@ def _import_path(path: str) -> type[QPSolver]:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
         raise BackendNotFound(f"cannot import module {mod_name!r} for backend {path!r}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # a module calling sys.exit() at import must not end the caller
+        raise BackendUnavailable(f"module {mod_name!r} for backend {path!r} failed to import: "
+                                 f"{type(exc).__name__}({exc})") from exc
     try:
         return getattr(mod, cls_name)
     except AttributeError as exc:
@@ -105,8 +130,10 @@ def _all_names() -> list[str]:
 def _resolve(name: str) -> tuple[type[QPSolver], str]:
     """Return (class, source) for a backend name; raise BackendNotFound."""
     if name in _RUNTIME:
+        _warn_if_hiding(name, "run-time")
         return _RUNTIME[name], "runtime"
     if name in _BUILTIN:
+        _warn_if_hiding(name, "built-in")
         return _check_class(_import_path(_BUILTIN[name][0]), name), "builtin"
     eps = _entry_points()
     if name in eps:

@@ -155,6 +155,55 @@ def test_broken_contract_is_a_solver_error_naming_the_backend(rng, answer, match
     assert info.match(match)
 
 
+def test_complex_x_is_a_solver_error(rng):
+    """float64 conversion would keep the real part with a ComplexWarning: an answer that is not real."""
+    answer = lambda qp: pp.Solution(x=np.zeros(qp.n) + 5j, z=np.zeros(qp.m), z_box=np.zeros(qp.n),  # noqa: E731
+                                    status=pp.Status.SOLVED)
+    with pytest.raises(pp.SolverError, match="'answers' returned x of complex type"):
+        pp.solve_qp(_qp(rng), backend=_solver(answer))
+
+
+class _ClaimsThree:
+    """A mixin (no backend itself) whose ``solve`` claims x = (3, 3) SOLVED on any QP."""
+
+    def solve(self, qp, warm_start=None):
+        return pp.Solution(x=np.full(qp.n, 3.0), z=np.zeros(qp.m), z_box=np.zeros(qp.n), status=pp.Status.SOLVED)
+
+
+def _halfplane():  # min ½|x|² − 3(x₁ + x₂) s.t. x₁ + x₂ <= 1: x* = (½, ½), and (3, 3) violates the row by 5
+    return pp.QP(P=np.eye(2), q=-3.0 * np.ones(2), C=np.array([[1.0, 1.0]]), l=np.array([-np.inf]),
+                 u=np.array([1.0]))
+
+
+def test_a_solve_inherited_from_a_mixin_is_guarded():
+    class MixinSolver(_ClaimsThree, pp.QPSolver):
+        name = "mixin"
+
+    sol = pp.solve_qp(_halfplane(), backend=MixinSolver())
+    assert sol.status is pp.Status.NUMERICAL_ERROR and not sol.status.ok
+
+
+def test_a_solve_assigned_after_the_class_is_made_is_guarded(rng):
+    class Later(pp.QPSolver):
+        name = "later"
+
+        def solve(self, qp, warm_start=None):  # pragma: no cover - replaced below
+            raise NotImplementedError
+
+    Later.solve = _ClaimsThree.solve
+    assert pp.solve_qp(_halfplane(), backend=Later()).status is pp.Status.NUMERICAL_ERROR
+    Later.solve = lambda self, qp, warm_start=None: {"x": 1}
+    with pytest.raises(pp.SolverError, match="'later' returned dict from solve"):
+        pp.solve_qp(_halfplane(), backend=Later())
+    # a built-in's guarded solve, inherited, is not wrapped twice
+    from polyproj.backends.ipm import IPMSolver
+
+    class Sub(IPMSolver):
+        name = "sub"
+
+    assert "solve" not in Sub.__dict__ and Sub.solve is IPMSolver.solve
+
+
 def test_backend_exceptions_are_solver_errors_naming_the_backend(rng):
     def boom(qp):
         raise ValueError("bad things")
@@ -164,6 +213,12 @@ def test_backend_exceptions_are_solver_errors_naming_the_backend(rng):
     assert isinstance(info.value.__cause__, ValueError)
     with pytest.raises(pp.SolverError, match="'answers' raised ValueError"):
         _solver(boom).solve_batch(_qp(rng), q=np.ones((2, 6)))
+
+    def leave(qp):  # sys.exit() inside a backend would end the caller's process (and pass `polyproj check`)
+        raise SystemExit(0)
+
+    with pytest.raises(pp.SolverError, match=r"'answers' raised SystemExit"):
+        pp.solve_qp(_qp(rng), backend=_solver(leave))
 
     def refuse(qp):  # errors raised on purpose by a backend keep their type
         raise pp.SettingsError("no")

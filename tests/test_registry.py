@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -303,3 +304,23 @@ def test_solve_qp_takes_warm_start_false_as_the_setting():
         np.testing.assert_allclose(sol.x, [0.5, 0.5], atol=1e-6)
     first = pp.solve_qp(qp, backend="ipm")
     assert pp.solve_qp(qp, backend="ipm", warm_start=first).status is pp.Status.SOLVED
+
+
+@pytest.mark.core
+def test_an_entry_point_named_like_a_builtin_is_reported_not_silently_hidden(tmp_path, monkeypatch):
+    """A plugin registering ``ipm`` is never used (the built-in wins): a warning says so, once."""
+    from polyproj import registry
+
+    dist = tmp_path / "polyproj_fake_solver-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
+    (dist / "entry_points.txt").write_text("[polyproj.backends]\nipm = fake_polyproj_solver:FakeSolver\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_WARNED_HIDDEN", set())
+    with pytest.warns(pp.PolyprojWarning, match=r"'ipm' is a built-in backend; the installed entry point 'ipm' "
+                                                r"\(fake_polyproj_solver:FakeSolver\)"):
+        solver = pp.get_backend("ipm")
+    assert type(solver).__module__ == "polyproj.backends.ipm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pp.get_backend("ipm")  # once a process

@@ -100,7 +100,20 @@ class Capabilities:
         return [k for k, v in asdict(self).items() if v]
 
 
-class QPSolver(abc.ABC):
+#: the methods every backend class gets wrapped with :func:`~polyproj.backends.validation.guard`
+GUARDED = ("solve", "solve_batch")
+
+
+class _GuardedMeta(abc.ABCMeta):
+    """Guards a ``solve`` / ``solve_batch`` given to a backend class after it is made (``Cls.solve = f``)."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        if name in GUARDED and callable(value) and any(isinstance(b, _GuardedMeta) for b in cls.__bases__):
+            value = guard(name, value)
+        super().__setattr__(name, value)
+
+
+class QPSolver(abc.ABC, metaclass=_GuardedMeta):
     """Abstract base of every backend.
 
     Parameters
@@ -131,11 +144,16 @@ class QPSolver(abc.ABC):
     needs_eps_abs: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Wrap the subclass's own ``solve`` / ``solve_batch`` with polyproj's checks (module docstring)."""
+        """Wrap the subclass's ``solve`` / ``solve_batch`` with polyproj's checks (module docstring).
+
+        Its own, or one it inherits from a class that is no backend (a mixin): every method a backend
+        solves with is guarded, except ``QPSolver``'s default ``solve_batch`` (it calls a guarded ``solve``).
+        """
         super().__init_subclass__(**kwargs)
-        for meth in ("solve", "solve_batch"):
-            fn = cls.__dict__.get(meth)
-            if fn is not None and callable(fn):
+        for meth in GUARDED:
+            owner = next(k for k in cls.__mro__ if meth in k.__dict__)
+            fn = owner.__dict__[meth]
+            if owner is not QPSolver and callable(fn) and not getattr(fn, "_polyproj_guarded", False):
                 setattr(cls, meth, guard(meth, fn))
 
     def __init__(self, **settings: Any) -> None:

@@ -248,6 +248,8 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
 
 
 def _as_float(a: Any, shape: tuple[int, ...], what: str, backend: str) -> np.ndarray:
+    if np.iscomplexobj(a):  # float64 conversion would drop the imaginary part with only a warning
+        raise SolverError(f"backend {backend!r} returned {what} of complex type; expected real numbers")
     try:
         arr = np.asarray(a, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -409,7 +411,7 @@ def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
         return fn(solver, *args, **kw)
     except PolyprojError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a backend calling sys.exit() must not end the caller's process
         raise SolverError(f"backend {name!r} raised {type(exc).__name__}: {exc}") from exc
     finally:
         _INSIDE.reset(token)
