@@ -370,13 +370,17 @@ def main(argv=None) -> int:
     if not args.no_order2:
         f2 = cache / f"dif2_scores_{len(R)}{_mt(args)}.npy"
         t = time.perf_counter()
+        f2_time = cache / f"dif2_time_{len(R)}{_mt(args)}.txt"
         if f2.exists():
             pred["DIF (order 2)"] = np.load(f2)
+            if f2_time.exists():  # scored by an earlier run on this cache
+                t_dif2 = float(f2_time.read_text())
         else:
             pred["DIF (order 2)"] = dif.influence(F, R, order=2, progress=True).numpy()
             np.save(f2, pred["DIF (order 2)"])
             np.save(cache / f"dif2_ratios_{len(R)}{_mt(args)}.npy", np.array(dif.second_order_log))
             t_dif2 = time.perf_counter() - t
+            f2_time.write_text(f"{t_dif2}\n")
             log(f"second-order DIF scores of {len(R)} removals in {t_dif2:.1f} s")
         ratios = np.load(cache / f"dif2_ratios_{len(R)}{_mt(args)}.npy")
         order2 = {"time_s": t_dif2, "correction_ratio": ratios.tolist(),
@@ -398,6 +402,8 @@ def main(argv=None) -> int:
                                               "dF_shift": truth_shift}) + "\n")
         log(f"ground truth imported from {args.truth_from} (F(θ̄) there - here = {truth_shift:.2e})")
     have = {r["key"]: r for r in map(json.loads, gt_file.read_text().splitlines())} if gt_file.exists() else {}
+    if truth_shift is None:  # imported by an earlier run on this cache: its rows carry the shift
+        truth_shift = next((r["dF_shift"] for r in have.values() if "dF_shift" in r), None)
 
     def resolve(key, removal, start=None):
         t = time.perf_counter()
@@ -487,6 +493,23 @@ def main(argv=None) -> int:
     table = {name: {"all": stats(p, sel_all), "singles": stats(p, sel_s), "groups": stats(p, sel_g)}
              for name, p in pred.items()}
 
+    # the same correlations split by DIF's own reliability flag, known before any retraining: whether the
+    # second-order correction contracts (‖δ‖ <= ‖ω₁‖, DIFResult.correction_ratio); where it does not, the
+    # removal lies outside the range of the expansion around θ̄ and DIF says so (a PolyprojWarning)
+    by_flag = None
+    if order2 is not None:
+        ratios = np.asarray(order2["correction_ratio"])
+        by_flag = {"contracting": int(np.sum(ratios <= 1.0)), "not_contracting": int(np.sum(ratios > 1.0))}
+        for name, p in pred.items():
+            by_flag[name] = {f"{part}_{flag}": stats(p, sel[mask[sel]])
+                             for part, sel in (("all", sel_all), ("singles", sel_s), ("groups", sel_g))
+                             for flag, mask in (("contracting", ratios <= 1.0), ("not_contracting", ratios > 1.0))}
+        row = by_flag["DIF (order 2)"]
+        log(f"DIF (order 2) where its correction contracts ({by_flag['contracting']} removals): "
+            f"r = {row['all_contracting']['pearson']:.4f}; elsewhere ({by_flag['not_contracting']}): "
+            f"r = {row['all_not_contracting']['pearson']:.4f}" if row["all_contracting"] and
+            row["all_not_contracting"] else "DIF (order 2): too few removals on one side of the flag")
+
     def fmt(x, key="pearson"):
         return f"{x[key]:.4f}" if x else "n/a"
 
@@ -523,6 +546,9 @@ def main(argv=None) -> int:
                     "hessian_eigs": None if w is None else [float(w[0]), float(w[-1])],
                     "frozen_shift": frozen.shift, "test_loss": F0},
         "correlation": table,
+        "correlation_by_dif_flag": by_flag,
+        "predicted": {"keys": keys, "actual": actual.tolist(), "converged": conv.tolist(),
+                      **{name: np.asarray(p).tolist() for name, p in pred.items()}},
         "penalty_sweep": [{k: v for k, v in s.items() if k != "scores"} | (
             {"pearson": pearson(s["scores"][conv], actual[conv])} if "scores" in s else {}) for s in sweep],
         "truth": {"n": len(done), "tol": args.tol, "converged": int(conv.sum()),
