@@ -163,6 +163,48 @@ def test_complex_x_is_a_solver_error(rng):
         pp.solve_qp(_qp(rng), backend=_solver(answer))
 
 
+class _Writes(pp.QPSolver):
+    """A correct backend (the reference's answer) that first writes into one of the arrays it is given."""
+
+    name = "writes"
+    capabilities = pp.Capabilities(dense=True, sparse=True)
+    target = "q"
+
+    def solve(self, qp, warm_start=None):
+        arr = getattr(qp, self.target)
+        (arr.data if sp.issparse(arr) else arr)[0] *= 0.5  # e.g. normalising the data in place
+        return _true(qp)
+
+    def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None):
+        q[0, 0] += 1.0
+        return pp.get_backend(REFERENCE, eps_abs=1e-10).solve_batch(qp, q=q)
+
+
+@pytest.mark.parametrize("target", ["q", "u", "P"])
+def test_a_backend_writing_into_its_input_is_refused_and_the_input_restored(rng, target):
+    """Its answer would be judged against the changed data (a wrong SOLVED), and the caller's QP changed."""
+    qp = _qp(rng)
+    keep = getattr(qp, target).copy()
+    solver = _Writes()
+    solver.target = target
+    with pytest.raises(pp.SolverError, match=rf"'writes' wrote into the problem it was given \({target} changed"):
+        pp.solve_qp(qp, backend=solver)
+    np.testing.assert_array_equal(getattr(qp, target), keep)  # a small array: put back from the copy
+    Q = np.stack([qp.q, 2.0 * qp.q])
+    with pytest.raises(pp.SolverError, match=r"batch q changed"):
+        solver.solve_batch(qp, q=Q.copy())
+
+
+def test_a_write_into_a_large_array_is_found_by_checksum(rng):
+    n = 300  # P has 90,000 entries: above the copy limit, compared by checksum
+    M = rng.normal(size=(n, n))
+    qp = pp.QP(P=M @ M.T / n + np.eye(n), q=rng.normal(size=n), lb=-np.ones(n), ub=np.ones(n))
+    solver = _Writes()
+    solver.target = "P"
+    with pytest.raises(pp.SolverError, match=r"P changed in place"):
+        pp.solve_qp(qp, backend=solver)
+
+
 class _ClaimsThree:
     """A mixin (no backend itself) whose ``solve`` claims x = (3, 3) SOLVED on any QP."""
 

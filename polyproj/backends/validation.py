@@ -9,7 +9,11 @@
    to a solver.
 2. **Scale**: data far from unit scale is solved in normalised units (:mod:`.scaling`).
 3. **Exceptions**: anything a backend raises that is not a :class:`~polyproj.errors.PolyprojError`
-   becomes a :class:`~polyproj.errors.SolverError` naming the backend (the original is chained).
+   (``SystemExit`` included) becomes a :class:`~polyproj.errors.SolverError` naming the backend (the
+   original is chained). A backend that writes into the arrays it is given (the QP's, a batch's
+   vectors) is a SolverError too: its answer would be judged against the changed data, and the
+   caller's problem would be silently changed (small arrays are compared with a copy, large ones by
+   checksum).
 4. **Output**: the result must be a :class:`~polyproj.solution.Solution` (``BatchSolution`` for a
    batch, one element per problem) with ``x``, ``z``, ``z_box`` of shapes ``(n,)``, ``(m,)``,
    ``(n,)``, else SolverError. Then a cheap scale-relative residual test (below) decides whether a
@@ -44,6 +48,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -404,17 +409,57 @@ def empty_batch(qp: QP, backend: str) -> BatchSolution:
 
 
 # --------------------------------------------------------------------------- the guard
+#: arrays up to this many entries are compared with a copy after the call; larger ones by checksum
+_COPY_ENTRIES = 1 << 16
+
+
+def _inputs(args: tuple, kw: dict) -> dict[str, np.ndarray]:
+    """The arrays a backend call is given: the QP's (a sparse matrix's values) and the batch's vectors."""
+    out: dict[str, np.ndarray] = {}
+    qp = args[0] if args and isinstance(args[0], QP) else None
+    if qp is not None:
+        for k in ("P", "C", "q", "l", "u", "lb", "ub"):
+            v = getattr(qp, k)
+            out[k] = v.data if sp.issparse(v) else v
+    for k, v in kw.items():
+        if isinstance(v, np.ndarray):
+            out[f"batch {k}"] = v
+    return out
+
+
+def _fingerprint(a: np.ndarray) -> Any:
+    if a.size <= _COPY_ENTRIES or not a.flags.c_contiguous:
+        return a.copy()
+    return zlib.adler32(memoryview(a).cast("B"))
+
+
+def _unchanged(a: np.ndarray, before: Any) -> bool:
+    if isinstance(before, np.ndarray):
+        return before.shape == a.shape and bool(np.array_equal(before, a, equal_nan=True))
+    return before == zlib.adler32(memoryview(a).cast("B"))
+
+
 def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     name = solver.name or type(solver).__name__
+    given = _inputs(args, kw)
+    before = {k: _fingerprint(v) for k, v in given.items() if v.flags.writeable}
     token = _INSIDE.set(_INSIDE.get() | {id(solver)})
     try:
-        return fn(solver, *args, **kw)
+        out = fn(solver, *args, **kw)
     except PolyprojError:
         raise
     except (Exception, SystemExit) as exc:  # a backend calling sys.exit() must not end the caller's process
         raise SolverError(f"backend {name!r} raised {type(exc).__name__}: {exc}") from exc
     finally:
         _INSIDE.reset(token)
+    changed = [k for k, v in before.items() if not _unchanged(given[k], v)]
+    for k in changed:  # the caller's arrays back as they were, where a copy was kept
+        if isinstance(before[k], np.ndarray):
+            given[k][...] = before[k]
+    if changed:
+        raise SolverError(f"backend {name!r} wrote into the problem it was given ({', '.join(changed)} changed in "
+                          "place): a backend must not modify its input; copy an array before changing it")
+    return out
 
 
 def _scaled_solve(solver: Any, fn: Callable, qp: QP, warm_start: Any, scale: scaling.Scaling | None) -> Any:
