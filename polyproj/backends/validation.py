@@ -427,16 +427,20 @@ def _inputs(args: tuple, kw: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def _checksum(a: np.ndarray) -> int:
+    # a Fortran-ordered array is its transpose's C order; any other layout is read through a transient copy
+    c = a if a.flags.c_contiguous else a.T if a.flags.f_contiguous else np.ascontiguousarray(a)
+    return zlib.adler32(memoryview(c).cast("B"))
+
+
 def _fingerprint(a: np.ndarray) -> Any:
-    if a.size <= _COPY_ENTRIES or not a.flags.c_contiguous:
-        return a.copy()
-    return zlib.adler32(memoryview(a).cast("B"))
+    return a.copy() if a.size <= _COPY_ENTRIES else _checksum(a)
 
 
 def _unchanged(a: np.ndarray, before: Any) -> bool:
     if isinstance(before, np.ndarray):
         return before.shape == a.shape and bool(np.array_equal(before, a, equal_nan=True))
-    return before == zlib.adler32(memoryview(a).cast("B"))
+    return before == _checksum(a)
 
 
 def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
