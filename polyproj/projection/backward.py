@@ -43,7 +43,7 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
     """Everything the backward needs at the faces of ``info`` (a :class:`~polyproj.sets.polyhedral.FaceInfo`)."""
     xp = array_namespace(G)
     d = info.data
-    g = xp.astype(G, d.A.dtype)
+    g = xp.astype(_flat(xp, G, d.n), d.A.dtype)
     batch, n = g.shape
     m, p = d.m, d.p
     at_ub = xp.astype(info.active[:, m + n:], g.dtype)
@@ -81,6 +81,11 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
     return VJPParts(_exact_zero(xp, Jg, g), rA, rB, Mr, at_lb, at_ub)
 
 
+def _flat(xp: Any, G: Any, n: int) -> Any:
+    """``G`` as (b, n): the points of a set with a shape (``(b, k, k)`` matrices) are its rows flattened."""
+    return G if G.ndim == 2 else xp.reshape(G, (G.shape[0], n))
+
+
 #: ``J g`` at most this many machine epsilons of ``|g|`` is rounding: set to 0 (:func:`_exact_zero`)
 JG_ROUNDING = 1e3
 
@@ -99,7 +104,7 @@ def _exact_zero(xp: Any, Jg: Any, g: Any) -> Any:
 
 
 def hs_vjp(info: Any, G: Any) -> Any:
-    """``J g`` (b, n) in the dtype of ``G``."""
+    """``J g`` (b, n) in the dtype of ``G`` ((b, n), or points with a shape: (b, k, k))."""
     xp = array_namespace(G)
     return xp.astype(vjp_parts(info, G).Jg, G.dtype)
 
@@ -126,7 +131,7 @@ def data_vjp(info: Any, G: Any, names: tuple[str, ...], ndims: dict[str, int], p
         return xp.sum(xp.reshape(t, (groups, t.shape[0] // groups, *t.shape[1:])), axis=1)
 
     out: dict[str, Any] = {}
-    gv = (v.at_lb + v.at_ub) * (xp.astype(G, v.Jg.dtype) - v.Mr)  # on the fixed coordinates
+    gv = (v.at_lb + v.at_ub) * (xp.astype(_flat(xp, G, d.n), v.Jg.dtype) - v.Mr)  # on the fixed coordinates
     rules = {
         "a": lambda: red(v.rA, ndims["a"]),
         "b": lambda: red(v.rB, ndims["b"]),

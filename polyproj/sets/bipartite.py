@@ -516,39 +516,49 @@ def _face_solve(xp: Any, C: Any, S: Sums, y: Dual, omega: Any, masks, rounding: 
 
 @dataclass(frozen=True)
 class _Verdict:
-    """The KKT test of a face: ``ok`` (b,), the next support and dual rows for the samples that fail."""
+    """The KKT test of a face: ``ok`` (b,), the next support and dual rows for the samples that fail.
+
+    ``changed`` (b,): the next face differs from this one (a failed face that does not change, such as
+    one whose equations are inconsistent, would be solved again to the same point).
+    """
 
     ok: Any
     omega: Any
     masks: Any
+    changed: Any
 
 
 def _verify(xp: Any, S: Sums, X: Any, Z: Any, y1: Dual, omega: Any, masks, tol: Any, rounding: Any,
             rows_tol: Any) -> _Verdict:
     """KKT of the face solution (tolerances (b, 1) at the sample's scale), and the next face.
 
-    A support entry below zero beyond rounding leaves the support (its face is not the solution's); a
-    zero entry joins it when its multiplier ``−Z`` is negative beyond ``tol``; the equations (and the
-    inequality rows off ``D``) must hold to ``rows_tol`` — the rounding of ``Z`` plus ``tol`` at the
-    scale of ``X``, not of ``C``: the sums of ``X`` are what the constraints bound (at ``|C|`` 1e9 a face
-    whose column summed to 2 passed a test at ``C``'s scale); dual rows with ``y < 0`` leave ``D`` and
-    violated rows join it.
+    The primal conditions are tested at rounding, the dual ones at ``tol``. A support entry below zero
+    beyond rounding leaves the support (its face is not the solution's); a zero entry joins it when its
+    multiplier ``−Z`` is negative beyond ``tol``; dual rows with ``y < 0`` beyond ``tol`` leave ``D``; an
+    inequality row off ``D`` violated beyond the rounding of ``Z`` joins it; the equations of ``D`` must
+    hold to ``rows_tol`` — the rounding of ``Z`` plus ``tol`` at the scale of ``X``, not of ``C``: the
+    sums of ``X`` are what the constraints bound (at ``|C|`` 1e9 a face whose column summed to 2 passed a
+    test at ``C``'s scale). The rows off ``D`` are held to rounding, not to ``tol``: :func:`finish` makes
+    every row at its bound exact, and a face that had left a row violated within ``tol`` (a near
+    permutation: every line sum 1 ± 1e-12, multipliers ~1e-12) then turned support entries negative under
+    that correction, and went to the generic path.
     """
     bad_in = (omega > 0) & (X < -rounding[:, :, None])
     bad_out = (omega == 0) & (Z > tol[:, :, None])
     g = slacks(xp, X, S)
-    ok = ~xp.any(xp.reshape(bad_in | bad_out, (X.shape[0], -1)), axis=1) & \
-        (_miss(xp, g, masks)[:, 0] <= rows_tol[:, 0])
+    changed = xp.any(xp.reshape(bad_in | bad_out, (X.shape[0], -1)), axis=1)
+    ok = ~changed & (_miss(xp, g, masks)[:, 0] <= rows_tol[:, 0])
     new_masks = masks
     if masks is not None:
         wrong = [(m > 0) & (yv < -tol) for m, yv in zip(masks, (y1.u, y1.v, y1.w), strict=True)]
-        viol = [(m == 0) & (gv < -rows_tol) for m, gv in zip(masks, g, strict=True)]
+        viol = [(m == 0) & (gv < -rounding) for m, gv in zip(masks, g, strict=True)]
         for wv in (*wrong, *viol):
-            ok = ok & ~xp.any(wv, axis=1)
+            changed = changed | xp.any(wv, axis=1)
+        ok = ok & ~changed
         new_masks = tuple(xp.where(w, xp.zeros_like(m), xp.where(v, xp.ones_like(m), m))
                           for m, w, v in zip(masks, wrong, viol, strict=True))
     omega = xp.astype(((omega > 0) & ~bad_in) | bad_out, omega.dtype)
-    return _Verdict(ok, omega, new_masks)
+    return _Verdict(ok, omega, new_masks, changed)
 
 
 def polish(C: Any, S: Sums, y: Dual, scale: Any, tol: float, rounding: float, rounds: int = 6) -> FaceSolution:
@@ -556,7 +566,8 @@ def polish(C: Any, S: Sums, y: Dual, scale: Any, tol: float, rounding: float, ro
 
     ``rounding`` (relative to the scale) is the miss of the equations below which a face solve is not
     refined. Faces that fail the KKT test (:func:`_verify`) change every wrong entry at once and are
-    solved again, up to ``rounds`` times; ``accepted`` says which samples passed.
+    solved again, up to ``rounds`` times (a failed face that would not change is not solved again);
+    ``accepted`` says which samples passed.
     """
     xp = array_namespace(C)
     omega = xp.astype(z_of(C, y, S.has_w) > 0, C.dtype)
@@ -571,9 +582,10 @@ def polish(C: Any, S: Sums, y: Dual, scale: Any, tol: float, rounding: float, ro
         rows = None if masks is None else tuple(m > 0 for m in masks)
         part = FaceSolution(X, y1, omega > 0, rows, v.ok, system)
         out = part if out is None else _put_face(xp, out, idx, part)
-        if bool(xp.all(v.ok)):
+        again = ~v.ok & v.changed
+        if not bool(xp.any(again)):
             break
-        keep = xp.nonzero(~v.ok)[0]
+        keep = xp.nonzero(again)[0]
         idx = keep if idx is None else xp.take(idx, keep, axis=0)
         omega = xp.take(v.omega, keep, axis=0)
         masks = None if masks is None else tuple(xp.take(m, keep, axis=0) for m in v.masks)

@@ -132,13 +132,13 @@ class CappedSimplex(Projector):
         xp = array_namespace(X)
         t = self._totals(X)
         U = self.upper
-        th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
+        th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype))
         shift = self._shift(xp, th.theta, t)
         if shift is not None and X.dtype != xp.float64:
             return self._in_float64(X)
         if shift is not None:  # Π(x − c1) = Π(x) (Σy is fixed), θ moves by c: solved again near θ = 0
             X = X - shift
-            th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype, t))
+            th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype))
         Y, active, mult = _outputs(xp, X, th.theta, U)
         if shift is not None:
             mult = xp.concat([mult[:, :-1], mult[:, -1:] + shift], axis=1)
@@ -181,15 +181,17 @@ class CappedSimplex(Projector):
             return None
         return xp.where(far, theta, xp.zeros_like(theta))
 
-    def _weak_tol(self, xp: Any, dtype: Any, t: Any):
-        """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + t + min(u, t))`` (a function of θ).
+    def _weak_tol(self, xp: Any, dtype: Any):
+        """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + t + min(u, t))``.
+
+        A function of ``θ`` and ``t`` of the same rows ((r, 1) each): :func:`threshold` calls it on the whole
+        batch and again on the rows it solves on all their entries, so a per-sample total is never read here.
 
         ``min(u, t)``: a cap above the total never binds and sets no breakpoint's rounding (a cap of 1e15 on a
         total of 1 called every point weakly active).
         """
         eps = float(np.finfo(np.float32 if dtype == xp.float32 else np.float64).eps)
-        cap = self._binding_cap(xp, t)
-        return lambda theta: 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + cap)
+        return lambda theta, t: 8.0 * self._n * eps * (1.0 + xp.abs(theta) + xp.abs(t) + self._binding_cap(xp, t))
 
     def _binding_cap(self, xp: Any, t: Any) -> Any:
         """``min(u, t)`` (0 without a cap): the largest entry of a point of the set.

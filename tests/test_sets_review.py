@@ -1,0 +1,207 @@
+"""Structured sets: per-sample totals solved in two passes, float32 thresholds, matrix cotangents at fallback
+samples, degenerate faces of partial matchings (near permutations).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import polyproj as pp
+from tests.helpers import kkt_residuals
+
+F32 = float(np.finfo(np.float32).eps)
+
+
+# ------------------------------------------------------------------ per-sample totals, rows solved twice
+def _row_by_row(X, S_of, totals):
+    return np.stack([np.asarray(pp.project(X[i], S_of(float(t))).y) for i, t in enumerate(totals)])
+
+
+# rows whose (K+1)-th largest entry lies above the threshold are solved again on all their entries: a large
+# total (many positive entries) or a flat row; the others end on the prefilter's candidates
+TOTAL_CASES = {
+    "simplex": (40, lambda n, t: pp.sets.Simplex(n, t), [1.0, 100.0, 0.5]),
+    "capped": (200, lambda n, t: pp.sets.CappedSimplex(n, t, 0.5), [0.5, 8.0, 30.0]),
+    "capped-one-total": (100, lambda n, t: pp.sets.CappedSimplex(n, t, 0.5), [2.0, 2.0, 2.0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOTAL_CASES))
+def test_totals_of_rows_solved_again_equal_each_row_alone(name, rng):
+    """The weak-activity tolerance of the rows solved again was computed with the whole batch's totals:
+    a shape error (NumPy ValueError, torch RuntimeError) whenever some rows needed the full solve and
+    others did not — with per-sample totals, and with one total once two rows or more needed it."""
+    n, make, totals = TOTAL_CASES[name]
+    X = 0.1 * rng.standard_normal((3, n))
+    X[0] *= 20.0  # spread out: the candidates decide it
+    X[2] = 1e-3 * rng.standard_normal(n)  # nearly flat: every entry positive, the prefilter fails
+    t = np.array(totals)
+    S = make(n, t) if len(set(totals)) > 1 else make(n, float(t[0]))
+    ref = _row_by_row(X, lambda v: make(n, v), totals)
+    scale = 1.0 + np.abs(X).max() + t.max()
+    res = pp.project(X, S)
+    np.testing.assert_array_less(np.abs(np.asarray(res.y) - ref).max(), 1e-12 * scale)
+    np.testing.assert_array_less(np.abs(np.asarray(res.y).sum(axis=1) - t), 1e-12 * scale)
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    St = make(n, torch.tensor(t)) if len(set(totals)) > 1 else S
+    y = project(torch.tensor(X), St).numpy()
+    np.testing.assert_array_less(np.abs(y - ref).max(), 1e-12 * scale)
+
+
+def test_the_prefilter_start_is_below_every_rows_root(monkeypatch, rng):
+    """The start taken from the smallest of the per-sample totals (the m-th largest candidate less u,
+    m = ⌈min t / u⌉) is below the root only of rows with t <= m u; the rows with larger totals start at the
+    usual bound (``_newton``'s ``lower`` must satisfy f(lower) >= t)."""
+    import polyproj.sets.threshold as th
+
+    seen = []
+    inner = th._newton
+
+    def spy(X, total, upper, max_iter, lower=None):
+        if lower is not None:
+            seen.append((X, total, upper, lower))
+        return inner(X, total, upper, max_iter, lower)
+
+    monkeypatch.setattr(th, "_newton", spy)
+    X = 0.1 * rng.standard_normal((3, 200))
+    t = np.array([0.5, 8.0, 20.0])
+    y = pp.project(X, pp.sets.CappedSimplex(200, t, 0.5)).y
+    np.testing.assert_allclose(y.sum(axis=1), t, rtol=0, atol=1e-12 * (1 + t.max()))
+    assert seen
+    for C, total, upper, lower in seen:
+        f = np.clip(C - np.where(np.isfinite(lower), lower, -np.inf), 0.0, upper).sum(axis=1, keepdims=True)
+        assert np.all(f >= total * (1 - 1e-12)), (f, total)
+
+
+# ------------------------------------------------------------------ float32 thresholds
+@pytest.mark.parametrize(("n", "t", "u", "seeds"), [
+    (1000, 19.5, 0.02, (35, 0, 33)),  # float32 sums had been 5.8e-3 off, entries 2.9e-3 (15 % of the cap)
+    (3000, 25.0, 0.01, (0, 1, 2)),
+    (300, 5.0, 0.05, (3, 4)),
+    (100, 2.0, 0.5, (5, 6)),
+    (1000, 600.0, 0.7, (7,)),
+    (1000, 40.0, float("inf"), (8,)),
+])
+def test_float32_thresholds_meet_the_float32_tolerance(n, t, u, seeds):
+    """``θ`` was taken from a wrong linear piece: ``f`` summed ``u`` once per capped entry (rounding n eps t)
+    and the stop test allowed that much, wider than the pieces near the root. The float32 answer must be
+    within ``8 √n eps (1 + max|x| + t)`` of the float64 one (float32 inputs are exact in float64), in
+    every namespace; the sum is reported SOLVED only when it holds."""
+    S = pp.sets.CappedSimplex(n, t, u) if u != float("inf") else pp.sets.Simplex(n, t)
+    X = np.stack([np.random.default_rng(s).standard_normal(n) for s in seeds]).astype(np.float32)
+    ref = pp.project(X.astype(np.float64), S).y
+    tol = 8.0 * np.sqrt(n) * F32 * (1.0 + np.abs(X).max(axis=1) + t)
+    inputs = [("numpy", X)]
+    torch = pytest.importorskip("torch")
+    inputs.append(("torch", torch.tensor(X)))
+    try:
+        import array_api_strict as xps
+
+        inputs.append(("array_api_strict", xps.asarray(X)))
+    except ImportError:
+        pass
+    for name, x in inputs:
+        res = pp.project(x, S)
+        y = np.asarray(res.y).astype(np.float64)
+        assert all(s is pp.Status.SOLVED for s in res.status)
+        assert np.all(np.abs(y - ref).max(axis=1) <= tol), (name, np.abs(y - ref).max(axis=1) / tol)
+        assert np.all(np.abs(y.sum(axis=1) - t) <= tol), (name, np.abs(y.sum(axis=1) - t) / tol)
+
+
+# ------------------------------------------------------------------ VJP at fallback samples
+def test_matrix_cotangents_at_fallback_samples(monkeypatch, rng):
+    """``S.vjp(res, G)`` with G of shape (b, k, k) raised a bare ValueError (in the generic VJP) when some
+    sample had gone to the generic path; (b, k²) worked. Both give the same J g on every path."""
+    import polyproj.sets.birkhoff as bk
+
+    inner = bk.finish
+
+    def refuse_first(xp, S, face, rounding):  # sample 0 unverified: it takes the generic path
+        out = inner(xp, S, face, rounding)
+        first = np.arange(out.accepted.shape[0]) == 0
+        return replace(out, accepted=out.accepted & ~first)
+
+    X = rng.standard_normal((3, 4, 4))
+    G = rng.standard_normal((3, 4, 4))
+    for S in (pp.sets.Birkhoff(4), pp.sets.PartialMatching(4, 4, 2.5)):
+        plain = S.vjp(pp.project(X, S), G.reshape(3, 16))
+        with monkeypatch.context() as m:
+            m.setattr(bk, "finish", refuse_first)
+            res = pp.project(X, S)
+        assert list(np.asarray(res.face.fallback_idx)) == [0]
+        flat, square = S.vjp(res, G.reshape(3, 16)), S.vjp(res, G)
+        assert flat.shape == square.shape == (3, 16)
+        np.testing.assert_array_equal(flat, square)
+        # the same face either way (the generic path's polish is exact): the same J g to rounding
+        np.testing.assert_allclose(square, plain, rtol=0, atol=1e-9 * (1 + np.abs(G).max()))
+    P = pp.sets.Polyhedral(pp.sets.Simplex(6).as_polyhedron())
+    r = pp.project(rng.standard_normal((2, 6)), P)
+    g = rng.standard_normal((2, 6))
+    np.testing.assert_array_equal(P.vjp(r, g.reshape(2, 2, 3)), P.vjp(r, g))
+
+
+# ------------------------------------------------------------------ degenerate faces of partial matchings
+@pytest.mark.parametrize("k", [8, 20, 40])
+@pytest.mark.parametrize("noise", [1e-12, 1e-9])
+def test_near_permutations_are_projected_on_the_structured_path(k, noise, rng):
+    """At ``P + δN`` every line sum is 1 ± δ and every multiplier is of order δ, below the KKT test's
+    tolerance: the face's rounds must find the exactly feasible face (rows off it were held only to
+    ``tol``, then made exact by the final correction, which turned support entries negative; and 6 rounds
+    were too few). All eight went to the generic path (12 s at k = 60)."""
+    for mm in (None, float(k)):
+        S = pp.sets.PartialMatching(k, k, mm)
+        P = S.as_polyhedron()
+        X = np.stack([np.eye(k)[rng.permutation(k)] + noise * rng.standard_normal((k, k)) for _ in range(3)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pp.PolyprojWarning)
+            res = pp.project(X, S)
+        assert np.asarray(res.face.fallback_idx).size == 0
+        assert res.polished.all() and all(s is pp.Status.SOLVED for s in res.status)
+        scale = 1.0 + np.abs(X).max(axis=(1, 2))
+        for i in range(3):  # the set's KKT test: primal at rounding, the rest at tol = 1e-9 of the scale
+            r = kkt_residuals(P, X[i].ravel(), np.asarray(res.y[i]).ravel(), np.asarray(res.multipliers[i]))
+            assert r["primal"] <= 4 * (2 * k) * np.finfo(float).eps * scale[i], r
+            assert r["dual_feasibility"] == 0.0 and r["complementarity"] <= 1e-9 * scale[i] ** 2, r
+            assert r["stationarity"] <= 2e-9 * scale[i], r
+
+
+def test_a_face_that_cannot_change_is_not_solved_again(monkeypatch):
+    """A failed face whose KKT test names nothing to change (here its equations are inconsistent: the rows
+    held fix ΣX below the total α it also holds) would be solved again to the same point for every
+    remaining round (12 here, ``r + c`` for the last try); it goes to the generic path at once."""
+    import polyproj.sets.bipartite as bp
+
+    x = np.array([[2150.0, 4640.75, 3460.5, 3267.75, 7445.75, -11191.25, 163.0],
+                  [-9155.75, 1833.0, -8773.0, -7103.5, -361.5, 10558.5, 4421.5],
+                  [2318.25, 10613.25, -6986.75, -15581.25, -3078.0, -1985.75, 9353.5],
+                  [16132.25, -9865.25, 18668.0, 11826.75, 6387.25, 2861.5, 18285.75],
+                  [707.25, -3446.25, 1146.5, -10157.5, 3642.25, -718.0, 2582.5]])
+    calls = []
+    inner = bp._face_solve
+    monkeypatch.setattr(bp, "_face_solve", lambda *a, **k: calls.append(1) or inner(*a, **k))
+    S = pp.sets.PartialMatching(5, 7, 2.5)
+    res = pp.project(x, S)
+    assert len(calls) <= 2
+    assert res.polished and res.status is pp.Status.SOLVED
+    assert S.as_polyhedron().violation(res.y.ravel()) <= 1e-12 * np.abs(x).max()
+
+
+def test_a_total_at_the_rounding_of_n_times_the_cap_ends_at_once():
+    """``total`` may exceed ``n·u`` by its rounding (``CappedSimplex`` admits it): every entry is at the cap,
+    on the flat piece where ``f = n u < t``; the stop test, now at the rounding of ``f`` alone, must not
+    send such a row through every step to the sort."""
+    from polyproj.sets.threshold import threshold
+
+    n, u = 10, 0.1
+    t = n * u * (1 + 30 * np.finfo(float).eps)
+    X = np.random.default_rng(0).standard_normal((4, n))
+    th = threshold(X, np.full((4, 1), t), u)
+    assert th.iterations == 1
+    np.testing.assert_array_equal(np.clip(X - th.theta, 0.0, u), u)
+    assert np.all(pp.project(X, pp.sets.CappedSimplex(n, t, u)).y == u)
