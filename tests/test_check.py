@@ -16,7 +16,8 @@ from polyproj.backends.proxsuite import ProxSuiteSolver
 from polyproj.cli import main
 from polyproj.solution import Solution
 from polyproj.testing import check_backend
-from polyproj.testing.check import PROPERTIES
+from polyproj.testing import properties as pr
+from polyproj.testing.check import PROPERTIES, run_property
 
 CPU_BACKENDS = [name for name in pp.available_backends() if name != "cupy"]
 FAST = ["qp_contract", "infeasibility", "batch_contract"]
@@ -420,3 +421,193 @@ def test_cli_check_imports_module_class_from_the_working_directory(tmp_path):
     run = subprocess.run([str(script), "check", "my_probe_module:MySolver", "--examples", "1"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "must be a polyproj.Capabilities" in run.stderr, run.stderr
+
+
+# ----------------------------------------------------------------------------- batches of general QPs (a review)
+class _BatchAssumesIdentity(ProxSuiteSolver):
+    """A projection fast path taken for every batch: ``solve_batch`` replaces P by I."""
+
+    name = "batch_assumes_identity"
+
+    def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None):
+        qp_i = pp.QP(P=np.eye(qp.n), q=qp.q, C=qp.C, l=qp.l, u=qp.u, lb=qp.lb, ub=qp.ub)
+        return super().solve_batch(qp_i, q=q, l=l, u=u, lb=lb, ub=ub, warm_start=warm_start)
+
+
+class _BatchIgnoresBounds(ProxSuiteSolver):
+    """``solve_batch`` solves with the QP's own l, u, lb, ub: only a batched q is read."""
+
+    name = "batch_ignores_bounds"
+
+    def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None):
+        if q is None:
+            q = np.tile(qp.q, (next(np.shape(v)[0] for v in (l, u, lb, ub) if v is not None), 1))
+        return super().solve_batch(qp, q=q)
+
+
+class _BatchSlightlyOutside(ProxSuiteSolver):
+    """``solve_batch`` moves x 0.3 % of the data's scale past every active upper bound (a rounding "fix" gone
+    wrong): the guard judges it SOLVED_INACCURATE, an ok status."""
+
+    name = "batch_slightly_outside"
+
+    def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None):
+        import dataclasses
+
+        bs = super().solve_batch(qp, q=q, l=l, u=u, lb=lb, ub=ub, warm_start=warm_start)
+        UB = np.broadcast_to(qp.ub if ub is None else ub, bs.x.shape)
+        size = np.maximum(np.abs(bs.x).max(axis=1), np.abs(np.where(np.isfinite(UB), UB, 0.0)).max(axis=1))
+        at_ub = np.isfinite(UB) & (np.abs(bs.x - UB) <= 1e-6)
+        return dataclasses.replace(bs, x=np.where(at_ub, UB + 3e-3 * (1.0 + size)[:, None], bs.x))
+
+
+def _general_batch():
+    """Two QPs sharing P = [[2, 1], [1, 2]] and C = [[1, 1]], every vector batched (x = 0 feasible in both)."""
+    from polyproj.testing import strategies as ps
+
+    inf = np.inf
+    vec = {"q": np.array([[-4.0, -4.0], [1.0, -3.0]]), "l": np.array([[-inf], [-1.0]]), "u": np.array([[1.0], [inf]]),
+           "lb": np.array([[-1.0, -1.0], [0.0, -2.0]]), "ub": np.array([[1.0, 1.0], [2.0, 0.0]])}
+    qp = pp.QP(P=[[2.0, 1.0], [1.0, 2.0]], C=[[1.0, 1.0]], **{k: v[0] for k, v in vec.items()})
+    return ps.QPBatchCase(qp, vec, np.zeros((2, 2)), strictly_convex=True)
+
+
+@pytest.mark.core
+@pytest.mark.parametrize(("cls", "phrase"), [
+    (_BatchAssumesIdentity, "dual residual"),
+    (_BatchIgnoresBounds, "violates the constraints"),
+    (_BatchSlightlyOutside, "violates the constraints"),
+])
+def test_batch_paths_that_solve_other_problems_are_caught(cls, phrase):
+    """`batch_contract` batches projection QPs (P = I, only q): a batch path that replaces P by I or ignores the
+    batched l, u, lb, ub passed every row. `batch_qp_contract` gives a general P and batches every vector."""
+    case = _general_batch()
+    assert pr.check_qp_batch_contract(case, ProxSuiteSolver()) == {"qps": 2, "batches": 2}
+    with pytest.raises(AssertionError, match=phrase) as caught:
+        pr.check_qp_batch_contract(case, cls())
+    assert "solve_batch element" in str(caught.value)
+
+
+def test_batch_qp_contract_finds_a_batch_path_that_replaces_p_by_the_identity():
+    """Through hypothesis, with a readable shrunk example; the projection batches of `batch_contract` pass it."""
+    res = run_property("batch_qp_contract", _BatchAssumesIdentity(), max_examples=3, seed=0, shrink_budget=0.5)
+    assert res.status == "failed" and "dual residual" in res.message and "solve_batch element" in res.message
+    assert "FeasibleQPBatch(P=" in res.falsifying and len(res.falsifying) < 1500
+    assert run_property("batch_contract", _BatchAssumesIdentity(), max_examples=3, seed=0).status == "passed"
+
+
+def test_a_point_the_guard_calls_solved_inaccurate_still_fails_the_batch_contract():
+    """0.3 % outside an active bound: the guard keeps an ok status (SOLVED_INACCURATE); the kit fails it."""
+    qp = pp.QP(P=[[2.0, 1.0], [1.0, 2.0]], q=[-4.0, -4.0], lb=[-1.0, -1.0], ub=[1.0, 1.0])
+    bs = pp.get_backend(_BatchSlightlyOutside).solve_batch(qp, q=[[-4.0, -4.0], [-5.0, -4.0]])
+    assert bs.status[0] is pp.Status.SOLVED_INACCURATE and bs.solution(0).info["claimed_status"] == "SOLVED"
+    with pytest.raises(AssertionError, match="violates the constraints"):
+        pr.check_solution_kkt(qp, bs.solution(0), 1e-6)
+
+
+@pytest.mark.core
+def test_batch_qp_contract_holds_for_proxsuite_cold_and_warm():
+    res = run_property("batch_qp_contract", "proxsuite", max_examples=5, seed=0)
+    assert res.status == "passed", res.message + "\n" + res.falsifying
+    assert res.counts["batches"] == 10 and res.counts["qps"] >= 10
+
+
+# ----------------------------------------------------------------------------- the contract's tolerance (a review)
+def test_the_contract_follows_the_backends_own_tolerance():
+    """A correct backend at eps_abs = 1e-5 failed batch_contract at 2.6e-6 > 2e-6 (a fixed 1e-6) while the
+    conformance checks allowed max(1e-6, 100 eps_abs): one rule for both now, unless tol is given."""
+    from polyproj.testing.conformance import kkt_tolerance
+
+    loose = ProxSuiteSolver(eps_abs=1e-5)
+    assert pr.contract_tolerance(loose) == kkt_tolerance(loose) == pytest.approx(1e-3)
+    assert pr.contract_tolerance(loose, 1e-6) == 1e-6  # an explicit tol is kept
+    assert pr.contract_tolerance(ProxSuiteSolver()) == 1e-6
+    report = check_backend("proxsuite", max_examples=3, seed=0, conformance=False, shrink_budget=0.0,
+                           properties=["qp_contract", "batch_contract", "batch_qp_contract"], eps_abs=1e-5)
+    assert report.passed, str(report)
+    assert report.tol == pytest.approx(1e-3)
+
+
+# ----------------------------------------------------------------------------- sys.exit in a backend (a review)
+class _Exits(ProxSuiteSolver):
+    """Calls exit() in solve, as a wrapped command-line solver might."""
+
+    name = "exits"
+
+    def solve(self, qp, warm_start=None):
+        import sys
+
+        sys.exit(3)
+
+
+class _ExitsOutsideTheGuard(ProxSuiteSolver):
+    """Calls exit() in its own solve_projections, which the guard does not wrap."""
+
+    name = "exits_outside"
+
+    def solve_projections(self, X, data, *, rough=False):
+        import sys
+
+        sys.exit()
+
+
+def test_a_backend_calling_sys_exit_gives_error_rows_and_a_nonzero_exit(capsys, monkeypatch):
+    """`polyproj check` on such a backend ended with status 0 and printed nothing: the guard turns the SystemExit of
+    solve into a SolverError (an error row), and the kit reports one raised elsewhere as the property's error."""
+    from polyproj.testing import check as kit
+
+    with monkeypatch.context() as m:
+        m.setattr(kit, "PROPERTIES", ("qp_contract", "nonlicq_example"))  # two of them, and the conformance
+        assert main(["check", "tests.test_check:_Exits", "--examples", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "qp_contract" in out and "conformance:feasible_dense" in out and "properties failed" in out
+    assert out.count("ERROR") >= 3 and "SolverError: backend 'exits' raised SystemExit: 3" in out  # the guard's
+    outside = check_backend(_ExitsOutsideTheGuard, max_examples=1, properties=["projection", "nonlicq_example"],
+                            conformance=False)
+    assert [r.status for r in outside.results] == ["error", "error"]
+    assert all("called sys.exit()" in r.message for r in outside.results)
+
+
+# ----------------------------------------------------------------------------- infeasibility on every side (a review)
+def test_proxsuite_proves_infeasibility_through_lower_sides_and_bounds():
+    """ProxQP stops at MAX_ITER with z = 0 on x <= −1, x >= 1 (the kit's infeasible QPs used upper sides only);
+    the glue finds the Farkas certificate on the sides its last iterate violates."""
+    qps = [pp.QP(P=np.eye(1), q=[0.0], C=[[1.0], [1.0]], l=[-np.inf, 1.0], u=[-1.0, np.inf]),
+           # shrunk by `infeasibility`: x fixed at 3 by its bounds, a row asking x >= 4
+           pp.QP(P=np.eye(1), q=[2.0], C=[[1.0]], l=[4.0], u=[np.inf], lb=[3.0], ub=[3.0]),
+           pp.QP(P=np.eye(3), q=[-1.0, 2.0, 2.0], C=[[-2.0, 2.0, 0.0]], l=[3.0], u=[6.0], lb=[2.0, 2.0, -np.inf],
+                 ub=[np.inf, 2.0, np.inf])]
+    solver = pp.get_backend("proxsuite")
+    for qp in qps:
+        sol = solver.solve(qp)
+        assert sol.status is pp.Status.PRIMAL_INFEASIBLE, (qp, sol.info)
+    bs = solver.solve_batch(qps[0], l=[[-np.inf, 1.0], [-np.inf, -2.0]])  # the native batch path too
+    assert bs.status == (pp.Status.PRIMAL_INFEASIBLE, pp.Status.SOLVED)
+    # a feasible problem that stops at MAX_ITER keeps it: its violated sides carry no certificate
+    slow = pp.get_backend("proxsuite", max_iter=1).solve(pp.QP(P=np.eye(2), q=[1.0, 1.0], C=[[1.0, 1.0]],
+                                                               l=[1.0], u=[2.0], lb=[0.0, 0.0]))
+    assert slow.status is not pp.Status.PRIMAL_INFEASIBLE
+
+
+def test_proxsuite_looks_for_certificates_after_its_first_budget():
+    """conformance.random_infeasible_qp (seed 1 of its test): ProxQP ran 9.6e6 inner iterations (17 s) to MAX_ITER;
+    after FIRST_BUDGET outer ones the violated sides carry the certificate. A problem that needs more is solved
+    again from the start with ProxQP's own budget: the answer it gives unstaged (to rounding)."""
+    from polyproj.backends import proxsuite as px
+    from polyproj.testing import conformance as cf
+
+    rng = np.random.default_rng(1)
+    cf.random_feasible_qp(rng, 5, 3, 1)
+    cf.random_feasible_qp(rng, 20, 10, 2, sparse=True, density=0.2)
+    sol = pp.get_backend("proxsuite").solve(cf.random_infeasible_qp(rng, 6, 4))
+    assert sol.status is pp.Status.PRIMAL_INFEASIBLE and sol.iterations < 10**5
+    qp = cf.random_feasible_qp(np.random.default_rng(0), 20, 15, 3)
+    plain = pp.get_backend("proxsuite", max_iter=10_000).solve(qp)  # ProxQP's own budget, unstaged
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(px, "FIRST_BUDGET", 2)  # every solve needs a second run now
+        staged = pp.get_backend("proxsuite").solve(qp)
+        batch = pp.get_backend("proxsuite").solve_batch(qp, q=np.stack([qp.q, qp.q]))
+    assert staged.status is plain.status is pp.Status.SOLVED and staged.iterations > plain.iterations
+    # the same run (ProxQP's own answers differ in the last bits between calls: the first call builds its matrices)
+    np.testing.assert_allclose(staged.x, plain.x, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(batch.x, np.stack([plain.x, plain.x]), rtol=0, atol=1e-13)

@@ -110,15 +110,32 @@ def test_generators(seed):
     assert qp.primal_violation(x) < 1e-9
     sqp = cf.random_feasible_qp(rng, 20, 10, 2, sparse=True, density=0.2)
     assert sp.issparse(sqp.P) and sp.issparse(sqp.C)
-    # infeasible: the Farkas certificate y > 0 with Aᵀy = 0, uᵀy < 0 exists by construction
-    inf = cf.random_infeasible_qp(rng, 6, 4)
-    res = pp.get_backend("proxsuite").solve(inf)
-    assert res.status is pp.Status.PRIMAL_INFEASIBLE
+    # infeasible: the Farkas certificate (Cᵀy + y_box = 0, negative support) exists by construction; it is checked,
+    # not a solver's status (ProxQP needs up to 10⁷ inner iterations, 20 s, on some of them: it ends in MAX_ITER
+    # and its glue finds the certificate, tests/test_check.py)
+    inf, y, y_box = cf.infeasible_qp_with_certificate(rng, 6, 4)
+    assert inf.is_primal_infeasibility_certificate(y, y_box)
     unb = cf.random_unbounded_qp(rng, 6, 3)
     eig = np.linalg.eigvalsh(unb.P)
     assert eig.min() > -1e-10 and abs(eig).min() < 1e-10
     nc = cf.random_nonconvex_qp(rng, 5, 2)
     assert np.linalg.eigvalsh(nc.P).min() < -1
+
+
+@pytest.mark.core
+def test_random_infeasible_qps_use_every_kind_of_side():
+    """random_infeasible_qp used upper sides only (l = -inf): now its certificate takes lower and upper sides,
+    two-sided and equality rows and variable bounds, and is a certificate by polyproj's own test."""
+    kinds = dict.fromkeys(("lower", "upper", "two-sided", "equality", "bound"), 0)
+    for seed in range(40):
+        qp, y, y_box = cf.infeasible_qp_with_certificate(np.random.default_rng(seed), 5, 3)
+        assert qp.is_primal_infeasibility_certificate(y, y_box)
+        kinds["lower"] += np.any(y < 0)
+        kinds["upper"] += np.any(y > 0)
+        kinds["two-sided"] += np.any(np.isfinite(qp.l) & np.isfinite(qp.u) & (qp.l < qp.u))
+        kinds["equality"] += np.any(qp.l == qp.u)
+        kinds["bound"] += np.any(y_box != 0)
+    assert all(v >= 5 for v in kinds.values()), kinds
 
 
 @pytest.mark.core

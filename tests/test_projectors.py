@@ -117,6 +117,45 @@ def test_property_suite_catches_a_wrong_vjp():
     assert report["conservativity"].status in ("failed", "passed")  # segments may all stay inside
 
 
+@pytest.mark.parametrize("band", [1e-3, 1e-6])
+def test_property_suite_catches_a_set_that_leaves_points_just_outside_unprojected(band):
+    """`excess > band` instead of `excess > 0`: pp.project([0.5005, 0], S) was SOLVED 5e-4 outside the set, and
+    check_projector passed it (no sample came that close to the boundary)."""
+    class Lazy(HalfSpace):
+        def project_batch(self, X):
+            xp = array_namespace(X)
+            w = xp.asarray(self.w, dtype=X.dtype, device=device(X))
+            excess = X @ w - self.c
+            step = xp.where(excess > band, excess, xp.zeros_like(excess)) / float(self.w @ self.w)
+            active = (excess >= 0)[:, None]
+            return self.result(X, X - step[:, None] * w[None, :], active=active, multipliers=step[:, None],
+                               face=active)
+
+    S = Lazy([1.0, -2.0], 0.5)
+    assert S.as_polyhedron().violation(pp.project(np.array([0.5 + band / 2, 0.0]), S).y) > 0  # the defect
+    report = check_projector(S, examples=20, seed=0)
+    assert not report.passed
+    assert report["agreement"].status == "failed" or report["projection"].status == "failed", str(report)
+
+
+def test_boundary_points_lie_just_outside_just_inside_and_on_the_boundary(rng):
+    from polyproj.testing.projector import BOUNDARY_DISTANCES, boundary_points
+
+    S = HalfSpace([1.0, -2.0, 0.5], 0.7)
+    X = 3 * rng.normal(size=(12, 3)) + S.w  # most of them outside
+    near = boundary_points(S, X, 1.0, 3)  # per base point: y, then (outside, inside) at each distance
+    per = 1 + 2 * len(BOUNDARY_DISTANCES)
+    assert near.shape == (3 * per, 3)
+    signed = (near @ S.w - S.c) / np.linalg.norm(S.w)  # signed distance to the hyperplane
+    t = np.tile(BOUNDARY_DISTANCES, 3)
+    assert np.all(np.abs(signed[::per]) < 1e-12)  # the projections: on the boundary
+    out = np.concatenate([np.arange(k * per + 1, (k + 1) * per, 2) for k in range(3)])
+    np.testing.assert_allclose(signed[out], t, rtol=1e-6)
+    assert np.all(signed[out + 1] < 0) and np.all(signed[out + 1] >= -t * (1 + 1e-9))  # inside, within t
+    # a point outside along the normal projects back onto its base point
+    np.testing.assert_allclose(pp.project(near[out], S).y, np.repeat(near[::per], per // 2, axis=0), atol=1e-12)
+
+
 def test_property_suite_catches_a_set_that_writes_into_its_input_and_takes_a_polyhedron(rng):
     class Writes(HalfSpace):
         def project_batch(self, X):
@@ -248,6 +287,8 @@ class _Box01(pp.Projector):
         Y = xp.clip(X, 0.0, 1.0)
         if self.broken == "nan outside numpy" and not is_numpy_array(X):
             Y = Y * float("nan")
+        if self.broken == "1e-10 off outside numpy" and not is_numpy_array(X):
+            Y = Y + 1e-10
         active = xp.concat([X <= 0, X >= 1], axis=1)
         mult = xp.concat([xp.clip(-X, 0.0, None), xp.clip(X - 1, 0.0, None)], axis=1)
         return self.result(X, Y, active=active, multipliers=mult)
@@ -270,6 +311,8 @@ class _Box01(pp.Projector):
     ("vjp none", "vjp", "S.vjp returned None"),
     ("vjp nan", "vjp", "differs from the HS-Jacobian"),
     ("nan outside numpy", "namespaces", "differ by nan"),
+    # exact answers (a box's) are compared to rounding, also near the boundary, where the generic path's are not
+    ("1e-10 off outside numpy", "namespaces", "an exact NumPy answer"),
     ("raises", "set-up", "kaboom"),
     ("none", "set-up", "ProjectionResult"),
     ("wrong n", "set-up", "has 4 variables but S.n is 3"),

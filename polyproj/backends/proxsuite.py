@@ -24,11 +24,21 @@ from .base import Capabilities, QPSolver
 from .cache import converted
 from .options import boolean, positive, positive_int
 
-__all__ = ["RETRY_RHO", "ProxSuiteSolver"]
+__all__ = ["FIRST_BUDGET", "RETRY_RHO", "ProxSuiteSolver"]
 
 #: the proximal step of the retry after a refuted infeasibility claim (ProxQP's default 1e-6): on random small
 #: feasible LPs and singular QPs where ProxQP claimed infeasibility, 1e-3 solved 5 of 11 and 1e-2 all 11
 RETRY_RHO = 1e-2
+
+#: ProxQP's outer iterations before the glue first looks for infeasibility certificates (its own budget is 10⁴,
+#: used when this one ends without a certificate; a ``max_iter`` the caller set is used as it is). On infeasible QPs
+#: it does not detect, ProxQP's inner iterations grow to ~10³ per outer one late in the run: 10⁷ in all, 17 to 26 s
+#: for n = 6 (``conformance.random_infeasible_qp``), where the sides its iterate violates carry a certificate after
+#: 10³ outer iterations (0.01 s). Feasible QPs converge far below it (random QPs of n <= 40: at most 37 iterations,
+#: inner ones included; 28 of the 29 small Maros–Meszaros problems: at most 145), and one that does not is solved
+#: again from the start with ProxQP's own budget: its answer is the one ProxQP gives unstaged (to rounding), at the
+#: cost of the first run (QSHARE2B: 4,527 iterations instead of 3,465).
+FIRST_BUDGET = 1000
 
 
 class ProxSuiteSolver(QPSolver):
@@ -89,7 +99,11 @@ class ProxSuiteSolver(QPSolver):
         out = qp.memo[key] = (ieq, iin, box_rows, A, b, Cin, l, u)
         return out
 
-    def _configure(self, solver: Any, warm: bool) -> None:
+    def _configure(self, solver: Any, warm: bool, first_budget: bool = False) -> None:
+        """ProxQP's settings from polyproj's.
+
+        ``first_budget``: at most :data:`FIRST_BUDGET` outer iterations (where the caller set no ``max_iter``).
+        """
         import proxsuite
 
         st = solver.settings
@@ -100,6 +114,8 @@ class ProxSuiteSolver(QPSolver):
         st.compute_timings = True  # info.solve_time / run_time (0 otherwise), which the time limit reads
         if s["max_iter"] is not None:
             st.max_iter = int(s["max_iter"])
+        elif first_budget:
+            st.max_iter = FIRST_BUDGET
         if self.backend_options.get("check_duality_gap", True):
             st.check_duality_gap = True
             st.eps_duality_gap_abs = float(s["eps_abs"])
@@ -117,7 +133,7 @@ class ProxSuiteSolver(QPSolver):
         self._init_kwargs_cache = (key, kw)
         return kw
 
-    def _build(self, qp: QP, warm: bool, rho: float | None = None):
+    def _build(self, qp: QP, warm: bool, rho: float | None = None, first_budget: bool = False):
         import proxsuite
 
         sparse = qp.is_sparse
@@ -132,7 +148,7 @@ class ProxSuiteSolver(QPSolver):
         else:
             solver = proxsuite.proxqp.dense.QP(n, A.shape[0], Cin.shape[0], native_box)
             H = qp.P
-        self._configure(solver, warm)
+        self._configure(solver, warm, first_budget)
         args = [H, qp.q, A if A.shape[0] else None, b if A.shape[0] else None,
                 Cin if Cin.shape[0] else None, l if Cin.shape[0] else None, u if Cin.shape[0] else None]
         if native_box:
@@ -168,10 +184,9 @@ class ProxSuiteSolver(QPSolver):
             qp = qp_of()
             if qp.is_dual_infeasibility_certificate(x):
                 status = Status.DUAL_INFEASIBLE
-            elif qp.is_primal_infeasibility_certificate(z, z_box):
+            elif qp.is_primal_infeasibility_certificate(z, z_box) or self._violation_certifies(qp, x):
                 status = Status.PRIMAL_INFEASIBLE
-            # else MAX_ITER stands: on some small infeasible problems ProxQP's iterates drift without
-            # converging to a certificate (docs/solvers.md); another backend's claim is not proof
+            # else MAX_ITER stands: another backend's claim is not proof
         elif status is Status.PRIMAL_INFEASIBLE and not qp_of().is_primal_infeasibility_certificate(z, z_box):
             other = self._second_opinion(qp_of())
             if other is not None and (other.status.ok or (other.status is Status.DUAL_INFEASIBLE
@@ -188,6 +203,54 @@ class ProxSuiteSolver(QPSolver):
         if status.ok and tl is not None and info_p.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
         return status
+
+    #: largest NNLS system (entries) :meth:`_violation_certifies` builds (n = k = 500: well under a second); beyond
+    #: it MAX_ITER stands, as before
+    _CERTIFICATE_ENTRIES = 250_000
+
+    @classmethod
+    def _violation_certifies(cls, qp: QP, x: np.ndarray) -> bool:
+        """Whether the sides that ProxQP's last iterate ``x`` violates carry a Farkas certificate.
+
+        On an infeasible problem ProxQP's multipliers need not diverge along a certificate: on ``x <= −1``,
+        ``x >= 1`` it stopped at MAX_ITER after 10⁴ iterations with ``z = 0`` and ``x = 0``, and 37 of 300 drawn
+        infeasible QPs with lower sides, two-sided rows or variable bounds (``polyproj.testing.strategies.
+        infeasible_qps``, seed 0) ended so, while every other backend said PRIMAL_INFEASIBLE. Its iterate does
+        settle where the violation is least in its own (preconditioned, penalised) weights: at a minimiser
+        ``x̄`` of ``Σ ω_k dist_k(x)²`` over the sides ``k`` (rows' sides, bounds) the weighted residuals
+        ``y_k = ω_k (g_kᵀx̄ − b_k)`` satisfy ``Σ_k y_k g_k = 0`` (the gradient), are non-zero only on violated
+        sides, with the sign of the side (``> 0`` on an upper side, ``< 0`` on a lower one), and their support
+        ``Σ_k y_k b_k = Σ_k y_k (g_kᵀx̄ − y_k/ω_k) = −Σ_k y_k²/ω_k < 0``: a Farkas certificate on the violated
+        sides. The weights are ProxQP's; so the certificate is found by non-negative least squares over the
+        violated sides (columns ``s_k g_k`` in force units, ``|g_k|∞ = 1``; their weights summing to 1) and
+        then judged by :meth:`~polyproj.problem.QP.is_primal_infeasibility_certificate` like any other: a
+        certificate proves the constraints empty whatever produced it, and on a feasible problem none exists.
+        """
+        from scipy.optimize import nnls
+
+        if not np.all(np.isfinite(x)):
+            return False
+        cx = np.asarray(qp.C @ x).reshape(-1) if qp.m else np.zeros(0)
+        up_r, lo_r = np.flatnonzero(cx > qp.u), np.flatnonzero(cx < qp.l)
+        up_b, lo_b = np.flatnonzero(x > qp.ub), np.flatnonzero(x < qp.lb)
+        k = up_r.size + lo_r.size + up_b.size + lo_b.size
+        if k == 0 or (qp.n + 1) * k > cls._CERTIFICATE_ENTRIES:
+            return False
+        rows = np.concatenate([up_r, lo_r])
+        Cr = qp.C[rows] if qp.m else np.zeros((0, qp.n))
+        Cr = Cr.toarray() if sp.issparse(Cr) else np.asarray(Cr, dtype=float).reshape(rows.size, qp.n)
+        width = np.abs(Cr).max(axis=1, initial=0.0)
+        width = np.where(width > 0, width, 1.0)
+        sign_r = np.concatenate([np.ones(up_r.size), -np.ones(lo_r.size)])
+        E = np.eye(qp.n)[np.concatenate([up_b, lo_b])]
+        sign_b = np.concatenate([np.ones(up_b.size), -np.ones(lo_b.size)])
+        cols = np.vstack([Cr * (sign_r / width)[:, None], E * sign_b[:, None]])  # (k, n): s_k g_k / |g_k|∞
+        a, _ = nnls(np.vstack([cols.T, np.ones((1, k))]), np.concatenate([np.zeros(qp.n), [1.0]]))
+        y = np.zeros(qp.m)
+        np.add.at(y, rows, sign_r * a[:rows.size] / width)
+        y_box = np.zeros(qp.n)
+        np.add.at(y_box, np.concatenate([up_b, lo_b]), sign_b * a[rows.size:])
+        return qp.is_primal_infeasibility_certificate(y, y_box)
 
     def _second_opinion(self, qp: QP) -> Solution | None:
         """An independent backend's answer to ``qp`` (asked only when ProxQP's status has no certificate)."""
@@ -288,6 +351,23 @@ class ProxSuiteSolver(QPSolver):
         return replace(again, iterations=sol.iterations + again.iterations,
                        solve_time=sol.solve_time + again.solve_time)
 
+    def _resumed_batch(self, qp: QP, vecs: dict, size: int, bs: BatchSolution) -> BatchSolution:
+        """The elements of a native batch that ended :data:`FIRST_BUDGET` in MAX_ITER, solved again.
+
+        Without a certificate (:meth:`_final_status`), one by one with ProxQP's own budget, as :meth:`_solve` does.
+        """
+        idx = [i for i in range(size) if bs.status[i] is Status.MAX_ITER] if self._staged() else []
+        if not idx:
+            return bs
+        qps = ElementQPs(qp, vecs, size)
+        sols = [self._resumed(qps[i], bs.solution(i)) for i in idx]
+        out = bs.put(np.asarray(idx), BatchSolution.stack(sols, backend=self.name))
+        elements = bs.info.get("elements") or [{}] * size
+        info = [dict(e) for e in elements]
+        for i, sol in zip(idx, sols, strict=True):
+            info[i] = {**info[i], **sol.info}
+        return replace(out, info={**bs.info, "elements": info})
+
     def _retried_batch(self, qp: QP, vecs: dict, size: int, bs: BatchSolution) -> BatchSolution:
         """The elements of a native batch whose refuted infeasibility :meth:`solve` would retry, retried."""
         elements = bs.info.get("elements") or [{}] * size
@@ -302,11 +382,32 @@ class ProxSuiteSolver(QPSolver):
             info[i] = {**info[i], **s.info}
         return replace(out, info={**bs.info, "elements": info})
 
+    def _staged(self) -> bool:
+        """Whether ProxQP runs :data:`FIRST_BUDGET` outer iterations first (no ``max_iter`` set)."""
+        return self.settings["max_iter"] is None
+
     def _solve(self, qp: QP, warm_start: Any, rho: float | None = None) -> Solution:
+        """One solve: :data:`FIRST_BUDGET` outer iterations, then ProxQP's own run if needed.
+
+        The second run, from the start, follows a first that ends in MAX_ITER without a certificate
+        (:meth:`_final_status`).
+        """
+        if not self._staged():
+            return self._solve_once(qp, warm_start, rho)
+        first = self._solve_once(qp, warm_start, rho, first_budget=True)
+        return self._resumed(qp, first, warm_start, rho) if first.status is Status.MAX_ITER else first
+
+    def _resumed(self, qp: QP, first: Solution, warm_start: Any = None, rho: float | None = None) -> Solution:
+        """``qp`` solved with ProxQP's own budget after ``first`` (its FIRST_BUDGET run), the counts summed."""
+        full = self._solve_once(qp, warm_start, rho)
+        return replace(full, iterations=first.iterations + full.iterations,
+                       solve_time=first.solve_time + full.solve_time, setup_time=first.setup_time + full.setup_time)
+
+    def _solve_once(self, qp: QP, warm_start: Any, rho: float | None = None, first_budget: bool = False) -> Solution:
         warm = warm_start is not None and self.settings["warm_start"]
         t0 = time.perf_counter()
         try:
-            solver, layout = self._build(qp, warm, rho)
+            solver, layout = self._build(qp, warm, rho, first_budget)
             setup = time.perf_counter() - t0
             vecs = self._warm_vectors(qp, layout, warm_start) if warm else None
             if vecs is not None:
@@ -346,7 +447,7 @@ class ProxSuiteSolver(QPSolver):
                 qps.append(qpi)
                 layouts.append((ieq, iin, box_rows, False))
             solver = batch.init_qp_in_place(qp.n, A.shape[0], Cin.shape[0])
-            self._configure(solver, warm=False)
+            self._configure(solver, warm=False, first_budget=self._staged())
             solver.init(qp.P, q_i, *shared, **kw)
         setup = time.perf_counter() - t0
         threads = openmp_threads(self.backend_options.get("num_threads") or cpu_count())
@@ -361,7 +462,7 @@ class ProxSuiteSolver(QPSolver):
             sols = [self._collect(qps[i], batch.get(i).results, layouts[i], 0.0) for i in range(size)]
             bs = BatchSolution.stack(sols, backend=self.name, solve_time=wall, setup_time=setup,
                                      info={"elements": [s.info for s in sols]})
-        return self._retried_batch(qp, vecs, size, bs)
+        return self._retried_batch(qp, vecs, size, self._resumed_batch(qp, vecs, size, bs))
 
     @staticmethod
     def _shared(A, b, Cin, lo, hi) -> tuple:

@@ -12,6 +12,9 @@ infeasibility          contract        certified-infeasible QPs are never SOLVED
                                        when the backend declares detection)
 batch_contract         contract        raw ``solve_batch`` on projection QPs: KKT per element,
                                        agreement with the exact projection
+batch_qp_contract      contract        raw ``solve_batch`` on QPs sharing a general P and C, q, l, u, lb,
+                                       ub batched, cold and warm-started: KKT per element, agreement
+                                       with the backend's ``solve`` of each element
 projection             projection      KKT, idempotence, firm non-expansiveness, variational ineq.
 conservativity         hs-jacobian     path integral of J d over kinks = chord; a.e. derivative
                                        = J d for every HS element (8 segments per example)
@@ -22,7 +25,9 @@ conformance:<name>     conformance     the checks of ``polyproj.testing.conforma
 =====================  ==============  ===========================================================
 
 The contract properties look at the backend's *raw* Solution: ``pp.project`` polishes a slightly
-wrong answer into the exact projection, so the projection properties alone would not catch it.
+wrong answer into the exact projection, so the projection properties alone would not catch it. Their
+tolerance is the backend's own, ``max(1e-6, 100 eps_abs)`` (:func:`~polyproj.testing.properties.contract_tolerance`,
+the rule of the conformance checks), unless ``tol`` is given.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class CheckReport:
     results: tuple[PropertyResult, ...]
     seed: int
     max_examples: int
+    tol: float | None = None  # the raw contract's tolerance (None: not a backend check)
 
     @property
     def passed(self) -> bool:
@@ -117,7 +123,9 @@ class CheckReport:
         from rich.markup import escape
         from rich.table import Table
 
-        t = Table(title=f"polyproj check {self.backend} (seed {self.seed}, {self.max_examples} examples per property)")
+        tol = "" if self.tol is None else f", contract tolerance {self.tol:g}"
+        t = Table(title=f"polyproj check {self.backend} (seed {self.seed}, {self.max_examples} examples per property"
+                        f"{tol})")
         for col in ("property", "group", "result", "examples", "checked", "time [s]", "detail"):
             t.add_column(col, overflow="fold")
         style = {"passed": "[green]PASS[/green]", "failed": "[red]FAIL[/red]", "error": "[red]ERROR[/red]",
@@ -157,6 +165,9 @@ def _props() -> list[PropertySpec]:
         PropertySpec("batch_contract", "contract", "raw solve_batch on projection QPs: KKT per element",
                      lambda s: ps.projection_batches(),
                      lambda c, s, rng, tol: pr.check_batch_contract(c[0].polyhedron, c[1], s, tol)),
+        PropertySpec("batch_qp_contract", "contract", "raw solve_batch on QPs sharing a general P and C, every "
+                     "vector batched, cold and warm-started: KKT per element, agreement with solve",
+                     lambda s: ps.qp_batches(), lambda c, s, rng, tol: pr.check_qp_batch_contract(c, s, tol)),
         PropertySpec("projection", "projection", "KKT, idempotence, firm non-expansiveness, variational inequality",
                      lambda s: ps.projection_batches(),
                      lambda c, s, rng, tol: pr.check_projection(c[0].polyhedron, c[1], s, feasible=c[0].y_star)),
@@ -175,22 +186,24 @@ def _props() -> list[PropertySpec]:
     ]
 
 
-PROPERTIES: tuple[str, ...] = ("qp_contract", "qp_contract_sparse", "infeasibility", "batch_contract", "projection",
-                               "conservativity", "licq_equivalence", "hs_contains_b", "nonlicq_example")
+PROPERTIES: tuple[str, ...] = ("qp_contract", "qp_contract_sparse", "infeasibility", "batch_contract",
+                               "batch_qp_contract", "projection", "conservativity", "licq_equivalence", "hs_contains_b",
+                               "nonlicq_example")
 
 
 def check_arguments(**given: Any) -> None:
     """Check the kit's arguments by name.
 
     Counts (``max_examples``, ``examples``) are integers >= 1 and ``seed`` one >= 0; ``tol`` and ``timeout``
-    positive finite numbers (``timeout`` may be None), ``shrink_budget`` a finite number >= 0.
+    positive finite numbers (either may be None: the backend's own tolerance, no time limit), ``shrink_budget``
+    a finite number >= 0.
     """
     for what, v in given.items():
         if what in ("max_examples", "examples", "seed"):
             low = 0 if what == "seed" else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise PolyprojError(f"{what} must be an integer >= {low}, got {v!r}")
-        elif not (what == "timeout" and v is None):
+        elif not (what in ("timeout", "tol") and v is None):
             number = not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
             zero_ok = what == "shrink_budget"
             if not (number and (0 <= v if zero_ok else 0 < v) and v < np.inf):
@@ -229,6 +242,16 @@ def _timed_out(name: str, group: str, seconds: float, calls: int = 0) -> Propert
                           "does not return, or a property too slow for this backend", "", seconds)
 
 
+def _exited(exc: SystemExit) -> str:
+    """The message of an error row for a ``sys.exit()`` that reached the kit.
+
+    The guard turns a SystemExit inside a backend's ``solve`` / ``solve_batch`` into a SolverError; one raised
+    elsewhere (a backend's own ``solve_projections``, a set's method) would otherwise end ``polyproj check``
+    with status 0 and no table: it is the property's error, and the check goes on.
+    """
+    return f"SystemExit({exc.code!r}): the code under check called sys.exit()"
+
+
 def _falsifying_text(exc: BaseException) -> str:
     notes = [str(n) for n in getattr(exc, "__notes__", [])]
     # hypothesis's seed hint and its "Explanation" of the lines only failing cases ran (the kit's own lines:
@@ -237,11 +260,13 @@ def _falsifying_text(exc: BaseException) -> str:
 
 
 def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0,
-                 tol: float = 1e-6, shrink_budget: float = 30.0, timeout: float | None = None) -> PropertyResult:
+                 tol: float | None = None, shrink_budget: float = 30.0, timeout: float | None = None) -> PropertyResult:
     """Run one property of :data:`PROPERTIES` on a backend and return its result.
 
-    ``shrink_budget`` (seconds) bounds the time spent shrinking a falsifying example. ``timeout`` (seconds, or
-    None) ends the property as an error (:func:`_time_limit`: Python code only, in the main thread).
+    ``tol`` is the relative tolerance of the raw contract properties; None (the default) takes the backend's
+    own, ``max(1e-6, 100 eps_abs)`` (:func:`~polyproj.testing.properties.contract_tolerance`). ``shrink_budget``
+    (seconds) bounds the time spent shrinking a falsifying example. ``timeout`` (seconds, or None) ends the
+    property as an error (:func:`_time_limit`: Python code only, in the main thread).
 
     The counts (``result.counts``) sum what the checks verified, e.g. ``segments`` for
     conservativity or ``points`` for LICQ equivalence.
@@ -250,12 +275,17 @@ def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = D
     if name not in PROPERTIES:
         raise PolyprojError(f"unknown property {name!r}; known: {', '.join(PROPERTIES)}")
     solver = get_backend(backend)
+    from .properties import contract_tolerance
+
+    tol = contract_tolerance(solver, tol)
     if name == "nonlicq_example":
         try:
             with _time_limit(timeout):
                 return _run_nonlicq(solver)
         except _TimedOut:
             return _timed_out(name, "hs-jacobian", timeout)
+        except SystemExit as exc:
+            return PropertyResult(name, "hs-jacobian", "error", 1, {}, _exited(exc))
     specs = {s.name: s for s in _props()}
     spec = specs[name]
     reason = spec.applies(solver)
@@ -297,6 +327,9 @@ def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = D
             prop()
     except _TimedOut:
         return _timed_out(name, spec.group, timeout, calls[0])
+    except SystemExit as exc:
+        return PropertyResult(name, spec.group, "error", calls[0], {}, _exited(exc), _falsifying_text(exc),
+                              time.perf_counter() - t0)
     except AssertionError as exc:
         return PropertyResult(name, spec.group, "failed", calls[0], {}, str(exc), _falsifying_text(exc),
                               time.perf_counter() - t0)
@@ -359,6 +392,10 @@ def _conformance(solver: QPSolver, seed: int, timeout: float | None = None) -> l
         except _TimedOut:
             out.append(_timed_out(f"conformance:{name}", "conformance", timeout, 1))
             continue
+        except SystemExit as exc:
+            out.append(PropertyResult(f"conformance:{name}", "conformance", "error", 1, message=_exited(exc),
+                                      seconds=time.perf_counter() - t0))
+            continue
         except unittest.SkipTest as exc:  # conformance.CheckSkipped: a capability the backend lacks
             out.append(PropertyResult(f"conformance:{name}", "conformance", "skipped", message=str(exc),
                                       seconds=time.perf_counter() - t0))
@@ -378,7 +415,7 @@ def _conformance(solver: QPSolver, seed: int, timeout: float | None = None) -> l
 
 
 def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, *,
-                  properties: Sequence[str] | None = None, conformance: bool = True, tol: float = 1e-6,
+                  properties: Sequence[str] | None = None, conformance: bool = True, tol: float | None = None,
                   progress: bool = False, shrink_budget: float = 30.0, timeout: float | None = None,
                   **settings: Any) -> CheckReport:
     """Run the backend contract, projection and HS-Jacobian properties on a backend.
@@ -396,8 +433,10 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
         A subset of :data:`PROPERTIES` (default: all).
     conformance : bool
         Also run ``polyproj.testing.conformance.CHECKS`` when that module exists.
-    tol : float
-        Relative tolerance of the raw contract checks (residuals <= tol · (1 + max |data|)).
+    tol : float, optional
+        Relative tolerance of the raw contract checks (residuals <= tol · (1 + max |data|)). None (the
+        default): the backend's own, ``max(1e-6, 100 eps_abs)`` with its ``eps_abs`` (``**settings``
+        included), the rule of the conformance checks; ``report.tol`` says which was used.
     progress : bool
         Show a progress bar.
     shrink_budget : float
@@ -431,7 +470,7 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
         solver = get_backend(name_or_solver, **settings)
     except PolyprojError:
         raise
-    except Exception as exc:  # a third-party class whose constructor fails
+    except (Exception, SystemExit) as exc:  # a third-party class whose constructor fails (or exits)
         raise PolyprojError(f"backend {name_or_solver!r} could not be built: {type(exc).__name__}: {exc}") from exc
     label = name_or_solver if isinstance(name_or_solver, str) else (solver.name or type(solver).__name__)
     names = list(PROPERTIES if properties is None else properties)
@@ -457,7 +496,9 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
             results += _conformance(solver, seed, timeout)
         results += [run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
                                  shrink_budget=shrink_budget, timeout=timeout) for n in names]
-    return CheckReport(str(label), tuple(results), seed, max_examples)
+    from .properties import contract_tolerance
+
+    return CheckReport(str(label), tuple(results), seed, max_examples, contract_tolerance(solver, tol))
 
 
 def cli_main(args: Any) -> int:
@@ -472,9 +513,12 @@ def cli_main(args: Any) -> int:
         # "my_module:MySolver" from the directory holding my_module.py, as `python -m polyproj` finds it (the
         # installed console script does not put the working directory on the path)
         sys.path.append(os.getcwd())
+    # solver settings, where the parser defines them (``--eps-abs`` / ``--eps-rel``): the contract's tolerance
+    # follows the backend's eps_abs (run_property)
+    settings = {k: v for k in ("eps_abs", "eps_rel") if (v := getattr(args, k, None)) is not None}
     try:
         report = check_backend(args.backend, max_examples=args.examples or DEFAULT_EXAMPLES, seed=args.seed,
-                               progress=console.is_terminal, timeout=getattr(args, "timeout", 900.0))
+                               progress=console.is_terminal, timeout=getattr(args, "timeout", 900.0), **settings)
     except PolyprojError as exc:
         print(f"polyproj check: {exc}", file=sys.stderr)
         return 2

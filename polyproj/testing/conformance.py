@@ -41,6 +41,7 @@ from ..solution import Solution, Status
 __all__ = [
     "CHECKS",
     "CheckSkipped",
+    "infeasible_qp_with_certificate",
     "kkt_tolerance",
     "random_degenerate_qp",
     "random_feasible_qp",
@@ -136,15 +137,46 @@ def random_degenerate_qp(rng: np.random.Generator, n: int, m: int) -> QP:
 def random_infeasible_qp(rng: np.random.Generator, n: int, m: int) -> QP:
     """A QP whose constraints admit no point, with a Farkas certificate by construction.
 
-    Rows ``a_i`` with ``Σ y_i a_i = 0`` for some ``y > 0`` and upper sides with ``Σ y_i u_i < 0``:
-    any x would give ``0 = Σ y_i a_iᵀx <= Σ y_i u_i < 0``. ``m >= 2``.
+    Signed multipliers in polyproj's convention, ``y_i > 0`` on the upper side ``u_i`` and ``< 0`` on the lower
+    side ``l_i`` of row ``i`` (each row's side drawn at random), and ``y_box`` on up to ``n // 2`` variable
+    bounds (``ub_j`` where ``> 0``, ``lb_j`` where ``< 0``), with ``Cᵀy + y_box = 0`` (the last row closes it)
+    and support ``uᵀy⁺ − lᵀy⁻ + ubᵀy_box⁺ − lbᵀy_box⁻ = −1``: any x of the constraints would give
+    ``0 = (Cᵀy + y_box)ᵀx <= support < 0``. The other side of each row and bound is infinite, a finite value
+    beyond the certificate's (a two-sided row, a box) or equal to it (an equality, a fixed variable).
+    ``m >= 2``.
+    """
+    return infeasible_qp_with_certificate(rng, n, m)[0]
+
+
+def infeasible_qp_with_certificate(rng: np.random.Generator, n: int, m: int) -> tuple[QP, np.ndarray, np.ndarray]:
+    """:func:`random_infeasible_qp` with its certificate: ``(qp, y, y_box)``.
+
+    ``qp.is_primal_infeasibility_certificate(y, y_box)`` holds.
     """
     A = rng.standard_normal((m, n))
-    y = rng.uniform(0.5, 1.5, m)
-    A[-1] = -(y[:-1] @ A[:-1]) / y[-1]
-    u = rng.uniform(0, 1, m)
-    u[-1] = -(y[:-1] @ u[:-1] + 1.0) / y[-1]
-    return QP(P=_pd(rng, n), q=rng.standard_normal(n), C=A, l=np.full(m, -np.inf), u=u)
+    y = rng.choice([-1.0, 1.0], m) * rng.uniform(0.5, 1.5, m)
+    cols = rng.choice(n, int(rng.integers(0, n // 2 + 1)), replace=False)
+    y_box = np.zeros(n)
+    y_box[cols] = rng.choice([-1.0, 1.0], cols.size) * rng.uniform(0.5, 1.5, cols.size)
+    A[-1] = -(y[:-1] @ A[:-1] + y_box) / y[-1]
+    side = rng.uniform(-1, 1, m)  # the sides the certificate uses: u_i where y_i > 0, l_i where y_i < 0
+    bound = rng.uniform(-1, 1, n)  # likewise ub_j / lb_j where y_box_j ≠ 0
+    side[-1] = (-1.0 - (y[:-1] @ side[:-1] + y_box @ bound)) / y[-1]  # the support is −1
+
+    def other(used: np.ndarray, upper: np.ndarray) -> np.ndarray:
+        """The opposite sides: infinite, beyond the used one, or equal to it."""
+        kind = rng.integers(0, 3, used.size)
+        gap = np.where(kind == 1, rng.uniform(0.5, 2.0, used.size), 0.0)
+        return np.where(kind == 0, np.where(upper, -np.inf, np.inf), np.where(upper, used - gap, used + gap))
+
+    up = y > 0
+    lo_rows = other(side, up)
+    l, u = np.where(up, lo_rows, side), np.where(up, side, lo_rows)
+    lb, ub = np.full(n, -np.inf), np.full(n, np.inf)
+    bup = y_box[cols] > 0
+    rest = other(bound[cols], bup)
+    lb[cols], ub[cols] = np.where(bup, rest, bound[cols]), np.where(bup, bound[cols], rest)
+    return QP(P=_pd(rng, n), q=rng.standard_normal(n), C=A, l=l, u=u, lb=lb, ub=ub), y, y_box
 
 
 def random_unbounded_qp(rng: np.random.Generator, n: int, m: int) -> QP:

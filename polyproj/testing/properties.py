@@ -43,8 +43,10 @@ __all__ = [
     "check_infeasible_contract",
     "check_licq_equivalence",
     "check_projection",
+    "check_qp_batch_contract",
     "check_qp_contract",
     "check_solution_kkt",
+    "contract_tolerance",
     "exact_certificate",
     "find_kinks",
     "hs_set",
@@ -165,6 +167,19 @@ def _scale(*arrays: np.ndarray) -> float:
 
 
 # --------------------------------------------------------------------------- backend contract (raw)
+def contract_tolerance(solver: Any, tol: float | None = None) -> float:
+    """The tolerance of the raw contract checks: ``tol`` when given, else the backend's own.
+
+    A backend stops when its residuals are near its ``eps_abs``; the contract allows ``max(1e-6, 100 eps_abs)``,
+    the rule of the conformance checks (:func:`polyproj.testing.conformance.kkt_tolerance`), so that a correct
+    backend with a looser default (ProxSuite at ``eps_abs = 1e-5``: a violation of 2.6e-6) is not failed by one
+    suite and passed by the other.
+    """
+    from .conformance import kkt_tolerance
+
+    return kkt_tolerance(solver) if tol is None else float(tol)
+
+
 def reference_objective(qp: QP) -> float:
     """The optimal value of a feasible QP by polyproj's IPM at 1e-10, its own KKT residuals checked.
 
@@ -275,6 +290,66 @@ def check_batch_contract(P: Polyhedron, X: np.ndarray, solver: Any, tol: float =
             raise AssertionError(f"solve_batch element {i}: x = {_arr(bs.x[i], 10)} is {err:.3g} away from the "
                                  f"exact projection {_arr(ref[i], 10)} of {_arr(X[i])}")
     return {"qps": X.shape[0]}
+
+
+def check_qp_batch_contract(case: Any, solver: Any, tol: float = 1e-6) -> dict[str, int]:
+    """``solver.solve_batch`` on feasible QPs sharing a general ``P`` and ``C``, every vector batched.
+
+    ``case`` is a :class:`~polyproj.testing.strategies.QPBatchCase`. The batch is solved cold, then again
+    warm-started from the cold answers in reverse order (element ``i`` from element ``size − 1 − i``'s: a start
+    that is not the answer). Each element of both raw BatchSolutions must
+
+    - meet the contract of its own QP (:func:`check_solution_kkt` at ``tol``; a point the output check demoted
+      to SOLVED_INACCURATE fails it like any other);
+    - agree with the same backend's ``solve`` of that element (itself held to the contract): objectives within
+      ``2 tol·scale²`` (each answer's duality gap is within ``tol·scale²``, so each objective is that close to
+      the optimum), and, where ``P ≻ 0`` (the solution is unique), ``x`` within ``2 sqrt(2 tol·scale² / μ)``,
+      ``μ`` the smallest eigenvalue of ``P``: for a feasible ``x``, ``½ μ |x − x*|² <= f(x) − f(x*)``.
+
+    A batch path that replaces ``P`` by ``I`` (a projection fast path) or ignores the batched ``l``, ``u``,
+    ``lb``, ``ub`` answers other problems and fails here; ``batch_contract`` (projection QPs, only ``q``
+    batched) cannot see either.
+    """
+    vecs = case.vectors
+    size = case.size
+    duals = solver.capabilities.duals
+    mu = float(np.linalg.eigvalsh(case.qp.dense().P).min()) if case.strictly_convex else 0.0
+    qps = [case.element(i) for i in range(size)]
+    refs = []
+    for i, qpi in enumerate(qps):
+        ref = solver.solve(qpi)
+        check_solution_kkt(qpi, ref, tol, what=f"solve of element {i}, the reference of solve_batch", duals=duals)
+        refs.append(ref)
+    cold = solver.solve_batch(case.qp, **vecs)
+    _check_batch_elements("solve_batch", cold, qps, refs, tol, duals, mu)
+    warm = solver.solve_batch(case.qp, warm_start=cold.take(range(size)[::-1]), **vecs)
+    _check_batch_elements("warm-started solve_batch", warm, qps, refs, tol, duals, mu, reversed_start=True)
+    return {"qps": size, "batches": 2}
+
+
+def _check_batch_elements(label: str, bs: Any, qps: list[QP], refs: list[Solution], tol: float, duals: bool,
+                          mu: float, reversed_start: bool = False) -> None:
+    """The elements of a raw BatchSolution: the contract of each QP, agreement with ``solve`` (see the caller)."""
+    size = len(qps)
+    if len(bs) != size:
+        raise AssertionError(f"{label} returned {len(bs)} results for {size} problems")
+    for i, (qpi, ref) in enumerate(zip(qps, refs, strict=True)):
+        what = f"{label} element {i}" + (f", started from element {size - 1 - i}'s answer" if reversed_start else "")
+        sol = bs.solution(i)
+        check_solution_kkt(qpi, sol, tol, what=what, duals=duals)
+        d = qpi.dense()
+        scale = _scale(d.P, d.q, d.C, d.l, d.u, d.lb, d.ub)
+        lim = tol * scale * scale  # the duality-gap bound of check_solution_kkt
+        fb, fs = qpi.objective(sol.x), qpi.objective(ref.x)
+        if not abs(fb - fs) <= 2 * lim:
+            raise AssertionError(f"{what}: objective {fb:.10g} at x = {_arr(sol.x, 10)} but solve of the same QP "
+                                 f"gives {fs:.10g} at x = {_arr(ref.x, 10)} (bound {2 * lim:.3g})")
+        if mu > 0:
+            err = float(np.abs(np.asarray(sol.x, float) - ref.x).max())
+            bound = 2 * np.sqrt(2 * lim / mu)
+            if not err <= bound:
+                raise AssertionError(f"{what}: x = {_arr(sol.x, 10)} is {err:.3g} away from solve's x = "
+                                     f"{_arr(ref.x, 10)} of the same strictly convex QP (bound {bound:.3g})")
 
 
 # --------------------------------------------------------------------------- projection

@@ -21,8 +21,13 @@ sets meet near ``x*``: the projection lies on a facet (``k = 1``), an edge (``k 
 vertex (``k = n - p``).
 
 *Feasible QPs* contain an integer point ``x0`` (``l <= C x0 <= u``) and are bounded (``P ≻ 0`` or
-all variables boxed).  *Infeasible QPs* carry a Farkas certificate ``w >= 0`` with ``Cᵀw = 0`` and
-``uᵀw < 0``.
+all variables boxed).  *Batches of feasible QPs* share ``P`` (never a multiple of ``I``) and ``C``;
+each element has its own ``q``, ``l``, ``u``, ``lb``, ``ub`` and its own integer point.  *Infeasible
+QPs* carry a Farkas certificate in polyproj's sign convention: row multipliers ``y`` (``y_i > 0`` on
+the upper side ``u_i``, ``< 0`` on the lower side ``l_i``) and bound multipliers ``y_box`` with
+``Cᵀy + y_box = 0`` and support ``uᵀy⁺ − lᵀy⁻ + ubᵀy_box⁺ − lbᵀy_box⁻ < 0`` — a point ``x`` of the
+constraints would give ``0 = (Cᵀy + y_box)ᵀx <= support < 0``.  The certificate may use upper or
+lower sides, either side of two-sided rows (equalities included) and variable bounds.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ..problem import QP, Polyhedron
 __all__ = [
     "DegeneratePoint",
     "PolyhedronCase",
+    "QPBatchCase",
     "QPCase",
     "SegmentCase",
     "degenerate_points",
@@ -45,6 +51,7 @@ __all__ = [
     "polyhedra",
     "polyhedron_cases",
     "projection_batches",
+    "qp_batches",
     "segments",
 ]
 
@@ -154,29 +161,70 @@ class SegmentCase(_Pretty):
                 f"through {self.point!r})")
 
 
+def _qp_parts(q: QP) -> list[str]:
+    parts = [f"P={_fmt(q.P)}", f"q={_fmt(q.q)}"]
+    if q.m:
+        parts += [f"C={_fmt(q.C)}", f"l={_fmt(q.l)}", f"u={_fmt(q.u)}"]
+    if np.isfinite(q.lb).any():
+        parts.append(f"lb={_fmt(q.lb)}")
+    if np.isfinite(q.ub).any():
+        parts.append(f"ub={_fmt(q.ub)}")
+    return parts
+
+
 @dataclass(frozen=True, repr=False)
 class QPCase(_Pretty):
-    """A QP with a witness: a feasible point ``x_feasible`` or an infeasibility certificate ``w``."""
+    """A QP with a witness: a feasible point ``x_feasible`` or a Farkas certificate.
+
+    The certificate of an infeasible QP is ``(certificate, certificate_box)`` = ``(y, y_box)`` in
+    polyproj's sign convention (see the module docstring): ``qp.is_primal_infeasibility_certificate(y, y_box)``.
+    """
 
     qp: QP
     feasible: bool
     x_feasible: np.ndarray | None = None
     certificate: np.ndarray | None = field(default=None)
+    certificate_box: np.ndarray | None = field(default=None)
 
     def __repr__(self) -> str:
-        q = self.qp.dense()
-        parts = [f"P={_fmt(q.P)}", f"q={_fmt(q.q)}"]
-        if q.m:
-            parts += [f"C={_fmt(q.C)}", f"l={_fmt(q.l)}", f"u={_fmt(q.u)}"]
-        if np.isfinite(q.lb).any():
-            parts.append(f"lb={_fmt(q.lb)}")
-        if np.isfinite(q.ub).any():
-            parts.append(f"ub={_fmt(q.ub)}")
+        parts = _qp_parts(self.qp.dense())
         if self.feasible:
             parts.append(f"feasible point={_fmt(self.x_feasible)}")
         else:
-            parts.append(f"Farkas certificate w={_fmt(self.certificate)} (w >= 0, Cᵀw = 0, uᵀw < 0)")
+            yb = np.zeros(self.qp.n) if self.certificate_box is None else self.certificate_box
+            parts.append(f"Farkas certificate y={_fmt(self.certificate)}, y_box={_fmt(yb)} (Cᵀy + y_box = 0, "
+                         "uᵀy⁺ − lᵀy⁻ + ubᵀy_box⁺ − lbᵀy_box⁻ < 0)")
         return ("FeasibleQP(" if self.feasible else "InfeasibleQP(") + ", ".join(parts) + ")"
+
+
+@dataclass(frozen=True, repr=False)
+class QPBatchCase(_Pretty):
+    """Feasible QPs sharing ``P`` and ``C`` (``qp``) with batched ``vectors`` (``q``, ``l``, ``u``, ``lb``, ``ub``).
+
+    ``qp`` holds the vectors of element 0; element ``i`` (:meth:`element`) contains the integer point
+    ``x_feasible[i]``. ``strictly_convex``: ``P ≻ 0``, so each element's solution is unique.
+    """
+
+    qp: QP
+    vectors: dict[str, np.ndarray]
+    x_feasible: np.ndarray
+    strictly_convex: bool
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(self.x_feasible.shape[0])
+
+    def element(self, i: int) -> QP:
+        """Element ``i`` as a QP of its own."""
+        return self.qp.with_vectors(**{k: v[i] for k, v in self.vectors.items()})
+
+    def __repr__(self) -> str:
+        q = self.qp.dense()
+        parts = [f"P={_fmt(q.P)}"] + ([f"C={_fmt(q.C)}"] if q.m else [])
+        parts += [f"{k}={_fmt(v)}" for k, v in self.vectors.items()]
+        parts.append(f"feasible points={_fmt(self.x_feasible)}")
+        return "FeasibleQPBatch(" + ", ".join(parts) + ")"
 
 
 # --------------------------------------------------------------------------- strategies
@@ -364,6 +412,41 @@ def projection_batches(cases=None, *, size: int = 6):
     return build()
 
 
+def _row_sides(draw: Any, cx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sides of rows with values ``cx`` at a feasible point: upper, lower, two-sided or (one) equality; some tight."""
+    st = _st()
+    m = cx.size
+    l = np.full(m, -np.inf)
+    u = np.full(m, np.inf)
+    has_eq = False
+    for i in range(m):
+        kind = draw(st.sampled_from(["upper", "lower", "both", "eq"]))
+        if kind == "eq" and has_eq:
+            kind = "both"
+        s1, s2 = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+        if kind in ("upper", "both"):
+            u[i] = cx[i] + s1
+        if kind in ("lower", "both"):
+            l[i] = cx[i] - s2
+        if kind == "eq":
+            l[i] = u[i] = cx[i]
+            has_eq = True
+    return l, u
+
+
+def _box(draw: Any, x0: np.ndarray, boxed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds around the feasible point ``x0`` on some variables (on every one when ``boxed``)."""
+    st = _st()
+    n = x0.size
+    lb = np.full(n, -np.inf)
+    ub = np.full(n, np.inf)
+    for j in range(n):
+        if boxed or draw(st.booleans()):
+            lb[j] = x0[j] - draw(st.integers(0, 2))
+            ub[j] = x0[j] + draw(st.integers(0, 2))
+    return lb, ub
+
+
 def feasible_qps(min_n: int = 1, max_n: int = 5, max_m: int = 5, sparse: bool = False):
     """Feasible, bounded convex QPs with a known integer feasible point.
 
@@ -387,28 +470,8 @@ def feasible_qps(min_n: int = 1, max_n: int = 5, max_m: int = 5, sparse: bool = 
         q = np.array(draw(st.lists(st.integers(-5, 5), min_size=n, max_size=n)), dtype=float)
         C = np.array(draw(st.lists(st.lists(st.integers(-3, 3), min_size=n, max_size=n), min_size=m, max_size=m)),
                      dtype=float).reshape(m, n)
-        cx = C @ x0
-        l = np.full(m, -np.inf)
-        u = np.full(m, np.inf)
-        has_eq = False
-        for i in range(m):
-            kind = draw(st.sampled_from(["upper", "lower", "both", "eq"]))
-            if kind == "eq" and has_eq:
-                kind = "both"
-            s1, s2 = draw(st.integers(0, 2)), draw(st.integers(0, 2))
-            if kind in ("upper", "both"):
-                u[i] = cx[i] + s1
-            if kind in ("lower", "both"):
-                l[i] = cx[i] - s2
-            if kind == "eq":
-                l[i] = u[i] = cx[i]
-                has_eq = True
-        lb = np.full(n, -np.inf)
-        ub = np.full(n, np.inf)
-        for j in range(n):
-            if c == 0.0 or draw(st.booleans()):
-                lb[j] = x0[j] - draw(st.integers(0, 2))
-                ub[j] = x0[j] + draw(st.integers(0, 2))
+        l, u = _row_sides(draw, C @ x0)
+        lb, ub = _box(draw, x0, boxed=c == 0.0)
         Pm, Cm = (sp.csc_matrix(P), sp.csc_matrix(C)) if sparse else (P, C)
         qp = QP(P=Pm, q=q, C=Cm, l=l, u=u, lb=lb, ub=ub)
         return QPCase(qp, True, x_feasible=x0)
@@ -416,27 +479,113 @@ def feasible_qps(min_n: int = 1, max_n: int = 5, max_m: int = 5, sparse: bool = 
     return build()
 
 
-def infeasible_qps(min_n: int = 1, max_n: int = 4):
-    """QPs whose constraints ``C x <= u`` are infeasible, with a Farkas certificate.
+def qp_batches(min_n: int = 1, max_n: int = 4, max_m: int = 4, min_size: int = 2, max_size: int = 4):
+    """Batches of feasible, bounded QPs that share a general ``P`` and ``C``, every vector batched.
 
-    Rows ``c_1..c_{m-1}`` are random; ``c_m = -Σ w_i c_i`` (``w_i >= 1``) and
-    ``u_m < -Σ w_i u_i``, so ``w = (w_1, ..., w_{m-1}, 1)`` satisfies ``Cᵀw = 0``, ``uᵀw < 0``.
+    ``P = LᵀL + c I`` (``c ∈ {0, 1}``; every variable of every element is boxed unless ``P ≻ 0``); ``P`` is
+    never a multiple of ``I`` (its first diagonal entry is raised if it is; for ``n = 1``: never ``[[1]]``),
+    so a batch path that takes the problems for projections (``P = I``) gives other answers. Each element
+    has its own integer point ``x0``, ``q``, row sides (upper, lower, two-sided, an equality) around ``C x0``
+    and bounds around ``x0``: a batch path that ignores the batched ``l``, ``u``, ``lb`` or ``ub`` gives other
+    answers too.
     """
     st = _st()
 
     @st.composite
     def build(draw):
         n = draw(st.integers(min_n, max_n))
-        m1 = draw(st.integers(1, 3))
-        C1 = np.array(draw(st.lists(st.lists(st.integers(-3, 3), min_size=n, max_size=n), min_size=m1,
-                                    max_size=m1)), dtype=float)
-        w1 = np.array(draw(st.lists(st.integers(1, 3), min_size=m1, max_size=m1)), dtype=float)
-        u1 = np.array(draw(st.lists(st.integers(-3, 3), min_size=m1, max_size=m1)), dtype=float)
-        C = np.vstack([C1, -(w1 @ C1)[None, :]])
-        u = np.concatenate([u1, [-(w1 @ u1) - draw(st.integers(1, 3))]])
-        w = np.concatenate([w1, [1.0]])
-        q = np.array(draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n)), dtype=float)
-        qp = QP(P=np.eye(n), q=q, C=C, l=np.full(m1 + 1, -np.inf), u=u)
-        return QPCase(qp, False, certificate=w)
+        m = draw(st.integers(0, max_m))
+        size = draw(st.integers(min_size, max_size))
+        r = draw(st.integers(1, n))
+        L = np.array(draw(st.lists(st.lists(st.integers(-2, 2), min_size=n, max_size=n), min_size=r, max_size=r)),
+                     dtype=float)
+        c = draw(st.sampled_from([0.0, 1.0]))
+        P = L.T @ L + c * np.eye(n)
+        if np.array_equal(P, P[0, 0] * np.eye(n)):  # a multiple of I (0 included): not a general P
+            P[0, 0] += 2.0 if P[0, 0] == 0.0 else 1.0  # (n = 1: anything but [[1]])
+        strictly = c == 1.0 or bool(np.linalg.eigvalsh(P).min() > 1e-9)
+        C = np.array(draw(st.lists(st.lists(st.integers(-3, 3), min_size=n, max_size=n), min_size=m, max_size=m)),
+                     dtype=float).reshape(m, n)
+        rows: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "l", "u", "lb", "ub")}
+        X0 = []
+        for _ in range(size):
+            x0 = np.array(draw(st.lists(st.integers(-2, 2), min_size=n, max_size=n)), dtype=float)
+            q = np.array(draw(st.lists(st.integers(-5, 5), min_size=n, max_size=n)), dtype=float)
+            l, u = _row_sides(draw, C @ x0)
+            lb, ub = _box(draw, x0, boxed=not strictly)
+            for k, v in zip(("q", "l", "u", "lb", "ub"), (q, l, u, lb, ub)):
+                rows[k].append(v)
+            X0.append(x0)
+        vectors = {k: np.array(v, dtype=float).reshape(size, -1) for k, v in rows.items() if m or k not in ("l", "u")}
+        first = {k: v[0] for k, v in vectors.items()}
+        qp = QP(P=P, C=C if m else None, **first)
+        return QPBatchCase(qp, vectors, np.array(X0), strictly_convex=strictly)
+
+    return build()
+
+
+def infeasible_qps(min_n: int = 1, max_n: int = 4):
+    """QPs whose constraints ``l <= Cx <= u``, ``lb <= x <= ub`` are infeasible, with a Farkas certificate.
+
+    The certificate uses ``k`` rows (``k - 1`` random, ``>= 0``) and some variable bounds, each on a side drawn
+    at random: ``y_i = s_i w_i`` (``w_i >= 1``; ``s_i = +1`` the upper side ``u_i``, ``-1`` the lower side
+    ``l_i``) and ``y_box_j = t_j v_j`` on ``ub_j`` / ``lb_j``. The last row closes the certificate,
+    ``c_k = -s_k (Σ_{i<k} y_i c_i + y_box)``, and its side is set so that the support
+    ``Σ_i w_i s_i b_i + Σ_j v_j t_j β_j`` (``b_i``, ``β_j`` the sides used) is at most ``-1``. The other side of
+    each row or bound is infinite, a finite value beyond it (a two-sided row or a box) or equal to it (an
+    equality, a fixed variable). ``P = I``: only the constraints matter.
+    """
+    st = _st()
+
+    @st.composite
+    def build(draw):
+        n = draw(st.integers(min_n, max_n))
+        k1 = draw(st.integers(0, 3))  # rows of the certificate before the closing row
+        nb = draw(st.integers(0 if k1 else 1, n))  # variable bounds in the certificate (>= 1 without rows)
+        ints = st.integers(-3, 3)
+        C1 = np.array(draw(st.lists(st.lists(ints, min_size=n, max_size=n), min_size=k1, max_size=k1)),
+                      dtype=float).reshape(k1, n)
+        sides = np.array(draw(st.lists(st.sampled_from([1.0, -1.0]), min_size=k1 + 1, max_size=k1 + 1)))
+        w = np.array([*draw(st.lists(st.integers(1, 3), min_size=k1, max_size=k1)), 1], dtype=float)
+        b1 = np.array(draw(st.lists(ints, min_size=k1, max_size=k1)), dtype=float)
+        cols = draw(st.permutations(range(n)))[:nb]
+        tb = np.array(draw(st.lists(st.sampled_from([1.0, -1.0]), min_size=nb, max_size=nb)))
+        vb = np.array(draw(st.lists(st.integers(1, 3), min_size=nb, max_size=nb)), dtype=float)
+        beta = np.array(draw(st.lists(ints, min_size=nb, max_size=nb)), dtype=float)
+        y_box = np.zeros(n)
+        y_box[list(cols)] = tb * vb
+        y1 = sides[:k1] * w[:k1]
+        c_last = -sides[-1] * (y1 @ C1 + y_box)
+        # support so far, then the closing row's side b_k with s_k b_k = -(support) - gap
+        support = float(w[:k1] @ (sides[:k1] * b1) + vb @ (tb * beta))
+        gap = draw(st.integers(1, 3))
+        b_last = sides[-1] * (-support - gap)
+        C = np.vstack([C1, c_last[None, :]])
+        used = np.concatenate([b1, [b_last]])
+        l = np.where(sides > 0, -np.inf, used)
+        u = np.where(sides > 0, used, np.inf)
+        for i in range(k1 + 1):  # the other side: none, beyond the used one, or equal to it (an equality row)
+            other = draw(st.sampled_from(["none", "beyond", "equal"]))
+            if other != "none":
+                d = 0 if other == "equal" else draw(st.integers(1, 3))
+                if sides[i] > 0:
+                    l[i] = used[i] - d
+                else:
+                    u[i] = used[i] + d
+        lb = np.full(n, -np.inf)
+        ub = np.full(n, np.inf)
+        for j, t, val in zip(cols, tb, beta):
+            (ub if t > 0 else lb)[j] = val
+            other = draw(st.sampled_from(["none", "beyond", "equal"]))
+            if other != "none":
+                d = 0 if other == "equal" else draw(st.integers(1, 3))
+                if t > 0:
+                    lb[j] = val - d
+                else:
+                    ub[j] = val + d
+        q = np.array(draw(st.lists(ints, min_size=n, max_size=n)), dtype=float)
+        qp = QP(P=np.eye(n), q=q, C=C, l=l, u=u, lb=lb, ub=ub)
+        y = np.concatenate([y1, [sides[-1]]])
+        return QPCase(qp, False, certificate=y, certificate_box=y_box)
 
     return build()
