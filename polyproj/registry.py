@@ -78,14 +78,17 @@ _EP_NAMES: dict[tuple[str, ...], frozenset[str]] = {}
 _WARNED_HIDDEN: set[str] = set()
 
 
-def _warn_if_hiding(name: str, kind: str) -> None:
-    """Warn once when a built-in or run-time backend hides an installed entry point of the same name."""
+def _warn_if_hiding(name: str, kind: str, path: str) -> None:
+    """Warn once when a backend hides an installed entry point of its name that points elsewhere.
+
+    ``kind``: "built-in" or "run-time"; ``path``: the hiding backend's ``module:Class``.
+    """
     if name in _WARNED_HIDDEN:
         return
     key = tuple(sys.path)
     if key not in _EP_NAMES:
         _EP_NAMES[key] = frozenset(_entry_points())
-    if name in _EP_NAMES[key]:
+    if name in _EP_NAMES[key] and _entry_points()[name].value.replace(" ", "") != path:
         _WARNED_HIDDEN.add(name)
         warnings.warn(f"backend name {name!r} is a {kind} backend; the installed entry point {name!r} "
                       f"({_entry_points()[name].value}) of group {ENTRY_POINT_GROUP!r} is not used. Its package "
@@ -130,10 +133,11 @@ def _all_names() -> list[str]:
 def _resolve(name: str) -> tuple[type[QPSolver], str]:
     """Return (class, source) for a backend name; raise BackendNotFound."""
     if name in _RUNTIME:
-        _warn_if_hiding(name, "run-time")
-        return _RUNTIME[name], "runtime"
+        cls = _RUNTIME[name]
+        _warn_if_hiding(name, "run-time", f"{cls.__module__}:{cls.__qualname__}")
+        return cls, "runtime"
     if name in _BUILTIN:
-        _warn_if_hiding(name, "built-in")
+        _warn_if_hiding(name, "built-in", _BUILTIN[name][0])
         return _check_class(_import_path(_BUILTIN[name][0]), name), "builtin"
     eps = _entry_points()
     if name in eps:

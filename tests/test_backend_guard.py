@@ -159,8 +159,13 @@ def test_complex_x_is_a_solver_error(rng):
     """float64 conversion would keep the real part with a ComplexWarning: an answer that is not real."""
     answer = lambda qp: pp.Solution(x=np.zeros(qp.n) + 5j, z=np.zeros(qp.m), z_box=np.zeros(qp.n),  # noqa: E731
                                     status=pp.Status.SOLVED)
-    with pytest.raises(pp.SolverError, match="'answers' returned x of complex type"):
+    with pytest.raises(pp.SolverError, match="'answers' returned x with non-zero imaginary parts"):
         pp.solve_qp(_qp(rng), backend=_solver(answer))
+    qp = _qp(rng)
+    real = _true(qp)  # a complex dtype with zero imaginary parts (e.g. from np.linalg.eig) is a real answer
+    sol = pp.solve_qp(qp, backend=_solver(lambda qp: pp.Solution(x=real.x + 0j, z=real.z, z_box=real.z_box,
+                                                                  status=pp.Status.SOLVED)))
+    assert sol.status is pp.Status.SOLVED and sol.x.dtype == np.float64
 
 
 class _Writes(pp.QPSolver):
@@ -195,14 +200,35 @@ def test_a_backend_writing_into_its_input_is_refused_and_the_input_restored(rng,
         solver.solve_batch(qp, q=Q.copy())
 
 
-def test_a_write_into_a_large_array_is_found_by_checksum(rng):
-    n = 300  # P has 90,000 entries: above the copy limit, compared by checksum
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_write_into_a_large_array_is_found_by_checksum(rng, order):
+    n = 300  # P has 90,000 entries: above the copy limit, compared by checksum (a Fortran one through its transpose)
     M = rng.normal(size=(n, n))
-    qp = pp.QP(P=M @ M.T / n + np.eye(n), q=rng.normal(size=n), lb=-np.ones(n), ub=np.ones(n))
+    qp = pp.QP(P=np.asarray(M @ M.T / n + np.eye(n), order=order), q=rng.normal(size=n), lb=-np.ones(n),
+               ub=np.ones(n))
     solver = _Writes()
     solver.target = "P"
     with pytest.raises(pp.SolverError, match=r"P changed in place"):
         pp.solve_qp(qp, backend=solver)
+
+
+def test_a_backend_canonicalising_a_sparse_matrix_is_not_refused(rng):
+    """eliminate_zeros / sort_indices change the layout, not the matrix: allowed, and the matrix stays the same."""
+    C = sp.csc_matrix((np.array([1.0, 1.0, 1.0, 0.0, 1.0, 1.0]), np.array([0, 1, 0, 1, 0, 1]),
+                       np.array([0, 2, 4, 6])), shape=(2, 3))  # an explicitly stored zero at (1, 1)
+    qp = pp.QP(P=sp.eye(3, format="csc"), q=-np.ones(3), C=C, l=-np.ones(2), u=np.ones(2))
+    dense = qp.C.toarray()
+
+    class Canonical(pp.QPSolver):
+        name = "canonical"
+        capabilities = pp.Capabilities(dense=True, sparse=True)
+
+        def solve(self, qp, warm_start=None):
+            qp.C.eliminate_zeros()
+            return _true(qp)
+
+    assert pp.solve_qp(qp, backend=Canonical()).status is pp.Status.SOLVED
+    np.testing.assert_array_equal(qp.C.toarray(), dense)
 
 
 class _ClaimsThree:
@@ -244,6 +270,22 @@ def test_a_solve_assigned_after_the_class_is_made_is_guarded(rng):
         name = "sub"
 
     assert "solve" not in Sub.__dict__ and Sub.solve is IPMSolver.solve
+
+
+def test_a_backend_may_also_derive_from_a_class_with_another_abc_metaclass():
+    from typing import Protocol, runtime_checkable
+
+    @runtime_checkable
+    class Named(Protocol):
+        name: str
+
+    class Both(pp.QPSolver, Named):
+        name = "both"
+
+        def solve(self, qp, warm_start=None):
+            return _ClaimsThree.solve(self, qp)
+
+    assert pp.solve_qp(_halfplane(), backend=Both()).status is pp.Status.NUMERICAL_ERROR
 
 
 def test_backend_exceptions_are_solver_errors_naming_the_backend(rng):

@@ -324,3 +324,19 @@ def test_an_entry_point_named_like_a_builtin_is_reported_not_silently_hidden(tmp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pp.get_backend("ipm")  # once a process
+
+
+@pytest.mark.core
+def test_an_entry_point_naming_the_same_class_is_not_reported(tmp_path, monkeypatch):
+    """A plugin whose entry point and registration are one class hides nothing."""
+    from polyproj import registry
+
+    dist = tmp_path / "polyproj_fake_solver-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
+    (dist / "entry_points.txt").write_text("[polyproj.backends]\nipm = polyproj.backends.ipm:IPMSolver\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_WARNED_HIDDEN", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pp.get_backend("ipm")

@@ -104,16 +104,7 @@ class Capabilities:
 GUARDED = ("solve", "solve_batch")
 
 
-class _GuardedMeta(abc.ABCMeta):
-    """Guards a ``solve`` / ``solve_batch`` given to a backend class after it is made (``Cls.solve = f``)."""
-
-    def __setattr__(cls, name: str, value: Any) -> None:
-        if name in GUARDED and callable(value) and any(isinstance(b, _GuardedMeta) for b in cls.__bases__):
-            value = guard(name, value)
-        super().__setattr__(name, value)
-
-
-class QPSolver(abc.ABC, metaclass=_GuardedMeta):
+class QPSolver(abc.ABC):
     """Abstract base of every backend.
 
     Parameters
@@ -150,6 +141,15 @@ class QPSolver(abc.ABC, metaclass=_GuardedMeta):
         solves with is guarded, except ``QPSolver``'s default ``solve_batch`` (it calls a guarded ``solve``).
         """
         super().__init_subclass__(**kwargs)
+        cls._guard_methods()
+
+    @classmethod
+    def _guard_methods(cls) -> None:
+        """Wrap what ``solve`` / ``solve_batch`` resolve to now, where it is not guarded yet.
+
+        Run when the class is made and again when an instance is (a method assigned to the class after it
+        was made, ``Cls.solve = f``, is guarded from the next instance on).
+        """
         for meth in GUARDED:
             owner = next(k for k in cls.__mro__ if meth in k.__dict__)
             fn = owner.__dict__[meth]
@@ -157,6 +157,7 @@ class QPSolver(abc.ABC, metaclass=_GuardedMeta):
                 setattr(cls, meth, guard(meth, fn))
 
     def __init__(self, **settings: Any) -> None:
+        type(self)._guard_methods()
         unknown = [k for k in settings if k not in SETTINGS and k not in self.options]
         if unknown:
             known = sorted(SETTINGS) + sorted(self.options)

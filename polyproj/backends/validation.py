@@ -12,8 +12,8 @@
    (``SystemExit`` included) becomes a :class:`~polyproj.errors.SolverError` naming the backend (the
    original is chained). A backend that writes into the arrays it is given (the QP's, a batch's
    vectors) is a SolverError too: its answer would be judged against the changed data, and the
-   caller's problem would be silently changed (small arrays are compared with a copy, large ones by
-   checksum).
+   caller's problem would be silently changed (dense arrays; small ones are compared with a copy, large ones
+   by checksum).
 4. **Output**: the result must be a :class:`~polyproj.solution.Solution` (``BatchSolution`` for a
    batch, one element per problem) with ``x``, ``z``, ``z_box`` of shapes ``(n,)``, ``(m,)``,
    ``(n,)``, else SolverError. Then a cheap scale-relative residual test (below) decides whether a
@@ -254,7 +254,10 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
 
 def _as_float(a: Any, shape: tuple[int, ...], what: str, backend: str) -> np.ndarray:
     if np.iscomplexobj(a):  # float64 conversion would drop the imaginary part with only a warning
-        raise SolverError(f"backend {backend!r} returned {what} of complex type; expected real numbers")
+        if np.any(np.imag(a) != 0):
+            raise SolverError(f"backend {backend!r} returned {what} with non-zero imaginary parts; expected real "
+                              "numbers")
+        a = np.real(a)
     try:
         arr = np.asarray(a, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -409,18 +412,23 @@ def empty_batch(qp: QP, backend: str) -> BatchSolution:
 
 
 # --------------------------------------------------------------------------- the guard
-#: arrays up to this many entries are compared with a copy after the call; larger ones by checksum
+#: arrays up to this many entries are compared with a copy of their bytes after the call; larger ones by checksum
 _COPY_ENTRIES = 1 << 16
 
 
 def _inputs(args: tuple, kw: dict) -> dict[str, np.ndarray]:
-    """The arrays a backend call is given: the QP's (a sparse matrix's values) and the batch's vectors."""
+    """The dense arrays a backend call is given: the QP's vectors and dense matrices, the batch's vectors.
+
+    Sparse matrices are left out: a backend may legitimately canonicalise one in place (``sort_indices``,
+    ``eliminate_zeros``) without changing the matrix it stands for.
+    """
     out: dict[str, np.ndarray] = {}
     qp = args[0] if args and isinstance(args[0], QP) else None
     if qp is not None:
         for k in ("P", "C", "q", "l", "u", "lb", "ub"):
             v = getattr(qp, k)
-            out[k] = v.data if sp.issparse(v) else v
+            if isinstance(v, np.ndarray):
+                out[k] = v
     for k, v in kw.items():
         if isinstance(v, np.ndarray):
             out[f"batch {k}"] = v
@@ -433,14 +441,12 @@ def _checksum(a: np.ndarray) -> int:
     return zlib.adler32(memoryview(c).cast("B"))
 
 
-def _fingerprint(a: np.ndarray) -> Any:
-    return a.copy() if a.size <= _COPY_ENTRIES else _checksum(a)
+def _fingerprint(a: np.ndarray) -> bytes | int:
+    return a.tobytes() if a.size <= _COPY_ENTRIES else _checksum(a)  # bytes: exact, and ~50x faster to compare
 
 
-def _unchanged(a: np.ndarray, before: Any) -> bool:
-    if isinstance(before, np.ndarray):
-        return before.shape == a.shape and bool(np.array_equal(before, a, equal_nan=True))
-    return before == _checksum(a)
+def _unchanged(a: np.ndarray, before: bytes | int) -> bool:
+    return a.tobytes() == before if isinstance(before, bytes) else _checksum(a) == before
 
 
 def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
@@ -458,8 +464,9 @@ def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
         _INSIDE.reset(token)
     changed = [k for k, v in before.items() if not _unchanged(given[k], v)]
     for k in changed:  # the caller's arrays back as they were, where a copy was kept
-        if isinstance(before[k], np.ndarray):
-            given[k][...] = before[k]
+        if isinstance(before[k], bytes):
+            a = given[k]
+            a[...] = np.frombuffer(before[k], dtype=a.dtype).reshape(a.shape)
     if changed:
         raise SolverError(f"backend {name!r} wrote into the problem it was given ({', '.join(changed)} changed in "
                           "place): a backend must not modify its input; copy an array before changing it")
