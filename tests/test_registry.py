@@ -306,17 +306,22 @@ def test_solve_qp_takes_warm_start_false_as_the_setting():
     assert pp.solve_qp(qp, backend="ipm", warm_start=first).status is pp.Status.SOLVED
 
 
-@pytest.mark.core
-def test_an_entry_point_named_like_a_builtin_is_reported_not_silently_hidden(tmp_path, monkeypatch):
-    """A plugin registering ``ipm`` is never used (the built-in wins): a warning says so, once."""
+def _ipm_entry_point(tmp_path, monkeypatch, target: str) -> None:
+    """An installed distribution whose entry point ``ipm`` points at ``target``; no name warned about yet."""
     from polyproj import registry
 
     dist = tmp_path / "polyproj_fake_solver-0.0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
-    (dist / "entry_points.txt").write_text("[polyproj.backends]\nipm = fake_polyproj_solver:FakeSolver\n")
+    (dist / "entry_points.txt").write_text(f"[polyproj.backends]\nipm = {target}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "_WARNED_HIDDEN", set())
+
+
+@pytest.mark.core
+def test_an_entry_point_named_like_a_builtin_is_reported_not_silently_hidden(tmp_path, monkeypatch):
+    """A plugin registering ``ipm`` is never used (the built-in wins): a warning says so, once."""
+    _ipm_entry_point(tmp_path, monkeypatch, "fake_polyproj_solver:FakeSolver")
     with pytest.warns(pp.PolyprojWarning, match=r"'ipm' is a built-in backend; the installed entry point 'ipm' "
                                                 r"\(fake_polyproj_solver:FakeSolver\)"):
         solver = pp.get_backend("ipm")
@@ -329,14 +334,7 @@ def test_an_entry_point_named_like_a_builtin_is_reported_not_silently_hidden(tmp
 @pytest.mark.core
 def test_an_entry_point_naming_the_same_class_is_not_reported(tmp_path, monkeypatch):
     """A plugin whose entry point and registration are one class hides nothing."""
-    from polyproj import registry
-
-    dist = tmp_path / "polyproj_fake_solver-0.0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
-    (dist / "entry_points.txt").write_text("[polyproj.backends]\nipm = polyproj.backends.ipm:IPMSolver\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_WARNED_HIDDEN", set())
+    _ipm_entry_point(tmp_path, monkeypatch, "polyproj.backends.ipm:IPMSolver")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pp.get_backend("ipm")
