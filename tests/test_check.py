@@ -473,6 +473,7 @@ def _general_batch():
 
 
 @pytest.mark.core
+@pytest.mark.skipif("proxsuite" not in CPU_BACKENDS, reason="proxsuite not installed")
 @pytest.mark.parametrize(("cls", "phrase"), [
     (_BatchAssumesIdentity, "dual residual"),
     (_BatchIgnoresBounds, "violates the constraints"),
@@ -506,6 +507,7 @@ def test_a_point_the_guard_calls_solved_inaccurate_still_fails_the_batch_contrac
 
 
 @pytest.mark.core
+@pytest.mark.skipif("proxsuite" not in CPU_BACKENDS, reason="proxsuite not installed")
 def test_batch_qp_contract_holds_for_proxsuite_cold_and_warm():
     res = run_property("batch_qp_contract", "proxsuite", max_examples=5, seed=0)
     assert res.status == "passed", res.message + "\n" + res.falsifying
