@@ -351,36 +351,32 @@ class ProxSuiteSolver(QPSolver):
         return replace(again, iterations=sol.iterations + again.iterations,
                        solve_time=sol.solve_time + again.solve_time)
 
+    def _resolved_batch(self, qp: QP, vecs: dict, size: int, bs: BatchSolution, idx: list[int],
+                        again: Any) -> BatchSolution:
+        """``bs`` with the elements ``idx`` replaced by ``again(element_qp, element_solution)``, infos merged."""
+        if not idx:
+            return bs
+        qps = ElementQPs(qp, vecs, size)
+        sols = [again(qps[i], bs.solution(i)) for i in idx]
+        out = bs.put(np.asarray(idx), BatchSolution.stack(sols, backend=self.name))
+        info = [dict(e) for e in (bs.info.get("elements") or [{}] * size)]
+        for i, sol in zip(idx, sols, strict=True):
+            info[i] = {**info[i], **sol.info}
+        return replace(out, info={**bs.info, "elements": info})
+
     def _resumed_batch(self, qp: QP, vecs: dict, size: int, bs: BatchSolution) -> BatchSolution:
         """The elements of a native batch that ended :data:`FIRST_BUDGET` in MAX_ITER, solved again.
 
         Without a certificate (:meth:`_final_status`), one by one with ProxQP's own budget, as :meth:`_solve` does.
         """
         idx = [i for i in range(size) if bs.status[i] is Status.MAX_ITER] if self._staged() else []
-        if not idx:
-            return bs
-        qps = ElementQPs(qp, vecs, size)
-        sols = [self._resumed(qps[i], bs.solution(i)) for i in idx]
-        out = bs.put(np.asarray(idx), BatchSolution.stack(sols, backend=self.name))
-        elements = bs.info.get("elements") or [{}] * size
-        info = [dict(e) for e in elements]
-        for i, sol in zip(idx, sols, strict=True):
-            info[i] = {**info[i], **sol.info}
-        return replace(out, info={**bs.info, "elements": info})
+        return self._resolved_batch(qp, vecs, size, bs, idx, self._resumed)
 
     def _retried_batch(self, qp: QP, vecs: dict, size: int, bs: BatchSolution) -> BatchSolution:
         """The elements of a native batch whose refuted infeasibility :meth:`solve` would retry, retried."""
         elements = bs.info.get("elements") or [{}] * size
         idx = [i for i in range(size) if self._refuted(bs.status[i], elements[i])]
-        if not idx:
-            return bs
-        qps = ElementQPs(qp, vecs, size)
-        sols = [self._retried(qps[i], bs.solution(i)) for i in idx]
-        out = bs.put(np.asarray(idx), BatchSolution.stack(sols, backend=self.name))
-        info = [dict(e) for e in elements]
-        for i, s in zip(idx, sols, strict=True):
-            info[i] = {**info[i], **s.info}
-        return replace(out, info={**bs.info, "elements": info})
+        return self._resolved_batch(qp, vecs, size, bs, idx, self._retried)
 
     def _staged(self) -> bool:
         """Whether ProxQP runs :data:`FIRST_BUDGET` outer iterations first (no ``max_iter`` set)."""
