@@ -50,8 +50,8 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
     at_lb = xp.astype(info.active[:, m: m + n], g.dtype) * (1.0 - at_ub)
     free = 1.0 - (at_lb + at_ub)
     activeA = info.active[:, :m]
-    if len(info.faces) == 1 and info.faces[0].idx is None and bool(xp.all(info.faces[0].use)):
-        face = info.faces[0].face  # one recorded face serves the whole batch
+    if _one_face(xp, info):
+        face = info.faces[0].face
         Jg, r, Mr = face.vjp(g)
         rA, rB = expand_rows(face.rows, r)
         return VJPParts(_exact_zero(xp, Jg, g), rA, rB, Mr, at_lb, at_ub)
@@ -81,6 +81,11 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
     return VJPParts(_exact_zero(xp, Jg, g), rA, rB, Mr, at_lb, at_ub)
 
 
+def _one_face(xp: Any, info: Any) -> bool:
+    """True when one recorded face serves the whole batch of ``info``."""
+    return len(info.faces) == 1 and info.faces[0].idx is None and bool(xp.all(info.faces[0].use))
+
+
 def _flat(xp: Any, G: Any, n: int) -> Any:
     """``G`` as (b, n): the points of a set with a shape (``(b, k, k)`` matrices) are its rows flattened."""
     return G if G.ndim == 2 else xp.reshape(G, (G.shape[0], n))
@@ -106,7 +111,11 @@ def _exact_zero(xp: Any, Jg: Any, g: Any) -> Any:
 def hs_vjp(info: Any, G: Any) -> Any:
     """``J g`` (b, n) in the dtype of ``G`` ((b, n), or points with a shape: (b, k, k))."""
     xp = array_namespace(G)
-    return xp.astype(vjp_parts(info, G).Jg, G.dtype)
+    if not _one_face(xp, info):
+        return xp.astype(vjp_parts(info, G).Jg, G.dtype)
+    # one face for the batch: J g alone (the row gradients and bound masks are for the data's gradients)
+    g = xp.astype(_flat(xp, G, info.data.n), info.data.A.dtype)
+    return xp.astype(_exact_zero(xp, info.faces[0].face.vjp(g)[0], g), G.dtype)
 
 
 def data_vjp(info: Any, G: Any, names: tuple[str, ...], ndims: dict[str, int], parts: VJPParts | None = None,

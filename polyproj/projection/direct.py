@@ -75,13 +75,13 @@ class DirectData:
 
     arrays: tuple[np.ndarray, ...]  # (H, [A; B] with unit rows, upper, lower, sense): the backend's own layout
     row_norms: np.ndarray  # (m + p) the norms the rows of arrays were divided by (DAQP.projection_arrays)
-    C: np.ndarray  # (m + p, n) the rows [A; B] as given
+    C: np.ndarray  # (m + p + 1, n) the rows [A; B] as given, then a zero row (a face's padding rows index it)
     rhs: np.ndarray  # (m + 2n) right-hand sides [a, −lb, ub], 0 where infinite
     fin: np.ndarray  # (m + 2n) finite right-hand side
     rn1: np.ndarray  # (m + 2n) 1-norms of the inequality rows
     rn2: np.ndarray  # (m + 2n) 2-norms (1 for zero rows)
     bn1: np.ndarray  # (p,) 1-norms of the equality rows
-    c: np.ndarray  # (m + p) right-hand sides of the rows of C = [A; B] (0 where infinite)
+    c: np.ndarray  # (m + p + 1) right-hand sides of the rows of C (0 where infinite, 0 on the zero row)
     eq_rows: np.ndarray  # indices m, ..., m + p - 1 of B's rows in C
     lb: np.ndarray
     ub: np.ndarray
@@ -96,8 +96,8 @@ class DirectData:
         fin = np.isfinite(rhs)
         ones = np.ones(2 * n)
         rn2 = np.concatenate([norms[:m], ones])  # 1 for zero rows, as in projection_arrays
-        c = np.concatenate([a, b])
-        return cls(arrays, norms, np.vstack([A, B]), np.where(fin, rhs, 0.0), fin,
+        c = np.concatenate([a, b, [0.0]])
+        return cls(arrays, norms, np.vstack([A, B, np.zeros((1, n))]), np.where(fin, rhs, 0.0), fin,
                    np.concatenate([np.abs(A).sum(axis=1), ones]), rn2, np.abs(B).sum(axis=1),
                    np.where(np.isfinite(c), c, 0.0),
                    np.arange(m, m + p, dtype=np.intp), lb, ub)
@@ -194,11 +194,11 @@ def _faces(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray) -> tuple[n
         valid[:, :ka] = np.arange(ka) < count[:, None]
     rows = np.empty((b, k), dtype=np.intp)
     rows[:, :ka], rows[:, ka:] = order[:, :ka], dd.eq_rows
+    if padded:
+        rows[:, :ka][~valid[:, :ka]] = m + p  # the zero row
     free = (~(up | lo)).astype(np.float64)
     z = np.where(up, dd.ub, np.where(lo, dd.lb, X))
     M, c = dd.C[rows], dd.c[rows]
-    if padded:
-        M, c = M * valid[..., None], c * valid
     Mf = M * free[:, None, :]
     nrm = np.sqrt(np.einsum("bkn,bkn->bk", Mf, Mf))
     zero = valid & ~(nrm > 0)  # a row whose support is fixed: dependent on the bounds
@@ -297,7 +297,7 @@ def _take(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray, idx: np.nda
         lo, up = Wi[:, m: m + n], Wi[:, m + n:]
         zb = (X[idx] - Yi - Mt) * (1.0 - faces.free)  # stationarity on the fixed coordinates
         multA = np.zeros((idx.size, m))
-        np.put_along_axis(multA, order[:, :ka], lam_c[:, :ka], axis=1)
+        multA[np.arange(idx.size)[:, None], order[:, :ka]] = lam_c[:, :ka]  # padding rows: inactive ones, 0
         Y[idx] = Yi
         mult[idx] = np.concatenate([multA, -zb * lo, zb * up], axis=1)
         mu[idx] = lam_c[:, ka:]
