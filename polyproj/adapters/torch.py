@@ -133,11 +133,13 @@ class _Project(torch.autograd.Function):
         Sx = S.with_parameters(**{k: p.detach() for k, p in zip(names, params, strict=True)}) if names else S
         if x.shape[0] == 0:  # an empty batch projects to an empty batch
             return x.detach().clone(), Sx.empty_result(x.detach()), Sx
-        if not bool(torch.isfinite(x).all()):  # here, not in project(): under vmap x is a plain tensor only here
+        xd = x.detach()
+        host = _on_host(xd, Sx)
+        # here, not in project(): under vmap x is a plain tensor only here (on the host: NumPy's test, cheaper)
+        if not bool(np.isfinite(xd.numpy()).all() if host else torch.isfinite(xd).all()):
             raise ProblemError("x contains NaN or inf")
         with torch.no_grad(), small_work(x.device.type == "cpu", _work(x, Sx)):
-            xd = x.detach()
-            if _on_host(xd, Sx):
+            if host:
                 res = _usable(Sx.project_batch(xd.numpy(), record=True, warm_start=cfg.warm), Sx.data)
                 return torch.from_numpy(np.array(res.y, dtype=_NP[x.dtype])), res, Sx
             if isinstance(Sx, Polyhedral):
