@@ -330,7 +330,7 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
     the exact face on it verified as DAQP's would be; the points it does not give go the cold way (DAQP,
     then ``fallback``). Returns None when no sample is taken.
     """
-    from ..backends.projection import start_from_solution
+    from ..backends.projection import ProjectionStart, start_from_solution
     from ..solution import BatchSolution
     from .pipeline import _merge
 
@@ -375,8 +375,12 @@ def project_direct(X: np.ndarray, d: PolyData, dd: DirectData, solver: Any, tol:
     taken = np.flatnonzero(got.polished)
     if not taken.size:
         return None
-    start = start_from_solution(sol, X, m, float(solver.settings.get("eps_abs", 1e-8)))
     every = taken.size == N  # every point verified: their violations and their degeneracy report (none) are known
+    accuracy = float(solver.settings.get("eps_abs", 1e-8))
+    # the start is read again only where some points go on to the pipeline (_merge); with every point verified
+    # it is their exact answer, and its solution what DAQP returned
+    start = ProjectionStart(got.Y, got.mult, got.mu, tuple(status), accuracy, solution=sol) if every else \
+        start_from_solution(sol, X, m, accuracy)
     out = PipelineOutput(got.Y, got.active, got.mult, got.mu, tuple(Status.SOLVED if t else st for t, st in
                                                                     zip(got.polished, status, strict=True)),
                          got.polished, solver.name, [got.record] if got.record is not None else [], start,
