@@ -215,6 +215,27 @@ def test_the_polish_never_accepts_a_face_row_it_leaves_violated():
         run(np.array([[1.0, 2.0]] * 3), d, pp.get_backend("admm"), PolishOptions())
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_zero_row_every_point_satisfies_is_never_active(backend, rng):
+    """``0 y <= 0`` (and ``0 y <= 2``) bind nowhere: the projection, its active set and the degeneracy report are
+    those without the rows. ``0 y <= 0`` sat at zero slack everywhere, so the polish called it active (weakly:
+    multiplier 0) on every point, the report called every point weak, and the report divided by its zero norm
+    (a RuntimeWarning); the direct path refused every point for it (a row at its hyperplane off the face)."""
+    P0 = random_polytope(rng, 5, 4, 1)
+    A = np.vstack([P0.A[:2], np.zeros((1, 5)), P0.A[2:], np.zeros((1, 5))])
+    a = np.concatenate([P0.a[:2], [0.0], P0.a[2:], [2.0]])
+    P = pp.Polyhedron(A=A, a=a, B=P0.B, b=P0.b, lb=P0.lb, ub=P0.ub)
+    X = 3.0 * rng.normal(size=(6, 5))
+    res, ref = pp.project(X, P, backend=backend), pp.project(X, P0, backend=backend)
+    assert res.polished.all() and ref.polished.all()
+    assert np.max(np.abs(res.y - ref.y)) <= 1e-9 * (1.0 + np.abs(ref.y).max())
+    zero = np.array([2, A.shape[0] - 1])
+    assert not res.active[:, zero].any()
+    assert np.array_equal(np.delete(res.active[:, :A.shape[0]], zero, axis=1), ref.active[:, :P0.A.shape[0]])
+    assert np.array_equal(np.asarray(res.degenerate.weak), np.asarray(ref.degenerate.weak))
+    assert np.array_equal(pp.hs_vjp(P, res.active, X), pp.hs_vjp(P0, ref.active, X))
+
+
 def test_false_infeasibility_reports_of_some_elements_are_recovered(rng, monkeypatch):
     """A backend that calls a few elements of a batch PRIMAL_INFEASIBLE while it solves the others
     (ProxSuite does at tight tolerances) must not make project() call the polyhedron empty: those

@@ -253,7 +253,8 @@ def _verified(X, Y, d: PolyData, dd: DirectData, mult, mu, active, tol: float) -
     slack = np.concatenate([a - Y @ A.T, Y - lb, ub - Y], axis=1)
     row_tol = tol * (np.abs(dd.rhs) + dd.rn1 * sy)
     bad = active & (~dd.fin | (np.abs(slack) > row_tol) | (mult * dd.rn2 <= SEPARATION * tol * sig))
-    bad |= ~active & (slack <= SEPARATION * row_tol)  # another row at (or near) its hyperplane
+    # another row at (or near) its hyperplane (a zero row 0 y <= a, a >= 0, has none: every point satisfies it)
+    bad |= ~active & (slack <= SEPARATION * row_tol) & ((dd.rn1 > 0) | (slack < 0))
     finite = np.isfinite(Y).all(axis=1)
     ok = ~bad.any(axis=1) & finite
     viol = np.maximum(-slack.min(axis=1, initial=0.0), 0.0)

@@ -137,7 +137,9 @@ class _Scales:
     """Per-row and per-sample scales of the KKT tests (see :func:`_scales`)."""
 
     rhs: Any  # (b, m + 2n) right-hand sides
-    fin: Any  # (b, m + 2n) finite right-hand side
+    fin: Any  # (b, m + 2n) finite right-hand side, on a row that binds somewhere: a zero row 0 y <= a with a >= 0,
+    # which every point satisfies, has no hyperplane and is never a candidate nor active (with a < 0 it stays,
+    # and the face that cannot satisfy it reports the polyhedron empty)
     rn1: Any  # (b, m + 2n) 1-norm of each row
     rn2: Any  # (b, m + 2n) 2-norm of each row (1 for zero rows)
     bsum: Any  # (b, p) |b| + ||B_j||_1 (scale of the equality rows without the point)
@@ -157,7 +159,7 @@ def _scales(xp, X, data: PolyData) -> _Scales:
     rn2 = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(A, axis=-1), (batch, m)), ones], axis=1)
     rn2 = xp.where(rn2 > 0, rn2, xp.ones_like(rn2))
     bn1 = xp.broadcast_to(xp.sum(xp.abs(B), axis=-1), (batch, p))
-    fin = xp.isfinite(rhs)
+    fin = xp.isfinite(rhs) & ((rn1 > 0) | (rhs < 0))
     bsum = xp.broadcast_to(xp.abs(b), (batch, p))
     size = _rmax(xp, xp.concat([xp.where(fin, xp.abs(rhs), xp.zeros_like(rhs)), bsum], axis=1))
     return _Scales(rhs, fin, rn1, rn2, bsum, bn1, size)

@@ -320,7 +320,7 @@ def degeneracy(X: Any, info: FaceInfo, tol: float, eq_deficiency: int = 0) -> De
     # (every active row was then reported weak)
     floor = tol * (1.0 + xp.max(xp.abs(X), axis=1, keepdims=True)) + tol * xp.max(xp.abs(info.Y), axis=1,
                                                                                  keepdims=True)
-    weak = xp.any(act & (mult <= floor / norms), axis=1)
+    weak = xp.any(act & (mult * norms <= floor), axis=1)  # an active zero row (norm 0) is weak, without a 1/0
     at_lb, at_ub = act[:, m: m + n], act[:, m + n:]
     both = xp.any(at_lb & at_ub, axis=1)
     return Degeneracy(weak, dependent_fn=lambda: _dependent(info, both, eq_deficiency))
