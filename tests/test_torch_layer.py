@@ -1207,3 +1207,13 @@ def test_data_gradient_at_a_vertex_does_not_grow_with_the_distance():
             y.backward(G)
             assert float((y[0] - vertex).abs().max()) <= 1e-14
             assert float((A.grad - exact).abs().max() / exact.abs().max()) <= 1e-12, (scale, N)
+
+
+def test_layer_names_x_when_its_last_dimension_is_wrong():
+    """A layer's constraints are its own: x of the wrong width is what is wrong. The message blamed the layer's
+    data (``A must have shape (r, 5) ... to match x, got (5, 4)``; a bounds-only layer: ``lb must have shape``)."""
+    x = torch.ones(2, 5, dtype=torch.float64)
+    for layer in (ProjectionLayer(A=np.ones((5, 4)), a=np.ones(5), lb=-np.ones(4)),
+                  ProjectionLayer(lb=-np.ones(4), ub=np.ones(4), structured=False)):
+        with pytest.raises(pp.ProblemError, match=r"x must have shape \(\.\.\., 4\).*got \(2, 5\)"):
+            layer(x)

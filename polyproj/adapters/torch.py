@@ -838,6 +838,9 @@ class ProjectionLayer(nn.Module):
         if self.set is not None:
             y, res = _project(x, self.set, dict.fromkeys(PARTS), "auto", {}, warm)
         else:
+            if isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[-1] != self.n:  # x is what is wrong here
+                raise ProblemError(f"x must have shape (..., {self.n}) to match the layer's constraints "
+                                   f"(n = {self.n}), got {tuple(x.shape)}")
             parts = dict(A=self.A, a=self.a, B=self.B, b=self.b, lb=self.lb, ub=self.ub)
             y, res = _project(x, None, parts, self.backend, self.settings, warm)
         # an empty batch is no guess for the next one; nor is a vmap's folded result (the slices of a batch
