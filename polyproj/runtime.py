@@ -289,16 +289,28 @@ def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
 
 @contextlib.contextmanager
 def fork_safe_threads() -> Iterator[None]:
-    """One torch intra-op thread inside the block in a forked child (:func:`openmp_threads`); else nothing.
+    """One torch intra-op thread and one MKL thread in a forked child (:func:`openmp_threads`); else nothing.
 
     Torch's CPU kernels run on the same OpenMP runtime: in a child forked after the parent ran a torch
-    operation on two or more threads, the child's first multithreaded kernel never returns.
+    operation on two or more threads, the child's first multithreaded kernel never returns. MKL's own count
+    counts too: ``torch.set_num_threads(k)`` in the parent also sets MKL's, and the child's first MKL product
+    (``g @ M`` of the scores, the SQP's Hessian) then ran a team of k and hung. The child is a pool's worker,
+    whose processes are the parallelism: it keeps one thread of both for good (``torch.set_num_threads(1)``;
+    the MKL fault of :func:`set_torch_threads` comes from counts above 1).
     """
     if not _FORKED:
         yield
         return
+    torch = sys.modules.get("torch")
+    if torch is not None and not _CHILD_ONE_THREAD:
+        torch.set_num_threads(1)
+        _CHILD_ONE_THREAD.append(True)
     with torch_single_thread():
         yield
+
+
+#: set in a forked child once its torch (and MKL) thread counts are 1
+_CHILD_ONE_THREAD: list[bool] = []
 
 
 class _Job:

@@ -498,6 +498,55 @@ def test_fork_pool_after_openmp_teams_in_the_parent_does_not_hang():
     np.testing.assert_allclose(there.numpy(), here.numpy(), rtol=0, atol=1e-12)
 
 
+_FORK_AFTER_SET_NUM_THREADS = """
+import multiprocessing as mp, sys
+from concurrent.futures import ProcessPoolExecutor
+import numpy as np, torch
+from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, Loss, retrain, solve
+
+def sq(th, b):
+    return (b[0] @ th - b[1]) ** 2
+
+def cap(th):
+    return th[3]
+
+def total(th):
+    return th.sum()
+
+if __name__ == "__main__":
+    torch.set_num_threads(2)  # the standard call: it sets MKL's thread count too
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(80, 5, dtype=torch.float64, generator=g)
+    y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0, 1.0], dtype=torch.float64) + 0.3 * torch.randn(80, generator=g,
+                                                                                           dtype=torch.float64)
+    p = ConstrainedProblem(torch.zeros(5), Loss(sq, (X, y)), [Constraint(cap, None, tau=2.5, name="cap")])
+    k = solve(p)
+    dif = DIF(p, k, method="matrix-free")
+    rems = [{"objective": [0]}, {"objective": [1]}]
+    here, back = dif.influence(total, chunk_size=40), retrain(p, rems, warm_start=k)
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as ex:
+        there = dif.influence(total, executor=ex, chunk_size=40)
+        again = retrain(p, rems, warm_start=k, executor=ex)
+    assert float((there - here).abs().max()) <= 1e-12
+    assert all(float((a.theta - b.theta).abs().max()) <= 1e-12 for a, b in zip(again, back))
+    print("done")
+"""
+
+
+def test_fork_pool_after_torch_set_num_threads_does_not_hang(tmp_path):
+    """``torch.set_num_threads(2)`` in the parent also sets MKL's count: a forked worker's first MKL product
+    (the scores' ``g @ M``, the SQP's Hessian in ``retrain``) ran a team of 2 and never returned. A forked
+    child now keeps one torch and one MKL thread (runtime.fork_safe_threads). In a fresh interpreter, so that
+    this process's MKL count is left alone."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork_after_set_num_threads.py"
+    script.write_text(_FORK_AFTER_SET_NUM_THREADS)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout.strip().endswith("done"), out.stderr[-2000:]
+
+
 def test_third_new_user_trial_of_the_engine(setup):
     """Found by trying the engine as a new user (each failed before): the dense path without constraints
     (a reshape of 0 rows), a loss vmap cannot trace on the matrix-free path, a weight decay written with
