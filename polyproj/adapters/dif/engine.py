@@ -43,7 +43,7 @@ from .hvp import DEFAULT_CHUNK, HessianOperator
 from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
 from .krylov import KRYLOV_METHODS, SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError
 from .linearisation import Linearisation, check_split
-from .matfree import DenseInverse, DualQP, KrylovInverse, reduced_curvature
+from .matfree import DenseInverse, DualQP, KrylovInverse, null_basis, reduced_curvature
 from .problem import ConstrainedProblem, Removal, placement_error
 from .scores import ScoreJob
 
@@ -287,7 +287,11 @@ class DIF:
         if self.method == "dense":
             self.damping = floor
             if auto_damping:
-                w = np.linalg.eigvalsh(self.lin.H)
+                # the curvature the DIF needs is H's on the binding rows' null space (second-order sufficiency),
+                # as MINRES checks it: negative curvature off it is the dense QP's own business (it adds
+                # ρ C_BᵀC_B), and damping past the full H's most negative eigenvalue biased a well-posed DIF
+                Z = null_basis(self.C[self.row_eq], problem.dim)
+                w = np.linalg.eigvalsh(Z.T @ self.lin.H @ Z) if Z.shape[1] else np.array([np.inf, 0.0])
                 self.damping = auto_damping_for(floor, float(w[0]), float(w[-1]))
             self.H = self.lin.H + self.damping * np.eye(problem.dim)
             self._inv = DenseInverse(self.H)

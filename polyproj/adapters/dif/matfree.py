@@ -181,6 +181,14 @@ def _consistent_solve(S: np.ndarray, R: np.ndarray) -> np.ndarray:
 REDUCED_DENSE_DIM = 200
 
 
+def null_basis(CB: np.ndarray, d: int) -> np.ndarray:
+    """An orthonormal basis (d, k) of null(C_B) (the identity when there is no row)."""
+    if not CB.shape[0]:
+        return np.eye(d)
+    _, sv, Vt = np.linalg.svd(CB, full_matrices=True)
+    return Vt[int((sv > 1e-12 * sv.max(initial=0.0)).sum()):].T
+
+
 def reduced_curvature(op, CB: np.ndarray) -> tuple[float, float]:
     """(λ_min, λ_max) of H on null(C_B): the second-order condition MINRES needs and does not check itself.
 
@@ -195,10 +203,7 @@ def reduced_curvature(op, CB: np.ndarray) -> tuple[float, float]:
 
     d = int(op.dim)
     if d <= REDUCED_DENSE_DIM:
-        Z = np.eye(d)
-        if CB.shape[0]:
-            _, sv, Vt = np.linalg.svd(CB, full_matrices=True)
-            Z = Vt[int((sv > 1e-12 * sv.max(initial=0.0)).sum()):].T
+        Z = null_basis(CB, d)
         if not Z.shape[1]:
             return np.inf, 0.0
         HZ = np.column_stack([op.matvec(Z[:, i]) for i in range(Z.shape[1])])
