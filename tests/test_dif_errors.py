@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -538,12 +539,16 @@ def test_fork_pool_after_torch_set_num_threads_does_not_hang(tmp_path):
     (the scores' ``g @ M``, the SQP's Hessian in ``retrain``) ran a team of 2 and never returned. A forked
     child now keeps one torch and one MKL thread (runtime.fork_safe_threads). In a fresh interpreter, so that
     this process's MKL count is left alone."""
+    import os
     import subprocess
     import sys
 
     script = tmp_path / "fork_after_set_num_threads.py"
     script.write_text(_FORK_AFTER_SET_NUM_THREADS)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    # the polyproj this process imported (a checkout other than the installed one, too)
+    root = str(Path(pp.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("done"), out.stderr[-2000:]
 
 
