@@ -5,25 +5,108 @@ Hessian of the Lagrangian ``∇²f₀ + Σ λⱼ∇²gⱼ`` and per-sample gradi
 per-sample losses). The matrix-free path uses :mod:`polyproj.adapters.dif.hvp` (Hessian-vector
 products in data chunks) and :mod:`polyproj.adapters.dif.scores` (vmapped per-sample gradients)
 instead.
+
+Second derivatives are forward-over-reverse (``jacfwd`` / ``jvp`` of a reverse-mode gradient). A loss
+with an op that PyTorch cannot differentiate in forward mode (no JVP formula: ``F.huber_loss``'s backward,
+``F.soft_margin_loss``'s, a custom ``autograd.Function`` without ``jvp``) is differentiated
+reverse-over-reverse instead: the same Hessian (∇²f is symmetric, so the vector-Jacobian product of ∇f
+with v is H v), one more backward pass per product. The choice is remembered per problem
+(:func:`reverse_only`), so forward mode is tried once per problem, not once per product.
 """
 
 from __future__ import annotations
 
+import re
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
+from ...errors import ProblemError
 from .problem import ConstrainedProblem
 
-__all__ = ["FORWARD_AD", "constraint_jacobian", "lagrangian_hessian", "objective_grad", "per_sample",
-           "per_sample_grads"]
+__all__ = ["FORWARD_AD", "check_reverse", "constraint_jacobian", "forward_ad_missing", "lagrangian_hessian",
+           "no_second_derivatives", "objective_grad", "per_sample", "per_sample_grads", "reverse_only",
+           "second_derivative_missing", "set_reverse_only"]
 
 #: held around every forward-mode section (``torch.func.hessian``, ``jvp``): torch's forward-AD levels
 #: are process-wide, so two threads in forward mode at once corrupt each other's (e.g. re-solves on a
 #: thread pool); reverse mode is per thread and runs unlocked
 FORWARD_AD = threading.RLock()
+
+#: problems whose losses have an op without a forward-mode derivative: their second derivatives are taken
+#: reverse-over-reverse from then on (weak: a problem that is dropped leaves the set)
+_REVERSE_ONLY: weakref.WeakSet[ConstrainedProblem] = weakref.WeakSet()
+
+#: torch's refusals of forward mode ("Trying to use forward AD with huber_loss_backward ...", "You must
+#: implement the jvp function for custom autograd.Function to use it with forward mode AD")
+_NO_FORWARD = re.compile(r"forward[- ]?(ad|mode)", re.IGNORECASE)
+
+#: torch's refusals of a derivative in reverse mode ("derivative for aten::multi_margin_loss_backward is not
+#: implemented", "trying to differentiate twice a function that was marked with @once_differentiable")
+_NO_REVERSE = re.compile(r"derivative|differentiate twice|not implemented", re.IGNORECASE)
+
+
+def forward_ad_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch refusing forward-mode AD of an op of the loss (an op without a JVP formula)."""
+    return isinstance(exc, NotImplementedError) and _NO_FORWARD.search(str(exc)) is not None
+
+
+def second_derivative_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch refusing a reverse-mode derivative (an op without a double backward)."""
+    if isinstance(exc, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)):
+        return False
+    return isinstance(exc, NotImplementedError) or (isinstance(exc, RuntimeError)
+                                                    and _NO_REVERSE.search(str(exc)) is not None)
+
+
+def reverse_only(problem: ConstrainedProblem) -> bool:
+    """Whether ``problem``'s second derivatives are taken reverse-over-reverse (forward mode failed on it)."""
+    return problem in _REVERSE_ONLY
+
+
+def set_reverse_only(problem: ConstrainedProblem) -> None:
+    """Take ``problem``'s second derivatives reverse-over-reverse from now on."""
+    _REVERSE_ONLY.add(problem)
+
+
+def no_second_derivatives(what: str, exc: BaseException) -> ProblemError:
+    """The ``ProblemError`` for a loss that torch can differentiate only once (neither mode has its op's H)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return ProblemError(f"{what}: PyTorch has neither a forward-mode derivative nor a double backward for an "
+                        f"operation of the losses ({first}); DIF needs second derivatives of the losses: write that "
+                        "operation with twice-differentiable torch ops (or give its autograd.Function a jvp or a "
+                        "differentiable backward)")
+
+
+#: relative agreement the first reverse-over-reverse product must show with central differences of the gradient
+REVERSE_CHECK_RTOL = 1e-3
+
+
+def check_reverse(what: str, grad: Any, hvp: Any, theta: torch.Tensor) -> None:
+    """Refuse reverse-over-reverse second derivatives that central differences of the gradient contradict.
+
+    Reverse mode takes a backward that runs without a graph (a custom ``autograd.Function`` whose backward is
+    ``@once_differentiable``) for a constant: its part of H v comes out 0, silently. Forward mode refused
+    such an op outright; reverse mode is checked once, where a problem switches to it: H v along a fixed
+    random v against ``(∇(θ + h v) − ∇(θ − h v)) / 2h``, ``h = eps^(1/3) (1 + |θ|∞)`` (error ~h² |∇³| and
+    eps/h |∇|). ``grad(θ)`` and ``hvp(θ, v)`` are the problem's own.
+    """
+    v = torch.randn(theta.shape, dtype=theta.dtype, generator=torch.Generator().manual_seed(0)).to(theta.device)
+    h = float(np.finfo(np.float64).eps) ** (1.0 / 3.0) * (1.0 + float(theta.detach().abs().max()))
+    fd = (grad(theta + h * v) - grad(theta - h * v)) / (2.0 * h)
+    hv = hvp(theta, v)
+    gap, size = float((hv - fd).norm()), float(hv.norm()) + float(fd.norm())
+    if not gap <= REVERSE_CHECK_RTOL * size + 1e-8 * (1.0 + float(grad(theta).norm())):
+        raise ProblemError(f"{what}: PyTorch has no forward-mode derivative for an operation of the losses, and the "
+                           f"reverse-mode second derivative differs from central differences of the gradient "
+                           f"(|Hv − differences| = {gap:.3g} against |Hv| = {float(hv.norm()):.3g}): an operation's "
+                           "backward is not differentiable (e.g. a custom autograd.Function whose backward is "
+                           "@once_differentiable, which reverse mode reads as a constant); give it a jvp or a "
+                           "differentiable backward")
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -45,11 +128,37 @@ def constraint_jacobian(problem: ConstrainedProblem, theta: torch.Tensor) -> tup
 
 
 def lagrangian_hessian(problem: ConstrainedProblem, theta: torch.Tensor, lambdas: Any) -> np.ndarray:
-    """∇²_θ L(θ, λ) = ∇²f₀ + Σ λⱼ∇²gⱼ, symmetrised, (d, d)."""
+    """∇²_θ L(θ, λ) = ∇²f₀ + Σ λⱼ∇²gⱼ, symmetrised, (d, d).
+
+    ``jacfwd(jacrev)``, or ``jacrev(jacrev)`` where forward mode is missing for an op of the losses (see the
+    module's notes); a ``ProblemError`` where reverse mode cannot differentiate twice either.
+    """
     lam = torch.as_tensor(np.asarray(lambdas, dtype=np.float64))
-    with FORWARD_AD:
-        H = _np(torch.func.hessian(lambda t: problem.lagrangian(t, lam))(theta))
-    return 0.5 * (H + H.T)
+
+    def lagrangian(t: torch.Tensor) -> torch.Tensor:
+        return problem.lagrangian(t, lam)
+
+    if not reverse_only(problem):
+        try:
+            with FORWARD_AD:
+                H = _np(torch.func.hessian(lagrangian)(theta))
+            return 0.5 * (H + H.T)
+        except NotImplementedError as exc:
+            if not forward_ad_missing(exc):
+                raise
+    switched = not reverse_only(problem)
+    try:
+        H = _np(torch.func.jacrev(torch.func.jacrev(lagrangian))(theta))
+    except RuntimeError as exc:
+        if not second_derivative_missing(exc):
+            raise
+        raise no_second_derivatives("the Hessian of the Lagrangian", exc) from exc
+    H = 0.5 * (H + H.T)
+    if switched:  # once per problem: reverse mode checked against differences of the gradient
+        set_reverse_only(problem)
+        check_reverse("the Hessian of the Lagrangian", torch.func.grad(lagrangian),
+                      lambda t, v: torch.as_tensor(H @ v.detach().cpu().numpy().astype(np.float64)).to(v), theta)
+    return H
 
 
 def per_sample(problem: ConstrainedProblem, name: str, theta: torch.Tensor, idx: Any = None) -> np.ndarray:

@@ -8,6 +8,11 @@ is split into *pieces*, one per (loss, contiguous chunk of its samples), whose s
 and Hessian-vector products are sums over the pieces, so the memory of one evaluation is that of
 one chunk (``chunk_size`` samples) whatever N is. H·v is forward-over-reverse
 (``torch.func.jvp`` of ``torch.func.grad``): one reverse and one forward pass per chunk, never H.
+Where an op of the losses has no forward-mode derivative (``F.huber_loss``, a custom
+``autograd.Function`` without ``jvp``), H·v is reverse-over-reverse instead: ``torch.func.vjp`` of
+``torch.func.grad``, vᵀH = (Hv)ᵀ since H is symmetric, two reverse passes per chunk, the same numbers to
+rounding. The switch is made at the first refused product and kept for the problem
+(:func:`~polyproj.adapters.dif.calculus.reverse_only`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ import numpy as np
 import scipy.sparse.linalg as spla
 import torch
 
-from .calculus import FORWARD_AD
+from .calculus import (
+    FORWARD_AD,
+    check_reverse,
+    forward_ad_missing,
+    no_second_derivatives,
+    reverse_only,
+    second_derivative_missing,
+    set_reverse_only,
+)
 from .problem import ConstrainedProblem, Constraint, Loss
 
 __all__ = ["DEFAULT_CHUNK", "HessianOperator", "LossPieces"]
@@ -114,12 +127,46 @@ class LossPieces:
         return val, grad
 
     def hvp(self, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """∇²Φ(θ) v by forward-over-reverse, summed over the pieces."""
+        """∇²Φ(θ) v, summed over the pieces.
+
+        Forward-over-reverse; reverse-over-reverse where an op of the losses has no forward-mode derivative
+        (then for every later product on the problem too); a ``ProblemError`` where neither mode can
+        differentiate the losses twice.
+        """
+        if not reverse_only(self.problem):
+            try:
+                return self._hvp_forward(theta, v)
+            except NotImplementedError as exc:
+                if not forward_ad_missing(exc):
+                    raise
+        switched = not reverse_only(self.problem)
+        try:
+            hv = self._hvp_reverse(theta, v)
+        except RuntimeError as exc:
+            if not second_derivative_missing(exc):
+                raise
+            raise no_second_derivatives("a Hessian-vector product (matrix-free path)", exc) from exc
+        if switched:  # once per problem: reverse mode checked against differences of the gradient
+            set_reverse_only(self.problem)
+            check_reverse("a Hessian-vector product (matrix-free path)", lambda t: self.value_and_grad(t)[1],
+                          self._hvp_reverse, theta)
+        return hv
+
+    def _hvp_forward(self, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """H v as the directional derivative of ∇Φ along v (``jvp`` of ``grad``)."""
         out = torch.zeros_like(theta)
         with FORWARD_AD:
             for grp in self.groups:
                 _, hv = torch.func.jvp(torch.func.grad(lambda t, grp=grp: self._group_value(grp, t)), (theta,), (v,))
                 out += hv
+        return out
+
+    def _hvp_reverse(self, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """H v as vᵀ∂(∇Φ)/∂θ = vᵀH (``vjp`` of ``grad``; H symmetric); reverse mode, no lock needed."""
+        out = torch.zeros_like(theta)
+        for grp in self.groups:
+            _, pull = torch.func.vjp(torch.func.grad(lambda t, grp=grp: self._group_value(grp, t)), theta)
+            out += pull(v)[0]
         return out
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...errors import PolyprojError
 from .linearisation import check_split, removal_terms
 from .problem import ConstrainedProblem, Removal, _take
 
@@ -38,22 +39,50 @@ def per_sample_grads_vmap(problem: ConstrainedProblem, name: str, theta: torch.T
     """Per-sample gradients (k, d) and losses (k,) of loss ``name`` at the samples ``idx``.
 
     One ``vmap(grad_and_value)`` over the selected samples: the caller bounds k (a chunk). A loss that
-    ``vmap`` cannot trace (data-dependent control flow or boolean-mask indexing on the sample, e.g.
-    ``out[r.abs() > 1] = ...``) is differentiated by ``jacrev`` of the chunk's losses instead, as the dense
-    path does: the same gradients, k backward passes.
+    ``vmap`` cannot trace (data-dependent control flow, boolean-mask indexing or reading values in Python on
+    the sample, e.g. ``out[r.abs() > 1] = ...`` or ``r.tolist()``; an op without a batching rule) is
+    differentiated by ``jacrev`` of the chunk's losses instead, as the dense path does: the same gradients,
+    k backward passes.
+    """
+    grads, vals, _ = _per_sample_grads(problem, name, theta, idx, try_vmap=True)
+    return grads, vals
+
+
+#: errors that are not vmap failing to trace the loss, passed on as they are: the user's own interrupt, memory
+#: exhaustion (the jacrev fallback needs as much), polyproj's errors (already a diagnosis)
+_NO_FALLBACK = (MemoryError, PolyprojError, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))
+
+
+def _per_sample_grads(problem: ConstrainedProblem, name: str, theta: torch.Tensor, idx: np.ndarray, *,
+                      try_vmap: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(gradients (k, d), losses (k,), whether vmap gave them) of loss ``name`` at the samples ``idx``.
+
+    ``vmap`` first (unless ``try_vmap`` is false); any error it raises while tracing the loss, whatever its
+    type or message (vmap's refusals are RuntimeErrors, NotImplementedErrors, ValueErrors, ... and do not all
+    name vmap), sends the chunk to ``jacrev``. An error of ``jacrev`` too is the loss's own: it is raised,
+    chained to vmap's.
     """
     loss = problem.loss(name)
     sub = _take(loss.data, torch.as_tensor(np.asarray(idx, dtype=np.int64)))
-    items = sub if isinstance(sub, tuple) else (sub,)
-    f = _one_sample_loss(problem, loss, isinstance(sub, tuple))
-    fn = torch.func.vmap(torch.func.grad_and_value(f), in_dims=(None, *([0] * len(items))))
-    try:
-        grads, vals = fn(theta, *items)
-    except RuntimeError as exc:
-        if "vmap" not in str(exc):
+    vmap_error: Exception | None = None
+    if try_vmap:
+        items = sub if isinstance(sub, tuple) else (sub,)
+        f = _one_sample_loss(problem, loss, isinstance(sub, tuple))
+        fn = torch.func.vmap(torch.func.grad_and_value(f), in_dims=(None, *([0] * len(items))))
+        try:
+            grads, vals = fn(theta, *items)
+            return grads.detach(), vals.detach(), True
+        except _NO_FALLBACK:
             raise
+        except Exception as exc:
+            vmap_error = exc
+    try:
         grads, vals = torch.func.jacrev(lambda t: (problem.per_sample(loss, t, sub),) * 2, has_aux=True)(theta)
-    return grads.detach(), vals.detach()
+    except Exception as exc:
+        if vmap_error is None:
+            raise
+        raise exc from vmap_error
+    return grads.detach(), vals.detach(), False
 
 
 @dataclass(eq=False)
@@ -80,8 +109,10 @@ class ProjectedGradients:
             idx = np.unique(np.concatenate([rem[name] for rem in removals if name in rem]))
             P = np.empty((idx.size, self.basis.shape[1]))
             vals = np.empty(idx.size)
+            vmap_ok = True  # a loss vmap could not trace once is not traced again (every chunk would fail)
             for s in range(0, idx.size, self.chunk_size):
-                g, v = per_sample_grads_vmap(self.problem, name, self.theta, idx[s:s + self.chunk_size])
+                g, v, vmap_ok = _per_sample_grads(self.problem, name, self.theta, idx[s:s + self.chunk_size],
+                                                  try_vmap=vmap_ok)
                 P[s:s + self.chunk_size] = (g @ M).numpy()
                 vals[s:s + self.chunk_size] = v.numpy()
                 del g
