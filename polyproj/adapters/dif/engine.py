@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
@@ -44,7 +45,7 @@ from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
 from .krylov import KRYLOV_METHODS, SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError
 from .linearisation import Linearisation, check_split
 from .matfree import DenseInverse, DualQP, KrylovInverse, null_basis, reduced_curvature
-from .problem import ConstrainedProblem, Removal, placement_error
+from .problem import ConstrainedProblem, Removal, placement_error, sample_indices
 from .scores import ScoreJob
 
 __all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation",
@@ -362,9 +363,13 @@ class DIF:
                 damping = _more_damping(self.damping, err) if self.method != "dense" and self._auto else None
                 if damping is None:
                     raise
-                self._dual, self._v_extra, self._step_duals = None, {}, {}
-                self._setup_matrix_free(damping, True, *self._krylov_args)
+                self._redamp(damping)
         raise SolverError("damping='auto' could not make H positive definite in 20 rounds")  # pragma: no cover
+
+    def _redamp(self, damping: float) -> None:
+        """Set the matrix-free path up again with ``damping`` (V and the dual QPs anew: later answers all use it)."""
+        self._dual, self._v_extra, self._step_duals = None, {}, {}
+        self._setup_matrix_free(damping, True, *self._krylov_args)
 
     # ------------------------------------------------------------------ shared pieces
     @property
@@ -559,14 +564,15 @@ class DIF:
             Score these removals instead of the single objective samples (e.g. a training point
             that also sits in a constraint's data: ``{"objective": [i], "group": [k]}``, or groups).
         executor : concurrent.futures.Executor, optional
-            Score chunks of removals on it (threads, processes, a Dask ``Client.get_executor()``);
-            the answers equal the in-process ones. The problem must be picklable for processes.
+            Score chunks of removals on it (threads, processes, a Dask ``Client.get_executor()``),
+            or with ``test_fn=None`` compute their ω there; the answers equal the in-process ones.
+            The problem must be picklable for processes.
         chunk_size : int, optional
             Removals per chunk (default: the engine's ``chunk_size``); per-sample gradients are
             formed one chunk at a time, so memory is ``chunk_size × d`` floats plus one chunk's
             activations.
         progress : bool, optional
-            Progress bar over chunks (default: for 8 or more chunks without an executor).
+            Progress bar over chunks, on every path (default: for 8 or more chunks without an executor).
         order : {1, 2}
             1 (default): the first-order scores ∇F(θ̄)ᵀω. 2: F(θ̄ + ω₂) − F(θ̄) with ω₂ the
             second-order prediction (:meth:`result`), one pass over the data and one solve with H
@@ -601,18 +607,60 @@ class DIF:
             if executor is not None:
                 raise ProblemError("influence(order=2) runs in process: pass executor=None")
             return self._second_order_scores(test_fn, rems, progress)
-        if test_fn is None:
-            return self._all_omegas(None if removals is None else rems) if self.method == "dense" else \
-                self.delta_theta(rems)
-        if self.method == "dense" and executor is None:
-            return self._all_omegas(None if removals is None else rems) @ _test_grad(self.problem, test_fn,
-                                                                                      self.kkt.theta)
         step = _chunk(chunk_size, self.chunk_size)
-        job = self.score_job(test_fn, step)
-        chunks = [rems[s:s + step] for s in range(0, len(rems), step)]
-        parts = map_jobs(job, chunks, executor=executor, progress=progress, bar_from=8, description="DIF scores")
-        scores = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
-        return torch.as_tensor(scores)
+        if test_fn is not None and (self.method == "matrix-free" or executor is not None):
+            # ∇Fᵀω = −(s_testᵀc + bᵀμ): s_test = H⁻¹∇F solved once here, per-sample gradients projected (scores.py)
+            parts = map_jobs(self.score_job(test_fn, step), _chunks(rems, step), executor=executor,
+                             progress=progress, bar_from=8, description="DIF scores")
+            return torch.as_tensor(np.concatenate([p[0] for p in parts]) if parts else np.zeros(0))
+        grad = None if test_fn is None else _test_grad(self.problem, test_fn, self.kkt.theta).numpy()
+        return self._chunked_omegas(None if removals is None else rems, grad, step, executor, progress)
+
+    def _chunked_omegas(self, removals: list[Removal] | None, grad: np.ndarray | None, step: int,
+                        executor: Executor | None, progress: bool | None) -> torch.Tensor:
+        """ω (k, d) of every removal, or the scores ∇Fᵀω (k,) for ``grad`` = ∇F(θ̄), ``step`` removals a chunk.
+
+        ``removals=None``: each objective sample alone. A chunk is one batch of DIF QPs (dense) or one Krylov
+        solve and one dual QP per removal (matrix-free), run by :class:`_OmegaJob` on ``executor`` or here.
+        Every answer uses one damping: under ``damping="auto"`` a solve that meets curvature the setup's did not
+        raises it (:meth:`_solve_h`) — here on the engine, so that later chunks start from it; on an executor on
+        the chunk's own copy, and the engine then takes the largest — and the chunks that did not run wholly
+        at the final damping run again.
+        """
+        n = self.problem.objective.n_samples
+        items: list[Any] = _chunks(removals, step) if removals is not None else \
+            [np.arange(s, min(s + step, n)) for s in range(0, n, step)]
+        if self.method == "dense" and removals is not None and len(removals) > 1:
+            self.lin.precompute()  # the per-sample gradients once, which every chunk reads (or carries)
+        if self.method == "matrix-free" and self.rows.size:
+            self.dual  # noqa: B018 - the dual QP once, which every chunk reads (or carries)
+        job = _OmegaJob(self, grad, own_copy=executor is not None)
+        parts: list[Any] = [None] * len(items)
+        todo = list(range(len(items)))
+        for _ in range(20):
+            done = map_jobs(job, [items[i] for i in todo], executor=executor, progress=progress, bar_from=8,
+                            description="DIF scores" if grad is not None else "DIF parameter changes")
+            for i, part in zip(todo, done, strict=True):
+                parts[i] = part
+            top = max((end for _, _, end in done), default=self.damping)
+            if top > self.damping:
+                self._redamp(top)
+            todo = [i for i, (_, start, end) in enumerate(parts) if not start == end == self.damping]
+            if not todo:
+                break
+        else:  # pragma: no cover - twenty rounds, each at least doubling
+            raise SolverError("damping='auto' could not make H positive definite in 20 rounds")
+        if not parts:
+            return torch.zeros((0,) if grad is not None else (0, self.problem.dim), dtype=torch.float64)
+        return torch.as_tensor(np.concatenate([out for out, _, _ in parts]))
+
+    def _omegas(self, chunk: np.ndarray | list[Removal]) -> torch.Tensor:
+        """ω (k, d) of a chunk: a list of removals, or an array of objective samples each removed alone."""
+        if self.method == "dense":
+            return self._all_omegas(chunk)
+        if isinstance(chunk, np.ndarray):
+            chunk = [{"objective": [int(i)]} for i in chunk]
+        return self.delta_theta(chunk)
 
     def _second_order_scores(self, test_fn: Callable[[Any], Any] | None, rems: list[Removal],
                              progress: bool | None) -> torch.Tensor:
@@ -655,16 +703,21 @@ class DIF:
                         chunk_size=_chunk(chunk_size, self.chunk_size))
 
     def top_k(self, test_fn: Callable[[Any], Any], k: int, *, largest: bool = False,
-              candidates: Sequence[int] | None = None) -> tuple[np.ndarray, float]:
+              candidates: Sequence[int] | np.ndarray | None = None) -> tuple[np.ndarray, float]:
         """The k objective samples whose single removal most decreases (``largest``: increases) ``test_fn``.
 
-        Returns the indices and the predicted change of removing them *together* (the group's own
-        dual QP, not the sum of the single scores).
+        ``candidates``: the objective samples to rank (indices, or a boolean mask of shape (N₀,), as in a
+        removal); default all. Returns the indices and the predicted change of removing them *together* (the
+        group's own dual QP, not the sum of the single scores).
         """
+        if not callable(test_fn):
+            raise ProblemError(f"top_k: test_fn must be a callable params_or_model -> scalar, got "
+                               f"{type(test_fn).__name__} (the samples are ranked by their scores for one test "
+                               "function; influence(None) gives the parameter changes)")
         n = self.problem.objective.n_samples
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < n:
             raise ProblemError(f"top_k: k must be an integer in [0, {n}) (the objective has {n} samples), got {k!r}")
-        cand = np.arange(n) if candidates is None else np.asarray(candidates, dtype=np.int64).reshape(-1)
+        cand = np.arange(n) if candidates is None else sample_indices(candidates, n, "top_k: candidates")
         if cand.size < k:
             raise ProblemError(f"top_k: {cand.size} candidates cannot give k = {k} samples")
         scores = self.influence(test_fn, [{"objective": [int(i)]} for i in cand]).numpy()
@@ -673,12 +726,17 @@ class DIF:
         joint = float(self.influence(test_fn, [{"objective": idx}])[0])
         return idx, joint
 
-    def _all_omegas(self, removals: Sequence[Removal] | None) -> torch.Tensor:
+    def _all_omegas(self, removals: Sequence[Removal] | np.ndarray) -> torch.Tensor:
+        """ω (k, d) on the dense path, one batch of DIF QPs.
+
+        ``removals``: a list of removals, or an array of objective samples each removed alone (their linear terms
+        formed together, :meth:`Linearisation.objective_terms`).
+        """
         from .qp import solve_qp_exact_batch
 
         m = self.problem.m
-        if removals is None:
-            Q = self.lin.objective_terms(renormalize=self.renormalize)
+        if isinstance(removals, np.ndarray):
+            Q = self.lin.objective_terms(removals, renormalize=self.renormalize)
             R = np.zeros((Q.shape[0], m))
         else:
             if len(removals) > 1:
@@ -752,6 +810,32 @@ def _chunk(value: Any, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ProblemError(f"chunk_size must be a positive integer, got {value!r}")
     return int(value)
+
+
+def _chunks(items: Sequence[Any], step: int) -> list[Any]:
+    """``items`` in consecutive slices of ``step``."""
+    return [items[s:s + step] for s in range(0, len(items), step)]
+
+
+@dataclass(frozen=True, eq=False)
+class _OmegaJob:
+    """ω of a chunk of removals (:meth:`DIF._omegas`), or ∇Fᵀω for ``grad`` = ∇F(θ̄); picklable when the engine is.
+
+    Returns (the answers, the damping at the chunk's start, at its end): the chunk's answers all use one damping
+    when the two are equal. ``own_copy`` (an executor's chunks): the chunk runs on a shallow copy of the engine,
+    so that a re-damping (matrix-free, ``damping="auto"``) sets up that copy, never the engine that other chunks
+    (threads) share.
+    """
+
+    dif: DIF
+    grad: np.ndarray | None
+    own_copy: bool
+
+    def __call__(self, chunk: np.ndarray | list[Removal]) -> tuple[np.ndarray, float, float]:
+        dif = copy.copy(self.dif) if self.own_copy else self.dif
+        start = float(dif.damping)
+        omega = dif._omegas(chunk).numpy()
+        return (omega if self.grad is None else omega @ self.grad), start, float(dif.damping)
 
 
 #: the message of an inconsistent removal under dependent binding constraints (the matrix-free path's too)

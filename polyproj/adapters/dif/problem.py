@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import inspect
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,6 +74,48 @@ def _prepare_data(data: Any, name: str) -> tuple[Any, int | None]:
     if n == 0:
         raise ProblemError(f"{name}: data has no samples")
     return (tuple(conv) if isinstance(data, tuple) else conv[0]), n
+
+
+def sample_indices(idx: Any, n: int, what: str) -> np.ndarray:
+    """``idx`` as distinct int64 indices into ``n`` samples, in the given order (``what`` names it in errors).
+
+    Accepted: integers (a list, an array, a tensor; integral floats such as ``3.0`` too) in [0, n), or a
+    boolean mask of shape (n,), which selects the samples where it is True. The range is checked on the values
+    given, before any cast: a float such as ``1e20`` or ``inf`` has no int64 value (NumPy's cast gives
+    −2⁶³ with a RuntimeWarning).
+    """
+    if isinstance(idx, torch.Tensor):
+        idx = idx.detach().cpu().numpy()
+    arr = np.atleast_1d(np.asarray(idx))
+    if arr.dtype == bool:
+        if arr.shape != (n,):
+            raise ProblemError(f"{what}: a boolean mask must have shape ({n},), got {arr.shape}")
+        arr = np.flatnonzero(arr)
+    if arr.dtype == object:  # Python integers beyond int64 (10**20) arrive as objects: judged as floats
+        odd = [type(v).__name__ for v in arr.flat if not isinstance(v, (int, float, np.number))]
+        if odd:
+            raise ProblemError(f"{what}: indices must be integers, got {odd[0]}")
+        arr = arr.astype(np.float64)
+    if arr.size and arr.dtype.kind not in "iu":
+        if arr.dtype.kind != "f":
+            raise ProblemError(f"{what}: indices must be integers, got dtype {arr.dtype}")
+        if not np.all(np.isfinite(arr)):
+            raise ProblemError(f"{what}: indices must be finite integers, got {arr[~np.isfinite(arr)][0]}")
+        if not np.all(arr == np.round(arr)):
+            raise ProblemError(f"{what}: indices must be integers, got {arr[arr != np.round(arr)][0]}")
+    if arr.ndim > 1:
+        raise ProblemError(f"{what}: indices must be a 1-D list, got shape {arr.shape}")
+    arr = arr.reshape(-1)
+    bad = (arr < 0) | (arr >= n)
+    if np.any(bad):
+        v = arr[bad][0]
+        shown = f"{v:g}" if arr.dtype.kind == "f" and abs(v) >= 1e15 else str(int(v))
+        raise ProblemError(f"{what}: index {shown} is out of range for {n} samples "
+                           "(indices must lie in [0, N); negative indices are not accepted)")
+    arr = arr.astype(np.int64)
+    if np.unique(arr).size != arr.size:
+        raise ProblemError(f"{what}: repeated indices")
+    return arr
 
 
 def placement_error(exc: RuntimeError, what: str) -> ProblemError | None:
@@ -196,6 +238,22 @@ class Constraint(_Term):
         if not np.isfinite(tau):
             raise ProblemError(f"constraint {self.name!r}: tau must be finite, got {self.tau}")
         object.__setattr__(self, "tau", tau)
+
+
+def _as_constraints(constraints: Any) -> tuple[Constraint, ...]:
+    """The ``constraints`` argument as a tuple: a single Constraint is one, None none."""
+    if constraints is None:
+        return ()
+    if isinstance(constraints, Constraint):
+        return (constraints,)
+    if isinstance(constraints, (str, bytes, Mapping)) or not isinstance(constraints, Iterable):
+        raise ProblemError("constraints must be a Constraint, a list of Constraint objects or None, got "
+                           f"{type(constraints).__name__}")
+    out = tuple(constraints)
+    for c in out:
+        if not isinstance(c, Constraint):
+            raise ProblemError(f"constraints must be Constraint objects, got {type(c).__name__} in the list")
+    return out
 
 
 def _as_float64_input(a: Any) -> Any:
@@ -352,7 +410,8 @@ class ConstrainedProblem:
     params : 1-D tensor or nn.Module
         The point the problem is set up at (copied to float64; the user's object is not touched).
     objective : Loss
-    constraints : sequence of Constraint
+    constraints : Constraint, sequence of Constraint, or None
+        A single Constraint counts as a one-element list; None or ``()`` (the default): no constraints.
 
     Examples
     --------
@@ -366,7 +425,7 @@ class ConstrainedProblem:
     """
 
     def __init__(self, params: torch.Tensor | nn.Module, objective: Loss,
-                 constraints: Sequence[Constraint] = ()) -> None:
+                 constraints: Constraint | Sequence[Constraint] | None = ()) -> None:
         meta = [k for k, p in (params.named_parameters() if isinstance(params, nn.Module) else [("params", params)])
                 if isinstance(p, torch.Tensor) and p.is_meta]
         if meta:
@@ -406,10 +465,7 @@ class ConstrainedProblem:
             raise ProblemError("objective: data is required (the objective is a mean over training samples)")
         if objective.name != "objective":
             objective = replace(objective, name="objective")
-        constraints = tuple(constraints)
-        for c in constraints:
-            if not isinstance(c, Constraint):
-                raise ProblemError(f"constraints must be Constraint objects, got {type(c).__name__}")
+        constraints = _as_constraints(constraints)
         names = [c.name for c in constraints]
         if "objective" in names:
             raise ProblemError("a constraint cannot be named 'objective'")
@@ -564,28 +620,8 @@ class ConstrainedProblem:
             loss = self.loss(name)
             if loss.data is None:
                 raise ProblemError(f"removal names {name!r}, which has no data to remove from")
-            if isinstance(idx, torch.Tensor):
-                idx = idx.detach().cpu().numpy()
-            arr = np.atleast_1d(np.asarray(idx))
-            if arr.dtype == bool:
-                if arr.shape != (loss.n_samples,):
-                    raise ProblemError(f"removal[{name!r}]: a boolean mask must have shape ({loss.n_samples},)")
-                arr = np.flatnonzero(arr)
-            if arr.size and arr.dtype.kind not in "iu":
-                if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
-                    arr = arr.astype(np.int64)
-                else:
-                    raise ProblemError(f"removal[{name!r}]: indices must be integers, got dtype {arr.dtype}")
-            if arr.ndim > 1:
-                raise ProblemError(f"removal[{name!r}]: indices must be a 1-D list, got shape {arr.shape}")
-            arr = arr.astype(np.int64).reshape(-1)
+            arr = sample_indices(idx, loss.n_samples, f"removal[{name!r}]")
             n = loss.n_samples
-            bad = (arr < 0) | (arr >= n)
-            if np.any(bad):
-                raise ProblemError(f"removal[{name!r}]: index {int(arr[bad][0])} is out of range for {n} samples "
-                                   "(indices must lie in [0, N); negative indices are not accepted)")
-            if np.unique(arr).size != arr.size:
-                raise ProblemError(f"removal[{name!r}]: repeated indices")
             if arr.size >= n:
                 raise ProblemError(f"removal[{name!r}] removes all {n} samples")
             if arr.size:

@@ -1,0 +1,228 @@
+"""DIF inputs: ``executor`` and ``progress`` act on every path of ``influence``; bad inputs give clear errors.
+
+``influence(None, executor=ex)`` (the parameter changes ω) ran in process on both paths and ``influence(F,
+progress=True)`` on the dense path drew no bar. A single Constraint or None as ``constraints``, ``top_k(None, k)``,
+a boolean mask of candidates and indices such as ``inf`` or ``1e20`` gave raw or misleading errors.
+"""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+import polyproj as pp
+from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, solve
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _sq(th, b):
+    return (b[0] @ th - b[1]) ** 2
+
+
+def _cap(th):
+    return th[1]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """Least squares (N = 40, d = 4) with a binding bound on θ₁ and a binding group-risk constraint with data."""
+    rng = np.random.default_rng(7)
+    X = torch.as_tensor(rng.normal(size=(40, 4)))
+    y = torch.as_tensor(rng.normal(size=40) + X.numpy() @ np.array([1.0, 2.0, -1.0, 0.5]))
+    G = (X[:10], y[:10] + 1.0)
+    cap = Constraint(_cap, None, tau=1.0, name="cap")
+    k0 = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), [cap]))
+    kg = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, G), [cap]))
+    tau = 0.5 * (float(_sq(kg.theta, G).mean()) + float(_sq(k0.theta, G).mean()))  # feasible and binding
+    prob = ConstrainedProblem(k0.theta, Loss(_sq, (X, y)), [cap, Constraint(_sq, G, tau=tau, name="group")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        kkt = solve(prob)
+    assert kkt.classification == {"cap": "binding", "group": "binding"}
+    return prob, kkt, X, y
+
+
+class _Counting(Executor):
+    """An executor that counts the jobs it is given and runs them on a thread pool."""
+
+    def __init__(self, pool: Executor) -> None:
+        self.pool, self.jobs = pool, 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.jobs += 1
+        return self.pool.submit(fn, *args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- executor with test_fn=None
+@pytest.mark.parametrize("method", ["dense", "matrix-free"])
+def test_parameter_changes_run_on_the_executor(setup, method):
+    """test_fn=None: the removals go to the executor in chunks (one job a chunk) and give the in-process ω."""
+    prob, kkt, _, _ = setup
+    dif = DIF(prob, kkt, method=method)
+    groups = [{"objective": [i, i + 1], "group": [i % 10]} for i in range(0, 14, 2)]
+    here_all, here_groups = dif.influence(None).numpy(), dif.influence(None, groups).numpy()
+    assert here_all.shape == (40, 4) and here_groups.shape == (7, 4)
+    np.testing.assert_allclose(here_groups[3], dif.delta_theta(groups[3]).numpy(), rtol=0, atol=1e-12)
+    with ThreadPoolExecutor(2) as pool:
+        ex = _Counting(pool)
+        there_all = dif.influence(None, executor=ex, chunk_size=8).numpy()
+        assert ex.jobs == 5  # 40 removals, 8 a chunk
+        there_groups = dif.influence(None, groups, executor=ex, chunk_size=3).numpy()
+        assert ex.jobs == 5 + 3
+        there_empty = dif.influence(None, [], executor=ex)
+    np.testing.assert_allclose(there_all, here_all, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(there_groups, here_groups, rtol=0, atol=1e-12)
+    assert tuple(there_empty.shape) == (0, 4)
+
+
+def test_parameter_changes_on_a_process_pool(setup):
+    """A process pool gets the engine itself (pickled with its problem, whose functions are module-level)."""
+    prob, kkt, _, _ = setup
+    rems = [{"objective": [i]} for i in range(6)] + [{"group": [2, 3]}]
+    with ProcessPoolExecutor(2) as pool:
+        ex = _Counting(pool)
+        for method in ("dense", "matrix-free"):
+            dif = DIF(prob, kkt, method=method)
+            np.testing.assert_allclose(dif.influence(None, rems, executor=ex, chunk_size=3).numpy(),
+                                       dif.influence(None, rems).numpy(), rtol=0, atol=1e-12)
+    assert ex.jobs == 2 * 3
+
+
+def test_parameter_changes_on_threads_use_one_damping():
+    """Matrix-free, damping='auto', no active constraint: the setup solves nothing, and the first solve for ω
+    meets the negative curvature of an untrained tanh net and raises the damping. Each chunk raises it on its own
+    copy of the engine (threads never set up the shared one), the engine takes the largest and computes every
+    chunk again: the ω of a DIF built with that damping, on threads and in process."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    X, y = torch.as_tensor(rng.normal(size=(30, 3))), torch.as_tensor(rng.normal(size=30))
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
+
+    def sq(m, b):
+        return (m(b[0]).squeeze(-1) - b[1]) ** 2
+
+    prob = ConstrainedProblem(net, Loss(sq, (X, y)), [Constraint(sq, (X[:10], y[:10]), tau=100.0, name="cap")])
+    kkt = KKTPoint.from_params(prob, net, tol=10.0)
+    rems = [{"objective": [i]} for i in range(6)]
+    with ThreadPoolExecutor(2) as pool:
+        ex = _Counting(pool)
+        threads = DIF(prob, kkt, method="matrix-free", damping="auto", rtol=1e-12)
+        floor = threads.damping
+        there = threads.influence(None, rems, executor=ex, chunk_size=2).numpy()
+    assert threads.damping > floor and ex.jobs >= 2 * 3  # the chunks once with the floor, again with the raise
+    here = DIF(prob, kkt, method="matrix-free", damping="auto", rtol=1e-12)
+    np.testing.assert_allclose(here.influence(None, rems, chunk_size=2).numpy(), there, rtol=0, atol=1e-12)
+    assert here.damping == threads.damping
+    fixed = DIF(prob, kkt, method="matrix-free", damping=threads.damping, rtol=1e-12)
+    np.testing.assert_allclose(fixed.delta_theta(rems).numpy(), there, rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- progress on the dense path
+@pytest.fixture
+def bars(monkeypatch):
+    """The descriptions of the progress bars drawn (``rich.progress.track``, as polyproj.runtime draws them)."""
+    import rich.progress
+
+    drawn: list[str] = []
+    track = rich.progress.track
+
+    def spy(*args, **kwargs):
+        drawn.append(kwargs.get("description"))
+        return track(*args, **kwargs)
+
+    monkeypatch.setattr(rich.progress, "track", spy)
+    return drawn
+
+
+@pytest.mark.parametrize("method", ["dense", "matrix-free"])
+def test_progress_bar_on_every_path(setup, bars, method):
+    """progress=True draws a bar over the chunks; None from 8 chunks; False never (the dense path drew none)."""
+    prob, kkt, X, y = setup
+    dif = DIF(prob, kkt, method=method)
+
+    def F(th):
+        return _sq(th, (X[:5], y[:5])).mean()
+
+    ref = dif.influence(F, progress=False).numpy()
+    assert bars == []
+    np.testing.assert_allclose(dif.influence(F, chunk_size=10, progress=True).numpy(), ref, rtol=1e-9, atol=1e-13)
+    assert bars == ["DIF scores"]
+    dif.influence(F, chunk_size=5)  # 8 chunks
+    dif.influence(F, chunk_size=6)  # 7 chunks: no bar by default
+    assert bars == ["DIF scores"] * 2
+    dif.influence(None, chunk_size=20, progress=True)
+    assert bars == ["DIF scores"] * 2 + ["DIF parameter changes"]
+
+
+# ----------------------------------------------------------------------------- bad inputs
+def test_constraints_argument(setup):
+    """One Constraint is a list of one, None no constraints; anything else names ``constraints``."""
+    prob, _, X, y = setup
+    cap = prob.constraints[0]
+    one = ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), cap)
+    assert one.names == ("objective", "cap") and one.constraints == (cap,)
+    assert ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), None).m == 0
+    assert ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), constraints=None).names == ("objective",)
+    for bad, match in ((3, "constraints must be a Constraint, a list of Constraint objects or None, got int"),
+                       (Loss(_sq, (X, y)), "constraints must be a Constraint.*got Loss"),
+                       ("cap", "constraints must be a Constraint.*got str"),
+                       ([cap, 3], "constraints must be Constraint objects, got int")):
+        with pytest.raises(pp.ProblemError, match=match):
+            ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), bad)
+
+
+def test_top_k_needs_a_test_function(setup):
+    prob, kkt, _, _ = setup
+    with pytest.raises(pp.ProblemError, match="top_k: test_fn must be a callable.*got NoneType"):
+        DIF(prob, kkt).top_k(None, 3)
+
+
+def test_top_k_candidates_as_a_boolean_mask(setup):
+    """A mask selects the samples where it is True, as in a removal (it was read as the indices 0 and 1)."""
+    prob, kkt, X, y = setup
+    dif = DIF(prob, kkt)
+
+    def F(th):
+        return _sq(th, (X[:5], y[:5])).mean()
+
+    mask = np.zeros(40, dtype=bool)
+    mask[[3, 8, 11, 20, 31]] = True
+    idx, joint = dif.top_k(F, 2, candidates=mask)
+    want_idx, want_joint = dif.top_k(F, 2, candidates=[3, 8, 11, 20, 31])
+    np.testing.assert_array_equal(idx, want_idx)
+    assert joint == want_joint and set(idx) <= {3, 8, 11, 20, 31}
+    idx_t, _ = dif.top_k(F, 2, candidates=torch.as_tensor(mask))
+    np.testing.assert_array_equal(idx_t, want_idx)
+    with pytest.raises(pp.ProblemError, match=r"top_k: candidates: a boolean mask must have shape \(40,\)"):
+        dif.top_k(F, 2, candidates=mask[:30])
+    with pytest.raises(pp.ProblemError, match="top_k: candidates: indices must be integers, got 2.5"):
+        dif.top_k(F, 2, candidates=[1, 2.5, 4])  # was truncated to 2
+    with pytest.raises(pp.ProblemError, match="top_k: candidates: repeated indices"):
+        dif.top_k(F, 2, candidates=[1, 4, 4])
+
+
+@pytest.mark.parametrize(("index", "match"), [
+    (np.inf, "indices must be finite integers, got inf"),
+    (-np.inf, "indices must be finite integers, got -inf"),
+    (np.nan, "indices must be finite integers, got nan"),
+    (1e20, r"index 1e\+20 is out of range for 40 samples"),
+    (-1e20, r"index -1e\+20 is out of range for 40 samples"),
+    (10**20, r"index 1e\+20 is out of range for 40 samples"),  # a Python int beyond int64: an object array
+    (45.0, "index 45 is out of range for 40 samples"),
+    (None, "indices must be integers, got NoneType"),
+])
+def test_indices_without_an_int64_value(setup, index, match):
+    """No int64 value (NumPy's cast gave −2⁶³ with a RuntimeWarning, reported as that index): a clear error."""
+    prob, kkt, _, _ = setup
+    dif = DIF(prob, kkt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(pp.ProblemError, match=r"removal\['objective'\]: " + match):
+            dif.delta_theta({"objective": [2, index]})
+        with pytest.raises(pp.ProblemError, match="top_k: candidates: " + match):
+            dif.top_k(lambda th: th.sum(), 1, candidates=[2, index])
