@@ -11,6 +11,7 @@ import torch
 
 import polyproj as pp
 from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, retrain, solve
+from tests.dif_helpers import binding_least_squares
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -21,20 +22,7 @@ def _sq(th, b):
 
 @pytest.fixture(scope="module")
 def setup():
-    rng = np.random.default_rng(7)
-    X = torch.as_tensor(rng.normal(size=(30, 4)))
-    y = torch.as_tensor(rng.normal(size=30) + X.numpy() @ np.array([1.0, 2.0, -1.0, 0.5]))
-    G = (X[:10], y[:10] + 1.0)
-    cap = Constraint(lambda th: th[1], None, tau=1.0, name="cap")
-    k0 = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), [cap]))
-    kg = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, G), [cap]))  # least reachable group risk
-    lo, hi = float(_sq(kg.theta, G).mean()), float(_sq(k0.theta, G).mean())
-    tau = 0.5 * (lo + hi)  # between the two: feasible and binding
-    prob = ConstrainedProblem(k0.theta, Loss(_sq, (X, y)), [cap, Constraint(_sq, G, tau=tau, name="group")])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pp.PolyprojWarning)
-        kkt = solve(prob)
-    return prob, kkt
+    return binding_least_squares(30)[:2]
 
 
 # ----------------------------------------------------------------------------- removals

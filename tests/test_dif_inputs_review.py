@@ -15,34 +15,17 @@ import pytest
 import torch
 
 import polyproj as pp
-from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, solve
+from polyproj.adapters.dif import DIF, ConstrainedProblem, Loss
+from tests.dif_helpers import binding_least_squares, sq, untrained_tanh
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-
-def _sq(th, b):
-    return (b[0] @ th - b[1]) ** 2
-
-
-def _cap(th):
-    return th[1]
 
 
 @pytest.fixture(scope="module")
 def setup():
     """Least squares (N = 40, d = 4) with a binding bound on θ₁ and a binding group-risk constraint with data."""
-    rng = np.random.default_rng(7)
-    X = torch.as_tensor(rng.normal(size=(40, 4)))
-    y = torch.as_tensor(rng.normal(size=40) + X.numpy() @ np.array([1.0, 2.0, -1.0, 0.5]))
-    G = (X[:10], y[:10] + 1.0)
-    cap = Constraint(_cap, None, tau=1.0, name="cap")
-    k0 = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), [cap]))
-    kg = solve(ConstrainedProblem(torch.zeros(4), Loss(_sq, G), [cap]))
-    tau = 0.5 * (float(_sq(kg.theta, G).mean()) + float(_sq(k0.theta, G).mean()))  # feasible and binding
-    prob = ConstrainedProblem(k0.theta, Loss(_sq, (X, y)), [cap, Constraint(_sq, G, tau=tau, name="group")])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pp.PolyprojWarning)
-        kkt = solve(prob)
+    prob, kkt, X, y = binding_least_squares(40)
     assert kkt.classification == {"cap": "binding", "group": "binding"}
     return prob, kkt, X, y
 
@@ -98,16 +81,7 @@ def test_parameter_changes_on_threads_use_one_damping():
     meets the negative curvature of an untrained tanh net and raises the damping. Each chunk raises it on its own
     copy of the engine (threads never set up the shared one), the engine takes the largest and computes every
     chunk again: the ω of a DIF built with that damping, on threads and in process."""
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    X, y = torch.as_tensor(rng.normal(size=(30, 3))), torch.as_tensor(rng.normal(size=30))
-    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
-
-    def sq(m, b):
-        return (m(b[0]).squeeze(-1) - b[1]) ** 2
-
-    prob = ConstrainedProblem(net, Loss(sq, (X, y)), [Constraint(sq, (X[:10], y[:10]), tau=100.0, name="cap")])
-    kkt = KKTPoint.from_params(prob, net, tol=10.0)
+    prob, kkt, _, _ = untrained_tanh(30, 4)
     rems = [{"objective": [i]} for i in range(6)]
     with ThreadPoolExecutor(2) as pool:
         ex = _Counting(pool)
@@ -146,7 +120,7 @@ def test_progress_bar_on_every_path(setup, bars, method):
     dif = DIF(prob, kkt, method=method)
 
     def F(th):
-        return _sq(th, (X[:5], y[:5])).mean()
+        return sq(th, (X[:5], y[:5])).mean()
 
     ref = dif.influence(F, progress=False).numpy()
     assert bars == []
@@ -164,16 +138,16 @@ def test_constraints_argument(setup):
     """One Constraint is a list of one, None no constraints; anything else names ``constraints``."""
     prob, _, X, y = setup
     cap = prob.constraints[0]
-    one = ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), cap)
+    one = ConstrainedProblem(torch.zeros(4), Loss(sq, (X, y)), cap)
     assert one.names == ("objective", "cap") and one.constraints == (cap,)
-    assert ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), None).m == 0
-    assert ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), constraints=None).names == ("objective",)
+    assert ConstrainedProblem(torch.zeros(4), Loss(sq, (X, y)), None).m == 0
+    assert ConstrainedProblem(torch.zeros(4), Loss(sq, (X, y)), constraints=None).names == ("objective",)
     for bad, match in ((3, "constraints must be a Constraint, a list of Constraint objects or None, got int"),
-                       (Loss(_sq, (X, y)), "constraints must be a Constraint.*got Loss"),
+                       (Loss(sq, (X, y)), "constraints must be a Constraint.*got Loss"),
                        ("cap", "constraints must be a Constraint.*got str"),
                        ([cap, 3], "constraints must be Constraint objects, got int")):
         with pytest.raises(pp.ProblemError, match=match):
-            ConstrainedProblem(torch.zeros(4), Loss(_sq, (X, y)), bad)
+            ConstrainedProblem(torch.zeros(4), Loss(sq, (X, y)), bad)
 
 
 def test_top_k_needs_a_test_function(setup):
@@ -188,7 +162,7 @@ def test_top_k_candidates_as_a_boolean_mask(setup):
     dif = DIF(prob, kkt)
 
     def F(th):
-        return _sq(th, (X[:5], y[:5])).mean()
+        return sq(th, (X[:5], y[:5])).mean()
 
     mask = np.zeros(40, dtype=bool)
     mask[[3, 8, 11, 20, 31]] = True

@@ -13,6 +13,7 @@ import polyproj as pp
 from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, retrain, solve
 from polyproj.adapters.dif.krylov import IndefiniteHessianError
 from polyproj.adapters.dif.scores import per_sample_grads_vmap
+from tests.dif_helpers import net_sq, untrained_tanh
 
 pytestmark = [pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning"),
               pytest.mark.usefixtures("one_torch_thread", "quiet_polyproj_warnings")]
@@ -364,20 +365,11 @@ def test_auto_damping_covers_solves_after_the_setup():
     meets the negative curvature of an untrained tanh net. damping='auto' raised an IndefiniteHessianError there
     (asking for the damping it was meant to choose); now it raises the damping, sets the path up again, and
     the scores are those of a DIF built with that damping (matrix-free and dense)."""
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    X, y = torch.as_tensor(rng.normal(size=(60, 3))), torch.as_tensor(rng.normal(size=60))
-    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
-
-    def sq(m, b):
-        return (m(b[0]).squeeze(-1) - b[1]) ** 2
-
-    prob = ConstrainedProblem(net, Loss(sq, (X, y)), [Constraint(sq, (X[:10], y[:10]), tau=100.0, name="cap")])
-    kkt = KKTPoint.from_params(prob, net, tol=10.0)
+    prob, kkt, X, y = untrained_tanh(60, 8)
     assert kkt.classification == {"cap": "inactive"}
 
     def test_loss(m):
-        return sq(m, (X[:5], y[:5])).mean()
+        return net_sq(m, (X[:5], y[:5])).mean()
 
     with pytest.raises(IndefiniteHessianError):
         DIF(prob, kkt, method="matrix-free").influence(test_loss)
