@@ -215,9 +215,29 @@ def test_a_backward_reverse_mode_reads_as_constant_is_refused_not_zero():
     X, y = _data()
     prob = ConstrainedProblem(torch.zeros(4), Loss(_once_loss, (X, y)))
     theta = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
-    with pytest.raises(ProblemError, match="central differences"):
-        lagrangian_hessian(prob, theta, np.zeros(0))
+    for _ in range(2):  # a caller that catches the error and tries again gets it again, not H = 0
+        with pytest.raises(ProblemError, match="central differences"):
+            lagrangian_hessian(prob, theta, np.zeros(0))
     prob = ConstrainedProblem(torch.zeros(4), Loss(_once_loss, (X, y)))
     op = HessianOperator(prob, theta, np.zeros(0))
-    with pytest.raises(ProblemError, match="central differences"):
-        op.matvec(np.ones(4))
+    for _ in range(2):
+        with pytest.raises(ProblemError, match="central differences"):
+            op.matvec(np.ones(4))
+
+
+def test_vmap_is_not_retried_once_it_refused_a_loss():
+    """Each chunk of ``influence`` is a score job of its own: vmap was tried (and failed) again in every one."""
+    X, y = _data()
+    calls = []
+
+    def loss(th, b):  # vmap's view is one sample: refused
+        calls.append(b[0].shape[0])
+        if b[0].shape[0] < 2:
+            raise ValueError("needs a batch of two samples or more")
+        return (b[0] @ th - b[1]) ** 2
+
+    prob = ConstrainedProblem(torch.zeros(4), Loss(loss, (X, y)), [Constraint(lambda th: th[3], None, tau=2.9)])
+    kkt = solve(prob)
+    calls.clear()
+    DIF(prob, kkt, method="matrix-free").influence(_F, chunk_size=7)  # 6 chunks
+    assert calls.count(1) == 1

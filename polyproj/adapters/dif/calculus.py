@@ -29,16 +29,18 @@ from .problem import ConstrainedProblem
 
 __all__ = ["FORWARD_AD", "check_reverse", "constraint_jacobian", "forward_ad_missing", "lagrangian_hessian",
            "no_second_derivatives", "objective_grad", "per_sample", "per_sample_grads", "reverse_only",
-           "second_derivative_missing", "set_reverse_only"]
+           "second_derivative_missing", "switch_to_reverse"]
 
 #: held around every forward-mode section (``torch.func.hessian``, ``jvp``): torch's forward-AD levels
 #: are process-wide, so two threads in forward mode at once corrupt each other's (e.g. re-solves on a
 #: thread pool); reverse mode is per thread and runs unlocked
 FORWARD_AD = threading.RLock()
 
-#: problems whose losses have an op without a forward-mode derivative: their second derivatives are taken
-#: reverse-over-reverse from then on (weak: a problem that is dropped leaves the set)
-_REVERSE_ONLY: weakref.WeakSet[ConstrainedProblem] = weakref.WeakSet()
+#: problems whose losses have an op without a forward-mode derivative, switched to reverse-over-reverse second
+#: derivatives: None where the switch's check (:func:`check_reverse`) passed, else the error it raised, raised
+#: again by every later call (weak: a problem that is dropped leaves)
+_REVERSE: weakref.WeakKeyDictionary[ConstrainedProblem, ProblemError | None] = weakref.WeakKeyDictionary()
+_REVERSE_LOCK = threading.Lock()
 
 #: torch's refusals of forward mode ("Trying to use forward AD with huber_loss_backward ...", "You must
 #: implement the jvp function for custom autograd.Function to use it with forward mode AD")
@@ -63,13 +65,33 @@ def second_derivative_missing(exc: BaseException) -> bool:
 
 
 def reverse_only(problem: ConstrainedProblem) -> bool:
-    """Whether ``problem``'s second derivatives are taken reverse-over-reverse (forward mode failed on it)."""
-    return problem in _REVERSE_ONLY
+    """Whether ``problem``'s second derivatives are taken reverse-over-reverse (forward mode failed on it).
+
+    Raises the ``ProblemError`` of the switch's check again where reverse mode was refused for the problem.
+    """
+    with _REVERSE_LOCK:
+        if problem not in _REVERSE:
+            return False
+        refused = _REVERSE[problem]
+    if refused is not None:
+        raise ProblemError(str(refused))
+    return True
 
 
-def set_reverse_only(problem: ConstrainedProblem) -> None:
-    """Take ``problem``'s second derivatives reverse-over-reverse from now on."""
-    _REVERSE_ONLY.add(problem)
+def switch_to_reverse(problem: ConstrainedProblem, what: str, grad: Any, hvp: Any, theta: torch.Tensor) -> None:
+    """Take ``problem``'s second derivatives reverse-over-reverse from now on, once :func:`check_reverse` passes.
+
+    The outcome is kept either way: a refused problem raises the same error at every later call (a caller that
+    caught it and tried again got the unchecked, zero second derivatives).
+    """
+    try:
+        check_reverse(what, grad, hvp, theta)
+    except ProblemError as exc:
+        with _REVERSE_LOCK:
+            _REVERSE[problem] = exc
+        raise
+    with _REVERSE_LOCK:
+        _REVERSE.setdefault(problem, None)
 
 
 def no_second_derivatives(what: str, exc: BaseException) -> ProblemError:
@@ -155,9 +177,8 @@ def lagrangian_hessian(problem: ConstrainedProblem, theta: torch.Tensor, lambdas
         raise no_second_derivatives("the Hessian of the Lagrangian", exc) from exc
     H = 0.5 * (H + H.T)
     if switched:  # once per problem: reverse mode checked against differences of the gradient
-        set_reverse_only(problem)
-        check_reverse("the Hessian of the Lagrangian", torch.func.grad(lagrangian),
-                      lambda t, v: torch.as_tensor(H @ v.detach().cpu().numpy().astype(np.float64)).to(v), theta)
+        switch_to_reverse(problem, "the Hessian of the Lagrangian", torch.func.grad(lagrangian),
+                          lambda t, v: torch.as_tensor(H @ v.detach().cpu().numpy().astype(np.float64)).to(v), theta)
     return H
 
 

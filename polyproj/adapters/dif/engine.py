@@ -49,7 +49,7 @@ from .problem import ConstrainedProblem, Removal, placement_error, sample_indice
 from .scores import ScoreJob
 
 __all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation",
-           "auto_damping_for", "dense_batch_size"]
+           "auto_damping_for", "clear_of_singular", "dense_batch_size"]
 
 
 #: steps (first order) and corrections (second) at most this times (1 + ‖θ̄‖) are rounding, not a removal's effect
@@ -126,6 +126,23 @@ def auto_damping_for(floor: float, lo: float, hi: float) -> float:
     if lo > SINGULAR_CURVATURE * hi:
         return float(floor)
     return max(float(floor), 1.1 * max(-lo, 0.0), hi / AUTO_MAX_CONDITION)
+
+def clear_of_singular(damping: float, w: np.ndarray) -> float:
+    """The least δ >= ``damping`` with every |wᵢ + δ| >= max|w| / :data:`AUTO_MAX_CONDITION` (w: H's eigenvalues).
+
+    The dense DIF QP needs H positive definite on the binding rows' null space only (it adds ρ C_BᵀC_B), but
+    the paths through the Schur complement (an executor's scores, ``order=2``) solve with H + δI itself: an
+    eigenvalue of H within rounding of −δ (zero curvature along a constrained direction) made that solve
+    singular and their answers 11 % off the in-process ones. An indefinite H + δI clear of zero is solved (LU).
+    """
+    thr = float(np.max(np.abs(w), initial=0.0)) / AUTO_MAX_CONDITION
+    for _ in range(w.size + 1):  # each round moves every eigenvalue in the band above it
+        near = np.abs(w + damping) < thr
+        if not near.any():
+            break
+        damping = float(np.max(-w[near])) + thr
+    return float(damping)
+
 
 #: memory the dense path's batches of DIF QPs may take at once: a backend's batch (ProxSuite's BatchQP) holds
 #: its own copy of H and its factorisation per element, ~6 d² doubles measured (d = 561: 2.9 GB for 200 QPs in
@@ -293,7 +310,8 @@ class DIF:
                 # ρ C_BᵀC_B), and damping past the full H's most negative eigenvalue biased a well-posed DIF
                 Z = null_basis(self.C[self.row_eq], problem.dim)
                 w = np.linalg.eigvalsh(Z.T @ self.lin.H @ Z) if Z.shape[1] else np.array([np.inf, 0.0])
-                self.damping = auto_damping_for(floor, float(w[0]), float(w[-1]))
+                self.damping = clear_of_singular(auto_damping_for(floor, float(w[0]), float(w[-1])),
+                                                 np.linalg.eigvalsh(self.lin.H))
             self.H = self.lin.H + self.damping * np.eye(problem.dim)
             self._inv = DenseInverse(self.H)
         else:
@@ -628,16 +646,18 @@ class DIF:
         at the final damping run again.
         """
         n = self.problem.objective.n_samples
-        items: list[Any] = _chunks(removals, step) if removals is not None else \
-            [np.arange(s, min(s + step, n)) for s in range(0, n, step)]
+        total = n if removals is None else len(removals)
+        # (position of the chunk's first removal, the chunk): errors name removals by their place in the call
+        items: list[Any] = [(s, removals[s:s + step] if removals is not None else np.arange(s, min(s + step, n)))
+                            for s in range(0, total, step)]
         if self.method == "dense" and removals is not None and len(removals) > 1:
             self.lin.precompute()  # the per-sample gradients once, which every chunk reads (or carries)
-        if self.method == "matrix-free" and self.rows.size:
-            self.dual  # noqa: B018 - the dual QP once, which every chunk reads (or carries)
         job = _OmegaJob(self, grad, own_copy=executor is not None)
         parts: list[Any] = [None] * len(items)
         todo = list(range(len(items)))
         for _ in range(20):
+            if self.method == "matrix-free" and self.rows.size:
+                self.dual  # noqa: B018 - the dual QP once (again after a re-damping), which every chunk reads
             done = map_jobs(job, [items[i] for i in todo], executor=executor, progress=progress, bar_from=8,
                             description="DIF scores" if grad is not None else "DIF parameter changes")
             for i, part in zip(todo, done, strict=True):
@@ -654,10 +674,13 @@ class DIF:
             return torch.zeros((0,) if grad is not None else (0, self.problem.dim), dtype=torch.float64)
         return torch.as_tensor(np.concatenate([out for out, _, _ in parts]))
 
-    def _omegas(self, chunk: np.ndarray | list[Removal]) -> torch.Tensor:
-        """ω (k, d) of a chunk: a list of removals, or an array of objective samples each removed alone."""
+    def _omegas(self, chunk: np.ndarray | list[Removal], first: int = 0) -> torch.Tensor:
+        """ω (k, d) of a chunk: a list of removals, or an array of objective samples each removed alone.
+
+        ``first``: the place of the chunk's first removal in the caller's list (for the errors' numbering).
+        """
         if self.method == "dense":
-            return self._all_omegas(chunk)
+            return self._all_omegas(chunk, first)
         if isinstance(chunk, np.ndarray):
             chunk = [{"objective": [int(i)]} for i in chunk]
         return self.delta_theta(chunk)
@@ -726,7 +749,7 @@ class DIF:
         joint = float(self.influence(test_fn, [{"objective": idx}])[0])
         return idx, joint
 
-    def _all_omegas(self, removals: Sequence[Removal] | np.ndarray) -> torch.Tensor:
+    def _all_omegas(self, removals: Sequence[Removal] | np.ndarray, first: int = 0) -> torch.Tensor:
         """ω (k, d) on the dense path, one batch of DIF QPs.
 
         ``removals``: a list of removals, or an array of objective samples each removed alone (their linear terms
@@ -751,7 +774,7 @@ class DIF:
                                                 backend=self.backend, **self.settings)]
         bad = [i for i, s in enumerate(sols) if not s.status.ok]
         if bad:
-            raise _qp_error(sols[bad[0]].status, f"{len(bad)} removals (first: #{bad[0]}): ")
+            raise _qp_error(sols[bad[0]].status, f"{len(bad)} removals (first: #{first + bad[0]}): ")
         return torch.as_tensor(np.array([s.x for s in sols]).reshape(-1, self.problem.dim))
 
 
@@ -831,10 +854,11 @@ class _OmegaJob:
     grad: np.ndarray | None
     own_copy: bool
 
-    def __call__(self, chunk: np.ndarray | list[Removal]) -> tuple[np.ndarray, float, float]:
+    def __call__(self, item: tuple[int, np.ndarray | list[Removal]]) -> tuple[np.ndarray, float, float]:
+        first, chunk = item
         dif = copy.copy(self.dif) if self.own_copy else self.dif
         start = float(dif.damping)
-        omega = dif._omegas(chunk).numpy()
+        omega = dif._omegas(chunk, first).numpy()
         return (omega if self.grad is None else omega @ self.grad), start, float(dif.damping)
 
 

@@ -27,12 +27,11 @@ import torch
 
 from .calculus import (
     FORWARD_AD,
-    check_reverse,
     forward_ad_missing,
     no_second_derivatives,
     reverse_only,
     second_derivative_missing,
-    set_reverse_only,
+    switch_to_reverse,
 )
 from .problem import ConstrainedProblem, Constraint, Loss
 
@@ -147,9 +146,8 @@ class LossPieces:
                 raise
             raise no_second_derivatives("a Hessian-vector product (matrix-free path)", exc) from exc
         if switched:  # once per problem: reverse mode checked against differences of the gradient
-            set_reverse_only(self.problem)
-            check_reverse("a Hessian-vector product (matrix-free path)", lambda t: self.value_and_grad(t)[1],
-                          self._hvp_reverse, theta)
+            switch_to_reverse(self.problem, "a Hessian-vector product (matrix-free path)",
+                              lambda t: self.value_and_grad(t)[1], self._hvp_reverse, theta)
         return hv
 
     def _hvp_forward(self, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,8 @@ whatever N is; the (N, d) matrix of all gradients never exists.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +87,22 @@ def _per_sample_grads(problem: ConstrainedProblem, name: str, theta: torch.Tenso
     return grads.detach(), vals.detach(), False
 
 
+#: per problem, the losses vmap could not trace: not traced again in this process (each chunk of each score job
+#: would fail the same way before its jacrev)
+_NO_VMAP: weakref.WeakKeyDictionary[ConstrainedProblem, set[str]] = weakref.WeakKeyDictionary()
+_NO_VMAP_LOCK = threading.Lock()
+
+
+def _vmap_traces(problem: ConstrainedProblem, name: str) -> bool:
+    with _NO_VMAP_LOCK:
+        return name not in _NO_VMAP.get(problem, ())
+
+
+def _no_vmap(problem: ConstrainedProblem, name: str) -> None:
+    with _NO_VMAP_LOCK:
+        _NO_VMAP.setdefault(problem, set()).add(name)
+
+
 @dataclass(eq=False)
 class ProjectedGradients:
     """A :class:`~polyproj.adapters.dif.linearisation.GradientSource` in the basis M (d, p).
@@ -109,10 +127,12 @@ class ProjectedGradients:
             idx = np.unique(np.concatenate([rem[name] for rem in removals if name in rem]))
             P = np.empty((idx.size, self.basis.shape[1]))
             vals = np.empty(idx.size)
-            vmap_ok = True  # a loss vmap could not trace once is not traced again (every chunk would fail)
+            vmap_ok = _vmap_traces(self.problem, name)
             for s in range(0, idx.size, self.chunk_size):
                 g, v, vmap_ok = _per_sample_grads(self.problem, name, self.theta, idx[s:s + self.chunk_size],
                                                   try_vmap=vmap_ok)
+                if not vmap_ok:
+                    _no_vmap(self.problem, name)
                 P[s:s + self.chunk_size] = (g @ M).numpy()
                 vals[s:s + self.chunk_size] = v.numpy()
                 del g
