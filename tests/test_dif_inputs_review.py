@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import polyproj as pp
-from polyproj.adapters.dif import DIF, ConstrainedProblem, Loss
+from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, Loss, solve
 from tests.dif_helpers import binding_least_squares, sq, untrained_tanh
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -200,3 +200,30 @@ def test_indices_without_an_int64_value(setup, index, match):
             dif.delta_theta({"objective": [2, index]})
         with pytest.raises(pp.ProblemError, match="top_k: candidates: " + match):
             dif.top_k(lambda th: th.sum(), 1, candidates=[2, index])
+
+
+def _scaled_first(th, b):
+    return b[0] * th[0]
+
+
+def _first(th):
+    return th[0]
+
+
+def test_a_refused_removal_is_numbered_in_the_callers_list_whatever_the_chunks():
+    """Two binding constraints with the same gradient (LICQ fails): a removal that moves them inconsistently is
+    refused. Chunked, the dense path numbered it within its chunk (#1 of the third chunk, not #5)."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(30, 3, dtype=torch.float64, generator=g)
+    y = X @ torch.tensor([2.0, 1.0, -1.0], dtype=torch.float64)
+    a = torch.ones(10, dtype=torch.float64)
+    a[3], a[4] = 3.0, -1.0  # mean 1: the same constraint as θ₀ <= 0.7 at θ̄
+    prob = ConstrainedProblem(torch.zeros(3), Loss(sq, (X, y)), [Constraint(_first, None, tau=0.7, name="c1"),
+                                                                 Constraint(_scaled_first, (a,), tau=0.7, name="c2")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        dif = DIF(prob, solve(prob), method="dense")
+    rems = [{"objective": [i]} for i in range(5)] + [{"c2": [3]}] + [{"objective": [7]}]
+    for chunk in (None, 2):
+        with pytest.raises(pp.ProblemError, match=r"first: #5\)"):
+            dif.influence(None, rems, chunk_size=chunk)
