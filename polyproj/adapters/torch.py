@@ -248,14 +248,15 @@ def _usable(res: Any, data: Any = None) -> Any:
     bad = ~polished & off
     if bool(nan.any()):
         raise InfeasibleError(f"{int(nan.sum())} of {Y.shape[0]} points have no projection (backend {res.backend!r} "
-                              "returned none; the polyhedron may be empty, e.g. inconsistent equalities, or the "
-                              "points too far from it for float64, |x| >> the set)")
+                              "returned none; the polyhedron may be empty, e.g. inconsistent equalities, the "
+                              "points too far from it for float64, |x| >> the set, or the data badly scaled: rows "
+                              "or coordinates of very different sizes; another backend may solve them)")
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0, 0])
         raise InfeasibleError(f"{int(bad.sum())} of {Y.shape[0]} points could not be projected: the exact polish "
                               f"could not verify them and the backend's answer violates the constraints (point "
-                              f"{i}: {float(viol[i]):.3g}); far points (|x| >> the polyhedron) or an empty "
-                              "polyhedron cause this")
+                              f"{i}: {float(viol[i]):.3g}); far points (|x| >> the polyhedron), badly scaled data "
+                              "(rows or coordinates of very different sizes) or an empty polyhedron cause this")
     return res
 
 

@@ -364,10 +364,11 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
                                     if r and s is Status.SOLVED else s
                                     for s, w, r in zip(out.status, _host_bools(wrong), _host_bools(refused),
                                                        strict=True)))
+    cause = "; far points, |x| >> the polyhedron, or badly scaled data (rows or coordinates of very different sizes)"
     warnings.warn(f"polish refused for {bad} of {refused.shape[0]} points: the KKT conditions could not be "
                   "verified on the identified active set; those points keep the backend's accuracy "
                   f"(backend {solver.name!r})" + (f"; {off} of them violate the constraints (status NUMERICAL_ERROR"
-                                                  "; far points, |x| >> the polyhedron, cause this)" if off else ""),
+                                                  f"{cause} cause this)" if off else ""),
                   PolyprojWarning, stacklevel=5)
     return out
 
