@@ -53,7 +53,7 @@ from .. import linalg
 from ..polydata import PolyData
 from ..solution import Status
 from .pipeline import PipelineOutput
-from .polish import CANCELLATION, FaceRecord
+from .polish import CANCELLATION, FaceRecord, can_bind
 
 __all__ = ["DIRECT_BATCH", "PIVOT", "SEPARATION", "DirectData", "DirectFace", "project_direct"]
 
@@ -77,7 +77,7 @@ class DirectData:
     row_norms: np.ndarray  # (m + p) the norms the rows of arrays were divided by (DAQP.projection_arrays)
     C: np.ndarray  # (m + p + 1, n) the rows [A; B] as given, then a zero row (a face's padding rows index it)
     rhs: np.ndarray  # (m + 2n) right-hand sides [a, −lb, ub], 0 where infinite
-    fin: np.ndarray  # (m + 2n) finite right-hand side
+    fin: np.ndarray  # (m + 2n) rows that can bind (:func:`~polyproj.projection.polish.can_bind`)
     rn1: np.ndarray  # (m + 2n) 1-norms of the inequality rows
     rn2: np.ndarray  # (m + 2n) 2-norms (1 for zero rows)
     bn1: np.ndarray  # (p,) 1-norms of the equality rows
@@ -93,12 +93,13 @@ class DirectData:
         A, a, B, b, lb, ub = (np.asarray(v, dtype=np.float64) for v in d.parts())
         arrays, norms = solver.projection_arrays(A, a, B, b, lb, ub)
         rhs = np.concatenate([a, -lb, ub])
-        fin = np.isfinite(rhs)
         ones = np.ones(2 * n)
+        rn1 = np.concatenate([np.abs(A).sum(axis=1), ones])
+        fin = can_bind(np, rhs, rn1)  # the polish's rule: a zero row every point satisfies is never at its bound
         rn2 = np.concatenate([norms[:m], ones])  # 1 for zero rows, as in projection_arrays
         c = np.concatenate([a, b, [0.0]])
         return cls(arrays, norms, np.vstack([A, B, np.zeros((1, n))]), np.where(fin, rhs, 0.0), fin,
-                   np.concatenate([np.abs(A).sum(axis=1), ones]), rn2, np.abs(B).sum(axis=1),
+                   rn1, rn2, np.abs(B).sum(axis=1),
                    np.where(np.isfinite(c), c, 0.0),
                    np.arange(m, m + p, dtype=np.intp), lb, ub)
 
@@ -253,8 +254,7 @@ def _verified(X, Y, d: PolyData, dd: DirectData, mult, mu, active, tol: float) -
     slack = np.concatenate([a - Y @ A.T, Y - lb, ub - Y], axis=1)
     row_tol = tol * (np.abs(dd.rhs) + dd.rn1 * sy)
     bad = active & (~dd.fin | (np.abs(slack) > row_tol) | (mult * dd.rn2 <= SEPARATION * tol * sig))
-    # another row at (or near) its hyperplane (a zero row 0 y <= a, a >= 0, has none: every point satisfies it)
-    bad |= ~active & (slack <= SEPARATION * row_tol) & ((dd.rn1 > 0) | (slack < 0))
+    bad |= ~active & dd.fin & (slack <= SEPARATION * row_tol)  # another row at (or near) its hyperplane
     finite = np.isfinite(Y).all(axis=1)
     ok = ~bad.any(axis=1) & finite
     viol = np.maximum(-slack.min(axis=1, initial=0.0), 0.0)

@@ -137,14 +137,21 @@ class _Scales:
     """Per-row and per-sample scales of the KKT tests (see :func:`_scales`)."""
 
     rhs: Any  # (b, m + 2n) right-hand sides
-    fin: Any  # (b, m + 2n) finite right-hand side, on a row that binds somewhere: a zero row 0 y <= a with a >= 0,
-    # which every point satisfies, has no hyperplane and is never a candidate nor active (with a < 0 it stays,
-    # and the face that cannot satisfy it reports the polyhedron empty)
+    fin: Any  # (b, m + 2n) rows that can bind (:func:`can_bind`): finite right-hand side, not a vacuous zero row
     rn1: Any  # (b, m + 2n) 1-norm of each row
     rn2: Any  # (b, m + 2n) 2-norm of each row (1 for zero rows)
     bsum: Any  # (b, p) |b| + ||B_j||_1 (scale of the equality rows without the point)
     bn1: Any  # (b, p) 1-norm of each equality row
     size: Any  # (b, 1) the polyhedron's size: largest finite |rhs| of any row (0 for a cone)
+
+
+def can_bind(xp, rhs, rn1):
+    """Inequality rows some point can sit on: a finite right-hand side on a nonzero row (1-norm ``rn1``).
+
+    A zero row ``0 y <= a`` with ``a >= 0`` holds everywhere and has no hyperplane: never a candidate nor
+    active. With ``a < 0`` it counts, and the face that cannot satisfy it reports the polyhedron empty.
+    """
+    return xp.isfinite(rhs) & ((rn1 > 0) | (rhs < 0))
 
 
 def _scales(xp, X, data: PolyData) -> _Scales:
@@ -159,7 +166,7 @@ def _scales(xp, X, data: PolyData) -> _Scales:
     rn2 = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(A, axis=-1), (batch, m)), ones], axis=1)
     rn2 = xp.where(rn2 > 0, rn2, xp.ones_like(rn2))
     bn1 = xp.broadcast_to(xp.sum(xp.abs(B), axis=-1), (batch, p))
-    fin = xp.isfinite(rhs) & ((rn1 > 0) | (rhs < 0))
+    fin = can_bind(xp, rhs, rn1)
     bsum = xp.broadcast_to(xp.abs(b), (batch, p))
     size = _rmax(xp, xp.concat([xp.where(fin, xp.abs(rhs), xp.zeros_like(rhs)), bsum], axis=1))
     return _Scales(rhs, fin, rn1, rn2, bsum, bn1, size)

@@ -29,7 +29,7 @@ from .problem import ConstrainedProblem
 
 __all__ = ["FORWARD_AD", "check_reverse", "constraint_jacobian", "forward_ad_missing", "lagrangian_hessian",
            "no_second_derivatives", "objective_grad", "per_sample", "per_sample_grads", "reverse_only",
-           "second_derivative_missing", "switch_to_reverse"]
+           "second_derivative", "second_derivative_missing", "switch_to_reverse"]
 
 #: held around every forward-mode section (``torch.func.hessian``, ``jvp``): torch's forward-AD levels
 #: are process-wide, so two threads in forward mode at once corrupt each other's (e.g. re-solves on a
@@ -92,6 +92,32 @@ def switch_to_reverse(problem: ConstrainedProblem, what: str, grad: Any, hvp: An
         raise
     with _REVERSE_LOCK:
         _REVERSE.setdefault(problem, None)
+
+
+def second_derivative(problem: ConstrainedProblem, what: str, forward: Any, reverse: Any, grad: Any, hvp_of: Any,
+                      theta: torch.Tensor) -> Any:
+    """``forward()`` (forward-over-reverse), or ``reverse()`` (reverse-over-reverse) for a reverse-only problem.
+
+    A forward-mode refusal switches the problem to reverse mode; the first reverse result is checked by
+    :func:`switch_to_reverse` against central differences of ``grad`` (``hvp_of(result)`` gives its products
+    ``(θ, v) -> H v``); neither mode: :func:`no_second_derivatives`. ``what`` names the quantity in errors.
+    """
+    if not reverse_only(problem):
+        try:
+            return forward()
+        except NotImplementedError as exc:
+            if not forward_ad_missing(exc):
+                raise
+    switched = not reverse_only(problem)
+    try:
+        out = reverse()
+    except RuntimeError as exc:
+        if not second_derivative_missing(exc):
+            raise
+        raise no_second_derivatives(what, exc) from exc
+    if switched:  # once per problem: reverse mode checked against differences of the gradient
+        switch_to_reverse(problem, what, grad, hvp_of(out), theta)
+    return out
 
 
 def no_second_derivatives(what: str, exc: BaseException) -> ProblemError:
@@ -160,26 +186,19 @@ def lagrangian_hessian(problem: ConstrainedProblem, theta: torch.Tensor, lambdas
     def lagrangian(t: torch.Tensor) -> torch.Tensor:
         return problem.lagrangian(t, lam)
 
-    if not reverse_only(problem):
-        try:
-            with FORWARD_AD:
-                H = _np(torch.func.hessian(lagrangian)(theta))
-            return 0.5 * (H + H.T)
-        except NotImplementedError as exc:
-            if not forward_ad_missing(exc):
-                raise
-    switched = not reverse_only(problem)
-    try:
-        H = _np(torch.func.jacrev(torch.func.jacrev(lagrangian))(theta))
-    except RuntimeError as exc:
-        if not second_derivative_missing(exc):
-            raise
-        raise no_second_derivatives("the Hessian of the Lagrangian", exc) from exc
-    H = 0.5 * (H + H.T)
-    if switched:  # once per problem: reverse mode checked against differences of the gradient
-        switch_to_reverse(problem, "the Hessian of the Lagrangian", torch.func.grad(lagrangian),
-                          lambda t, v: torch.as_tensor(H @ v.detach().cpu().numpy().astype(np.float64)).to(v), theta)
-    return H
+    def forward() -> np.ndarray:
+        with FORWARD_AD:
+            return _np(torch.func.hessian(lagrangian)(theta))
+
+    def reverse() -> np.ndarray:
+        return _np(torch.func.jacrev(torch.func.jacrev(lagrangian))(theta))
+
+    def products(H: np.ndarray) -> Any:  # (θ, v) -> H v, for the check at the switch
+        return lambda t, v: torch.as_tensor(H @ v.detach().cpu().numpy().astype(np.float64)).to(v)
+
+    H = second_derivative(problem, "the Hessian of the Lagrangian", forward, reverse, torch.func.grad(lagrangian),
+                          products, theta)
+    return 0.5 * (H + H.T)
 
 
 def per_sample(problem: ConstrainedProblem, name: str, theta: torch.Tensor, idx: Any = None) -> np.ndarray:

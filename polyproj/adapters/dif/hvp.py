@@ -25,14 +25,7 @@ import numpy as np
 import scipy.sparse.linalg as spla
 import torch
 
-from .calculus import (
-    FORWARD_AD,
-    forward_ad_missing,
-    no_second_derivatives,
-    reverse_only,
-    second_derivative_missing,
-    switch_to_reverse,
-)
+from .calculus import FORWARD_AD, second_derivative
 from .problem import ConstrainedProblem, Constraint, Loss
 
 __all__ = ["DEFAULT_CHUNK", "HessianOperator", "LossPieces"]
@@ -132,23 +125,9 @@ class LossPieces:
         (then for every later product on the problem too); a ``ProblemError`` where neither mode can
         differentiate the losses twice.
         """
-        if not reverse_only(self.problem):
-            try:
-                return self._hvp_forward(theta, v)
-            except NotImplementedError as exc:
-                if not forward_ad_missing(exc):
-                    raise
-        switched = not reverse_only(self.problem)
-        try:
-            hv = self._hvp_reverse(theta, v)
-        except RuntimeError as exc:
-            if not second_derivative_missing(exc):
-                raise
-            raise no_second_derivatives("a Hessian-vector product (matrix-free path)", exc) from exc
-        if switched:  # once per problem: reverse mode checked against differences of the gradient
-            switch_to_reverse(self.problem, "a Hessian-vector product (matrix-free path)",
-                              lambda t: self.value_and_grad(t)[1], self._hvp_reverse, theta)
-        return hv
+        return second_derivative(self.problem, "a Hessian-vector product (matrix-free path)",
+                                 lambda: self._hvp_forward(theta, v), lambda: self._hvp_reverse(theta, v),
+                                 lambda t: self.value_and_grad(t)[1], lambda _: self._hvp_reverse, theta)
 
     def _hvp_forward(self, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """H v as the directional derivative of ∇Φ along v (``jvp`` of ``grad``)."""
