@@ -72,8 +72,9 @@ def _entry_points() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-#: entry-point names per ``sys.path`` (a listing costs milliseconds; a plugin installed into a new path shows up)
-_EP_NAMES: dict[tuple[str, ...], frozenset[str]] = {}
+#: entry points (name -> target) per ``sys.path`` (a listing costs milliseconds; a plugin installed into a new path
+#: shows up)
+_EP_NAMES: dict[tuple[str, ...], dict[str, str]] = {}
 #: names already warned about as hiding an entry point (one warning a process)
 _WARNED_HIDDEN: set[str] = set()
 
@@ -86,12 +87,13 @@ def _warn_if_hiding(name: str, kind: str, path: str) -> None:
     if name in _WARNED_HIDDEN:
         return
     key = tuple(sys.path)
-    if key not in _EP_NAMES:
-        _EP_NAMES[key] = frozenset(_entry_points())
-    if name in _EP_NAMES[key] and _entry_points()[name].value.replace(" ", "") != path:
+    if key not in _EP_NAMES:  # the listing costs milliseconds: once per sys.path, names and targets
+        _EP_NAMES[key] = {n: ep.value for n, ep in _entry_points().items()}
+    value = _EP_NAMES[key].get(name)
+    if value is not None and value.replace(" ", "") != path:
         _WARNED_HIDDEN.add(name)
         warnings.warn(f"backend name {name!r} is a {kind} backend; the installed entry point {name!r} "
-                      f"({_entry_points()[name].value}) of group {ENTRY_POINT_GROUP!r} is not used. Its package "
+                      f"({value}) of group {ENTRY_POINT_GROUP!r} is not used. Its package "
                       "must register it under another name", PolyprojWarning, stacklevel=3)
 
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from ..problem import CLAIM_EPS, QP
+from ..problem import CLAIM_EPS, QP, _row_max
 from ..runtime import cpu_count, keep_torch_threads, openmp_threads
 from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
@@ -239,17 +239,19 @@ class ProxSuiteSolver(QPSolver):
         rows = np.concatenate([up_r, lo_r])
         Cr = qp.C[rows] if qp.m else np.zeros((0, qp.n))
         Cr = Cr.toarray() if sp.issparse(Cr) else np.asarray(Cr, dtype=float).reshape(rows.size, qp.n)
-        width = np.abs(Cr).max(axis=1, initial=0.0)
+        width = _row_max(Cr)
         width = np.where(width > 0, width, 1.0)
         sign_r = np.concatenate([np.ones(up_r.size), -np.ones(lo_r.size)])
-        E = np.eye(qp.n)[np.concatenate([up_b, lo_b])]
+        bounds = np.concatenate([up_b, lo_b])  # distinct coordinates, as the rows are distinct
         sign_b = np.concatenate([np.ones(up_b.size), -np.ones(lo_b.size)])
-        cols = np.vstack([Cr * (sign_r / width)[:, None], E * sign_b[:, None]])  # (k, n): s_k g_k / |g_k|∞
+        E = np.zeros((bounds.size, qp.n))
+        E[np.arange(bounds.size), bounds] = sign_b
+        cols = np.vstack([Cr * (sign_r / width)[:, None], E])  # (k, n): s_k g_k / |g_k|∞
         a, _ = nnls(np.vstack([cols.T, np.ones((1, k))]), np.concatenate([np.zeros(qp.n), [1.0]]))
         y = np.zeros(qp.m)
-        np.add.at(y, rows, sign_r * a[:rows.size] / width)
+        y[rows] = sign_r * a[:rows.size] / width
         y_box = np.zeros(qp.n)
-        np.add.at(y_box, np.concatenate([up_b, lo_b]), sign_b * a[rows.size:])
+        y_box[bounds] = sign_b * a[rows.size:]
         return qp.is_primal_infeasibility_certificate(y, y_box)
 
     def _second_opinion(self, qp: QP) -> Solution | None:

@@ -44,7 +44,7 @@ def _center_scale(S: Any) -> tuple[np.ndarray, float]:
 BOUNDARY_DISTANCES = (1e-1, 1e-3, 1e-5, 1e-7)
 
 
-def boundary_points(S: Any, X: np.ndarray, sc: float, count: int) -> np.ndarray:
+def boundary_points(S: Any, X: np.ndarray, sc: float, count: int, Y: np.ndarray | None = None) -> np.ndarray:
     """Points just outside, just inside and exactly on the boundary, at :data:`BOUNDARY_DISTANCES` × ``sc``.
 
     From up to ``count`` points ``x`` of ``X`` outside the set (``y = Π(x) ≠ x``, the set's own projection):
@@ -53,9 +53,10 @@ def boundary_points(S: Any, X: np.ndarray, sc: float, count: int) -> np.ndarray:
     ``t``; and ``y + s (c − y)``, ``c`` the mean of the projections of ``X`` (a point of the convex set, so the
     segment from ``y`` lies in it), ``s = min(t / |c − y|, ½)``: just inside (or on the boundary where ``c``
     shares ``y``'s face). Random samples almost never come this close to a face: a set that leaves points
-    within ``1e-3`` outside unprojected passed every check on them.
+    within ``1e-3`` outside unprojected passed every check on them. ``Y``: the projections of ``X`` when known.
     """
-    Y = np.asarray(S.project(X).y, dtype=float).reshape(X.shape)
+    if Y is None:
+        Y = np.asarray(S.project(X).y, dtype=float).reshape(X.shape)
     c = Y.mean(axis=0)
     off = np.linalg.norm(X - Y, axis=1)
     out = np.flatnonzero(off > 1e-3 * sc)[:count]
@@ -77,10 +78,11 @@ def _sampled(S: Any, rng: np.random.Generator, count: int) -> tuple[np.ndarray, 
     y0, sc = _center_scale(S)
     k = max(count // 4, 1)
     X = [y0 + sc * s * rng.standard_normal((k, S.n)) for s in (0.1, 1.0, 5.0)]
-    Y = np.asarray(S.project(X[1]).y, dtype=float).reshape(k, S.n)
+    outer = np.vstack(X[1:])
+    Y_outer = np.asarray(S.project(outer).y, dtype=float).reshape(outer.shape)  # once, for both uses
     ties = np.round(X[1] * 2) / 2  # halves: many equal coordinates
-    near = boundary_points(S, np.vstack(X[1:]), sc, max(count // 4, 2))
-    return np.vstack([*X, Y, ties]), near
+    near = boundary_points(S, outer, sc, max(count // 4, 2), Y=Y_outer)
+    return np.vstack([*X, Y_outer[:k], ties]), near
 
 
 def projector_points(S: Any, rng: np.random.Generator, count: int) -> np.ndarray:
