@@ -1217,3 +1217,50 @@ def test_layer_names_x_when_its_last_dimension_is_wrong():
                   ProjectionLayer(lb=-np.ones(4), ub=np.ones(4), structured=False)):
         with pytest.raises(pp.ProblemError, match=r"x must have shape \(\.\.\., 4\).*got \(2, 5\)"):
             layer(x)
+
+
+def test_hessian_vectorize_true_names_torch_func():
+    """The graph of the backward (create_graph, as hessian differentiates the gradient) meets torch's legacy
+    batching too: the same ProblemError as jacobian's, not torch's 'Batching rule not implemented'."""
+    A, a = torch.tensor([[1.0, 1.0]], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    x = torch.tensor([[2.0, 0.5]], dtype=torch.float64)
+    with pytest.raises(pp.ProblemError, match="legacy batching.*torch.func"):
+        torch.autograd.functional.hessian(lambda z: (project(z, A, a) ** 2).sum(), x, vectorize=True)
+    H = torch.autograd.functional.hessian(lambda z: (project(z, A, a) ** 2).sum(), x)  # the loop works
+    torch.testing.assert_close(H, torch.func.hessian(lambda z: (project(z, A, a) ** 2).sum())(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("S", ["polyhedron", "simplex"])
+def test_torch_func_vjp_function(S):
+    """The function torch.func.vjp returns runs after the transform (grad enabled, nothing saved for a graph
+    of the backward): J g as the autograd backward gives it."""
+    A = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, -1.0]], dtype=torch.float64)
+    a = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    f = (lambda z: project(z, A, a)) if S == "polyhedron" else (lambda z: project(z, pp.sets.Simplex(3)))
+    x = torch.tensor([[2.0, 0.3, -1.0], [0.1, 0.2, 0.3]], dtype=torch.float64)
+    g = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0]], dtype=torch.float64)
+    xx = x.clone().requires_grad_()
+    f(xx).backward(g)
+    _, vjp_fn = torch.func.vjp(f, x)
+    torch.testing.assert_close(vjp_fn(g)[0], xx.grad, rtol=0, atol=1e-14)
+    torch.testing.assert_close(torch.func.vmap(vjp_fn)(g[None])[0][0], xx.grad, rtol=0, atol=1e-14)
+
+
+def test_torch_func_on_an_empty_batch():
+    A, a = torch.tensor([[1.0, 1.0]], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    f = lambda z: project(z, A, a)  # noqa: E731
+    assert torch.func.jacrev(f)(torch.zeros(0, 2, dtype=torch.float64)).shape == (0, 2, 0, 2)
+    assert torch.func.vmap(f)(torch.zeros(0, 2, dtype=torch.float64)).shape == (0, 2)
+    assert torch.func.vmap(f)(torch.zeros(3, 0, 2, dtype=torch.float64)).shape == (3, 0, 2)
+    x = torch.zeros(0, 2, dtype=torch.float64)
+    Ar = A.clone().requires_grad_()
+    J = torch.func.jacrev(lambda B: project(x, B, a), argnums=0)(Ar)
+    assert J.shape == (0, 2, 1, 2)
+
+
+def test_layer_refuses_a_polyhedron_with_more_data():
+    P = pp.Polyhedron(A=[[1.0, 1.0]], a=[1.0])
+    with pytest.raises(pp.ProblemError, match="not both"):
+        ProjectionLayer(P, lb=torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(pp.ProblemError, match="not both"):
+        project(torch.zeros(1, 2, dtype=torch.float64), P, lb=torch.zeros(2, dtype=torch.float64))

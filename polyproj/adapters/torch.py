@@ -11,6 +11,7 @@ is conversion and autograd glue only: it holds no solver.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,21 +156,15 @@ class _Project(torch.autograd.Function):
         _, res, Sx = output
         ctx.result, ctx.set = res, Sx
         ctx.names = inputs[2].names
-        if not torch._C._are_functorch_transforms_active():  # for a graph of the backward (create_graph)
+        # for a graph of the backward (create_graph); not under torch.func transforms, whose backward is a
+        # Function of gy alone (:class:`_VJP`), also when it runs after them (torch.func.vjp's function)
+        ctx.graph_inputs = not torch._C._are_functorch_transforms_active()
+        if ctx.graph_inputs:
             ctx.save_for_backward(inputs[0], *inputs[3:])
 
     @staticmethod
     def backward(ctx, gy, *_):
-        if torch._C._functorch.is_legacy_batchedtensor(gy):
-            try:
-                return _Project._backward(ctx, gy)
-            except RuntimeError as exc:  # torch's legacy batching has no rule for an op of the backward
-                raise ProblemError(
-                    f"the backward of the projection onto {type(ctx.set).__name__} cannot run under torch's "
-                    "legacy batching (torch.autograd.functional.jacobian / hessian with vectorize=True, "
-                    "autograd.grad with is_grads_batched=True); use torch.func (jacrev, vmap of vjp), or "
-                    "vectorize=False") from exc
-        return _Project._backward(ctx, gy)
+        return _legacy_batching_guard(ctx, gy, _Project._backward)
 
     @staticmethod
     def _backward(ctx, gy):
@@ -178,7 +173,7 @@ class _Project(torch.autograd.Function):
         args = (gy, ctx.set, ctx.result, wanted, bool(need[0]))
         # the product is a Function of gy only for a graph of the backward (create_graph, torch.func); with
         # create_graph it also depends on x and the data (:class:`_VJPGraph`)
-        if torch._C._are_functorch_transforms_active():
+        if torch._C._are_functorch_transforms_active() or (torch.is_grad_enabled() and not ctx.graph_inputs):
             out = _VJP.apply(*args)
         elif torch.is_grad_enabled():
             out = _VJPGraph.apply(*args, *ctx.saved_tensors)
@@ -218,9 +213,27 @@ class _Project(torch.autograd.Function):
         if any(_per_point(v, N) for v in rest.values()):
             S = S.with_parameters(**{k: _tile(v, V, N) for k, v in rest.items()})
         y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, _Config(cfg.names), *params)
-        return (y.reshape(V, N, -1), _Folded(res, level, V, N), Sx), (0, None, None)
+        return (y.reshape(V, N, xb.shape[-1]), _Folded(res, level, V, N), Sx), (0, None, None)
 
 
+
+
+def _legacy_batching_guard(ctx: Any, g: torch.Tensor | None, backward: Callable[..., Any], *args: Any) -> Any:
+    """``backward(ctx, *args)`` (``args``: ``(g,)`` by default), with torch's legacy batching named in its error.
+
+    The backwards go through NumPy, which torch's legacy batching (``is_grads_batched``, the ``vectorize=True``
+    of ``torch.autograd.functional``) cannot map: its RuntimeError becomes a ProblemError pointing to torch.func.
+    """
+    args = args or (g,)
+    if g is None or not torch._C._functorch.is_legacy_batchedtensor(g):
+        return backward(ctx, *args)
+    try:
+        return backward(ctx, *args)
+    except RuntimeError as exc:  # torch's legacy batching has no rule for an op of the backward
+        raise ProblemError(
+            f"the backward of the projection onto {type(ctx.set).__name__} cannot run under torch's legacy "
+            "batching (torch.autograd.functional.jacobian / hessian with vectorize=True, autograd.grad with "
+            "is_grads_batched=True); use torch.func (jacrev, vmap of vjp), or vectorize=False") from exc
 
 
 def _usable(res: Any, data: Any = None) -> Any:
@@ -365,6 +378,10 @@ class _VJP(torch.autograd.Function):
                 part[v * N:(v + 1) * N] = gb[v]
                 o = _VJP.apply(part, S, rest, wanted, need_x)
                 outs.append((o[0].reshape(gb.shape)[v], *o[1:]))
+        elif gb.shape[0] == 0:  # no cotangents (jacrev of an empty output): empty products of the right shapes
+            one = _VJP.apply(gb.new_zeros(gb.shape[1:]), S, res, wanted, need_x)
+            stacked = tuple(o.new_zeros((0, *o.shape)) for o in one)
+            return stacked, tuple(0 for _ in stacked)
         else:
             outs = [_VJP.apply(gb[v], S, res, wanted, need_x) for v in range(gb.shape[0])]
         stacked = tuple(torch.stack(parts) for parts in zip(*outs, strict=True))
@@ -423,6 +440,10 @@ class _VJPGraph(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        return _legacy_batching_guard(ctx, grads[0], _VJPGraph._backward, *grads)
+
+    @staticmethod
+    def _backward(ctx, *grads):
         need = ctx.needs_input_grad
         data_grads = [g for g in grads[1:] if g is not None and bool((g != 0).any())]
         if any(need[6:]) or data_grads:
@@ -601,6 +622,9 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
     return y
 
 
+_SET_AND_DATA = "give either a set S or the constraint data A, a, B, b, lb, ub, not both"
+
+
 def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: Any,
              structured: bool = True) -> tuple[torch.Tensor, Any]:
     """:func:`project` with a warm start; returns the projection and the result (for the next warm start)."""
@@ -609,7 +633,7 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
     forward: tuple[str, ...] = ()
     if isinstance(S, (Projector, Polyhedron)):
         if any(v is not None for v in (a, B, b, lb, ub, A)):
-            raise ProblemError("give either a set S or the constraint data A, a, B, b, lb, ub, not both")
+            raise ProblemError(_SET_AND_DATA)
         if isinstance(S, Polyhedron):
             found = recognise(S) if structured and backend == "auto" and not settings else None
             S = found if found is not None else Polyhedral(S, backend, **settings)
@@ -759,6 +783,8 @@ class ProjectionLayer(nn.Module):
             return
         self._dependent = isinstance(S, Polyhedron) and S.allow_dependent_rows
         if isinstance(S, Polyhedron):
+            if any(v is not None for v in (a, B, b, lb, ub, A)):
+                raise ProblemError(_SET_AND_DATA)
             vals = dict(zip(PARTS, (S.A_dense, S.a, S.B_dense, S.b, S.lb, S.ub), strict=True))
             vals = {k: v for k, v in vals.items() if (k not in ("A", "a", "B", "b") or np.size(v))}
         else:
