@@ -365,28 +365,34 @@ def main(argv=None) -> int:
     np.savez(cache / f"baseline_scores_{len(R)}.npz", **{k.replace(" ", "_"): v for k, v in pred.items()})
     log("classic IF and TracIn done")
 
-    # ---- second-order DIF: one chord-Newton correction per removal (one pass over the data, one solve)
+    # ---- second-order DIF: one chord-Newton correction per removal (one pass over the data per step length
+    # tried, one solve), shortened by backtracking on the removed problem's KKT residual where the full step
+    # overshoots (DIFResult.step_length; 0: not applied)
     t_dif2, order2 = None, None
     if not args.no_order2:
-        f2 = cache / f"dif2_scores_{len(R)}{_mt(args)}.npy"
+        tag = f"{len(R)}{_mt(args)}"
+        f2, f2_log, f2_time = (cache / f"dif2_scores_{tag}.npy", cache / f"dif2_log_{tag}.npy",
+                               cache / f"dif2_time_{tag}.txt")
         t = time.perf_counter()
-        f2_time = cache / f"dif2_time_{len(R)}{_mt(args)}.txt"
-        if f2.exists():
+        if f2.exists() and f2_log.exists():  # scored by an earlier run on this cache
             pred["DIF (order 2)"] = np.load(f2)
-            if f2_time.exists():  # scored by an earlier run on this cache
+            if f2_time.exists():
                 t_dif2 = float(f2_time.read_text())
-        else:
+        else:  # (a cache from before the step lengths has scores but no log: scored again)
             pred["DIF (order 2)"] = dif.influence(F, R, order=2, progress=True).numpy()
             np.save(f2, pred["DIF (order 2)"])
-            np.save(cache / f"dif2_ratios_{len(R)}{_mt(args)}.npy", np.array(dif.second_order_log))
+            np.save(f2_log, np.array([(r, np.nan if s is None else s) for r, s in dif.second_order_log]))
             t_dif2 = time.perf_counter() - t
             f2_time.write_text(f"{t_dif2}\n")
             log(f"second-order DIF scores of {len(R)} removals in {t_dif2:.1f} s")
-        ratios = np.load(cache / f"dif2_ratios_{len(R)}{_mt(args)}.npy")
-        order2 = {"time_s": t_dif2, "correction_ratio": ratios.tolist(),
-                  "not_applied_singles": int(np.sum(ratios[:args.singles] > 1)),
-                  "not_applied_groups": int(np.sum(ratios[args.singles:] > 1))}
-        log(f"second-order correction not applied (‖δ‖ > ‖ω‖) on {order2['not_applied_singles']} singles and "
+        ratios, steps = np.load(f2_log).T
+        order2 = {"time_s": t_dif2, "correction_ratio": ratios.tolist(), "step_length": steps.tolist(),
+                  "not_applied_singles": int(np.sum(steps[:args.singles] == 0)),
+                  "not_applied_groups": int(np.sum(steps[args.singles:] == 0)),
+                  "shortened_singles": int(np.sum((steps[:args.singles] > 0) & (steps[:args.singles] < 1))),
+                  "shortened_groups": int(np.sum((steps[args.singles:] > 0) & (steps[args.singles:] < 1)))}
+        log(f"second-order correction shortened on {order2['shortened_singles']} singles and "
+            f"{order2['shortened_groups']} groups, not applied on {order2['not_applied_singles']} singles and "
             f"{order2['not_applied_groups']} groups")
 
     # ---- ground truth, appended line by line
@@ -493,22 +499,23 @@ def main(argv=None) -> int:
     table = {name: {"all": stats(p, sel_all), "singles": stats(p, sel_s), "groups": stats(p, sel_g)}
              for name, p in pred.items()}
 
-    # the same correlations split by DIF's own reliability flag, known before any retraining: whether the
-    # second-order correction contracts (‖δ‖ <= ‖ω₁‖, DIFResult.correction_ratio); where it does not, the
-    # removal lies outside the range of the expansion around θ̄ and DIF says so (a PolyprojWarning)
+    # the same correlations split by DIF's own reliability flag, known before any retraining: whether the full
+    # second-order correction lowers the removed problem's KKT residual (DIFResult.step_length 1); where it
+    # has to be shortened or is not applied, the removal lies at or beyond the edge of the expansion's range
     by_flag = None
     if order2 is not None:
-        ratios = np.asarray(order2["correction_ratio"])
-        by_flag = {"contracting": int(np.sum(ratios <= 1.0)), "not_contracting": int(np.sum(ratios > 1.0))}
+        steps = np.asarray(order2["step_length"])
+        full = ~(steps < 1.0)  # 1, or nan: a removal that moves nothing
+        by_flag = {"full_step": int(np.sum(full)), "shortened_or_not_applied": int(np.sum(~full))}
         for name, p in pred.items():
             by_flag[name] = {f"{part}_{flag}": stats(p, sel[mask[sel]])
                              for part, sel in (("all", sel_all), ("singles", sel_s), ("groups", sel_g))
-                             for flag, mask in (("contracting", ratios <= 1.0), ("not_contracting", ratios > 1.0))}
+                             for flag, mask in (("full_step", full), ("shortened_or_not_applied", ~full))}
         row = by_flag["DIF (order 2)"]
-        log(f"DIF (order 2) where its correction contracts ({by_flag['contracting']} removals): "
-            f"r = {row['all_contracting']['pearson']:.4f}; elsewhere ({by_flag['not_contracting']}): "
-            f"r = {row['all_not_contracting']['pearson']:.4f}" if row["all_contracting"] and
-            row["all_not_contracting"] else "DIF (order 2): too few removals on one side of the flag")
+        log(f"DIF (order 2) where the full correction is taken ({by_flag['full_step']} removals): "
+            f"r = {row['all_full_step']['pearson']:.4f}; elsewhere ({by_flag['shortened_or_not_applied']}): "
+            f"r = {row['all_shortened_or_not_applied']['pearson']:.4f}" if row["all_full_step"] and
+            row["all_shortened_or_not_applied"] else "DIF (order 2): too few removals on one side of the flag")
 
     def fmt(x, key="pearson"):
         return f"{x[key]:.4f}" if x else "n/a"

@@ -17,11 +17,12 @@ def test_fairness_quick(bench, tmp_path):
     assert out["truth"]["n"] == 9 and out["truth"]["converged"] == 9 and out["truth"]["worst_residual"] <= 1e-10
     assert out["noise_floor"]["rows"][0]["converged"] and out["seed_to_seed"]["all_converged"]
     assert set(out["correlation"]) >= {"DIF", "classic IF", "TracIn"}
-    # the per-removal predictions and the split by DIF's own flag (its second-order correction contracts)
+    # the per-removal predictions and the split by DIF's own flag (the full second-order correction is taken)
     pred, flag = out["predicted"], out["correlation_by_dif_flag"]
     assert len(pred["actual"]) == len(pred["DIF"]) == len(pred["keys"]) == 9
-    assert flag["contracting"] + flag["not_contracting"] == 9
-    assert flag["contracting"] == sum(r <= 1.0 for r in out["dif_order2"]["correction_ratio"])
+    assert flag["full_step"] + flag["shortened_or_not_applied"] == 9
+    steps = out["dif_order2"]["step_length"]
+    assert len(steps) == 9 and flag["full_step"] == sum(not s < 1.0 for s in steps)
     assert (tmp_path / "dif_fairness_quick.png").stat().st_size > 0
 
 

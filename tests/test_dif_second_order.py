@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+import torch
+
 from polyproj.adapters.dif import DIF, retrain
 from polyproj.errors import PolyprojWarning, ProblemError
 
@@ -102,17 +104,81 @@ def test_order_is_checked(study):
     assert dif.influence(study.test_loss, [], order=2).shape == (0,)
 
 
-def test_no_contraction_keeps_the_first_order_answer(study):
-    """Removing half the data: the correction would exceed the step, so it is not applied (and said)."""
-    prob, kkt, F = study.problem, study.kkt, study.test_loss
+def test_full_correction_beyond_ratio_one(study):
+    """Removing half the data of the convex regression study: the correction is larger than the step
+    (‖δ‖/‖ω₁‖ > 1) yet the full step lowers the removed problem's KKT residual, so it is taken, and it
+    cuts the error against retraining by more than half."""
+    prob, kkt = study.problem, study.kkt
     dif = DIF(prob, kkt, method="dense")
-    half = {"objective": np.arange(40)}
-    first, second = dif.result(half), dif.result(half, order=2)
-    assert second.order == 1 and second.correction_ratio > 1.0
-    np.testing.assert_array_equal(second.omega.numpy(), first.omega.numpy())
-    small = dif.result(study.removals[0], order=2)
-    assert small.order == 2 and small.correction_ratio < 1.0
-    assert dif.second_order_log[-2:] == [second.correction_ratio, small.correction_ratio]
-    with pytest.warns(PolyprojWarning, match="1 of 2 removals"):
-        s = dif.influence(F, [half, study.removals[0]], order=2).numpy()
-    np.testing.assert_allclose(s[0], float(dif.influence(F, [half])[0]), rtol=1e-12)
+    for k in (40, 60):
+        rem = {"objective": np.arange(k)}
+        first, second = dif.result(rem), dif.result(rem, order=2)
+        assert second.correction_ratio > 1.0 and second.step_length == 1.0 and second.order == 2
+        assert dif.second_order_log[-1] == (second.correction_ratio, 1.0)
+        truth = (retrain(prob, rem, warm_start=kkt, tol=1e-10).theta - kkt.theta).numpy()
+        e1, e2 = (np.linalg.norm(r.omega.numpy() - truth) for r in (first, second))
+        assert e2 < 0.5 * e1, (k, e1, e2)
+
+
+def _removed_residual(prob, rem, kkt, omega, dlam):
+    from polyproj.adapters.dif.newton import first_order, kkt_residuals
+
+    removed = prob.remove(rem)
+    _, gf, g, G = first_order(removed, kkt.theta + torch.as_tensor(omega))
+    return max(kkt_residuals(gf, G, g, kkt.lambdas.numpy() + dlam, prob.eq_mask).values())
+
+
+def _mlp_groups(removals):
+    """Groups of 1 to 30 of the tanh MLP's 60 points (three of each size), as removals."""
+    rng = np.random.default_rng(0)
+    out = []
+    for size in (1, 3, 6, 10, 15, 20, 30):
+        for _ in range(3):
+            idx = sorted(int(i) for i in rng.choice(60, size, replace=False))
+            rem = {"objective": idx}
+            grp = sorted(removals[i]["group"][0] for i in idx if "group" in removals[i])
+            if grp:
+                rem["group"] = grp
+            out.append(rem)
+    return out
+
+
+def test_step_length_lowers_the_removed_kkt_residual(mlp):
+    """Groups of the tanh MLP up to half its points: the step taken is the largest of 1, ½, … that lowers the
+    removed problem's KKT residual below that of the first-order point; where none does, the first-order
+    answer is returned (order 1)."""
+    prob, kkt, removals, _ = mlp
+    dif = DIF(prob, kkt, method="dense")
+    seen = set()
+    for rem in _mlp_groups(removals):
+        first, second = dif.result(rem), dif.result(rem, order=2, warn=False)
+        t = second.step_length
+        r1 = _removed_residual(prob, rem, kkt, first.omega.numpy(), first.multipliers)
+        if t == 0.0:
+            seen.add("not applied")
+            assert second.order == 1
+            np.testing.assert_array_equal(second.omega.numpy(), first.omega.numpy())
+            continue
+        assert second.order == 2 and t in (1.0, 0.5, 0.25, 0.125, 0.0625)
+        r2 = _removed_residual(prob, rem, kkt, second.omega.numpy(), second.multipliers)
+        assert r2 < r1, (rem, t, r1, r2)
+        if t < 1.0:  # the longer step (2t) did not lower the residual
+            seen.add("shortened")
+            w2 = first.omega.numpy() + 2 * (second.omega.numpy() - first.omega.numpy())
+            mu2 = first.multipliers + 2 * (second.multipliers - first.multipliers)
+            assert not _removed_residual(prob, rem, kkt, w2, mu2) < r1
+        else:
+            seen.add("full")
+    assert seen == {"full", "shortened", "not applied"}, seen
+
+
+def test_not_applied_correction_is_said(mlp):
+    prob, kkt, removals, _ = mlp
+    dif = DIF(prob, kkt, method="dense")
+    rem = next(r for r in _mlp_groups(removals) if dif.result(r, order=2, warn=False).step_length == 0.0)
+    F = lambda m: m(torch.zeros(1, 3, dtype=torch.float64)).sum()  # noqa: E731
+    with pytest.warns(PolyprojWarning, match="1 of 2 removals: the second-order correction lowers"):
+        s = dif.influence(F, [rem, removals[0]], order=2).numpy()
+    np.testing.assert_allclose(s[0], float(dif.influence(F, [rem])[0]), rtol=1e-12)
+    with pytest.warns(PolyprojWarning, match="at no step length down to 1/16"):
+        dif.result(rem, order=2)

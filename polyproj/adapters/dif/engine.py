@@ -47,6 +47,7 @@ from .linearisation import Linearisation, check_split
 from .matfree import DenseInverse, DualQP, KrylovInverse, null_basis, reduced_curvature
 from .problem import ConstrainedProblem, Removal, placement_error, sample_indices
 from .scores import ScoreJob
+from .second_order import MIN_STEP
 
 __all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "DIFResult", "Linearisation",
            "auto_damping_for", "clear_of_singular", "dense_batch_size"]
@@ -54,6 +55,8 @@ __all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "D
 
 #: steps (first order) and corrections (second) at most this times (1 + ‖θ̄‖) are rounding, not a removal's effect
 ROUNDING_STEP = 1e-10
+_NOT_APPLIED = ("the second-order correction lowers the removed problem's KKT residual at no step length down to "
+                f"1/{1 / MIN_STEP:g} (outside the expansion's range around θ̄)")
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,14 @@ class DIFResult:
         where ``constraint_change`` is g(θ̄ + ω) − g(θ̄) of the removed problem and ``multipliers``
         the predicted change of λ.
     correction_ratio : float or None
-        With ``order=2`` asked: ‖δ‖/‖ω₁‖, the second-order correction against the first-order step.
-        Above 1 the correction is not applied (no contraction: the removal is outside the expansion's
-        range) and the result is the first-order one (``order`` 1).
+        With ``order=2`` asked: ‖δ‖/‖ω₁‖, the full second-order correction against the first-order
+        step (above 1: the removal is at the edge of the expansion's range, where the full step
+        overshoots and a shorter one is usually taken).
+    step_length : float or None
+        With ``order=2`` asked: the fraction t of the correction applied (ω = ω₁ + tδ), the largest of
+        1, ½, …, 1/16 that lowers the removed problem's KKT residual
+        (:mod:`~polyproj.adapters.dif.second_order`); 0 where none does: the correction is not applied
+        and the result is the first-order one (``order`` 1). None for a removal that moves nothing.
     """
 
     omega: torch.Tensor
@@ -88,6 +96,7 @@ class DIFResult:
     multipliers: np.ndarray
     order: int = 1
     correction_ratio: float | None = None
+    step_length: float | None = None
 
 
 def _check_order(order: Any) -> int:
@@ -319,8 +328,8 @@ class DIF:
         self._dual: DualQP | None = None
         self._v_extra: dict[int, np.ndarray] = {}
         self._step_duals: dict[tuple, DualQP] = {}
-        #: ‖δ‖/‖ω₁‖ of every second-order result, in order (above 1: the correction was not applied)
-        self.second_order_log: list[float] = []
+        #: (‖δ‖/‖ω₁‖, step length t) of every second-order result, in order (t = 0: not applied)
+        self.second_order_log: list[tuple[float, float | None]] = []
 
     def _setup_matrix_free(self, damping: float, auto: bool, krylov: str, rtol: float, maxiter: int | None,
                            preconditioner: Any) -> None:
@@ -477,40 +486,41 @@ class DIF:
             first = self._pack(np.nan_to_num(sol.x, nan=np.nan), sol.z - self.floor, sol.status, r, names)
         if order == 1 or not first.status.ok:
             return first
-        from .second_order import correction
+        from .second_order import correction, step_length
 
         removed = self.problem.remove(removal)
-        step = correction(self, removed, first.omega.numpy(), first.multipliers)
+        omega1 = first.omega.numpy()
+        step = correction(self, removed, omega1, first.multipliers)
         size_d, size_w = float(np.linalg.norm(step.delta)), float(first.omega.norm())
         # a step and a correction both at rounding level (a removal that moves nothing: data of an inactive
-        # constraint only, an empty removal) have no ratio to judge: not "outside the expansion's range"
+        # constraint only, an empty removal) have no ratio or residual to judge: the answer is ω₁
         noise = ROUNDING_STEP * (1.0 + float(self.kkt.theta.norm()))
         if max(size_d, size_w) <= noise:
-            self.second_order_log.append(0.0)
+            self.second_order_log.append((0.0, None))
             return replace(first, order=2, correction_ratio=0.0)
         ratio = size_d / size_w
-        self.second_order_log.append(ratio)
-        if not ratio <= 1.0:
-            # no contraction: the correction is larger than the step it corrects, so the removal lies
+        t = step_length(self, removed, omega1, step)
+        self.second_order_log.append((ratio, t))
+        if t == 0.0:
+            # no step along the correction lowers the removed problem's KKT residual: the removal lies
             # outside the range of the expansion around θ̄ (e.g. retraining moves to another basin)
             if warn:
                 import warnings
 
                 from ...errors import PolyprojWarning
 
-                warnings.warn("the second-order correction is larger than the first-order step "
-                              f"(‖δ‖/‖ω‖ = {ratio:.3g}: outside the expansion's range); the first-order answer "
-                              "is returned",
+                warnings.warn(f"{_NOT_APPLIED} (‖δ‖/‖ω‖ = {ratio:.3g}); the first-order answer is returned",
                               PolyprojWarning, stacklevel=2)
-            return replace(first, correction_ratio=ratio)
-        omega = first.omega.numpy() + step.delta
+            return replace(first, correction_ratio=ratio, step_length=0.0)
+        omega = omega1 + t * step.delta
+        lambdas = step.start + t * (step.lambdas - step.start)
         change = removed.constraint_values(self.kkt.theta + torch.as_tensor(omega)).numpy() - self.lin.g \
             if self.problem.m else np.zeros(0)
         eq = self.problem.eq_mask
-        floor = 1e-10 * (1.0 + float(np.max(np.abs(step.lambdas), initial=0.0)))  # round-off multipliers
-        names = tuple(self.kkt.names[j] for j in step.rows if eq[j] or step.lambdas[j] > floor)
+        floor = 1e-10 * (1.0 + float(np.max(np.abs(lambdas), initial=0.0)))  # round-off multipliers
+        names = tuple(self.kkt.names[j] for j in step.rows if eq[j] or lambdas[j] > floor)
         return DIFResult(omega=torch.as_tensor(omega), status=first.status, constraint_change=change, active=names,
-                         multipliers=step.lambdas - self.lin.lam, order=2, correction_ratio=ratio)
+                         multipliers=lambdas - self.lin.lam, order=2, correction_ratio=ratio, step_length=t)
 
     def _result_schur(self, c: np.ndarray, r: np.ndarray) -> DIFResult:
         y = self._solve_h(c, "H⁻¹c")
@@ -561,9 +571,9 @@ class DIF:
 
             from ...errors import PolyprojWarning
 
-            warnings.warn(f"{len(rejected)} of {len(out)} removals: the second-order correction is larger than the "
-                          "first-order step (outside the expansion's range); their answers are the first-order ones "
-                          f"(first: #{rejected[0][0]}, ‖δ‖/‖ω‖ = {rejected[0][1]:.3g})", PolyprojWarning, stacklevel=2)
+            warnings.warn(f"{len(rejected)} of {len(out)} removals: {_NOT_APPLIED}; their answers are the first-order "
+                          f"ones (first: #{rejected[0][0]}, ‖δ‖/‖ω‖ = {rejected[0][1]:.3g})", PolyprojWarning,
+                          stacklevel=2)
         return out[0] if single else torch.stack(out) if out else torch.zeros(0, self.problem.dim,
                                                                               dtype=torch.float64)
 
@@ -703,9 +713,8 @@ class DIF:
 
             from ...errors import PolyprojWarning
 
-            warnings.warn(f"{len(rejected)} of {len(omegas)} removals: the second-order correction is larger than "
-                          "the first-order step (no contraction, outside the expansion's range); their scores are "
-                          f"the first-order ones (first: #{rejected[0]}, ‖δ‖/‖ω‖ = "
+            warnings.warn(f"{len(rejected)} of {len(omegas)} removals: {_NOT_APPLIED}; their scores are the "
+                          f"first-order ones (first: #{rejected[0]}, ‖δ‖/‖ω‖ = "
                           f"{omegas[rejected[0]].correction_ratio:.3g})", PolyprojWarning, stacklevel=3)
             gF = _test_grad(self.problem, test_fn, theta)
         with torch.no_grad():

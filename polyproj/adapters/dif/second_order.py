@@ -20,9 +20,19 @@ row, H δ + C̄ᵀ(ν − λ₁) = −(∇f₀' + G'ᵀλ₁)). By its dual, as 
     δ = −H⁻¹(q + C̄ᵀν),   ν = argmin ½νᵀ(C̄H⁻¹C̄ᵀ)ν + (C̄H⁻¹q − g')ᵀν,   ν >= 0 on inequality rows.
 
 Rows: the KKT point's active rows and every constraint that θ₁ violates; equalities and binding rows
-with λ₁ⱼ > |μⱼ| are kept at equality (ν free), the others sign-constrained. Cost per removal: one pass
-over the removed problem's data (the gradients of f₀ and of each gⱼ at θ₁) and one solve with H
-(Krylov on the matrix-free path); a test function is then evaluated at θ̄ + ω₂, not linearised.
+with λ₁ⱼ > |μⱼ| are kept at equality (ν free), the others sign-constrained.
+
+**Step length.** Like every chord or Newton step far from its solution (and as the re-solves of
+:func:`~polyproj.adapters.dif.newton.newton_kkt` do), the step is globalised by backtracking on the
+removed problem's own KKT residual (:func:`~polyproj.adapters.dif.newton.kkt_residuals`, the largest
+of stationarity, feasibility, complementarity and dual sign): ω₂ = ω₁ + tδ, λ₂ = λ₁ + t(ν − λ₁) with
+the largest t in 1, ½, …, :data:`MIN_STEP` at which that residual is below its value at (θ₁, λ₁).
+Where the removal stays in the expansion's range t = 1 (the O(ε³) step); where retraining moves far
+from θ̄ (a large group of a deep net) the full step can overshoot while a shorter one still moves
+towards the removed problem's KKT point; where no t lowers the residual the correction is not applied
+(t = 0: the first-order answer). Cost per removal: one pass over the removed problem's data (the
+gradients of f₀ and of each gⱼ) at θ₁ and one per step length tried, and one solve with H (Krylov on
+the matrix-free path); a test function is then evaluated at θ̄ + ω₂, not linearised.
 """
 
 from __future__ import annotations
@@ -34,7 +44,10 @@ import torch
 
 from .problem import ConstrainedProblem
 
-__all__ = ["SecondOrderStep", "correction"]
+__all__ = ["MIN_STEP", "SecondOrderStep", "correction", "step_length"]
+
+#: the shortest fraction of the correction tried (halving from 1) before it is not applied
+MIN_STEP = 1.0 / 16.0
 
 
 @dataclass(frozen=True)
@@ -49,16 +62,22 @@ class SecondOrderStep:
         ν: the predicted multipliers of the removed problem (zero off ``rows``).
     rows : ndarray of int
         Constraints in the step's QP (active at θ̄, or violated at θ̄ + ω₁).
+    start : ndarray (m,)
+        λ₁ = λ̄ + μ₁, the multipliers the step starts from.
+    residual : float
+        The removed problem's KKT residual at (θ̄ + ω₁, λ₁), which a step length must lower.
     """
 
     delta: np.ndarray
     lambdas: np.ndarray
     rows: np.ndarray
+    start: np.ndarray
+    residual: float
 
 
 def correction(dif, removed: ConstrainedProblem, omega1: np.ndarray, dlam1: np.ndarray) -> SecondOrderStep:
     """δ on ``removed`` (``dif.problem.remove(removal)``) from the first-order (ω₁, μ₁) of ``dif`` (a DIF)."""
-    from .newton import first_order
+    from .newton import first_order, kkt_residuals
 
     problem, lin = dif.problem, dif.lin
     lam1 = lin.lam + dlam1
@@ -83,5 +102,25 @@ def correction(dif, removed: ConstrainedProblem, omega1: np.ndarray, dlam1: np.n
         delta = -(y + V @ nu[rows])
     else:
         delta = -y
-    return SecondOrderStep(delta=delta, lambdas=nu, rows=rows)
+    residual = max(kkt_residuals(gf, G, g, lam1, problem.eq_mask).values(), default=0.0)
+    return SecondOrderStep(delta=delta, lambdas=nu, rows=rows, start=lam1, residual=residual)
+
+
+def step_length(dif, removed: ConstrainedProblem, omega1: np.ndarray, step: SecondOrderStep) -> float:
+    """The largest t in 1, ½, …, :data:`MIN_STEP` that lowers ``removed``'s KKT residual below ``step.residual``.
+
+    The residual at (θ̄ + ω₁ + tδ, λ₁ + t(ν − λ₁)); 0.0 where no t lowers it (module docstring).
+    """
+    from .newton import first_order, kkt_residuals
+
+    eq, t = removed.eq_mask, 1.0
+    while t >= MIN_STEP:
+        theta = dif.kkt.theta + torch.as_tensor(omega1 + t * step.delta, dtype=torch.float64)
+        _, gf, g, G = first_order(removed, theta, dif.chunk_size)
+        lam = step.start + t * (step.lambdas - step.start)
+        res = max(kkt_residuals(gf, G, g, lam, eq).values(), default=0.0)
+        if np.isfinite(res) and res < step.residual:
+            return t
+        t *= 0.5
+    return 0.0
 
