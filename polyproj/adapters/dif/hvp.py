@@ -58,14 +58,17 @@ class LossPieces:
         aⱼ of each constraint (λ for the Lagrangian); zeros are skipped.
     objective_coef : float
         a₀ (1 for the Lagrangian, 0 for a constraint alone).
-    chunk_size : int
-        Samples per piece.
+    chunk_size : int, optional
+        Samples per piece: a positive integer (``ProblemError`` otherwise), None for ``DEFAULT_CHUNK``.
     """
 
     def __init__(self, problem: ConstrainedProblem, coefs: Sequence[float], objective_coef: float = 1.0,
-                 chunk_size: int = DEFAULT_CHUNK) -> None:
+                 chunk_size: int | None = DEFAULT_CHUNK) -> None:
+        from .engine import _chunk  # DIF(chunk_size=...)'s rule; the engine imports this module, so read here
+
         self.problem = problem
-        self.chunk_size = max(1, int(chunk_size))
+        # a positive integer (None: the default): 0, a negative or a fractional size is refused, not clamped
+        self.chunk_size = _chunk(chunk_size, DEFAULT_CHUNK)
         terms = [(problem.objective, float(objective_coef))]
         terms += [(c, float(a)) for c, a in zip(problem.constraints, coefs, strict=True)]
         self.pieces: list[_Piece] = []

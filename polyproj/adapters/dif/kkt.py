@@ -20,7 +20,7 @@ import scipy.optimize
 import torch
 from torch import nn
 
-from ...errors import PolyprojWarning, ProblemError, SolverError
+from ...errors import BackendUnavailable, PolyprojWarning, ProblemError, SolverError, close_matches
 from ...solution import Status
 from .calculus import constraint_jacobian, lagrangian_hessian, objective_grad
 from .newton import kkt_residuals
@@ -216,19 +216,36 @@ class KKTPoint:
             Re-solve from Cooper's point with :func:`solve` to ``tol`` first (for an exact KKT
             point when Cooper stopped early or trained on mini-batches).
         **kwargs
-            Passed to :meth:`from_params` (``active_tol``, ``mult_tol``, ``polish``, ``warn``).
+            Passed to :meth:`from_params` (``active_tol``, ``mult_tol``, ``polish``, ``warn``), with or without
+            ``refine``: the refined point is classified with ``active_tol`` and ``mult_tol`` and its multipliers
+            are polished when ``polish=True``. Any other keyword is a :class:`ProblemError`.
         """
         from .cooper import cooper_multipliers
 
+        unknown = [k for k in kwargs if k not in _FROM_PARAMS_OPTIONS]
+        if unknown:  # checked before any work, whatever ``refine`` (a misspelt mult_tol must not pass unread)
+            hints = "".join(close_matches(k, _FROM_PARAMS_OPTIONS) for k in unknown)
+            raise ProblemError(f"KKTPoint.from_cooper: unknown keyword(s) {unknown}.{hints} It takes tol, refine "
+                               f"and the options of from_params: {', '.join(_FROM_PARAMS_OPTIONS)}")
         lam = cooper_multipliers(problem, cmp)
         if refine:
-            k = solve(problem, theta0=_flat_theta(problem, model), lambdas0=lam, tol=tol,
-                      warn=kwargs.get("warn", True))
+            # solve checks tol, active_tol and mult_tol as from_params does, and classifies the refined point
+            # with them; its multipliers meet tol already, so the NNLS polish runs only when asked for
+            opts = {k: kwargs[k] for k in ("active_tol", "mult_tol", "warn") if k in kwargs}
+            k = solve(problem, theta0=_flat_theta(problem, model), lambdas0=lam, tol=tol, **opts)
+            if kwargs.get("polish") is True:
+                info = k.info
+                k = cls.from_params(problem, k.theta, k.lambdas, tol=tol, **kwargs)
+                k.info.update({key: v for key, v in info.items() if key not in k.info})
             k.info["from_cooper"] = {"lambdas": lam.tolist(), "refined": True}
             return k
         k = cls.from_params(problem, model, lam, tol=tol, **kwargs)
         k.info["from_cooper"] = {"lambdas": lam.tolist(), "refined": False}
         return k
+
+
+#: the keyword options of :meth:`KKTPoint.from_params` that :meth:`KKTPoint.from_cooper` passes on
+_FROM_PARAMS_OPTIONS = ("active_tol", "mult_tol", "polish", "warn")
 
 
 def _check_tolerances(**tols: Any) -> None:
@@ -239,13 +256,27 @@ def _check_tolerances(**tols: Any) -> None:
 
 
 def _flat_lambdas(problem: ConstrainedProblem, lambdas: Any, what: str) -> np.ndarray:
-    """Multipliers (a tensor on any device, an array, a list) as a new float64 array of m finite numbers."""
+    """Multipliers (a tensor on any device, an array, a list) as a new float64 array of m finite numbers.
+
+    A wrong count and a non-finite value are told apart: NaN multipliers of the right shape are not a shape error.
+    """
     if isinstance(lambdas, torch.Tensor) and lambdas.is_meta:
         raise ProblemError(f"{what} are on the 'meta' device: they have a shape but no values")
-    lam = np.array(lambdas.detach().cpu().numpy() if isinstance(lambdas, torch.Tensor) else lambdas,
-                   dtype=np.float64).reshape(-1)
-    if lam.shape != (problem.m,) or not np.all(np.isfinite(lam)):
-        raise ProblemError(f"{what} must be {problem.m} finite numbers, got shape {lam.shape}")
+    try:
+        raw = np.array(lambdas.detach().cpu().numpy() if isinstance(lambdas, torch.Tensor) else lambdas,
+                       dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ProblemError(f"{what} must be {problem.m} numbers (one per constraint), got "
+                           f"{type(lambdas).__name__}: {exc}") from None
+    lam = raw.reshape(-1)
+    if lam.shape != (problem.m,):
+        raise ProblemError(f"{what} must be {problem.m} numbers (one per constraint), got {lam.size} "
+                           f"(shape {raw.shape})")
+    bad = np.flatnonzero(~np.isfinite(lam))
+    if bad.size:
+        j = int(bad[0])
+        raise ProblemError(f"{what} must be finite: {what}[{j}] (constraint {problem.constraints[j].name!r}) is "
+                           f"{lam[j]}" + (f", and {bad.size - 1} more" if bad.size > 1 else ""))
     return lam
 
 
@@ -380,6 +411,84 @@ def _merit(problem, th, nu, eq) -> float:
 #: largest d for which ``solve(method="auto")`` uses the dense SQP
 SQP_MAX_DIM = 500
 
+#: the SQP has diverged once its KKT residual exceeds this multiple of the smallest it has reached. A ratio, so free
+#: of the problem's scale: the SQP runs of the test suite that converge rise at most ~14× above their best, while a
+#: runaway of the multipliers (each QP's multipliers a multiple of the last: see :func:`solve`) passes 10⁸ within a
+#: few iterations.
+SQP_DIVERGED = 1e8
+
+#: the largest shift (a multiple of ‖H‖) that the SQP's convexification may use: at this shift the step is short and
+#: close to steepest descent, so one that still lowers no merit along it shows that the SQP has stalled
+_MAX_SHIFT = 1e4
+
+
+class _SQPStalled(SolverError):
+    """The SQP stopped short of a KKT point in a way the augmented Lagrangian may get past.
+
+    No step lowers the merit, the iteration diverged, or it reached non-finite values (``solve(method="auto")``
+    then falls back on the augmented Lagrangian). ``what`` says what happened, ``hint`` what may be wrong
+    (infeasible constraints: the violation where it stopped).
+    """
+
+    def __init__(self, what: str, hint: str) -> None:
+        super().__init__(f"{what}; {hint}. method='auglag' (the augmented Lagrangian) may converge where the SQP "
+                         "does not")
+        self.what, self.hint = what, hint
+
+
+def _violation_hint(problem: ConstrainedProblem, g: np.ndarray | None, tol: float) -> str:
+    """Where the constraints are still clearly violated at ``g``: which, by how much, and that they may be infeasible.
+
+    A solver cannot tell an infeasible problem from one it has not solved yet, so it says "may". '' when ``g`` is
+    (nearly) feasible.
+    """
+    if g is None or g.size == 0:
+        return ""
+    viol = np.where(problem.eq_mask, np.abs(g), np.maximum(g, 0.0))
+    if not np.all(np.isfinite(viol)) or float(viol.max()) <= max(1e3 * tol, 1e-6):
+        return ""
+    j = int(np.argmax(viol))
+    return (f"the constraints are still violated by {float(viol.max()):.3e} (constraint "
+            f"{problem.constraints[j].name!r}): they may have no common feasible point; check the τ's (and the "
+            "starting point)")
+
+
+def _stall_hint(problem: ConstrainedProblem, g: np.ndarray | None, tol: float) -> str:
+    return _violation_hint(problem, g, tol) or ("the constraints may have no common feasible point (check the "
+                                                "τ's), or the SQP does not converge from this start")
+
+
+def _check_max_iter(max_iter: Any) -> int:
+    """``max_iter`` as a positive int (0 would return an unchecked start; 2.5 counts no iterations)."""
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ProblemError(f"max_iter must be a positive integer, got {max_iter!r}")
+    return int(max_iter)
+
+
+def _chunk_size(chunk_size: Any) -> int:
+    """``chunk_size`` by the rule of ``DIF(chunk_size=...)``: a positive integer, None for the default."""
+    from .engine import _chunk  # the engine imports this module: its helper is read when solve runs
+    from .hvp import DEFAULT_CHUNK
+
+    return _chunk(chunk_size, DEFAULT_CHUNK)
+
+
+def _check_backend(backend: Any, settings: dict[str, Any]) -> None:
+    """Resolve the QP backend with its settings now, for every method.
+
+    An unknown name (``BackendNotFound``) or setting (``SettingsError``) is refused before any work, whether or not
+    a QP is ever solved: the SQP's first QP (or a converged start, or the augmented Lagrangian, which solves none)
+    would otherwise decide whether a misspelt name is noticed. ``eps_abs`` defaults as in ``solve_qp_exact``, so
+    the settings are checked as the QPs will get them. A known backend whose package is missing is refused where a
+    QP is solved, as before (the augmented Lagrangian needs none).
+    """
+    from ...registry import get_backend
+
+    try:
+        get_backend(backend, **{"eps_abs": 1e-10, **settings})
+    except BackendUnavailable:
+        pass
+
 
 def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None, *, tol: float = 1e-10,
           max_iter: int = 100, backend: Any = "proxsuite", active_tol: float = 1e-6, mult_tol: float = 1e-7,
@@ -392,10 +501,23 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     working rows, then |eigenvalues| floored by an adaptive shift: see ``_convexified``), takes the
     QP multipliers as the new λ, and a line search on the ℓ₁ merit function. Quadratic convergence
     near a KKT point satisfying SOSC, so warm starts (leave-one-out retraining) take few iterations.
+    A direction along which the line search finds no decrease is not taken: the shift is raised and
+    the QP solved again, and once the shift is at its cap the SQP has *stalled*. Far from feasibility
+    the SQP can also *diverge*: H carries λⱼ∇²gⱼ, so while the line search keeps the steps short of a
+    violated constraint, each QP's multipliers can come out a multiple of the last ones and the
+    multipliers, and H with them, grow geometrically (×2 to ×10 an iteration on a small tanh net whose
+    group-risk cap is near the lowest risk reachable); a KKT residual above ``SQP_DIVERGED`` times the
+    smallest one reached, or a non-finite H, gradient, step or multiplier, stops it.
 
     ``method="auglag"`` (default above): the PHR augmented Lagrangian with L-BFGS inner solves to
     residual 1e-7, then Newton on the working set's KKT system by MINRES on Hessian-vector products
     to ``tol`` (:mod:`polyproj.adapters.dif.newton`); H is never formed.
+
+    ``method="auto"``: the SQP up to ``SQP_MAX_DIM``, and where it stalls or diverges the augmented
+    Lagrangian from the same start (its penalty globalises without QP multipliers), then the SQP
+    again from the augmented Lagrangian's point; the returned point says so (``info["method"]`` is
+    ``"auglag+sqp"``, ``info["sqp_failure"]`` the first SQP's failure) and a :class:`PolyprojWarning`
+    is issued (with ``warn``).
 
     Parameters
     ----------
@@ -406,11 +528,16 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     tol : float
         Target KKT residual (inf-norm of stationarity, feasibility, complementarity).
     max_iter : int
+        A positive integer: SQP iterations (QP subproblems), or Newton iterations after the augmented
+        Lagrangian.
     backend : str or QPSolver
+        The SQP's QP solver, resolved with ``settings`` up front for every method: an unknown name or
+        setting raises ``BackendNotFound`` / ``SettingsError`` even where no QP is solved.
     active_tol, mult_tol, warn : as :meth:`KKTPoint.from_params`
     method : {"auto", "sqp", "auglag"}
     chunk_size : int, optional
-        Samples per chunk of gradients and Hessian-vector products (``"auglag"``).
+        Samples per chunk of gradients and Hessian-vector products (the augmented Lagrangian); a
+        positive integer, as in ``DIF(chunk_size=...)``.
     **settings : QP solver settings
 
     Returns
@@ -419,30 +546,79 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
 
     Raises
     ------
+    ProblemError
+        An invalid argument, or a start where the gradients are not finite.
     SolverError
-        The QP subproblem is infeasible or the iteration does not reach ``tol``.
+        The QP subproblem is infeasible, the SQP stalled or diverged (after the fallback, with
+        ``method="auto"``), or the iteration does not reach ``tol``.
     """
     t0 = time.perf_counter()
     _check_tolerances(tol=tol, active_tol=active_tol, mult_tol=mult_tol)
+    max_iter = _check_max_iter(max_iter)
     th = _flat_theta(problem, problem.theta0 if theta0 is None else theta0)
     lam = np.zeros(problem.m) if lambdas0 is None else _flat_lambdas(problem, lambdas0, "lambdas0")
     if method not in ("auto", "sqp", "auglag"):
         raise ProblemError(f"method must be 'auto', 'sqp' or 'auglag', got {method!r}")
+    chunk = _chunk_size(chunk_size)
+    _check_backend(backend, settings)
+    opts = {"tol": tol, "max_iter": max_iter, "active_tol": active_tol}
     if method == "auglag" or (method == "auto" and problem.dim > SQP_MAX_DIM):
-        return _solve_auglag(problem, th, lam, tol=tol, max_iter=max_iter, active_tol=active_tol,
-                             mult_tol=mult_tol, warn=warn, chunk_size=chunk_size, t0=t0)
+        return _solve_auglag(problem, th, lam, mult_tol=mult_tol, warn=warn, chunk_size=chunk, t0=t0, **opts)
+    try:
+        th_k, lam_k, it, res = _sqp(problem, th, lam, backend=backend, settings=settings, users_start=True, **opts)
+    except _SQPStalled as failure:
+        if method == "sqp":  # the user's error is a SolverError (the subclass only marks what auto falls back on)
+            raise SolverError(str(failure)) from None
+        return _auglag_fallback(problem, th, lam, failure, backend=backend, settings=settings, mult_tol=mult_tol,
+                                warn=warn, chunk_size=chunk, t0=t0, **opts)
+    kkt = KKTPoint.from_params(problem, th_k, lam_k, tol=max(tol, 10 * res), active_tol=active_tol,
+                               mult_tol=mult_tol, polish=False, warn=warn)
+    kkt.info.update(iterations=it, time=time.perf_counter() - t0, method="sqp")
+    return kkt
+
+
+def _sqp(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray, *, tol: float, max_iter: int, backend: Any,
+         active_tol: float, settings: dict[str, Any],
+         users_start: bool) -> tuple[torch.Tensor, np.ndarray, int, float]:
+    """The SQP of :func:`solve` from (θ, λ): (θ, λ, iterations, KKT residual) of a point that meets ``tol``.
+
+    Raises :class:`_SQPStalled` (no descent, divergence, non-finite values), a ``SolverError`` (a QP subproblem
+    without a solution, ``max_iter`` spent) or, at a start of the user's (``users_start``) where the gradients
+    are not finite, a ``ProblemError``.
+    """
     eq = problem.eq_mask
-    res, shift = np.inf, 1e-4
+    names = tuple(c.name for c in problem.constraints)
+    res, shift, best, g_best, moved = np.inf, 1e-4, np.inf, None, True
     for it in range(1, max_iter + 1):
-        _, grad = objective_grad(problem, th)
-        gval, G = constraint_jacobian(problem, th)
-        res = max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0)
-        if res <= tol:
-            break
-        H = lagrangian_hessian(problem, th, lam)
+        if moved:  # a rejected step leaves θ, λ and their derivatives as they were
+            _, grad = objective_grad(problem, th)
+            gval, G = constraint_jacobian(problem, th)
+            if not (np.all(np.isfinite(grad)) and np.all(np.isfinite(gval)) and np.all(np.isfinite(G))):
+                if it == 1 and users_start:
+                    _check_finite_derivatives(grad, gval, G, names)
+                raise _SQPStalled(f"the SQP reached a point where the gradients are not finite (iteration {it})",
+                                  _stall_hint(problem, g_best, tol))
+            res = max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0)
+            if res <= tol:
+                return th, lam, it, res
+            if not res < SQP_DIVERGED * best:  # NaN too
+                raise _SQPStalled(f"the SQP diverged: its KKT residual grew from {best:.3e} to {res:.3e} by iteration "
+                                  f"{it}, the multipliers to {float(np.max(np.abs(lam), initial=0.0)):.3e}",
+                                  _stall_hint(problem, gval, tol))
+            if res < best:
+                best, g_best = res, gval
+            H = lagrangian_hessian(problem, th, lam)
+            if not np.all(np.isfinite(H)):
+                raise _SQPStalled(f"the SQP diverged: the Hessian of the Lagrangian is not finite at iteration {it}",
+                                  _stall_hint(problem, gval, tol))
         sol = None
         for _ in range(6):  # convexify the QP; a subproblem still reported unbounded gets a larger shift
-            Hq, q = _convexified(H, grad, G, gval, eq | (lam > 0) | (gval >= -active_tol), shift)
+            try:
+                Hq, q = _convexified(H, grad, G, gval, eq | (lam > 0) | (gval >= -active_tol), shift)
+            except np.linalg.LinAlgError as exc:  # an eigensolver that fails on a finite but huge H
+                raise _SQPStalled(f"the SQP diverged: the eigenvalues of the Hessian of the Lagrangian (largest entry "
+                                  f"{float(np.max(np.abs(H))):.3e}) could not be computed at iteration {it} ({exc})",
+                                  _stall_hint(problem, gval, tol)) from None
             sol = solve_qp_exact(Hq, q, G, -gval, eq, backend=backend, **settings)
             if sol.status is not Status.DUAL_INFEASIBLE:
                 break
@@ -452,6 +628,9 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
                               f"({sol.status.message}); the linearised constraints admit no step: check that the "
                               "constraints are feasible, or start from a feasible point")
         d, lam_new = sol.x, np.where(eq, sol.z, np.maximum(sol.z, 0.0))
+        if not (np.all(np.isfinite(d)) and np.all(np.isfinite(lam_new))):
+            raise _SQPStalled(f"the SQP diverged: the QP subproblem's step or multipliers are not finite at "
+                              f"iteration {it}", _stall_hint(problem, gval, tol))
         nu = 2.0 * float(np.max(np.abs(lam_new), initial=0.0)) + 1e-8
         phi0 = _merit(problem, th, nu, eq)
         slope = float(grad @ d) - nu * float(np.sum(np.where(eq, np.abs(gval), np.maximum(gval, 0.0))))
@@ -460,47 +639,80 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
             if _merit(problem, th + alpha * dt, nu, eq) <= phi0 + 1e-4 * alpha * min(slope, 0.0) + 1e-14 * abs(phi0):
                 break
             alpha *= 0.5
+        else:
+            # no decrease of the merit (beyond rounding) even at α = 2⁻⁴⁰: the step is not taken. A larger shift
+            # gives a shorter step nearer steepest descent of the Lagrangian, which is tried next; at the cap no
+            # descent is left to find from here
+            if shift >= _MAX_SHIFT:
+                raise _SQPStalled(f"the SQP stalled at iteration {it}: no step along its direction lowers the ℓ₁ "
+                                  f"merit, even at the largest convexification shift (KKT residual {res:.3e})",
+                                  _stall_hint(problem, gval, tol))
+            shift, moved = min(shift * 10.0, _MAX_SHIFT), False
+            continue
         th = th + alpha * dt
         lam = lam + alpha * (lam_new - lam)
-        shift = max(shift * 0.3, 1e-10) if alpha == 1.0 else min(shift * 10.0, 1e4) if alpha < 0.1 else shift
-    else:
+        shift = max(shift * 0.3, 1e-10) if alpha == 1.0 else min(shift * 10.0, _MAX_SHIFT) if alpha < 0.1 else shift
+        moved = True
+    if moved:
         _, grad = objective_grad(problem, th)
         gval, G = constraint_jacobian(problem, th)
         res = max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0)
-        if res > tol:
-            raise SolverError(f"SQP did not reach the KKT residual {tol:g} in {max_iter} iterations "
-                              f"(residual {res:.3e}); raise max_iter or loosen tol")
-    kkt = KKTPoint.from_params(problem, th, lam, tol=max(tol, 10 * res), active_tol=active_tol,
-                               mult_tol=mult_tol, polish=False, warn=warn)
-    kkt.info.update(iterations=it, time=time.perf_counter() - t0, method="sqp")
+        if res <= tol:
+            return th, lam, max_iter, res
+    hint = _violation_hint(problem, gval, tol)
+    raise SolverError(f"SQP did not reach the KKT residual {tol:g} in {max_iter} iterations (residual {res:.3e}); "
+                      + (hint + ", or " if hint else "") + "raise max_iter or loosen tol")
+
+
+def _auglag_fallback(problem: ConstrainedProblem, th0: torch.Tensor, lam0: np.ndarray, failure: _SQPStalled, *,
+                     tol: float, max_iter: int, backend: Any, active_tol: float, mult_tol: float, warn: bool,
+                     chunk_size: int, settings: dict[str, Any], t0: float) -> KKTPoint:
+    """``method="auto"`` after the SQP stalled or diverged: the augmented Lagrangian, then the SQP from its point.
+
+    The augmented Lagrangian starts where the SQP did (its diverged iterates are dropped) and updates λ by its
+    first-order rule λ ← [λ + ρg]₊ between inner minimisations, so it does not take the QP multipliers whose
+    runaway made the SQP diverge; near a KKT point the SQP converges quadratically, and at d <= SQP_MAX_DIM it is
+    the better local method (on a small tanh net with a binding group risk, Newton-MINRES from the same point
+    stalled at 3.6e-9, the SQP reached 3e-12).
+    """
+    from .newton import augmented_lagrangian
+
+    th, lam, info = augmented_lagrangian(problem, th0, lam0, tol=max(tol, 1e-7), chunk_size=chunk_size)
+    try:
+        th, lam, it, res = _sqp(problem, th, lam, tol=tol, max_iter=max_iter, backend=backend, active_tol=active_tol,
+                                settings=settings, users_start=False)
+    except SolverError as exc:
+        again = exc.what if isinstance(exc, _SQPStalled) else str(exc)
+        g = problem.constraint_values(th).detach().numpy() if problem.m else np.zeros(0)
+        hint = _violation_hint(problem, g, tol) or failure.hint
+        raise SolverError(f"{failure.what}; the fallback on the augmented Lagrangian from the same start, then the "
+                          f"SQP from its point, did not converge either ({again}); {hint}") from None
+    if warn:
+        warnings.warn(f"solve: {failure.what}; fell back on the augmented Lagrangian from the same start, then the "
+                      f"SQP from its point, which reached the KKT residual {res:.2e}", PolyprojWarning, stacklevel=3)
+    kkt = KKTPoint.from_params(problem, th, lam, tol=max(tol, 10 * res), active_tol=active_tol, mult_tol=mult_tol,
+                               polish=False, warn=warn)
+    kkt.info.update(iterations=it, time=time.perf_counter() - t0, method="auglag+sqp", sqp_failure=str(failure),
+                    auglag=info)
     return kkt
 
 
 def _solve_auglag(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray, *, tol: float, max_iter: int,
-                  active_tol: float, mult_tol: float, warn: bool, chunk_size: int | None, t0: float) -> KKTPoint:
-    from .hvp import DEFAULT_CHUNK
+                  active_tol: float, mult_tol: float, warn: bool, chunk_size: int, t0: float) -> KKTPoint:
     from .newton import augmented_lagrangian, newton_kkt
 
-    chunk = chunk_size or DEFAULT_CHUNK
-    th, lam, info = augmented_lagrangian(problem, th, lam, tol=max(tol, 1e-7), chunk_size=chunk)
+    th, lam, info = augmented_lagrangian(problem, th, lam, tol=max(tol, 1e-7), chunk_size=chunk_size)
     res = info.residuals[-1] if info.residuals else np.inf
     newton = None
     if res > tol:
         th, lam, newton = newton_kkt(problem, th, lam, tol=tol, max_iter=max_iter, active_tol=active_tol,
-                                     chunk_size=chunk)
+                                     chunk_size=chunk_size)
         res = newton.residuals[-1]
     if res > tol:
         g = problem.constraint_values(th).numpy() if problem.m else np.zeros(0)
-        eq = problem.eq_mask
-        viol = np.where(eq, np.abs(g), np.maximum(g, 0.0))
-        hint = "raise max_iter or loosen tol"
-        if viol.size and float(viol.max()) > max(1e3 * tol, 1e-6):  # far from feasible: likely no feasible θ
-            j = int(np.argmax(viol))
-            hint = (f"the constraints are still violated by {float(viol.max()):.3e} (constraint "
-                    f"{problem.constraints[j].name!r}): they may have no common feasible point; check the τ's "
-                    "(and the starting point), or " + hint)
+        hint = _violation_hint(problem, g, tol)
         raise SolverError(f"the augmented Lagrangian + Newton-MINRES did not reach the KKT residual {tol:g} "
-                          f"(residual {res:.3e}); {hint}")
+                          f"(residual {res:.3e}); " + (hint + ", or " if hint else "") + "raise max_iter or loosen tol")
     kkt = KKTPoint.from_params(problem, th, lam, tol=max(tol, 10 * res), active_tol=active_tol,
                                mult_tol=mult_tol, polish=False, warn=warn)
     kkt.info.update(time=time.perf_counter() - t0, method="auglag", auglag=info, newton=newton)
