@@ -590,3 +590,29 @@ def test_rows_of_mixed_scale_take_the_direct_path(monkeypatch):
     C = np.vstack([d["A"], d["B"]])
     res = sol.x - X + sol.z @ C + sol.z_box
     assert np.abs(res).max() <= 1e-9 * (1 + np.abs(X).max())
+
+
+def test_daqp_parts_on_threads_give_the_serial_answers(monkeypatch):
+    """DAQP's per-point loop shared by threads (one workspace per part) returns what one loop returns, bitwise:
+    every point is solved from the cold working set either way. A time limit still leaves points unsolved."""
+    import polyproj.backends.daqp as dq
+
+    d, X, _ = problem(12, 20, 37, 3)
+    solver = pp.get_backend("daqp")
+    arrays, norms = dq.DAQPSolver.projection_arrays(*(np.asarray(d[k], dtype=np.float64) for k in PARTS))
+    monkeypatch.setattr(dq, "POINT_WORK", 10**15)
+    serial, flags = solver.solve_points(X, arrays, norms)
+    parts = []
+    real = dq.parallel_map
+    monkeypatch.setattr(dq, "parallel_map", lambda fn, items: parts.append(len(items)) or real(fn, items))
+    monkeypatch.setattr(dq, "cpu_count", lambda: 3)
+    monkeypatch.setattr(dq, "POINT_WORK", 0)
+    threaded, flags_t = solver.solve_points(X, arrays, norms)
+    assert parts == [3]
+    np.testing.assert_array_equal(flags_t, flags)
+    for k in ("x", "z", "z_box", "iterations"):
+        np.testing.assert_array_equal(getattr(threaded, k), getattr(serial, k))
+    assert threaded.status == serial.status
+    limited = pp.get_backend("daqp", time_limit=1e-9)
+    sol, fl = limited.solve_points(X, arrays, norms)
+    assert (fl == 0).all() and all(s is pp.Status.TIME_LIMIT for s in sol.status)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..problem import QP
+from ..runtime import batch_parts, cpu_count, parallel_map
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .options import nonnegative, positive, positive_int
@@ -29,6 +30,8 @@ from .presolve import solve_without_fixed
 __all__ = ["DAQPSolver"]
 
 _INF = 1e30
+#: n² (m + n) (n variables, m + p general rows) from which the points of a batch are solved on threads
+POINT_WORK = 100_000
 #: DAQP's exit flags (daqp/include/constants.h)
 _STATUS = {1: Status.SOLVED, 2: Status.SOLVED, -1: Status.PRIMAL_INFEASIBLE, -3: Status.DUAL_INFEASIBLE,
            -4: Status.MAX_ITER, -5: Status.NON_CONVEX, -7: Status.TIME_LIMIT}
@@ -158,26 +161,34 @@ class DAQPSolver(QPSolver):
         # the finiteness rule are applied to the whole batch after it (per point they cost as much as DAQP)
         x, lam = np.full((N, n), np.nan), np.full((N, A.shape[0] + n), np.nan)
         its, flags = np.zeros(N, dtype=np.int64), np.zeros(N, dtype=np.int64)
-        model = None  # one DAQP workspace for the batch: H and A are set up once, only f changes per point
-        for i in range(N):
-            if limit is not None and time.perf_counter() - t0 > limit:
-                break  # this point and the rest: flag 0, TIME_LIMIT
-            try:
-                if model is None and N > 1 and _has_workspace():
-                    model = daqp.Model()
-                    setup = model.setup(H, F[i], A, upper, lower, sense.copy())
-                    model.settings = kw
-                    if not (isinstance(setup, tuple) and setup and setup[0] >= 0):
-                        model = False  # refused at setup (e.g. crossing bounds): daqp.solve says why, per point
-                elif model:  # the cold working set again: each point's answer is that of daqp.solve
-                    model.update(f=F[i], sense=sense.copy())
-                if model:
-                    xi, _, flag, info = model.solve()
-                else:
-                    xi, _, flag, info = daqp.solve(H, F[i], A, upper, lower, sense.copy(), **kw)
-            except Exception as exc:  # the guard's rule: a backend's exception is a SolverError
-                raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
-            x[i], lam[i], flags[i], its[i] = xi, info["lam"], flag, info["iterations"]
+
+        def solve_rows(rows: slice) -> None:
+            model = None  # one DAQP workspace per part: H and A set up once, only f changes per point
+            for i in range(rows.start, rows.stop):
+                if limit is not None and time.perf_counter() - t0 > limit:
+                    break  # this point and the rest of the part: flag 0, TIME_LIMIT
+                try:
+                    if model is None and rows.stop - rows.start > 1 and _has_workspace():
+                        model = daqp.Model()
+                        setup = model.setup(H, F[i], A, upper, lower, sense.copy())
+                        model.settings = kw
+                        if not (isinstance(setup, tuple) and setup and setup[0] >= 0):
+                            model = False  # refused at setup (e.g. crossing bounds): daqp.solve says why, per point
+                    elif model:  # the cold working set again: each point's answer is that of daqp.solve
+                        model.update(f=F[i], sense=sense.copy())
+                    if model:
+                        xi, _, flag, info = model.solve()
+                    else:
+                        xi, _, flag, info = daqp.solve(H, F[i], A, upper, lower, sense.copy(), **kw)
+                except Exception as exc:  # the guard's rule: a backend's exception is a SolverError
+                    raise SolverError(f"backend {self.name!r} raised {type(exc).__name__}: {exc}") from exc
+                x[i], lam[i], flags[i], its[i] = xi, info["lam"], flag, info["iterations"]
+
+        # DAQP's solve releases the GIL: the points are shared by one thread per core where a point's solve
+        # (~ n² (m + n) flops: about n active-set steps of O(n (m + n))) outweighs the Python around it,
+        # which holds the GIL (docs/performance.md)
+        parts = batch_parts(N, max(1, N // cpu_count())) if n * n * (A.shape[0] + n) >= POINT_WORK else [slice(0, N)]
+        parallel_map(solve_rows, parts)
         status, x, lam = _answers(flags, x, lam)
         if row_norms is not None:
             lam[:, n:] /= row_norms
