@@ -106,10 +106,12 @@ def correction(dif, removed: ConstrainedProblem, omega1: np.ndarray, dlam1: np.n
     return SecondOrderStep(delta=delta, lambdas=nu, rows=rows, start=lam1, residual=residual)
 
 
-def step_length(dif, removed: ConstrainedProblem, omega1: np.ndarray, step: SecondOrderStep) -> float:
+def step_length(dif, removed: ConstrainedProblem, omega1: np.ndarray,
+                step: SecondOrderStep) -> tuple[float, np.ndarray | None]:
     """The largest t in 1, ½, …, :data:`MIN_STEP` that lowers ``removed``'s KKT residual below ``step.residual``.
 
-    The residual at (θ̄ + ω₁ + tδ, λ₁ + t(ν − λ₁)); 0.0 where no t lowers it (module docstring).
+    The residual at (θ̄ + ω₁ + tδ, λ₁ + t(ν − λ₁)). Returns t and the removed problem's constraint values
+    g(θ̄ + ω₁ + tδ) there, or (0.0, None) where no t lowers it (module docstring).
     """
     from .newton import first_order, kkt_residuals
 
@@ -120,7 +122,7 @@ def step_length(dif, removed: ConstrainedProblem, omega1: np.ndarray, step: Seco
         lam = step.start + t * (step.lambdas - step.start)
         res = max(kkt_residuals(gf, G, g, lam, eq).values(), default=0.0)
         if np.isfinite(res) and res < step.residual:
-            return t
+            return t, g
         t *= 0.5
-    return 0.0
+    return 0.0, None
 
