@@ -279,9 +279,10 @@ def batch_parts(batch: int, part: int) -> list[slice]:
     return [slice(i, j) for i, j in itertools.pairwise(bounds)]
 
 
-#: the threads parallel_map shares its items with (created at first use, one fewer than the cores: the caller
-#: works too); a pool thread runs its own nested parallel_map serially, so no pool thread ever waits on the pool
+#: the threads parallel_map shares its items with: one fewer than the cores (the caller works too), made at first
+#: use and again when the cores change (affinity); a pool thread runs its own nested parallel_map serially
 _POOL: ThreadPoolExecutor | None = None
+_POOL_SIZE = 0
 _POOL_LOCK = threading.Lock()
 _POOL_THREAD = threading.local()
 
@@ -290,19 +291,21 @@ def _pool_thread() -> None:
     _POOL_THREAD.active = True
 
 
-def _shared_pool() -> ThreadPoolExecutor:
-    global _POOL
+def _shared_pool(workers: int) -> ThreadPoolExecutor:
+    global _POOL, _POOL_SIZE
     with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max(1, cpu_count() - 1), thread_name_prefix="polyproj",
-                                       initializer=_pool_thread)
+        if _POOL is None or _POOL_SIZE != workers:
+            if _POOL is not None:
+                _POOL.shutdown(wait=False)  # its threads end once their current work is done
+            _POOL, _POOL_SIZE = ThreadPoolExecutor(workers, thread_name_prefix="polyproj",
+                                                   initializer=_pool_thread), workers
         return _POOL
 
 
 def _forget_pool() -> None:
     """In a forked child: the parent's pool threads do not exist there (a submit would wait forever)."""
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
+    global _POOL, _POOL_SIZE, _POOL_LOCK
+    _POOL, _POOL_SIZE, _POOL_LOCK = None, 0, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -312,26 +315,43 @@ if hasattr(os, "register_at_fork"):
 def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     """``[fn(i) for i in items]`` shared by the caller and a persistent pool of threads (in order).
 
-    One item, one core, or a call from a pool thread: in the caller, no thread. Otherwise the caller computes
-    the first item while the pool's threads take the others (a pool made per call cost ~0.15 ms, more than a
-    small batch's work). Every item is waited for before an exception (the first raised) propagates, so no
-    thread is left writing into the caller's arrays.
+    One item, one core, or a call from a pool thread: in the caller, no thread. Otherwise the caller and up
+    to ``cpu_count() - 1`` pool threads take the items one at a time from a counter of this call (a pool made
+    per call cost ~0.15 ms, more than a small batch's work). The caller keeps taking items until none is left,
+    so it never waits behind another caller's items in the pool's queue; a pool thread that has not started
+    by then is cancelled, and the running ones are waited for (none is left writing into the caller's arrays).
+    The first error (an exception in an item, or ``KeyboardInterrupt`` in the caller) stops every thread from
+    taking another item and is raised once the items running are done.
     """
-    if len(items) <= 1 or getattr(_POOL_THREAD, "active", False) or cpu_count() == 1:
+    n, workers = len(items), min(len(items), cpu_count()) - 1
+    if workers < 1 or getattr(_POOL_THREAD, "active", False):
         return [fn(i) for i in items]
-    futures = [_shared_pool().submit(fn, i) for i in items[1:]]
-    out, error = [], None
-    try:
-        out.append(fn(items[0]))
-    except BaseException as exc:  # re-raised below, once the pool's items are done
-        error = exc
-    for f in futures:
-        try:
-            out.append(f.result())
-        except BaseException as exc:
-            error = error or exc
-    if error is not None:
-        raise error
+    out: list[Any] = [None] * n
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    counter = itertools.count()  # next() on it is atomic: each item is taken once
+
+    def work() -> None:
+        while not stop.is_set():
+            i = next(counter)
+            if i >= n:
+                return
+            try:
+                out[i] = fn(items[i])
+            except BaseException as exc:  # the caller's KeyboardInterrupt too: recorded, then raised there
+                errors.append(exc)
+                stop.set()
+                return
+
+    helpers = [_shared_pool(cpu_count() - 1).submit(work) for _ in range(workers)]
+    work()
+    for f in helpers:
+        f.cancel()  # not started: queued behind another caller's work, and nothing is left for it
+    for f in helpers:
+        if not f.cancelled():
+            f.result()
+    if errors:
+        raise errors[0]
     return out
 
 

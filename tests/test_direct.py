@@ -605,10 +605,17 @@ def test_daqp_parts_on_threads_give_the_serial_answers(monkeypatch):
     parts = []
     real = dq.parallel_map
     monkeypatch.setattr(dq, "parallel_map", lambda fn, items: parts.append(len(items)) or real(fn, items))
-    monkeypatch.setattr(dq, "cpu_count", lambda: 3)
+    from polyproj import runtime
+
+    for mod in (dq, runtime):  # three cores: the parts run on the caller and two pool threads
+        monkeypatch.setattr(mod, "cpu_count", lambda: 3)
     monkeypatch.setattr(dq, "POINT_WORK", 0)
     threaded, flags_t = solver.solve_points(X, arrays, norms)
     assert parts == [3]
+    monkeypatch.setattr(dq, "PART_POINTS", 5)
+    small, _ = solver.solve_points(X, arrays, norms)  # 8 parts of 4-5 points
+    assert parts[-1] == 8
+    np.testing.assert_array_equal(small.x, serial.x)
     np.testing.assert_array_equal(flags_t, flags)
     for k in ("x", "z", "z_box", "iterations"):
         np.testing.assert_array_equal(getattr(threaded, k), getattr(serial, k))

@@ -30,19 +30,69 @@ def test_results_in_order_and_on_two_threads(two_cores):
     assert threading.get_ident() in seen and len(seen) == 2
 
 
-def test_an_error_waits_for_every_item(two_cores):
-    done = []
+def test_an_error_stops_the_items_not_started_and_waits_for_the_running_ones(two_cores):
+    running, done = [0], []
+    lock = threading.Lock()
 
     def f(i):
-        if i == 0:
-            raise ValueError("first")
-        time.sleep(0.05)
-        done.append(i)
+        with lock:
+            running[0] += 1
+        try:
+            if i == 0:
+                time.sleep(0.02)  # the pool thread has taken item 1 by then
+                raise ValueError("first")
+            time.sleep(0.05)
+            done.append(i)
+            return i
+        finally:
+            with lock:
+                running[0] -= 1
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="first"):
+        runtime.parallel_map(f, list(range(40)))
+    assert running[0] == 0  # nothing still running when the error reached the caller
+    assert len(done) <= 2 and time.perf_counter() - t0 < 0.5  # not the 40 x 0.05 s of every item
+
+
+def test_keyboard_interrupt_in_the_caller_is_raised_at_once(two_cores):
+    def f(i):
+        if threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt
+        time.sleep(0.01)
         return i
 
-    with pytest.raises(ValueError, match="first"):
-        runtime.parallel_map(f, [0, 1, 2])
-    assert sorted(done) == [1, 2]  # nothing still running when the error reached the caller
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        runtime.parallel_map(f, list(range(200)))
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_a_small_call_does_not_wait_behind_another_callers_batch(two_cores):
+    """Each call's items are taken from its own counter: the caller works through them itself even while
+    the pool's thread is busy with another thread's long batch."""
+    started = threading.Event()
+
+    def slow(i):
+        started.set()
+        time.sleep(0.01)
+        return i
+
+    other = threading.Thread(target=runtime.parallel_map, args=(slow, list(range(100))))
+    other.start()
+    started.wait(5)
+    t0 = time.perf_counter()
+    assert runtime.parallel_map(lambda i: i + 1, [1, 2, 3, 4]) == [2, 3, 4, 5]
+    took = time.perf_counter() - t0
+    other.join()
+    assert took < 0.2, took  # the other batch takes ~0.5 s or more
+
+
+def test_the_pool_follows_the_cores(monkeypatch):
+    for cores in (3, 2):
+        monkeypatch.setattr(runtime, "cpu_count", lambda c=cores: c)
+        assert runtime.parallel_map(abs, [-1, -2, -3]) == [1, 2, 3]
+        assert runtime._POOL_SIZE == cores - 1
 
 
 def test_nested_calls_in_pool_threads_run_serially(two_cores):

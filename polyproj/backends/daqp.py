@@ -14,6 +14,7 @@ given). ``eps_abs`` maps to ``primal_tol``, ``max_iter`` to ``iter_limit``,
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -21,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..problem import QP
-from ..runtime import batch_parts, cpu_count, parallel_map
+from ..runtime import cpu_count, parallel_map
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .options import nonnegative, positive, positive_int
@@ -32,6 +33,8 @@ __all__ = ["DAQPSolver"]
 _INF = 1e30
 #: n² (m + n) (n variables, m + p general rows) from which the points of a batch are solved on threads
 POINT_WORK = 100_000
+#: the most points of one part of a batch on threads
+PART_POINTS = 64
 #: DAQP's exit flags (daqp/include/constants.h)
 _STATUS = {1: Status.SOLVED, 2: Status.SOLVED, -1: Status.PRIMAL_INFEASIBLE, -3: Status.DUAL_INFEASIBLE,
            -4: Status.MAX_ITER, -5: Status.NON_CONVEX, -7: Status.TIME_LIMIT}
@@ -186,9 +189,11 @@ class DAQPSolver(QPSolver):
 
         # DAQP's solve releases the GIL: the points are shared by one thread per core where a point's solve
         # (~ n² (m + n) flops: about n active-set steps of O(n (m + n))) outweighs the Python around it,
-        # which holds the GIL (docs/performance.md)
-        parts = batch_parts(N, max(1, N // cpu_count())) if n * n * (A.shape[0] + n) >= POINT_WORK else [slice(0, N)]
-        parallel_map(solve_rows, parts)
+        # which holds the GIL (docs/performance.md); in parts of at most PART_POINTS (an error or an interrupt
+        # stops the threads at the end of their part), at least one a core
+        count = max(min(N, cpu_count()), -(-N // PART_POINTS)) if n * n * (A.shape[0] + n) >= POINT_WORK else 1
+        edges = np.linspace(0, N, count + 1).round().astype(int)
+        parallel_map(solve_rows, [slice(int(a), int(b)) for a, b in itertools.pairwise(edges)])
         status, x, lam = _answers(flags, x, lam)
         if row_norms is not None:
             lam[:, n:] /= row_norms

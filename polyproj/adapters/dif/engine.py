@@ -470,8 +470,10 @@ class DIF:
         """The full :class:`DIFResult` for one removal (subset of samples, possibly of several losses).
 
         ``order=2`` adds one chord-Newton correction on the removed problem's exact KKT residual at
-        θ̄ + ω (:mod:`~polyproj.adapters.dif.second_order`): ω is then exact to second order in the
-        removal's size, at the cost of one pass over the data and one more solve with H per removal.
+        θ̄ + ω, shortened where the full step does not lower that residual
+        (:mod:`~polyproj.adapters.dif.second_order`): ω is then exact to second order in the removal's
+        size, at the cost of one more solve with H and a pass over the data at θ̄ + ω and at each step
+        length tried (one when the full step is taken) per removal.
         """
         order = _check_order(order)
         c, r = self._terms(removal)
