@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 import polyproj as pp
 from polyproj.adapters.dif import ConstrainedProblem, Constraint, KKTPoint, Loss, retrain, solve
 from polyproj.adapters.dif import kkt as kkt_module
 from polyproj.adapters.dif.hvp import DEFAULT_CHUNK, HessianOperator, LossPieces
+
+# one torch thread by polyproj's own rule (runtime.set_torch_threads): torch.set_num_threads would set MKL's
+# count too, after which torch's batched LU returns wrong pivots in later tests of the process
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _lin_sq(th, b):
@@ -27,7 +34,6 @@ def _net_sq_wd(m, b):
 @pytest.fixture(scope="module")
 def linear():
     """Least squares (d = 4) with a binding cap θ₀ <= −0.1, and its KKT point."""
-    torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     X, y = torch.as_tensor(rng.normal(size=(50, 4))), torch.as_tensor(rng.normal(size=50))
     prob = ConstrainedProblem(torch.zeros(4), Loss(_lin_sq, (X, y)),
@@ -37,7 +43,6 @@ def linear():
 
 def _tanh_net(group_tau: float, *, frozen_first_layer: bool, bias_eq: bool):
     """A tanh net 3 → 6 → 1 on 60 samples with a group-risk constraint on the first 20 (the probes' problems)."""
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     X = torch.as_tensor(rng.normal(size=(60, 3)))
@@ -104,7 +109,6 @@ def test_sqp_non_finite_hessian_is_a_solver_error(linear, monkeypatch):
 # ----------------------------------------------------------------------------- defect 2: from_cooper(refine=True)
 def test_from_cooper_refine_honours_and_checks_the_from_params_options():
     cooper = pytest.importorskip("cooper")
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     rng = np.random.default_rng(4)
     X = torch.as_tensor(rng.normal(size=(80, 4)))
