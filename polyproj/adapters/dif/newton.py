@@ -37,7 +37,8 @@ import torch
 from .hvp import DEFAULT_CHUNK, HessianOperator, LossPieces
 from .problem import ConstrainedProblem
 
-__all__ = ["FrozenHessian", "NewtonInfo", "augmented_lagrangian", "first_order", "kkt_residuals", "newton_kkt"]
+__all__ = ["FrozenHessian", "NewtonInfo", "augmented_lagrangian", "first_order", "kkt_residuals", "newton_kkt",
+           "residual_backtracking"]
 
 
 def first_order(problem: ConstrainedProblem, theta: torch.Tensor,
@@ -63,6 +64,27 @@ def kkt_residuals(grad: np.ndarray, G: np.ndarray, g: np.ndarray, lam: np.ndarra
             "feasibility": float(np.max(feas, initial=0.0)),
             "complementarity": float(np.max(np.abs(np.where(eq, 0.0, lam * g)), initial=0.0)),
             "dual": float(np.max(np.where(eq, 0.0, np.maximum(-lam, 0.0)), initial=0.0))}
+
+
+def residual_backtracking(problem: ConstrainedProblem, theta: torch.Tensor, dtheta: np.ndarray, lam: np.ndarray,
+                          lam_new: np.ndarray, residual: float, *, min_step: float, chunk_size: int | None = None
+                          ) -> tuple[float, tuple | None]:
+    """The largest t in 1, ½, …, ``min_step`` that lowers the KKT residual below ``residual``.
+
+    The residual (:func:`kkt_residuals`) at (θ + t dθ, λ + t(λ_new − λ)). Returns t and
+    (θ_t, λ_t, ∇f₀, g, G, residual) there, or (0.0, None) where no t lowers it: the globalisation of a
+    chord or Newton step on the KKT system (:func:`newton_kkt`'s chord steps, the second-order DIF's
+    correction).
+    """
+    eq, t = problem.eq_mask, 1.0
+    while t >= min_step:
+        th_t, lam_t = theta + torch.from_numpy(t * np.asarray(dtheta, dtype=np.float64)), lam + t * (lam_new - lam)
+        _, gf, g, G = first_order(problem, th_t, DEFAULT_CHUNK if chunk_size is None else chunk_size)
+        res = max(kkt_residuals(gf, G, g, lam_t, eq).values(), default=0.0)
+        if np.isfinite(res) and res < residual:
+            return t, (th_t, lam_t, gf, g, G, res)
+        t *= 0.5
+    return 0.0, None
 
 
 @dataclass
@@ -283,15 +305,12 @@ def newton_kkt(problem: ConstrainedProblem, theta: torch.Tensor, lam: np.ndarray
         if hessian is not None:
             dth, lam_new = _sqp_step(hessian, gf, G, g, eq, backend)
             info.krylov_iterations.append(0)
-            for _ in range(12):  # accept the step when it lowers the KKT residual, else halve θ's and λ's steps
-                th_try, lam_try = th + torch.from_numpy(dth), lam_new
-                _, gf_t, g_t, G_t = first_order(problem, th_try, chunk_size)
-                res_t = max(kkt_residuals(gf_t, G_t, g_t, lam_try, eq).values(), default=0.0)
-                if np.isfinite(res_t) and res_t < res:
-                    break
-                dth, lam_new = 0.5 * dth, lam + 0.5 * (lam_new - lam)
-            else:
+            # accept the step when it lowers the KKT residual, else halve θ's and λ's steps (11 times at most)
+            _, found = residual_backtracking(problem, th, dth, lam, lam_new, res, min_step=2.0 ** -11,
+                                             chunk_size=chunk_size)
+            if found is None:
                 break
+            th_try, lam_try, gf_t, g_t, G_t, res_t = found
         else:
             its_total = 0
             while True:  # a working-set row whose λ⁺ is negative wants to leave: drop the most negative, re-solve

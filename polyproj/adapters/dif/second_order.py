@@ -113,16 +113,9 @@ def step_length(dif, removed: ConstrainedProblem, omega1: np.ndarray,
     The residual at (θ̄ + ω₁ + tδ, λ₁ + t(ν − λ₁)). Returns t and the removed problem's constraint values
     g(θ̄ + ω₁ + tδ) there, or (0.0, None) where no t lowers it (module docstring).
     """
-    from .newton import first_order, kkt_residuals
+    from .newton import residual_backtracking
 
-    eq, t = removed.eq_mask, 1.0
-    while t >= MIN_STEP:
-        theta = dif.kkt.theta + torch.as_tensor(omega1 + t * step.delta, dtype=torch.float64)
-        _, gf, g, G = first_order(removed, theta, dif.chunk_size)
-        lam = step.start + t * (step.lambdas - step.start)
-        res = max(kkt_residuals(gf, G, g, lam, eq).values(), default=0.0)
-        if np.isfinite(res) and res < step.residual:
-            return t, g
-        t *= 0.5
-    return 0.0, None
-
+    theta1 = dif.kkt.theta + torch.as_tensor(omega1, dtype=torch.float64)
+    t, found = residual_backtracking(removed, theta1, step.delta, step.start, step.lambdas, step.residual,
+                                     min_step=MIN_STEP, chunk_size=dif.chunk_size)
+    return t, (found[3] if found is not None else None)
