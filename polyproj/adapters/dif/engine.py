@@ -40,7 +40,7 @@ import torch
 from ...errors import ProblemError, SolverError
 from ...runtime import map_jobs
 from ...solution import Status
-from .hvp import DEFAULT_CHUNK, HessianOperator
+from .hvp import DEFAULT_CHUNK, HessianOperator, chunk_size_arg
 from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
 from .krylov import KRYLOV_METHODS, SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError
 from .linearisation import Linearisation, check_split
@@ -289,7 +289,7 @@ class DIF:
         self.backend, self.renormalize, self.settings = backend, bool(renormalize), settings
         self.method = ("dense" if problem.dim <= DENSE_MAX_DIM else "matrix-free") if method == "auto" else method
         self.V: np.ndarray | None = None  # H⁻¹C_Aᵀ: at once on the matrix-free path, on first use on the dense
-        self.chunk_size = _chunk(chunk_size, DEFAULT_CHUNK)
+        self.chunk_size = chunk_size_arg(chunk_size, DEFAULT_CHUNK)
         self.rule = rule
         st = kkt.status
         active = np.array([s in (BINDING, EQUALITY, WEAK) for s in st], dtype=bool)
@@ -317,10 +317,13 @@ class DIF:
                 # the curvature the DIF needs is H's on the binding rows' null space (second-order sufficiency),
                 # as MINRES checks it: negative curvature off it is the dense QP's own business (it adds
                 # ρ C_BᵀC_B), and damping past the full H's most negative eigenvalue biased a well-posed DIF
-                Z = null_basis(self.C[self.row_eq], problem.dim)
-                w = np.linalg.eigvalsh(Z.T @ self.lin.H @ Z) if Z.shape[1] else np.array([np.inf, 0.0])
-                self.damping = clear_of_singular(auto_damping_for(floor, float(w[0]), float(w[-1])),
-                                                 np.linalg.eigvalsh(self.lin.H))
+                w_full = np.linalg.eigvalsh(self.lin.H)
+                if self.row_eq.any():
+                    Z = null_basis(self.C[self.row_eq], problem.dim)
+                    w = np.linalg.eigvalsh(Z.T @ self.lin.H @ Z) if Z.shape[1] else np.array([np.inf, 0.0])
+                else:  # no binding row: the null space is everything, Zᵀ H Z = H
+                    w = w_full
+                self.damping = clear_of_singular(auto_damping_for(floor, float(w[0]), float(w[-1])), w_full)
             self.H = self.lin.H + self.damping * np.eye(problem.dim)
             self._inv = DenseInverse(self.H)
         else:
@@ -623,7 +626,7 @@ class DIF:
                                f"{type(executor).__name__}")
         if progress is not None and not isinstance(progress, bool):
             raise ProblemError(f"progress must be True, False or None, got {progress!r}")
-        _chunk(chunk_size, self.chunk_size)
+        chunk_size_arg(chunk_size, self.chunk_size)
         if isinstance(removals, Mapping):
             raise ProblemError("removals is a list of removals ({loss name: indices} each): for one removal pass "
                                "[removal]")
@@ -636,7 +639,7 @@ class DIF:
             if executor is not None:
                 raise ProblemError("influence(order=2) runs in process: pass executor=None")
             return self._second_order_scores(test_fn, rems, progress)
-        step = _chunk(chunk_size, self.chunk_size)
+        step = chunk_size_arg(chunk_size, self.chunk_size)
         if test_fn is not None and (self.method == "matrix-free" or executor is not None):
             # ∇Fᵀω = −(s_testᵀc + bᵀμ): s_test = H⁻¹∇F solved once here, per-sample gradients projected (scores.py)
             parts = map_jobs(self.score_job(test_fn, step), _chunks(rems, step), executor=executor,
@@ -733,7 +736,7 @@ class DIF:
         return ScoreJob(problem=self.problem, theta=self.kkt.theta, lam=self.lin.lam, g=self.lin.g, basis=M,
                         grad_f0=self.lin.grad_f0 @ M, G=self.lin.G @ M, rows=self.rows, u0=self.u0, b=b, dual=dual,
                         renormalize=self.renormalize, split=self._split,
-                        chunk_size=_chunk(chunk_size, self.chunk_size))
+                        chunk_size=chunk_size_arg(chunk_size, self.chunk_size))
 
     def top_k(self, test_fn: Callable[[Any], Any], k: int, *, largest: bool = False,
               candidates: Sequence[int] | np.ndarray | None = None) -> tuple[np.ndarray, float]:
@@ -834,15 +837,6 @@ def _multiplier_null_space(G: np.ndarray, active: np.ndarray) -> np.ndarray:
     out = np.zeros((G.shape[0], rows.size - rank))
     out[rows] = U[:, rank:]
     return out
-
-
-def _chunk(value: Any, default: int) -> int:
-    """A chunk size: a positive integer, or ``default`` for None."""
-    if value is None:
-        return int(default)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ProblemError(f"chunk_size must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _chunks(items: Sequence[Any], step: int) -> list[Any]:

@@ -25,13 +25,23 @@ import numpy as np
 import scipy.sparse.linalg as spla
 import torch
 
+from ...errors import ProblemError
 from .calculus import FORWARD_AD, second_derivative
 from .problem import ConstrainedProblem, Constraint, Loss
 
-__all__ = ["DEFAULT_CHUNK", "HessianOperator", "LossPieces"]
+__all__ = ["DEFAULT_CHUNK", "HessianOperator", "LossPieces", "chunk_size_arg"]
 
 #: samples per chunk when none is given
 DEFAULT_CHUNK = 2048
+
+
+def chunk_size_arg(value: Any, default: int) -> int:
+    """A chunk size argument (``DIF``, ``solve``, :class:`LossPieces`): a positive integer, ``default`` for None."""
+    if value is None:
+        return int(default)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ProblemError(f"chunk_size must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def _slice(data: Any, s: int, e: int) -> Any:
@@ -64,11 +74,9 @@ class LossPieces:
 
     def __init__(self, problem: ConstrainedProblem, coefs: Sequence[float], objective_coef: float = 1.0,
                  chunk_size: int | None = DEFAULT_CHUNK) -> None:
-        from .engine import _chunk  # DIF(chunk_size=...)'s rule; the engine imports this module, so read here
-
         self.problem = problem
         # a positive integer (None: the default): 0, a negative or a fractional size is refused, not clamped
-        self.chunk_size = _chunk(chunk_size, DEFAULT_CHUNK)
+        self.chunk_size = chunk_size_arg(chunk_size, DEFAULT_CHUNK)
         terms = [(problem.objective, float(objective_coef))]
         terms += [(c, float(a)) for c, a in zip(problem.constraints, coefs, strict=True)]
         self.pieces: list[_Piece] = []

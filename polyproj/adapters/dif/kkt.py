@@ -23,6 +23,7 @@ from torch import nn
 from ...errors import BackendUnavailable, PolyprojWarning, ProblemError, SolverError, close_matches
 from ...solution import Status
 from .calculus import constraint_jacobian, lagrangian_hessian, objective_grad
+from .hvp import DEFAULT_CHUNK, chunk_size_arg
 from .newton import kkt_residuals
 from .problem import ConstrainedProblem
 from .qp import solve_qp_exact
@@ -465,12 +466,6 @@ def _check_max_iter(max_iter: Any) -> int:
     return int(max_iter)
 
 
-def _chunk_size(chunk_size: Any) -> int:
-    """``chunk_size`` by the rule of ``DIF(chunk_size=...)``: a positive integer, None for the default."""
-    from .engine import _chunk  # the engine imports this module: its helper is read when solve runs
-    from .hvp import DEFAULT_CHUNK
-
-    return _chunk(chunk_size, DEFAULT_CHUNK)
 
 
 def _check_backend(backend: Any, settings: dict[str, Any]) -> None:
@@ -559,7 +554,7 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     lam = np.zeros(problem.m) if lambdas0 is None else _flat_lambdas(problem, lambdas0, "lambdas0")
     if method not in ("auto", "sqp", "auglag"):
         raise ProblemError(f"method must be 'auto', 'sqp' or 'auglag', got {method!r}")
-    chunk = _chunk_size(chunk_size)
+    chunk = chunk_size_arg(chunk_size, DEFAULT_CHUNK)
     _check_backend(backend, settings)
     opts = {"tol": tol, "max_iter": max_iter, "active_tol": active_tol}
     if method == "auglag" or (method == "auto" and problem.dim > SQP_MAX_DIM):
