@@ -64,7 +64,9 @@ def _reference(X, d: PolyData, S):
         Ys.append(z)
         mults.append(np.concatenate([lamA, -zb * at_lb, zb * at_ub]))
         mus.append(lam[rows.size:])
-        conss.append(np.max(np.abs(M @ z - np.concatenate([d.a[rows], d.b])), initial=0.0))
+        c = np.concatenate([d.a[rows], d.b])  # the consistency relative to each row's terms |M_i||z| + |c_i|
+        size = np.abs(M) @ np.abs(z) + np.abs(c)
+        conss.append(np.max(np.abs(M @ z - c) / np.where(size > 0, size, 1.0), initial=0.0))
     return np.array(Ys), np.array(mults), np.array(mus), np.array(conss)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import PolyprojError
 
 __all__ = ["PROJECTION_DEFAULT", "QP_DEFAULT", "auto_projection", "direct_points", "exact_points", "fallback_for",
-           "independent_of", "per_point_limit"]
+           "independent_of", "per_point_limit", "retries_of"]
 
 #: default backend of :func:`polyproj.solve_qp` (best at 1e-8 and 1e-9 on the Maros–Meszaros dense subset)
 QP_DEFAULT = "piqp"
@@ -54,6 +54,10 @@ def direct_points(n: int) -> int:
 
 #: order in which an independent second opinion is asked (a false infeasibility report)
 INDEPENDENT = ("ipm", "highs", "proxsuite", "osqp")
+#: order in which other backends solve the points whose polish a backend's answer left refused: interior-point
+#: methods first (on coordinates scaled 1e-3 to 1e3 the IPM, PIQP and Clarabel gave points the polish verified
+#: where DAQP, HiGHS, ProxSuite and OSQP did not)
+RETRY = ("ipm", "piqp", "clarabel", "proxsuite", "highs", "osqp", "daqp")
 
 
 def _available(name: str, **settings: Any) -> bool:
@@ -112,6 +116,11 @@ def independent_of(name: str) -> str | None:
     """A backend other than ``name`` to ask for a second opinion (None when none is installed)."""
     others = independents_of(name)
     return others[0] if others else None
+
+
+def retries_of(tried: tuple[str, ...]) -> list[str]:
+    """Every installed backend of :data:`RETRY` not in ``tried``, in order."""
+    return [other for other in RETRY if other not in tried and _available(other)]
 
 
 def independents_of(name: str) -> list[str]:

@@ -52,8 +52,9 @@ from scipy.linalg.lapack import dpotrs
 from .. import linalg
 from ..polydata import PolyData
 from ..solution import Status
+from .faces import REFINE_STEPS, off_rounding
 from .pipeline import PipelineOutput
-from .polish import CANCELLATION, FaceRecord, can_bind
+from .polish import FaceRecord, can_bind
 
 __all__ = ["DIRECT_BATCH", "PIVOT", "SEPARATION", "DirectData", "DirectFace", "project_direct"]
 
@@ -215,11 +216,25 @@ def _faces(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray) -> tuple[n
     lam_c = faces.solve(faces.dot(z) - c)
     Mt = faces.t_dot(lam_c)
     Y = z - Mt * free
-    # cancellation: one refinement step
-    ref = np.flatnonzero(np.abs(z).max(axis=1) > CANCELLATION * np.abs(Y).max(axis=1))
-    if ref.size:
-        part = faces.take(ref)
-        Y[ref] -= part.t_dot(part.solve(part.dot(Y[ref]) - c[ref])) * part.free
+    # up to REFINE_STEPS refinement steps where the face's equations miss rounding (faces.off_rounding, as in
+    # the polish)
+    idx, part = None, faces  # the points still refined (None: all)
+    for step in range(REFINE_STEPS + 1):
+        Yp, cp = (Y, c) if idx is None else (Y[idx], c[idx])
+        resid = part.dot(Yp) - cp
+        off = np.flatnonzero(off_rounding(np, resid, np.einsum("bkn,bn->bk", np.abs(part.M), np.abs(Yp)) + np.abs(cp)))
+        if not off.size:
+            break
+        idx = off if idx is None else idx[off]
+        if step == REFINE_STEPS:  # still off rounding (cond(G) eps near 1): the pipeline's SVD faces take them
+            ok[idx] = False
+            break
+        part = faces.take(idx)
+        dlam = part.solve(resid[off])
+        dMt = part.t_dot(dlam)
+        lam_c[idx] += dlam
+        Mt[idx] += dMt
+        Y[idx] -= dMt * part.free
     return Y, lam_c, Mt, ok, faces, order
 
 

@@ -59,7 +59,8 @@ class PolishOptions:
     after an accurate start, ``12 + n/20`` after the start of a start-only backend, whose refused points
     go to the fallback); ``block_rounds``: first corrections that change every wrong row at once;
     ``fallback``: ``"auto"`` or a backend name (start-only backends); ``record``: keep the factored
-    faces for a backward pass.
+    faces for a backward pass; ``tried``: the backends whose pipelines already left these samples
+    refused (:func:`_failed_retry` asks another).
     """
 
     polish: bool = True
@@ -68,6 +69,7 @@ class PolishOptions:
     block_rounds: int = 0
     fallback: str = "auto"
     record: bool = False
+    tried: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,11 +132,19 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
         out = _fall_back(X, data, solver, opts, start, out, flagged | late)
     if report is not None:
         xp = array_namespace(X)
+        # a verified point of the one polyhedron proves it is not empty: a sample still flagged is a failed solve,
+        # which the other backends may solve (_failed_retry), and is NUMERICAL_ERROR, not PRIMAL_INFEASIBLE
+        proven = opts.polish and not data.batched and bool(xp.any(out.polished))
+        if proven and bool(xp.any(flagged & ~out.polished)):
+            out = _failed_retry(X, data, solver, opts, out, flagged & ~out.polished)
         by_polish = int(xp.sum(xp.astype(flagged & out.polished, xp.int64)))
         lost = flagged & ~out.polished
         nan = int(xp.sum(xp.astype(lost, xp.int64)))
         if nan:  # the polish's unverified attempt from x is no answer: NaN, as reported
             out = replace(out, Y=xp.where(lost[:, None], xp.full_like(out.Y, float("nan")), out.Y))
+            if proven:
+                out = replace(out, status=tuple(Status.NUMERICAL_ERROR if s is Status.PRIMAL_INFEASIBLE and lo else s
+                                                for s, lo in zip(out.status, _host_bools(lost), strict=True)))
         warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
                       + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
     return out
@@ -364,6 +374,8 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
                                     if r and s is Status.SOLVED else s
                                     for s, w, r in zip(out.status, _host_bools(wrong), _host_bools(refused),
                                                        strict=True)))
+    if opts.tried:  # a retry of _failed_retry: the run that asked for it warns about what is left
+        return out
     cause = "; far points, |x| >> the polyhedron, or badly scaled data (rows or coordinates of very different sizes)"
     warnings.warn(f"polish refused for {bad} of {refused.shape[0]} points: the KKT conditions could not be "
                   "verified on the identified active set; those points keep the backend's accuracy "
@@ -395,6 +407,10 @@ def _backed_retry(X, data: PolyData, solver, opts: PolishOptions, start: Project
     return _merge(xp, out, idx, _output(ds, sub, pol, solver.name))
 
 
+#: the most backends whose pipelines a refused sample goes through (the first included)
+RETRY_BACKENDS = 4
+
+
 def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineOutput, refused) -> PipelineOutput:
     """The refused samples solved by the fallback backend.
 
@@ -402,17 +418,26 @@ def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineO
     backend whose tolerances are relative to a far point's ``|x|`` may call it solved), or a feasible point
     off the projection (PIQP and Clarabel left a point 2.5 from it, in a batch with a point 6e11 away). The
     fallback (``opts.fallback``, or :func:`~polyproj.backends.defaults.fallback_for`) is a backend other than
-    ``solver``; its own pipeline polishes the points it solves.
+    ``solver``; its own pipeline polishes the points it solves. Where the fallback is ``solver`` itself or
+    already left them refused (``opts.tried``), the first backend of
+    :data:`~polyproj.backends.defaults.RETRY` not yet tried (on coordinates scaled 1e-3 to 1e3, DAQP ends on a
+    working set that no polish round repairs on 1-3 points in 100, and the IPM's or PIQP's point is verified),
+    up to :data:`RETRY_BACKENDS` backends in all. Only the outermost run warns about the samples still refused.
     """
+    from ..backends.defaults import retries_of
+
     xp = array_namespace(X)
     count = int(xp.sum(xp.astype(refused, xp.int64)))
-    if not count:
+    tried = (*opts.tried, solver.name)
+    if not count or len(tried) >= RETRY_BACKENDS:
         return out
     name = _fallback_name(X, solver, opts.fallback, count)
-    if name == solver.name:
-        return out
+    if name in tried:
+        name = next(iter(retries_of(tried)), None)
+        if name is None:
+            return out
     idx = xp.nonzero(refused)[0]
-    return _merge(xp, out, idx, _run_by(name, X, data, solver, opts, idx))
+    return _merge(xp, out, idx, _run_by(name, X, data, solver, replace(opts, tried=tried), idx))
 
 
 def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:

@@ -30,7 +30,16 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..polydata import PolyData, ineq_slack, matvec
-from .faces import Face, expand_rows, face_rhs, gather_active_rows, machine_eps, scatter_rows
+from .faces import (
+    REFINE_STEPS,
+    Face,
+    expand_rows,
+    face_rhs,
+    gather_active_rows,
+    machine_eps,
+    off_rounding,
+    scatter_rows,
+)
 
 __all__ = ["FaceRecord", "PolishResult", "face_solve", "polish"]
 
@@ -42,12 +51,15 @@ def _rmax(xp, v):
     return xp.max(xp.abs(v), axis=1, keepdims=True)
 
 
-def face_solve(X, data: PolyData, S, *, method: str = "auto"):
+def face_solve(X, data: PolyData, S, *, method: str = "auto", floor=None):
     """Exact projection of ``X`` onto the face given by the candidate rows ``S`` (b, m + 2n).
 
     Returns ``(Y, mult, mu, cons, face)``: ``Y`` (b, n); inequality multipliers ``mult`` (b, m + 2n)
     and equality multipliers ``mu`` (b, p) with ``Y − X + Aᵀλ_A − λ_lb + λ_ub + Bᵀμ = 0``; the
-    consistency residual ``cons = max|M y − c|`` (b,); the :class:`~polyproj.projection.faces.Face`.
+    consistency ``cons`` (b,): the face's largest residual relative to its row's terms,
+    ``max_i |M_i y − c_i| / (|c_i| + Σ_j |M_ij| max(|y_j|, floor))`` (``floor`` (b, 1): the scale below which
+    a coordinate is rounding, 0 by default), so that a row holds at its own scale whatever the sizes of the
+    other coordinates; the :class:`~polyproj.projection.faces.Face`.
     A coordinate listed at both bounds (``lb == ub``) is fixed once, at the upper bound value.
     """
     xp = array_namespace(X, data.A)
@@ -65,29 +77,35 @@ def face_solve(X, data: PolyData, S, *, method: str = "auto"):
     c = face_rhs(xp, A, a, b, sA, R)
     face = Face.of_rows(R, method=method)
     lam_c, step, Mt_lam = face.project_residual(R.dot(Z) - c)
-    Y = _refined(xp, face, Z - step, Z, c)
+    Y = Z - step
+    resid = R.dot(Y) - c
+    # the size of each row's terms, the scale of its rounding (once: refinement moves y by its small error)
+    size = R.abs_dot(xp.abs(Y) if floor is None else xp.maximum(xp.abs(Y), floor)) + xp.abs(c)
+    # up to REFINE_STEPS steps of iterative refinement where the face's equations miss rounding (faces.off_rounding:
+    # an ill-conditioned face, or cancellation at a far point), their multipliers added to λ (stationarity holds)
+    for _ in range(REFINE_STEPS):
+        ref = off_rounding(xp, resid, size)
+        if not bool(xp.any(ref)):
+            break
+        dlam, corr, dMt = face.project_residual(resid)
+        Y = xp.where(ref[:, None], Y - corr, Y)
+        lam_c = xp.where(ref[:, None], lam_c + dlam, lam_c)
+        Mt_lam = xp.where(ref[:, None], Mt_lam + dMt, Mt_lam)
+        resid = R.dot(Y) - c
+    else:  # Cholesky faces still off rounding after the refinement (cond(G) eps near 1): their SVD instead
+        ref = off_rounding(xp, resid, size) & face.ok
+        if bool(xp.any(ref)) and face.L is not None:
+            face = face.svd_where(ref)
+            lam2, step2, Mt2 = face.project_residual(R.dot(Z) - c)
+            Y = xp.where(ref[:, None], Z - step2, Y)
+            lam_c = xp.where(ref[:, None], lam2, lam_c)
+            Mt_lam = xp.where(ref[:, None], Mt2, Mt_lam)
+            resid = R.dot(Y) - c
     lamA, mu = expand_rows(R, lam_c)
     z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
     mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
-    return Y, mult, mu, _rmax(xp, R.dot(Y) - c)[:, 0], face
-
-
-#: ``|z| / |y|`` beyond which the face point gets one step of iterative refinement
-CANCELLATION = 64.0
-
-
-def _refined(xp, face: Face, Y, Z, c):
-    """``y`` refined by ``y ← y − M_F⁺(M y − c)`` where ``|z| ≫ |y|`` (a far point).
-
-    ``y = z − M_F⁺(M z − c)`` loses ``eps |z|`` to cancellation when ``|z| ≫ |y|``; the refinement removes
-    the error's component in the rows' span, so that the face's equations hold to rounding at the scale
-    of ``y`` (on a vertex that is the whole error).
-    """
-    big = _rmax(xp, Z)[:, 0] > CANCELLATION * _rmax(xp, Y)[:, 0]
-    if not bool(xp.any(big)):
-        return Y
-    _, corr, _ = face.project_residual(face.rows.dot(Y) - c)
-    return xp.where(big[:, None], Y - corr, Y)
+    rel = xp.abs(resid) / xp.where(size > 0, size, xp.ones_like(size))  # padding rows: 0 / 1
+    return Y, mult, mu, _rmax(xp, rel)[:, 0], face
 
 
 @dataclass
@@ -176,10 +194,10 @@ def _point_scale(xp, Y, X, sc: _Scales):
     """Scale of the face point's row values: ``max(max|y|, min(eps max|x|, S))`` (b, 1).
 
     The face point is exact to rounding at the scale of ``y`` once refined where ``|x| ≫ |y|`` (see
-    :func:`_refined`), up to the refinement's own rounding. Where ``y`` itself vanishes (a vertex through
-    the origin: a cone's apex, rows with zero right-hand sides, coordinates fixed at 0) the exact ``y``
-    is 0 and the computed one is that rounding (~1e-31 |x| to ~1e-29 |x| by the face's conditioning),
-    which no tolerance relative to ``|y|`` and ``|rhs|`` (both 0) admits. ``eps |x|`` is the finest scale
+    :func:`~polyproj.projection.faces.off_rounding`), up to the refinement's own rounding. Where ``y`` itself
+    vanishes (a vertex through the origin: a cone's apex, rows with zero right-hand sides, coordinates fixed
+    at 0) the exact ``y`` is 0 and the computed one is that rounding (~1e-31 |x| to ~1e-29 |x| by the face's
+    conditioning), which no tolerance relative to ``|y|`` and ``|rhs|`` (both 0) admits. ``eps |x|`` is the finest scale
     at which ``y = x − Mᵀλ`` is resolved at all: rows held to ``tol`` of it are exact at the input's own
     precision. The floor never exceeds the polyhedron's own size ``S`` (largest finite ``|rhs|``;
     ``max|x|`` for a cone, which has none): a point so far out that ``eps |x| > S`` would otherwise have
@@ -194,11 +212,6 @@ def _row_tol(xp, sc: _Scales, sig, tol: float):
     """Feasibility tolerance of every inequality row: ``tol (|rhs| + ||row||_1 σ)``, σ the sample's scale."""
     rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
     return tol * (xp.abs(rhs0) + sc.rn1 * sig)
-
-
-def _sample_scale(xp, sc: _Scales, sig):
-    """Scale of a sample's row values: ``σ max ||row||_1 + max |rhs|`` over all its rows (b,)."""
-    return (sig * _rmax(xp, xp.concat([sc.rn1, sc.bn1], axis=1)) + sc.size)[:, 0]
 
 
 #: rounds before the polish may hand the samples left to the caller's fallback (``handoff``)
@@ -308,7 +321,9 @@ def _select(xp, state: _State, X, data: PolyData, sc: _Scales, weak):
 def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, *, block: bool, faces) -> None:
     """One polish round on the samples still to do: face solve, KKT tests, next candidate sets."""
     mask, Xt, dt, st, St, ft, wt = _select(xp, state, X, data, sc, weak)
-    Yt, mt, mut, cons, face = face_solve(Xt, dt, St)
+    eps = machine_eps(xp, Xt.dtype)
+    far = _rmax(xp, Xt)
+    Yt, mt, mut, cons, face = face_solve(Xt, dt, St, floor=xp.minimum(eps * far, xp.where(st.size > 0, st.size, far)))
     slack = ineq_slack(Yt, *_ineq_parts(dt))
     # feasibility and the face's equations at the scale of y and of the rows (not of x: a far point's
     # y must hold its constraints to rounding at its own scale; the rounding floor only where y vanishes,
@@ -319,7 +334,7 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     mtol = tol * (xp.maximum(sig_y, _rmax(xp, Xt)) + _rmax(xp, mt_n))
     neg = St & ((mt_n < -mtol) | (slack > feas_tol))  # drop: negative multiplier, or left slack
     viol = (~St) & st.fin & (slack < -feas_tol)
-    incons = cons > tol * _sample_scale(xp, st, sig_y)
+    incons = cons > tol
     eq_ok = ~incons
     if dt.p:
         eq_res = xp.abs(matvec(xp, dt.B, Yt) - dt.b)
