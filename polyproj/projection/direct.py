@@ -7,7 +7,7 @@ the free ones, ``M = [A_W; B]`` and its rows normalised on the free columns (``M
 ``s_i = 1/||M_{i,F}||``), the projection onto the face is exact in one solve:
 
     z = x with z_E at its bounds,   G = M_n M_nᵀ = L Lᵀ,
-    λ = s ⊙ G⁻¹ (s ⊙ (M z − c)),    y = z − (Mᵀλ)_F   (one refinement step when |z| ≫ |y|),
+    λ = s ⊙ G⁻¹ (s ⊙ (M z − c)),    y = z − (Mᵀλ)_F   (refined where M y = c misses rounding),
     λ_ub − λ_lb = (x − y − Mᵀλ)_E   (stationarity on the fixed coordinates).
 
 The point is taken only when it is the clean, nondegenerate case, verified on ``y`` itself:

@@ -33,8 +33,8 @@ __all__ = ["REFINE_ROUNDINGS", "REFINE_STEPS", "ActiveRows", "Face", "expand_row
            "off_rounding", "put_rows", "scatter_rows", "svd_factor"]
 
 
-#: a face point whose equations miss by more than this many roundings of their terms (``|M||y| + |c|``) gets one
-#: step of iterative refinement (:func:`off_rounding`); well-scaled faces miss by at most ~20 (n 10 to 200)
+#: a face point whose equations miss by more than this many roundings of their terms (``|M||y| + |c|``) gets
+#: iterative refinement (:func:`off_rounding`); well-scaled faces miss by at most ~20 (n 10 to 200)
 REFINE_ROUNDINGS = 32.0
 #: refinement steps at most: each multiplies the error by ~cond(G) eps (two reach rounding up to cond(G) ~ 1e11)
 REFINE_STEPS = 2
@@ -49,8 +49,8 @@ def off_rounding(xp: Any, resid: Any, terms: Any) -> Any:
     ``y ← y − M⁺(M y − c)`` with the same factor removes them (iterative refinement: the residual is computed
     from the rows themselves, so each step multiplies the error by ~cond(G) eps; :data:`REFINE_STEPS` at most).
     Coordinates on scales 1e-2 to 1e2 leave the normal equations' answer 1e-8 off (relative), one step at rounding.
-    Where cond(G) eps is near 1 refinement does not converge: a face still off rounding after it is solved by
-    the SVD (error cond(M) eps, not cond(M)² eps; the polish), or left to the pipeline (the direct path).
+    Where cond(G) eps is near 1 refinement does not converge: the direct path leaves a face still off rounding
+    after it to the pipeline; the polish's consistency test (relative to the same terms) then judges it.
     """
     eps = machine_eps(xp, resid.dtype)
     if resid.shape[1] == 0:
@@ -388,10 +388,6 @@ class Face:
         if self.svd is None or bool(xp.all(sub_ok)):
             return face
         return Face.of_rows(face.rows, method="svd") if L is None else _with_svd(face)
-
-    def svd_where(self, bad) -> Face:
-        """The face with the samples ``bad`` (b,) bool factored by the SVD instead of Cholesky."""
-        return _with_svd(Face(self.rows, self.L, self.ok & ~bad, None))
 
     # ------------------------------------------------------------------ operators
     def _gram_pinv(self, rn):

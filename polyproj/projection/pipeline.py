@@ -19,9 +19,11 @@ sample) in one namespace, :func:`run`
    (by the same backend, or by :func:`polyproj.backends.defaults.fallback_for` when the backend's
    projections are starts only) and polished again — after a start-only backend's start the polish
    hands its last few CPU samples to the exact per-point fallback early (:func:`_handoff`); a sample
-   whose accurate solve failed (NUMERICAL_ERROR) is solved by the fallback backend (:func:`_failed_retry`);
-   what is still refused keeps the backend's point with an active set from both signals (slack or
-   multiplier), with a warning.
+   whose accurate solve failed (NUMERICAL_ERROR) is solved by the fallback backend, or by the next backend
+   of :data:`~polyproj.backends.defaults.RETRY` not yet tried (:func:`_failed_retry`; also the samples a
+   false infeasibility report left unsolved on a polyhedron other samples were verified on); what is
+   still refused keeps the backend's point with an active set from both signals (slack or multiplier),
+   with a warning.
 
 Everything stays in the input's namespace and device; inequality rows are numbered as in
 :mod:`polyproj.polydata`.
@@ -132,21 +134,31 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
         out = _fall_back(X, data, solver, opts, start, out, flagged | late)
     if report is not None:
         xp = array_namespace(X)
+        by_polish = int(xp.sum(xp.astype(flagged & out.polished, xp.int64)))
         # a verified point of the one polyhedron proves it is not empty: a sample still flagged is a failed solve,
         # which the other backends may solve (_failed_retry), and is NUMERICAL_ERROR, not PRIMAL_INFEASIBLE
         proven = opts.polish and not data.batched and bool(xp.any(out.polished))
-        if proven and bool(xp.any(flagged & ~out.polished)):
-            out = _failed_retry(X, data, solver, opts, out, flagged & ~out.polished)
-        by_polish = int(xp.sum(xp.astype(flagged & out.polished, xp.int64)))
-        lost = flagged & ~out.polished
+        retried = flagged & ~out.polished if proven else xp.zeros_like(flagged)
+        by_retry = 0
+        if bool(xp.any(retried)):
+            out = _failed_retry(X, data, solver, opts, out, retried)
+            by_retry = int(xp.sum(xp.astype(retried & out.polished, xp.int64)))
+        # the polish's unverified attempt from x is no answer: NaN, as reported; a retry's own unverified point
+        # (finite: its backend's answer) is kept with the status its run gave it
+        lost = flagged & ~out.polished & ~(retried & xp.all(xp.isfinite(out.Y), axis=1))
         nan = int(xp.sum(xp.astype(lost, xp.int64)))
-        if nan:  # the polish's unverified attempt from x is no answer: NaN, as reported
+        if nan:
             out = replace(out, Y=xp.where(lost[:, None], xp.full_like(out.Y, float("nan")), out.Y))
-            if proven:
-                out = replace(out, status=tuple(Status.NUMERICAL_ERROR if s is Status.PRIMAL_INFEASIBLE and lo else s
-                                                for s, lo in zip(out.status, _host_bools(lost), strict=True)))
-        warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
-                      + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
+        if not opts.tried:  # a retry's run: the run that asked for it reports
+            warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
+                          + (f", {by_retry} by other backends" if by_retry else "")
+                          + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
+    if opts.polish and not data.batched and any(s is Status.PRIMAL_INFEASIBLE for s in out.status) and \
+            bool(array_namespace(X).any(out.polished)):
+        # a verified sample proves the one polyhedron is not empty: a sample called infeasible (here, or by a
+        # retry's run that saw only it) is a failed solve
+        out = replace(out, status=tuple(Status.NUMERICAL_ERROR if s is Status.PRIMAL_INFEASIBLE else s
+                                        for s in out.status))
     return out
 
 
@@ -415,10 +427,11 @@ def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineO
     """The refused samples solved by the fallback backend.
 
     The polish could not verify the backend's point there: NUMERICAL_ERROR, a point outside the polyhedron (a
-    backend whose tolerances are relative to a far point's ``|x|`` may call it solved), or a feasible point
-    off the projection (PIQP and Clarabel left a point 2.5 from it, in a batch with a point 6e11 away). The
-    fallback (``opts.fallback``, or :func:`~polyproj.backends.defaults.fallback_for`) is a backend other than
-    ``solver``; its own pipeline polishes the points it solves. Where the fallback is ``solver`` itself or
+    backend whose tolerances are relative to a far point's ``|x|`` may call it solved), a feasible point
+    off the projection (PIQP and Clarabel left a point 2.5 from it, in a batch with a point 6e11 away), or
+    (from :func:`run`) a false infeasibility report on a polyhedron other samples were verified on. The
+    fallback (``opts.fallback``, or :func:`~polyproj.backends.defaults.fallback_for`) runs its own pipeline
+    on them, which polishes the points it solves. Where the fallback is ``solver`` itself or
     already left them refused (``opts.tried``), the first backend of
     :data:`~polyproj.backends.defaults.RETRY` not yet tried (on coordinates scaled 1e-3 to 1e3, DAQP ends on a
     working set that no polish round repairs on 1-3 points in 100, and the IPM's or PIQP's point is verified),
@@ -437,7 +450,11 @@ def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineO
         if name is None:
             return out
     idx = xp.nonzero(refused)[0]
-    return _merge(xp, out, idx, _run_by(name, X, data, solver, replace(opts, tried=tried), idx))
+    try:
+        sub = _run_by(name, X, data, solver, replace(opts, tried=tried), idx)
+    except InfeasibleError:  # judged on these samples alone; the calling run knows more (other samples solved)
+        return out
+    return _merge(xp, out, idx, sub)
 
 
 def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:

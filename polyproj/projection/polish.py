@@ -38,6 +38,7 @@ from .faces import (
     gather_active_rows,
     machine_eps,
     off_rounding,
+    put_rows,
     scatter_rows,
 )
 
@@ -81,26 +82,19 @@ def face_solve(X, data: PolyData, S, *, method: str = "auto", floor=None):
     resid = R.dot(Y) - c
     # the size of each row's terms, the scale of its rounding (once: refinement moves y by its small error)
     size = R.abs_dot(xp.abs(Y) if floor is None else xp.maximum(xp.abs(Y), floor)) + xp.abs(c)
-    # up to REFINE_STEPS steps of iterative refinement where the face's equations miss rounding (faces.off_rounding:
-    # an ill-conditioned face, or cancellation at a far point), their multipliers added to λ (stationarity holds)
+    # up to REFINE_STEPS steps of iterative refinement on the samples whose face equations miss rounding
+    # (faces.off_rounding: an ill-conditioned face, or cancellation at a far point), their multipliers added to
+    # λ so that stationarity holds
     for _ in range(REFINE_STEPS):
         ref = off_rounding(xp, resid, size)
         if not bool(xp.any(ref)):
             break
-        dlam, corr, dMt = face.project_residual(resid)
-        Y = xp.where(ref[:, None], Y - corr, Y)
-        lam_c = xp.where(ref[:, None], lam_c + dlam, lam_c)
-        Mt_lam = xp.where(ref[:, None], Mt_lam + dMt, Mt_lam)
-        resid = R.dot(Y) - c
-    else:  # Cholesky faces still off rounding after the refinement (cond(G) eps near 1): their SVD instead
-        ref = off_rounding(xp, resid, size) & face.ok
-        if bool(xp.any(ref)) and face.L is not None:
-            face = face.svd_where(ref)
-            lam2, step2, Mt2 = face.project_residual(R.dot(Z) - c)
-            Y = xp.where(ref[:, None], Z - step2, Y)
-            lam_c = xp.where(ref[:, None], lam2, lam_c)
-            Mt_lam = xp.where(ref[:, None], Mt2, Mt_lam)
-            resid = R.dot(Y) - c
+        idx = xp.nonzero(ref)[0]
+        dlam, corr, dMt = face.take(idx).project_residual(xp.take(resid, idx, axis=0))
+        Y = put_rows(xp, Y, idx, xp.take(Y, idx, axis=0) - corr)
+        lam_c = put_rows(xp, lam_c, idx, xp.take(lam_c, idx, axis=0) + dlam)
+        Mt_lam = put_rows(xp, Mt_lam, idx, xp.take(Mt_lam, idx, axis=0) + dMt)
+        resid = put_rows(xp, resid, idx, R.take(idx).dot(xp.take(Y, idx, axis=0)) - xp.take(c, idx, axis=0))
     lamA, mu = expand_rows(R, lam_c)
     z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
     mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
