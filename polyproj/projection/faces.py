@@ -380,14 +380,19 @@ class Face:
         return cls(R, L, ok, svd)
 
     def take(self, idx) -> Face:
-        """The faces of the samples ``idx`` (an index array)."""
+        """The faces of the samples ``idx`` (an index array): their factors, the SVD samples' taken, not redone."""
         xp = self.xp
         sub_ok = xp.take(self.ok, idx, axis=0)
         L = None if self.L is None else xp.take(self.L, idx, axis=0)
         face = Face(self.rows.take(idx), L, sub_ok, None)
         if self.svd is None or bool(xp.all(sub_ok)):
             return face
-        return Face.of_rows(face.rows, method="svd") if L is None else _with_svd(face)
+        s = self.svd
+        match = idx[:, None] == s.idx[None, :]  # (t, s): which SVD sample each taken sample is, if any
+        new = xp.nonzero(xp.any(match, axis=1))[0]
+        j = xp.take(xp.argmax(xp.astype(match, xp.int32), axis=1), new, axis=0)
+        return Face(face.rows, L, sub_ok, SVDPart(new, xp.take(s.U, j, axis=0), xp.take(s.s_inv, j, axis=0),
+                                                   xp.take(s.Vh, j, axis=0)))
 
     # ------------------------------------------------------------------ operators
     def _gram_pinv(self, rn):
@@ -460,13 +465,6 @@ def put_rows(xp, full, idx, part):
         return out
     mask = xp.any(xp.arange(full.shape[0], device=_device(full))[:, None] == idx[None, :], axis=1)
     return scatter_rows(xp, full, mask, part)
-
-
-def _with_svd(face: Face) -> Face:
-    xp = face.xp
-    idx = xp.nonzero(~face.ok)[0]
-    U, s_inv, Vh = svd_factor(xp.take(face.rows.Mn, idx, axis=0), face.free.shape[1])
-    return Face(face.rows, face.L, face.ok, SVDPart(idx, U, s_inv, Vh))
 
 
 # ----------------------------------------------------------------------------- row values
