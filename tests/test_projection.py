@@ -909,13 +909,14 @@ def test_refused_points_get_an_independent_backend(backend):
 
 @pytest.mark.parametrize(("backend", "cases"), [("daqp", ((0, 4.0), (1, 4.0), (2, 4.0), (1, 5.0))),
                                                ("highs", ((0, 4.0), (1, 5.0))),
-                                               ("proxsuite", ((1, 4.0),))])  # ProxSuite takes 20-110 s here
-def test_a_polyhedron_with_verified_points_is_never_called_infeasible(backend, cases):
-    """Coordinates on scales 1e-4 to 1e4 (1e-5 to 1e5): DAQP calls most points PRIMAL_INFEASIBLE. Points of the
-    same polyhedron verified by the polish prove it is not empty, so a point no backend solves is a failed solve,
-    NUMERICAL_ERROR (PRIMAL_INFEASIBLE before), after the other backends have tried it; the retries' runs, which
-    see only the flagged points, must not call the polyhedron empty (an InfeasibleError in a review), and a
-    status that says solved comes with a finite point (a retry's unverified answer was replaced by NaN)."""
+                                               ("proxsuite", ((1, 4.0),))])  # ProxSuite takes ~20 s here
+def test_false_infeasibility_reports_go_to_other_backends(backend, cases):
+    """Coordinates on scales 1e-4 to 1e4 (1e-5 to 1e5): DAQP, HiGHS and ProxSuite call many points PRIMAL_INFEASIBLE
+    (HiGHS all 100 at d = 5, 10 of which the IPM then solved). Where other points of the polyhedron were verified,
+    the samples still flagged go through the other backends' pipelines, and what they verify is taken: >= 92 of 100
+    polished in every case (HiGHS at d = 5: 96, not 10). The retries' runs, which see only the flagged points, must
+    not call the polyhedron empty (an InfeasibleError in a review), and a status that says solved comes with a
+    finite point."""
     if backend not in pp.available_backends() or "daqp" not in pp.available_backends():
         pytest.skip(f"{backend} or daqp not installed")
     for seed, decades in cases:
@@ -923,9 +924,9 @@ def test_a_polyhedron_with_verified_points_is_never_called_infeasible(backend, c
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pp.PolyprojWarning)
             r = pp.project(X, P, backend=backend)
-        assert r.polished.sum() >= (90 if decades == 4.0 else 50)
-        assert not any(s is pp.Status.PRIMAL_INFEASIBLE for s in r.status)
+        assert r.polished.sum() >= 92
         assert all(np.isfinite(r.y[i]).all() for i, s in enumerate(r.status) if s.ok)
+        assert all(not np.isfinite(r.y[i]).any() for i, s in enumerate(r.status) if s is pp.Status.PRIMAL_INFEASIBLE)
 
 
 def test_far_points_on_badly_scaled_coordinates_are_verified():

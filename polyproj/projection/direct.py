@@ -226,7 +226,7 @@ def _faces(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray) -> tuple[n
         if not off.size:
             break
         idx = off if idx is None else idx[off]
-        if step == REFINE_STEPS:  # still off rounding (cond(G) eps near 1): the pipeline's SVD faces take them
+        if step == REFINE_STEPS:  # still off rounding (cond(G) eps near 1): left to the pipeline's polish
             ok[idx] = False
             break
         part = faces.take(idx)

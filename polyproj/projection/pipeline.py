@@ -20,10 +20,10 @@ sample) in one namespace, :func:`run`
    projections are starts only) and polished again — after a start-only backend's start the polish
    hands its last few CPU samples to the exact per-point fallback early (:func:`_handoff`); a sample
    whose accurate solve failed (NUMERICAL_ERROR) is solved by the fallback backend, or by the next backend
-   of :data:`~polyproj.backends.defaults.RETRY` not yet tried (:func:`_failed_retry`; also the samples a
-   false infeasibility report left unsolved on a polyhedron other samples were verified on); what is
-   still refused keeps the backend's point with an active set from both signals (slack or multiplier),
-   with a warning.
+   of :data:`~polyproj.backends.defaults.RETRY` not yet tried (:func:`_failed_retry`; also, keeping only
+   what they verify, the samples a false infeasibility report left unsolved where other samples were
+   verified); what is still refused keeps the backend's point with an active set from both signals
+   (slack or multiplier), with a warning.
 
 Everything stays in the input's namespace and device; inequality rows are numbered as in
 :mod:`polyproj.polydata`.
@@ -135,30 +135,27 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     if report is not None:
         xp = array_namespace(X)
         by_polish = int(xp.sum(xp.astype(flagged & out.polished, xp.int64)))
-        # a verified point of the one polyhedron proves it is not empty: a sample still flagged is a failed solve,
-        # which the other backends may solve (_failed_retry), and is NUMERICAL_ERROR, not PRIMAL_INFEASIBLE
-        proven = opts.polish and not data.batched and bool(xp.any(out.polished))
-        retried = flagged & ~out.polished if proven else xp.zeros_like(flagged)
+        # a verified point of the one polyhedron suggests it is not empty: the samples still flagged go to the other
+        # backends (_failed_retry); only what they verify is taken (a far point "verified" at the scale of its |y|
+        # is no proof for the others: what they leave stays as reported, NaN and PRIMAL_INFEASIBLE)
+        retried = flagged & ~out.polished
         by_retry = 0
-        if bool(xp.any(retried)):
+        if opts.polish and not data.batched and bool(xp.any(out.polished)) and bool(xp.any(retried)):
+            before = out
             out = _failed_retry(X, data, solver, opts, out, retried)
+            back = retried & ~out.polished
+            if bool(xp.any(back)):
+                bidx = xp.nonzero(back)[0]
+                out = _merge(xp, out, bidx, _rows_of(xp, before, bidx))
             by_retry = int(xp.sum(xp.astype(retried & out.polished, xp.int64)))
-        # the polish's unverified attempt from x is no answer: NaN, as reported; a retry's own unverified point
-        # (finite: its backend's answer) is kept with the status its run gave it
-        lost = flagged & ~out.polished & ~(retried & xp.all(xp.isfinite(out.Y), axis=1))
+        lost = flagged & ~out.polished
         nan = int(xp.sum(xp.astype(lost, xp.int64)))
-        if nan:
+        if nan:  # the polish's unverified attempt from x is no answer: NaN, as reported
             out = replace(out, Y=xp.where(lost[:, None], xp.full_like(out.Y, float("nan")), out.Y))
         if not opts.tried:  # a retry's run: the run that asked for it reports
             warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
                           + (f", {by_retry} by other backends" if by_retry else "")
                           + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
-    if opts.polish and not data.batched and any(s is Status.PRIMAL_INFEASIBLE for s in out.status) and \
-            bool(array_namespace(X).any(out.polished)):
-        # a verified sample proves the one polyhedron is not empty: a sample called infeasible (here, or by a
-        # retry's run that saw only it) is a failed solve
-        out = replace(out, status=tuple(Status.NUMERICAL_ERROR if s is Status.PRIMAL_INFEASIBLE else s
-                                        for s in out.status))
     return out
 
 
@@ -512,6 +509,14 @@ def _merge(xp, out: PipelineOutput, idx, sub: PipelineOutput) -> PipelineOutput:
     return replace(out, Y=put(out.Y, sub.Y), active=put(out.active, sub.active), mult=put(out.mult, sub.mult),
                    mu=put(out.mu, sub.mu), polished=put(out.polished, sub.polished), status=tuple(status),
                    faces=faces, viol=None, nondegenerate=False)
+
+
+def _rows_of(xp, out: PipelineOutput, idx) -> PipelineOutput:
+    """The samples ``idx`` of ``out`` without face records (to put unverified samples back with :func:`_merge`)."""
+    take = lambda v: xp.take(v, idx, axis=0)  # noqa: E731
+    return replace(out, Y=take(out.Y), active=take(out.active), mult=take(out.mult), mu=take(out.mu),
+                   polished=take(out.polished), status=tuple(out.status[i] for i in _host_ints(idx)), faces=[],
+                   viol=None, nondegenerate=False)
 
 
 def _index_mask(xp, idx, size: int):
