@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--timeout", type=_positive(float, "--timeout"), default=900.0,
                    help="seconds each property may take before it is reported as an error (default 900)")
+    p.add_argument("--eps-abs", dest="eps_abs", type=_positive(float, "--eps-abs"), default=None,
+                   help="the backend's absolute tolerance (its default otherwise); the contract's tolerance "
+                        "follows it: max(1e-6, 100 eps_abs)")
+    p.add_argument("--eps-rel", dest="eps_rel", type=_positive(float, "--eps-rel"), default=None,
+                   help="the backend's relative tolerance (its default otherwise)")
     p.set_defaults(func=lambda a: _delegate("polyproj.testing.check:cli_main", a))
 
     p = sub.add_parser("bench", help="benchmarks")

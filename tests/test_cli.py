@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import polyproj as pp
 from polyproj.cli import main
 
 
@@ -45,6 +46,30 @@ def test_check_rejects_a_non_positive_example_count(capsys):
         err = capsys.readouterr().err
         assert "--examples must be a finite number > 0" in err and "Traceback" not in err
 
+
+
+@pytest.mark.core
+def test_check_passes_the_backends_tolerances(monkeypatch, capsys):
+    """``polyproj check NAME --eps-abs E --eps-rel R`` checks the backend at those settings (cli_main read them,
+    but the parser had no such options); bad values are refused like the other numbers."""
+    import polyproj.testing.check as check
+
+    seen = {}
+
+    def fake(name, **kwargs):
+        seen.update(kwargs, name=name)
+        raise pp.PolyprojError("stop here")
+
+    monkeypatch.setattr(check, "check_backend", fake)
+    assert main(["check", "ipm", "--eps-abs", "1e-5", "--eps-rel", "1e-6"]) == 2
+    assert seen["name"] == "ipm" and seen["eps_abs"] == 1e-5 and seen["eps_rel"] == 1e-6
+    seen.clear()
+    main(["check", "ipm"])
+    assert "eps_abs" not in seen and "eps_rel" not in seen  # the backend's defaults
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(["check", "ipm", "--eps-abs", "-1"])
+    assert info.value.code == 2 and "--eps-abs must be a finite number > 0" in capsys.readouterr().err
 
 
 def test_check_and_bench_refuse_bad_input_cleanly(capsys, tmp_path):
