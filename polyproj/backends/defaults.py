@@ -118,11 +118,16 @@ def independent_of(name: str) -> str | None:
     return others[0] if others else None
 
 
+def _installed(order: tuple[str, ...], excluded: tuple[str, ...]) -> list[str]:
+    """The installed backends of ``order`` not in ``excluded``, in order."""
+    return [other for other in order if other not in excluded and _available(other)]
+
+
 def retries_of(tried: tuple[str, ...]) -> list[str]:
     """Every installed backend of :data:`RETRY` not in ``tried``, in order."""
-    return [other for other in RETRY if other not in tried and _available(other)]
+    return _installed(RETRY, tried)
 
 
 def independents_of(name: str) -> list[str]:
     """Every installed backend of :data:`INDEPENDENT` other than ``name``, in order (third opinions)."""
-    return [other for other in INDEPENDENT if other != name and _available(other)]
+    return _installed(INDEPENDENT, (name,))

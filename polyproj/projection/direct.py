@@ -77,6 +77,7 @@ class DirectData:
     arrays: tuple[np.ndarray, ...]  # (H, [A; B] with unit rows, upper, lower, sense): the backend's own layout
     row_norms: np.ndarray  # (m + p) the norms the rows of arrays were divided by (DAQP.projection_arrays)
     C: np.ndarray  # (m + p + 1, n) the rows [A; B] as given, then a zero row (a face's padding rows index it)
+    C_abs: np.ndarray  # (m + p + 1, n) |C|: |M_i| |y| of every row by one product (the refinement's test)
     rhs: np.ndarray  # (m + 2n) right-hand sides [a, −lb, ub], 0 where infinite
     fin: np.ndarray  # (m + 2n) rows that can bind (:func:`~polyproj.projection.polish.can_bind`)
     rn1: np.ndarray  # (m + 2n) 1-norms of the inequality rows
@@ -99,7 +100,8 @@ class DirectData:
         fin = can_bind(np, rhs, rn1)  # the polish's rule: a zero row every point satisfies is never at its bound
         rn2 = np.concatenate([norms[:m], ones])  # 1 for zero rows, as in projection_arrays
         c = np.concatenate([a, b, [0.0]])
-        return cls(arrays, norms, np.vstack([A, B, np.zeros((1, n))]), np.where(fin, rhs, 0.0), fin,
+        C = np.vstack([A, B, np.zeros((1, n))])
+        return cls(arrays, norms, C, np.abs(C), np.where(fin, rhs, 0.0), fin,
                    rn1, rn2, np.abs(B).sum(axis=1),
                    np.where(np.isfinite(c), c, 0.0),
                    np.arange(m, m + p, dtype=np.intp), lb, ub)
@@ -220,9 +222,10 @@ def _faces(X: np.ndarray, d: PolyData, dd: DirectData, W: np.ndarray) -> tuple[n
     # the polish)
     idx, part = None, faces  # the points still refined (None: all)
     for step in range(REFINE_STEPS + 1):
-        Yp, cp = (Y, c) if idx is None else (Y[idx], c[idx])
+        Yp, cp, rp = (Y, c, rows) if idx is None else (Y[idx], c[idx], rows[idx])
         resid = part.dot(Yp) - cp
-        off = np.flatnonzero(off_rounding(np, resid, np.einsum("bkn,bn->bk", np.abs(part.M), np.abs(Yp)) + np.abs(cp)))
+        terms = np.take_along_axis(np.abs(Yp) @ dd.C_abs.T, rp, axis=1) + np.abs(cp)  # |M_i| |y| + |c_i|
+        off = np.flatnonzero(off_rounding(np, resid, terms))
         if not off.size:
             break
         idx = off if idx is None else idx[off]

@@ -141,12 +141,7 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
         retried = flagged & ~out.polished
         by_retry = 0
         if opts.polish and not data.batched and bool(xp.any(out.polished)) and bool(xp.any(retried)):
-            before = out
-            out = _failed_retry(X, data, solver, opts, out, retried)
-            back = retried & ~out.polished
-            if bool(xp.any(back)):
-                bidx = xp.nonzero(back)[0]
-                out = _merge(xp, out, bidx, _rows_of(xp, before, bidx))
+            out = _failed_retry(X, data, solver, opts, out, retried, verified_only=True)
             by_retry = int(xp.sum(xp.astype(retried & out.polished, xp.int64)))
         lost = flagged & ~out.polished
         nan = int(xp.sum(xp.astype(lost, xp.int64)))
@@ -420,7 +415,8 @@ def _backed_retry(X, data: PolyData, solver, opts: PolishOptions, start: Project
 RETRY_BACKENDS = 4
 
 
-def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineOutput, refused) -> PipelineOutput:
+def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineOutput, refused, *,
+                  verified_only: bool = False) -> PipelineOutput:
     """The refused samples solved by the fallback backend.
 
     The polish could not verify the backend's point there: NUMERICAL_ERROR, a point outside the polyhedron (a
@@ -433,6 +429,7 @@ def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineO
     :data:`~polyproj.backends.defaults.RETRY` not yet tried (on coordinates scaled 1e-3 to 1e3, DAQP ends on a
     working set that no polish round repairs on 1-3 points in 100, and the IPM's or PIQP's point is verified),
     up to :data:`RETRY_BACKENDS` backends in all. Only the outermost run warns about the samples still refused.
+    ``verified_only``: only the samples the retry polished replace those of ``out``.
     """
     from ..backends.defaults import retries_of
 
@@ -451,7 +448,7 @@ def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineO
         sub = _run_by(name, X, data, solver, replace(opts, tried=tried), idx)
     except InfeasibleError:  # judged on these samples alone; the calling run knows more (other samples solved)
         return out
-    return _merge(xp, out, idx, sub)
+    return _merge(xp, out, idx, sub, only=sub.polished if verified_only else None)
 
 
 def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:
@@ -496,12 +493,21 @@ def _on_cpu(X: Any) -> bool:
     return str(getattr(dev, "type", dev)) == "cpu"
 
 
-def _merge(xp, out: PipelineOutput, idx, sub: PipelineOutput) -> PipelineOutput:
-    """``out`` with the samples ``idx`` replaced by ``sub`` (faces re-indexed into the batch)."""
-    mask = _index_mask(xp, idx, out.Y.shape[0])
+def _merge(xp, out: PipelineOutput, idx, sub: PipelineOutput, only: Any = None) -> PipelineOutput:
+    """``out`` with the samples ``idx`` replaced by ``sub`` (faces re-indexed into the batch).
+
+    ``only`` (bool, one per sample of ``sub``): only those samples replace ``out``'s; a face record serves
+    polished samples alone, so ``sub``'s records are taken whole.
+    """
+    if only is not None and not bool(xp.any(only)):
+        return out
     faces = list(out.faces)
     for rec in sub.faces:
         faces.append(FaceRecord(idx if rec.idx is None else xp.take(idx, rec.idx, axis=0), rec.use, rec.face))
+    if only is not None:
+        kept = xp.nonzero(only)[0]
+        idx, sub = xp.take(idx, kept, axis=0), _rows_of(xp, sub, kept)
+    mask = _index_mask(xp, idx, out.Y.shape[0])
     status = list(out.status)
     for k, i in enumerate(_host_ints(idx)):
         status[i] = sub.status[k]
@@ -512,7 +518,7 @@ def _merge(xp, out: PipelineOutput, idx, sub: PipelineOutput) -> PipelineOutput:
 
 
 def _rows_of(xp, out: PipelineOutput, idx) -> PipelineOutput:
-    """The samples ``idx`` of ``out`` without face records (to put unverified samples back with :func:`_merge`)."""
+    """The samples ``idx`` of ``out`` without face records (:func:`_merge` takes the records separately)."""
     take = lambda v: xp.take(v, idx, axis=0)  # noqa: E731
     return replace(out, Y=take(out.Y), active=take(out.active), mult=take(out.mult), mu=take(out.mu),
                    polished=take(out.polished), status=tuple(out.status[i] for i in _host_ints(idx)), faces=[],
