@@ -914,9 +914,11 @@ def test_false_infeasibility_reports_go_to_other_backends(backend, cases):
     """Coordinates on scales 1e-4 to 1e4 (1e-5 to 1e5): DAQP, HiGHS and ProxSuite call many points PRIMAL_INFEASIBLE
     (HiGHS all 100 at d = 5; 3 were polished at b059588, 90 returned PRIMAL_INFEASIBLE). Where other points of
     the polyhedron were verified, the samples still flagged go through the other backends' pipelines, and what
-    they verify is taken: >= 92 of 100 polished in every case (HiGHS at d = 5: 96). The retries' runs, which see
-    only the flagged points, must not call the polyhedron empty (an InfeasibleError in a review), and a status
-    that says solved comes with a finite point."""
+    they verify is taken: >= 91 of 100 polished in every case (HiGHS at d = 5: 95), each feasible to rounding
+    (the polish tested violations at ||A_i||_1 max|y| ~ 1e8 for rows whose terms are ~20, and accepted faces
+    that missed rows by 0.06-0.23, 2e13-1.5e15 roundings: 92 and 96 were "polished"; those points are refused
+    now). The retries' runs, which see only the flagged points, must not call the polyhedron empty (an
+    InfeasibleError in a review), and a status that says solved comes with a finite point."""
     if backend not in pp.available_backends() or "daqp" not in pp.available_backends():
         pytest.skip(f"{backend} or daqp not installed")
     for seed, decades in cases:
@@ -924,7 +926,8 @@ def test_false_infeasibility_reports_go_to_other_backends(backend, cases):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pp.PolyprojWarning)
             r = pp.project(X, P, backend=backend)
-        assert r.polished.sum() >= 92
+        assert r.polished.sum() >= 91
+        assert _rounding_misses(P, r.y)[r.polished].max() <= 64.0
         assert all(np.isfinite(r.y[i]).all() for i, s in enumerate(r.status) if s.ok)
         assert all(not np.isfinite(r.y[i]).any() for i, s in enumerate(r.status) if s is pp.Status.PRIMAL_INFEASIBLE)
 

@@ -32,6 +32,7 @@ from array_api_compat import device as _device
 
 from ..polydata import PolyData, ineq_slack, matvec
 from .faces import (
+    REFINE_ROUNDINGS,
     REFINE_STEPS,
     Face,
     expand_rows,
@@ -209,6 +210,25 @@ def _row_tol(xp, sc: _Scales, sig, tol: float):
     return tol * (xp.abs(rhs0) + sc.rn1 * sig)
 
 
+def _violation_tol(xp, X, Y, data: PolyData, sc: _Scales, sig, row_tol, tol: float):
+    """How far an inequality row off the face may be violated (b, m + 2n), at most ``row_tol``.
+
+    ``tol (|rhs| + |A_i|(|x| + |y|)) + k eps ||A_i||_1 σ`` (``k`` = :data:`REFINE_ROUNDINGS`, σ of
+    :func:`_point_scale`): the slack at the size of the row's own terms (``y = x − Mᵀλ`` carries the rounding
+    of ``x``), not only at that of ``||A_i||_1 max|y|`` (:func:`_row_tol`): on coordinates of scales 1e-4 to
+    1e4 a row whose support is small coordinates weighted ~1e4 has terms ~20 while ``||A_i||_1 max|y|`` is
+    ~1e8, and faces that missed a row by 0.06-0.23 were accepted. The rounding floor covers rows whose terms
+    vanish (``x_j ~ 1e-8``, ``y_j ~ 0`` on a bound of 0, where ``(Mᵀλ)_j`` sums terms of the size of the
+    other coordinates). Never looser than ``row_tol`` (a far point's ``|x|`` does not excuse a violation at
+    the scale of ``y``).
+    """
+    rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
+    size = xp.abs(X) + xp.abs(Y)
+    terms = xp.concat([matvec(xp, xp.abs(data.A), size), size, size], axis=1)
+    floor = REFINE_ROUNDINGS * machine_eps(xp, Y.dtype) * sc.rn1 * sig
+    return xp.minimum(row_tol, tol * (xp.abs(rhs0) + terms) + floor)
+
+
 #: rounds before the polish may hand the samples left to the caller's fallback (``handoff``)
 HANDOFF_AFTER = 2
 
@@ -328,7 +348,7 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     mt_n = mt * st.rn2  # multipliers of the normalised rows
     mtol = tol * (xp.maximum(sig_y, _rmax(xp, Xt)) + _rmax(xp, mt_n))
     neg = St & ((mt_n < -mtol) | (slack > feas_tol))  # drop: negative multiplier, or left slack
-    viol = (~St) & st.fin & (slack < -feas_tol)
+    viol = (~St) & st.fin & (slack < -_violation_tol(xp, Xt, Yt, dt, st, sig_y, feas_tol, tol))
     incons = cons > tol
     eq_ok = ~incons
     if dt.p:
