@@ -11,8 +11,9 @@ and its multipliers (inequality rows numbered as in :mod:`polyproj.polydata`), :
    ``>= 0``, the face's equations consistent — all relative to the scale of the sample (the size of
    ``x``, ``y`` and of each row's right-hand side; row values at the scale of ``y``, never below
    ``eps |x|`` unless that exceeds the polyhedron's size: a vertex at the origin has ``y = 0`` and zero
-   right-hand sides, see :func:`_point_scale`; the face's equations each at the size of its own terms
-   ``|M_i||y| + |c_i|``), so data at 1e-12 or 1e12 is not special;
+   right-hand sides, see :func:`_point_scale`; a row off the face also at the size of its own terms,
+   :func:`_violation_tol`; the face's equations each at the size of its own terms ``|M_i||y| + |c_i|``),
+   so data at 1e-12 or 1e12, or coordinates on scales 1e8 apart, are not special;
 4. otherwise changes the face — by one row per sample (drop the most negative multiplier, else add
    the most violated row: dual feasibility first, since a wrongly active row bends the face point and
    makes other rows look violated), or for the first ``block_iter`` rounds every wrong row at once —
