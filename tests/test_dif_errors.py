@@ -731,3 +731,17 @@ def test_finite_rule_refuses_a_removal_whose_answer_depends_on_the_multipliers_s
     both = [DIF(prob, k, rule="finite").delta_theta({"dp": [4], "dp2": [4]}).numpy() for k in splits]
     np.testing.assert_allclose(both[1], both[0], atol=1e-10)
     np.testing.assert_allclose(both[2], both[0], atol=1e-10)
+
+
+def test_a_loss_without_curvature_is_named_when_the_sqp_does_not_converge():
+    """An L1 loss on a linear model: its Hessian is zero everywhere, its minimum on a kink, and the SQP circled it
+    until max_iter with the advice to raise max_iter or loosen tol; the error now says why."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 3, dtype=torch.float64, generator=g)
+    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.1 * torch.randn(60, dtype=torch.float64,
+                                                                                      generator=g)
+    problem = ConstrainedProblem(torch.zeros(3, dtype=torch.float64),
+                                 Loss(lambda th, b: (b[0] @ th - b[1]).abs(), (X, y)),
+                                 [Constraint(lambda th: th[0], None, tau=0.5, name="cap")])
+    with pytest.raises(pp.SolverError, match="Hessian of the Lagrangian is zero.*twice-differentiable"):
+        solve(problem, method="sqp", max_iter=30)

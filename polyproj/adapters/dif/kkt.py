@@ -654,9 +654,23 @@ def _sqp(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray, *, tol:
         res = max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0)
         if res <= tol:
             return th, lam, max_iter, res
-    hint = _violation_hint(problem, gval, tol)
+    hint = _violation_hint(problem, gval, tol) or _curvature_hint(H, grad)
     raise SolverError(f"SQP did not reach the KKT residual {tol:g} in {max_iter} iterations (residual {res:.3e}); "
                       + (hint + ", or " if hint else "") + "raise max_iter or loosen tol")
+
+
+def _curvature_hint(H: np.ndarray, grad: np.ndarray) -> str:
+    """Where the Hessian of the Lagrangian vanishes while the gradient does not: a loss without curvature.
+
+    The KKT points of a piecewise-linear loss (``|r|``, a hinge on a linear model) sit on its kinks, where no
+    gradient vanishes: the SQP's steps, ruled by the convexification shift alone, circle them. '' otherwise.
+    """
+    if float(np.max(np.abs(H), initial=0.0)) > 1e-12 * (1.0 + float(np.max(np.abs(grad), initial=0.0))):
+        return ""
+    return ("the Hessian of the Lagrangian is zero at the last iterate while its gradient is not: a loss without "
+            "curvature (|r|, a hinge on a linear model) has its minimum on a kink, where the KKT conditions of "
+            "smooth problems do not hold and DIF (which needs second derivatives) does not apply; use a "
+            "twice-differentiable loss (e.g. Huber, smooth L1)")
 
 
 def _auglag_fallback(problem: ConstrainedProblem, th0: torch.Tensor, lam0: np.ndarray, failure: _SQPStalled, *,
