@@ -182,3 +182,29 @@ def test_not_applied_correction_is_said(mlp):
     np.testing.assert_allclose(s[0], float(dif.influence(F, [rem])[0]), rtol=1e-12)
     with pytest.warns(PolyprojWarning, match="at no step length down to 1/16"):
         dif.result(rem, order=2)
+
+
+@pytest.mark.parametrize("method", ["dense", "matrix-free"])
+def test_second_order_holds_a_constraint_its_step_would_cross(method):
+    """Mean of ½‖θ − zᵢ‖² (H = I) under θ₀ <= 0.75, inactive at θ̄ = 0; removing half the samples (mean
+    −1 in θ₀) moves θ₀ to 0.5 to first order (feasible) and to 1.0 unconstrained, so retraining stops at
+    0.75. The correction's QP held only the active and the violated rows, and its full step went to 1.0,
+    0.25 past the constraint (it lowered the removed problem's residual: accepted). With every inequality
+    the step's linearisation crosses in the QP, the correction is the removed problem's exact solution."""
+    from polyproj.adapters.dif import ConstrainedProblem, Constraint, Loss, solve
+
+    Z = torch.tensor([[-1.0, 0.5], [-1.0, -0.5], [-1.0, 0.2], [-1.0, -0.2], [-1.0, 0.0],
+                      [1.0, 0.3], [1.0, -0.3], [1.0, 0.1], [1.0, -0.1], [1.0, 0.0]], dtype=torch.float64)
+    problem = ConstrainedProblem(torch.zeros(2, dtype=torch.float64),
+                                 Loss(lambda th, b: 0.5 * ((th - b[0]) ** 2).sum(-1), (Z,)),
+                                 [Constraint(lambda th: th[0], None, tau=0.75, name="cap")])
+    kkt = solve(problem)
+    rem = {"objective": [0, 1, 2, 3, 4]}
+    truth = (retrain(problem, rem, warm_start=kkt, tol=1e-12).theta - kkt.theta).numpy()
+    np.testing.assert_allclose(truth, [0.75, 0.0], atol=1e-10)
+    dif = DIF(problem, kkt, method=method)
+    first, second = dif.result(rem), dif.result(rem, order=2)
+    np.testing.assert_allclose(first.omega.numpy(), [0.5, 0.0], atol=1e-10)
+    assert second.step_length == 1.0
+    np.testing.assert_allclose(second.omega.numpy(), truth, atol=1e-8)
+    assert second.active == ("cap",)

@@ -19,7 +19,9 @@ row, H δ + C̄ᵀ(ν − λ₁) = −(∇f₀' + G'ᵀλ₁)). By its dual, as 
 
     δ = −H⁻¹(q + C̄ᵀν),   ν = argmin ½νᵀ(C̄H⁻¹C̄ᵀ)ν + (C̄H⁻¹q − g')ᵀν,   ν >= 0 on inequality rows.
 
-Rows: the KKT point's active rows and every constraint that θ₁ violates; equalities and binding rows
+Rows: the KKT point's active rows, every constraint that θ₁ violates, and every inequality whose
+linearisation g'ⱼ(θ₁) + C̄ⱼδ the step crosses (added and δ solved again until none is: the SQP subproblem
+with every constraint, solving H⁻¹C̄ⱼᵀ only for the rows the step reaches); equalities and binding rows
 with λ₁ⱼ > |μⱼ| are kept at equality (ν free), the others sign-constrained.
 
 **Step length.** Like every chord or Newton step far from its solution (and as the re-solves of
@@ -89,19 +91,27 @@ def correction(dif, removed: ConstrainedProblem, omega1: np.ndarray, dlam1: np.n
     m = problem.m
     violated = np.flatnonzero(g > 0.0) if m else np.zeros(0, np.int64)
     rows = np.union1d(dif.rows, violated).astype(np.int64)
-    nu = np.zeros(m)
-    if rows.size:
-        # a binding row stays at equality when its predicted multiplier is larger than its predicted
-        # change (λ₁ⱼ > |μⱼ|: a margin the removal does not use up), so that on a far step the
-        # quadratic model cannot drop a clearly binding row; the others (weakly active, binding with a
-        # multiplier the removal may move through zero, violated) keep the sign constraint ν >= 0
-        binding = np.isin(rows, dif.rows[dif.row_eq])
-        fixed = problem.eq_mask[rows] | (binding & (lam1[rows] > np.abs(dlam1[rows])))
-        V, dual = dif.constraint_solves(rows, fixed)
-        nu[rows] = dual.solve(Cbar[rows] @ y - g[rows])
-        delta = -(y + V @ nu[rows])
-    else:
-        delta = -y
+    for _ in range(m + 1):  # each pass adds at least one row: at most m passes
+        nu = np.zeros(m)
+        if rows.size:
+            # a binding row stays at equality when its predicted multiplier is larger than its predicted
+            # change (λ₁ⱼ > |μⱼ|: a margin the removal does not use up), so that on a far step the
+            # quadratic model cannot drop a clearly binding row; the others (weakly active, binding with a
+            # multiplier the removal may move through zero, violated) keep the sign constraint ν >= 0
+            binding = np.isin(rows, dif.rows[dif.row_eq])
+            fixed = problem.eq_mask[rows] | (binding & (lam1[rows] > np.abs(dlam1[rows])))
+            V, dual = dif.constraint_solves(rows, fixed)
+            nu[rows] = dual.solve(Cbar[rows] @ y - g[rows])
+            delta = -(y + V @ nu[rows])
+        else:
+            delta = -y
+        # an inequality the step's linearisation g'ⱼ(θ₁) + C̄ⱼδ crosses joins the QP (the SQP subproblem holds
+        # every constraint; only those the step can reach are solved for): a constraint just inside its level
+        # at θ₁ that the full step would violate otherwise made the step raise the removed problem's residual
+        reached = np.flatnonzero((Cbar @ delta + g > 0.0) & ~np.isin(np.arange(m), rows)) if m else rows[:0]
+        if not reached.size:
+            break
+        rows = np.union1d(rows, reached).astype(np.int64)
     residual = max(kkt_residuals(gf, G, g, lam1, problem.eq_mask).values(), default=0.0)
     return SecondOrderStep(delta=delta, lambdas=nu, rows=rows, start=lam1, residual=residual)
 
