@@ -914,11 +914,13 @@ def test_false_infeasibility_reports_go_to_other_backends(backend, cases):
     """Coordinates on scales 1e-4 to 1e4 (1e-5 to 1e5): DAQP, HiGHS and ProxSuite call many points PRIMAL_INFEASIBLE
     (HiGHS all 100 at d = 5; 3 were polished at b059588, 90 returned PRIMAL_INFEASIBLE). Where other points of
     the polyhedron were verified, the samples still flagged go through the other backends' pipelines, and what
-    they verify is taken: >= 91 of 100 polished in every case (HiGHS at d = 5: 95), each feasible to rounding
-    (the polish tested violations at ||A_i||_1 max|y| ~ 1e8 for rows whose terms are ~20, and accepted faces
-    that missed rows by 0.06-0.23, 2e13-1.5e15 roundings: 92 and 96 were "polished"; those points are refused
-    now). The retries' runs, which see only the flagged points, must not call the polyhedron empty (an
-    InfeasibleError in a review), and a status that says solved comes with a finite point."""
+    they verify is taken: >= 91 of 100 polished in every case (HiGHS at d = 5: 95), each feasible to rounding.
+    The polish tested violations at ||A_i||_1 max|y| ~ 1e8 for rows whose terms are ~20 and accepted faces
+    that missed rows by 2e11-1.5e15 roundings (DAQP: 3 points at seed 0 and 5 at seed 1, d = 4; 11 at seed 1,
+    d = 5): tested at the size of each row's terms, most now reach their face and two are refused (92 and 96
+    polished before, 91 and 95 now). The retries' runs, which see only the flagged points, must not call the
+    polyhedron empty (an InfeasibleError in a review), and a status that says solved comes with a finite
+    point."""
     if backend not in pp.available_backends() or "daqp" not in pp.available_backends():
         pytest.skip(f"{backend} or daqp not installed")
     for seed, decades in cases:
@@ -930,6 +932,25 @@ def test_false_infeasibility_reports_go_to_other_backends(backend, cases):
         assert _rounding_misses(P, r.y)[r.polished].max() <= 64.0
         assert all(np.isfinite(r.y[i]).all() for i, s in enumerate(r.status) if s.ok)
         assert all(not np.isfinite(r.y[i]).any() for i, s in enumerate(r.status) if s is pp.Status.PRIMAL_INFEASIBLE)
+
+
+def test_rows_reported_active_on_badly_scaled_coordinates_are_at_their_hyperplane():
+    """Coordinates on scales 1e-4 to 1e4: the polish counted a row at zero slack (weakly active, and so in the
+    active set the HS-Jacobian factors) at tol ||A_i||_1 max|y| ~ 0.1-0.3, and reported 1-23 rows a seed active
+    with slack up to 1.3 % of their own terms; they are now at zero to tol of those terms."""
+    if "piqp" not in pp.available_backends():
+        pytest.skip("piqp not installed")
+    for seed in range(3):
+        P, X = _coordinate_scaled(seed, 4.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pp.PolyprojWarning)  # 9 points of seed 0 refused (README)
+            r = pp.project(X, P, backend="piqp")
+        m = P.A.shape[0]
+        slack = P.a - r.y @ P.A.T
+        terms = np.abs(r.y) @ np.abs(P.A).T + np.abs(P.a)
+        reported = np.asarray(r.active)[:, :m] & r.polished[:, None]
+        assert reported.any()
+        assert np.abs(slack[reported] / terms[reported]).max() <= 1e-7
 
 
 def test_far_points_on_badly_scaled_coordinates_are_verified():

@@ -17,10 +17,11 @@ The point is taken only when it is the clean, nondegenerate case, verified on ``
 * strict complementarity, clear of the KKT tolerances by the factor :data:`SEPARATION`: every face
   row's normalised multiplier (``λ_i ||row_i||``, bounds ``|λ|``) is above ``SEPARATION tol σ``,
   ``σ = 1 + max|x| + max|y|`` (the degeneracy report calls a row weakly active at ``tol σ``), and every
-  other row's slack above ``SEPARATION`` times its feasibility tolerance (at which the polish counts a
-  row at zero slack as active);
+  other row's slack above ``SEPARATION`` times its feasibility tolerance ``tol (|rhs| + ||row||_1 max|y|)``
+  (:func:`polyproj.projection.polish._row_tol`; the polish counts a row at zero slack as active at a
+  tolerance never looser, at the size of the row's own terms);
 * KKT to the polish's tolerance ``tol``: the face's rows and the equalities hold, every row is feasible
-  (``tol (|rhs| + ||row||_1 max|y|)``, as in :mod:`polyproj.projection.polish`), and the stationarity
+  (to that tolerance), and the stationarity
   residual ``y − x + Aᵀλ_A + Bᵀμ − λ_lb + λ_ub`` is at most ``tol σ``.
 
 Then the active set is unique (the rows at zero slack are exactly the face's, each with a clearly

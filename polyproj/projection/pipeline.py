@@ -448,7 +448,7 @@ def _failed_retry(X, data: PolyData, solver, opts: PolishOptions, out: PipelineO
         sub = _run_by(name, X, data, solver, replace(opts, tried=tried), idx)
     except InfeasibleError:  # judged on these samples alone; the calling run knows more (other samples solved)
         return out
-    return _merge(xp, out, idx, sub, only=sub.polished if verified_only else None)
+    return _merge(xp, out, idx, sub, polished_only=verified_only)
 
 
 def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOutput:
@@ -493,19 +493,19 @@ def _on_cpu(X: Any) -> bool:
     return str(getattr(dev, "type", dev)) == "cpu"
 
 
-def _merge(xp, out: PipelineOutput, idx, sub: PipelineOutput, only: Any = None) -> PipelineOutput:
+def _merge(xp, out: PipelineOutput, idx, sub: PipelineOutput, polished_only: bool = False) -> PipelineOutput:
     """``out`` with the samples ``idx`` replaced by ``sub`` (faces re-indexed into the batch).
 
-    ``only`` (bool, one per sample of ``sub``): only those samples replace ``out``'s; a face record serves
-    polished samples alone, so ``sub``'s records are taken whole.
+    ``polished_only``: only the samples ``sub`` polished replace ``out``'s; a face record serves polished
+    samples alone (:func:`~polyproj.projection.polish._record`), so ``sub``'s records are taken whole.
     """
-    if only is not None and not bool(xp.any(only)):
+    if polished_only and not bool(xp.any(sub.polished)):
         return out
     faces = list(out.faces)
     for rec in sub.faces:
         faces.append(FaceRecord(idx if rec.idx is None else xp.take(idx, rec.idx, axis=0), rec.use, rec.face))
-    if only is not None:
-        kept = xp.nonzero(only)[0]
+    if polished_only:
+        kept = xp.nonzero(sub.polished)[0]
         idx, sub = xp.take(idx, kept, axis=0), _rows_of(xp, sub, kept)
     mask = _index_mask(xp, idx, out.Y.shape[0])
     status = list(out.status)

@@ -211,23 +211,23 @@ def _row_tol(xp, sc: _Scales, sig, tol: float):
     return tol * (xp.abs(rhs0) + sc.rn1 * sig)
 
 
-def _violation_tol(xp, X, Y, data: PolyData, sc: _Scales, sig, row_tol, tol: float):
-    """How far an inequality row off the face may be violated (b, m + 2n), at most ``row_tol``.
+def _violation_tol(xp, X, Y, data: PolyData, sc: _Scales, sig, tol: float):
+    """How far an inequality row's slack may be from what a row needs (b, m + 2n), at most :func:`_row_tol`.
 
-    ``tol (|rhs| + |A_i|(|x| + |y|)) + k eps ||A_i||_1 σ`` (``k`` = :data:`REFINE_ROUNDINGS`, σ of
-    :func:`_point_scale`): the slack at the size of the row's own terms (``y = x − Mᵀλ`` carries the rounding
-    of ``x``), not only at that of ``||A_i||_1 max|y|`` (:func:`_row_tol`): on coordinates of scales 1e-4 to
-    1e4 a row whose support is small coordinates weighted ~1e4 has terms ~20 while ``||A_i||_1 max|y|`` is
-    ~1e8, and faces that missed a row by 0.06-0.23 were accepted. The rounding floor covers rows whose terms
-    vanish (``x_j ~ 1e-8``, ``y_j ~ 0`` on a bound of 0, where ``(Mᵀλ)_j`` sums terms of the size of the
-    other coordinates). Never looser than ``row_tol`` (a far point's ``|x|`` does not excuse a violation at
-    the scale of ``y``).
+    ``tol (|rhs| + |A_i|(|x| + |y|)) + k eps ||A_i||_1 max(σ, max|x − y|)`` (``k`` = :data:`REFINE_ROUNDINGS`,
+    σ of :func:`_point_scale`): the slack at the size of the row's own terms (``y = x − Mᵀλ`` carries the
+    rounding of ``x``), not only at that of ``||A_i||_1 max|y|``: on coordinates of scales 1e-4 to 1e4 a row
+    whose support is small coordinates weighted ~1e4 has terms ~20 while ``||A_i||_1 max|y|`` is ~1e8; faces
+    that missed a row by 0.06-0.23 were accepted, and rows 1 % of their terms inside were reported active.
+    The rounding floor covers rows whose terms vanish (``y_j ~ 0`` on a bound of 0, where ``(Mᵀλ)_j`` sums
+    terms of the multipliers' size, ``|x − y|``). Never looser than :func:`_row_tol` (a far point's ``|x|``
+    does not excuse a violation at the scale of ``y``).
     """
     rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
     size = xp.abs(X) + xp.abs(Y)
     terms = xp.concat([matvec(xp, xp.abs(data.A), size), size, size], axis=1)
-    floor = REFINE_ROUNDINGS * machine_eps(xp, Y.dtype) * sc.rn1 * sig
-    return xp.minimum(row_tol, tol * (xp.abs(rhs0) + terms) + floor)
+    floor = REFINE_ROUNDINGS * machine_eps(xp, Y.dtype) * sc.rn1 * xp.maximum(sig, _rmax(xp, X - Y))
+    return xp.minimum(_row_tol(xp, sc, sig, tol), tol * (xp.abs(rhs0) + terms) + floor)
 
 
 #: rounds before the polish may hand the samples left to the caller's fallback (``handoff``)
@@ -349,7 +349,8 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     mt_n = mt * st.rn2  # multipliers of the normalised rows
     mtol = tol * (xp.maximum(sig_y, _rmax(xp, Xt)) + _rmax(xp, mt_n))
     neg = St & ((mt_n < -mtol) | (slack > feas_tol))  # drop: negative multiplier, or left slack
-    viol = (~St) & st.fin & (slack < -_violation_tol(xp, Xt, Yt, dt, st, sig_y, feas_tol, tol))
+    viol_tol = _violation_tol(xp, Xt, Yt, dt, st, sig_y, tol)
+    viol = (~St) & st.fin & (slack < -viol_tol)
     incons = cons > tol
     eq_ok = ~incons
     if dt.p:
@@ -357,7 +358,7 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
         eq_ok = eq_ok & xp.all(eq_res <= tol * (st.bsum + st.bn1 * sig_y), axis=1)
     # a face row the face solve left violated: its hyperplane has no point on the face (a zero row whose
     # right-hand side is negative, a row whose support the face's bounds fix): never an accepted answer
-    off_face = St & st.fin & (slack < -feas_tol)
+    off_face = St & st.fin & (slack < -viol_tol)
     done = ~xp.any(neg, axis=1) & ~xp.any(viol, axis=1) & ~xp.any(off_face, axis=1) & eq_ok
     add, drop = _changes(xp, St, slack, st, mt_n, neg, viol, incons, ft, wt, block)
     Snew = xp.where(done[:, None], St, (St | add) & ~drop)
@@ -402,7 +403,8 @@ def _finish(xp, state: _State, X, data: PolyData, sc: _Scales, tol: float, faces
     """Final active sets: the accepted face plus rows at zero slack (weakly active), relative to scale."""
     mult = xp.where(state.mult > 0, state.mult, xp.zeros_like(state.mult))
     slack = ineq_slack(state.Y, *_ineq_parts(data))
-    at_zero = sc.fin & (xp.abs(slack) <= _row_tol(xp, sc, _point_scale(xp, state.Y, X, sc), tol))
+    sig = _point_scale(xp, state.Y, X, sc)
+    at_zero = sc.fin & (xp.abs(slack) <= _violation_tol(xp, X, state.Y, data, sc, sig, tol))
     active = state.accepted[:, None] & (state.S | at_zero)
     if faces:  # a recorded face serves the samples whose final active set it is (no weakly active extra)
         exact = state.accepted & ~xp.any(active != state.S, axis=1)
