@@ -185,26 +185,31 @@ def test_not_applied_correction_is_said(mlp):
 
 
 @pytest.mark.parametrize("method", ["dense", "matrix-free"])
-def test_second_order_holds_a_constraint_its_step_would_cross(method):
-    """Mean of ½‖θ − zᵢ‖² (H = I) under θ₀ <= 0.75, inactive at θ̄ = 0; removing half the samples (mean
-    −1 in θ₀) moves θ₀ to 0.5 to first order (feasible) and to 1.0 unconstrained, so retraining stops at
+@pytest.mark.parametrize(("kind", "truth", "active"), [("linear", [0.75, 0.0], ("cap",)),
+                                                        ("curved", [1.0, 0.0], ())])
+def test_second_order_holds_a_constraint_its_step_would_cross(method, kind, truth, active):
+    """Mean of ½‖θ − zᵢ‖² (H = I); removing half the samples (mean −1 in θ₀) moves θ₀ from θ̄ = 0 to 0.5 to
+    first order and to 1.0 unconstrained. Linear: θ₀ <= 0.75, inactive at θ̄ and at 0.5; retraining stops at
     0.75. The correction's QP held only the active and the violated rows, and its full step went to 1.0,
-    0.25 past the constraint (it lowered the removed problem's residual: accepted). With every inequality
-    the step's linearisation crosses in the QP, the correction is the removed problem's exact solution."""
+    0.25 past the constraint (it lowered the removed problem's residual: accepted); with the inequalities
+    the step crosses in the QP it is the exact solution. Curved: θ₀ − 0.3θ₀² <= 0.8, whose linearisation at
+    θ̄ the step crosses but the constraint itself does not (0.7 at θ₀ = 1): retraining reaches 1.0, and a
+    row added on its linearisation alone stopped the step at 0.875 and called the constraint active."""
     from polyproj.adapters.dif import ConstrainedProblem, Constraint, Loss, solve
 
     Z = torch.tensor([[-1.0, 0.5], [-1.0, -0.5], [-1.0, 0.2], [-1.0, -0.2], [-1.0, 0.0],
                       [1.0, 0.3], [1.0, -0.3], [1.0, 0.1], [1.0, -0.1], [1.0, 0.0]], dtype=torch.float64)
+    cons = Constraint(lambda th: th[0], None, tau=0.75, name="cap") if kind == "linear" else \
+        Constraint(lambda th: th[0] - 0.3 * th[0] ** 2, None, tau=0.8, name="cap")
     problem = ConstrainedProblem(torch.zeros(2, dtype=torch.float64),
-                                 Loss(lambda th, b: 0.5 * ((th - b[0]) ** 2).sum(-1), (Z,)),
-                                 [Constraint(lambda th: th[0], None, tau=0.75, name="cap")])
+                                 Loss(lambda th, b: 0.5 * ((th - b[0]) ** 2).sum(-1), (Z,)), [cons])
     kkt = solve(problem)
     rem = {"objective": [0, 1, 2, 3, 4]}
-    truth = (retrain(problem, rem, warm_start=kkt, tol=1e-12).theta - kkt.theta).numpy()
-    np.testing.assert_allclose(truth, [0.75, 0.0], atol=1e-10)
+    retrained = (retrain(problem, rem, warm_start=kkt, tol=1e-12).theta - kkt.theta).numpy()
+    np.testing.assert_allclose(retrained, truth, atol=1e-10)
     dif = DIF(problem, kkt, method=method)
     first, second = dif.result(rem), dif.result(rem, order=2)
     np.testing.assert_allclose(first.omega.numpy(), [0.5, 0.0], atol=1e-10)
     assert second.step_length == 1.0
-    np.testing.assert_allclose(second.omega.numpy(), truth, atol=1e-8)
-    assert second.active == ("cap",)
+    np.testing.assert_allclose(second.omega.numpy(), retrained, atol=1e-8)
+    assert second.active == active

@@ -936,8 +936,8 @@ def test_false_infeasibility_reports_go_to_other_backends(backend, cases):
 
 def test_rows_reported_active_on_badly_scaled_coordinates_are_at_their_hyperplane():
     """Coordinates on scales 1e-4 to 1e4: the polish counted a row at zero slack (weakly active, and so in the
-    active set the HS-Jacobian factors) at tol ||A_i||_1 max|y| ~ 0.1-0.3, and reported 1-23 rows a seed active
-    with slack up to 1.3 % of their own terms; they are now at zero to tol of those terms."""
+    active set the HS-Jacobian factors) at tol ||A_i||_1 max|y| ~ 0.1-0.3, and reported 1-23 rows of A a seed
+    active with slack up to 1.3 % of their own terms (and bounds); they are now at zero to tol of those terms."""
     if "piqp" not in pp.available_backends():
         pytest.skip("piqp not installed")
     for seed in range(3):
@@ -945,10 +945,10 @@ def test_rows_reported_active_on_badly_scaled_coordinates_are_at_their_hyperplan
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pp.PolyprojWarning)  # 9 points of seed 0 refused (README)
             r = pp.project(X, P, backend="piqp")
-        m = P.A.shape[0]
-        slack = P.a - r.y @ P.A.T
-        terms = np.abs(r.y) @ np.abs(P.A).T + np.abs(P.a)
-        reported = np.asarray(r.active)[:, :m] & r.polished[:, None]
+        slack = np.concatenate([P.a - r.y @ P.A.T, r.y - P.lb, P.ub - r.y], axis=1)
+        terms = np.concatenate([np.abs(r.y) @ np.abs(P.A).T + np.abs(P.a), np.abs(r.y) + np.abs(P.lb),
+                                np.abs(r.y) + np.abs(P.ub)], axis=1)
+        reported = np.asarray(r.active) & r.polished[:, None]
         assert reported.any()
         assert np.abs(slack[reported] / terms[reported]).max() <= 1e-7
 

@@ -226,7 +226,9 @@ def _violation_tol(xp, X, Y, data: PolyData, sc: _Scales, sig, tol: float):
     rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
     size = xp.abs(X) + xp.abs(Y)
     terms = xp.concat([matvec(xp, xp.abs(data.A), size), size, size], axis=1)
-    floor = REFINE_ROUNDINGS * machine_eps(xp, Y.dtype) * sc.rn1 * xp.maximum(sig, _rmax(xp, X - Y))
+    scale = xp.maximum(sig, _rmax(xp, X - Y))
+    floor = xp.where(sc.rn1 > 0, REFINE_ROUNDINGS * machine_eps(xp, Y.dtype) * sc.rn1 * scale,
+                     xp.zeros_like(sc.rn1))  # a zero row: no rounding (0 * inf where x − y overflows)
     return xp.minimum(_row_tol(xp, sc, sig, tol), tol * (xp.abs(rhs0) + terms) + floor)
 
 

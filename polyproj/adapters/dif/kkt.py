@@ -654,23 +654,25 @@ def _sqp(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray, *, tol:
         res = max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0)
         if res <= tol:
             return th, lam, max_iter, res
-    hint = _violation_hint(problem, gval, tol) or _curvature_hint(H, grad)
+    hint = _violation_hint(problem, gval, tol) or _curvature_hint(H, grad + G.T @ lam if problem.m else grad, tol)
     raise SolverError(f"SQP did not reach the KKT residual {tol:g} in {max_iter} iterations (residual {res:.3e}); "
                       + (hint + ", or " if hint else "") + "raise max_iter or loosen tol")
 
 
-def _curvature_hint(H: np.ndarray, grad: np.ndarray) -> str:
-    """Where the Hessian of the Lagrangian vanishes while the gradient does not: a loss without curvature.
+def _curvature_hint(H: np.ndarray, grad_lagrangian: np.ndarray, tol: float) -> str:
+    """Where the Hessian of the Lagrangian vanishes while its gradient does not: a loss without curvature.
 
-    The KKT points of a piecewise-linear loss (``|r|``, a hinge on a linear model) sit on its kinks, where no
-    gradient vanishes: the SQP's steps, ruled by the convexification shift alone, circle them. '' otherwise.
+    Zero next to the gradient's size (an L1 loss, a hinge on a linear model, a linear objective): the
+    SQP's steps are then ruled by its convexification shift alone, and a minimum, if any, sits on a kink
+    where no gradient vanishes. ``H`` is the last one the SQP formed (at most one iterate old). '' otherwise.
     """
-    if float(np.max(np.abs(H), initial=0.0)) > 1e-12 * (1.0 + float(np.max(np.abs(grad), initial=0.0))):
+    size = float(np.max(np.abs(grad_lagrangian), initial=0.0))
+    if not size > tol or float(np.max(np.abs(H), initial=0.0)) > 1e-12 * size:
         return ""
-    return ("the Hessian of the Lagrangian is zero at the last iterate while its gradient is not: a loss without "
-            "curvature (|r|, a hinge on a linear model) has its minimum on a kink, where the KKT conditions of "
-            "smooth problems do not hold and DIF (which needs second derivatives) does not apply; use a "
-            "twice-differentiable loss (e.g. Huber, smooth L1)")
+    return ("the Hessian of the Lagrangian is zero at the last iterates while its gradient is not: a loss "
+            "without curvature (|r|, a hinge on a linear model, a linear objective) has no smooth KKT point for "
+            "the SQP to converge to (a minimum, if any, sits on a kink) and DIF, which needs second derivatives, "
+            "does not apply; use a twice-differentiable loss (e.g. Huber, smooth L1)")
 
 
 def _auglag_fallback(problem: ConstrainedProblem, th0: torch.Tensor, lam0: np.ndarray, failure: _SQPStalled, *,

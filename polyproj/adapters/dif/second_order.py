@@ -19,9 +19,10 @@ row, H δ + C̄ᵀ(ν − λ₁) = −(∇f₀' + G'ᵀλ₁)). By its dual, as 
 
     δ = −H⁻¹(q + C̄ᵀν),   ν = argmin ½νᵀ(C̄H⁻¹C̄ᵀ)ν + (C̄H⁻¹q − g')ᵀν,   ν >= 0 on inequality rows.
 
-Rows: the KKT point's active rows, every constraint that θ₁ violates, and every inequality whose
-linearisation g'ⱼ(θ₁) + C̄ⱼδ the step crosses (added and δ solved again until none is: the SQP subproblem
-with every constraint, solving H⁻¹C̄ⱼᵀ only for the rows the step reaches); equalities and binding rows
+Rows: the KKT point's active rows, every constraint that θ₁ violates, and every inequality that the step
+crosses, both its linearisation g'ⱼ(θ₁) + C̄ⱼδ and the constraint itself at θ₁ + δ (added and δ solved again
+until none is: the SQP subproblem with every constraint, solving H⁻¹C̄ⱼᵀ, once, only for the rows a step
+reaches, and evaluating the constraints at θ₁ + δ only where a linearisation crosses); equalities and binding rows
 with λ₁ⱼ > |μⱼ| are kept at equality (ν free), the others sign-constrained.
 
 **Step length.** Like every chord or Newton step far from its solution (and as the re-solves of
@@ -34,7 +35,8 @@ from θ̄ (a large group of a deep net) the full step can overshoot while a shor
 towards the removed problem's KKT point; where no t lowers the residual the correction is not applied
 (t = 0: the first-order answer). Cost per removal: one pass over the removed problem's data (the
 gradients of f₀ and of each gⱼ) at θ₁ and one per step length tried, and one solve with H (Krylov on
-the matrix-free path); a test function is then evaluated at θ̄ + ω₂, not linearised.
+the matrix-free path); a constraint the step crosses adds a pass over the constraints' data and, once per
+DIF, a solve with H for its row. A test function is then evaluated at θ̄ + ω₂, not linearised.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class SecondOrderStep:
     lambdas : ndarray (m,)
         ν: the predicted multipliers of the removed problem (zero off ``rows``).
     rows : ndarray of int
-        Constraints in the step's QP (active at θ̄, or violated at θ̄ + ω₁).
+        Constraints in the step's QP (active at θ̄, violated at θ̄ + ω₁, or crossed by the step).
     start : ndarray (m,)
         λ₁ = λ̄ + μ₁, the multipliers the step starts from.
     residual : float
@@ -105,10 +107,15 @@ def correction(dif, removed: ConstrainedProblem, omega1: np.ndarray, dlam1: np.n
             delta = -(y + V @ nu[rows])
         else:
             delta = -y
-        # an inequality the step's linearisation g'ⱼ(θ₁) + C̄ⱼδ crosses joins the QP (the SQP subproblem holds
-        # every constraint; only those the step can reach are solved for): a constraint just inside its level
-        # at θ₁ that the full step would violate otherwise made the step raise the removed problem's residual
-        reached = np.flatnonzero((Cbar @ delta + g > 0.0) & ~np.isin(np.arange(m), rows)) if m else rows[:0]
+        # an inequality the step crosses joins the QP (the SQP subproblem holds every constraint; only those
+        # the step reaches are solved for): crossed by its linearisation g'ⱼ(θ₁) + C̄ⱼδ, which the QP row
+        # holds, and by the constraint itself at θ₁ + δ (a curved constraint whose linearisation alone
+        # crosses would stop the step short of a point retraining reaches)
+        out = ~np.isin(np.arange(m), rows) & ~problem.eq_mask if m else np.zeros(0, bool)
+        reached = np.flatnonzero(out & (Cbar @ delta + g > 0.0))
+        if reached.size:
+            g_step = removed.constraint_values(theta1 + torch.as_tensor(delta, dtype=torch.float64))
+            reached = reached[g_step.detach().numpy()[reached] > 0.0]
         if not reached.size:
             break
         rows = np.union1d(rows, reached).astype(np.int64)
