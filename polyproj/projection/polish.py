@@ -212,7 +212,7 @@ def _row_tol(xp, sc: _Scales, sig, tol: float):
 
 
 def _violation_tol(xp, X, Y, data: PolyData, sc: _Scales, sig, tol: float):
-    """How far an inequality row's slack may be from what a row needs (b, m + 2n), at most :func:`_row_tol`.
+    """Tolerance of the slack tests of the inequality rows (violated; at zero), (b, m + 2n), at most :func:`_row_tol`.
 
     ``tol (|rhs| + |A_i|(|x| + |y|)) + k eps ||A_i||_1 max(σ, max|x − y|)`` (``k`` = :data:`REFINE_ROUNDINGS`,
     σ of :func:`_point_scale`): the slack at the size of the row's own terms (``y = x − Mᵀλ`` carries the
