@@ -151,7 +151,7 @@ class PolishResult:
 class _Scales:
     """Per-row and per-sample scales of the KKT tests (see :func:`_scales`)."""
 
-    rhs: Any  # (b, m + 2n) right-hand sides
+    rhs_abs: Any  # (b, m + 2n) |right-hand side| of the rows that can bind, 0 on the others
     fin: Any  # (b, m + 2n) rows that can bind (:func:`can_bind`): finite right-hand side, not a vacuous zero row
     rn1: Any  # (b, m + 2n) 1-norm of each row
     rn2: Any  # (b, m + 2n) 2-norm of each row (1 for zero rows)
@@ -183,8 +183,8 @@ def _scales(xp, X, data: PolyData) -> _Scales:
     bn1 = xp.broadcast_to(xp.sum(xp.abs(B), axis=-1), (batch, p))
     fin = can_bind(xp, rhs, rn1)
     bsum = xp.broadcast_to(xp.abs(b), (batch, p))
-    size = _rmax(xp, xp.concat([xp.where(fin, xp.abs(rhs), xp.zeros_like(rhs)), bsum], axis=1))
-    return _Scales(rhs, fin, rn1, rn2, bsum, bn1, size)
+    rhs_abs = xp.where(fin, xp.abs(rhs), xp.zeros_like(rhs))
+    return _Scales(rhs_abs, fin, rn1, rn2, bsum, bn1, _rmax(xp, xp.concat([rhs_abs, bsum], axis=1)))
 
 
 def _point_scale(xp, Y, X, sc: _Scales):
@@ -207,12 +207,11 @@ def _point_scale(xp, Y, X, sc: _Scales):
 
 def _row_tol(xp, sc: _Scales, sig, tol: float):
     """Feasibility tolerance of every inequality row: ``tol (|rhs| + ||row||_1 σ)``, σ the sample's scale."""
-    rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
-    return tol * (xp.abs(rhs0) + sc.rn1 * sig)
+    return tol * (sc.rhs_abs + sc.rn1 * sig)
 
 
-def _violation_tol(xp, X, Y, data: PolyData, sc: _Scales, sig, tol: float):
-    """Tolerance of the slack tests of the inequality rows (violated; at zero), (b, m + 2n), at most :func:`_row_tol`.
+def _violation_tol(xp, X, Y, data: PolyData, sc: _Scales, sig, row_tol, tol: float):
+    """Tolerance of the slack tests of the inequality rows (violated; at zero), (b, m + 2n), at most ``row_tol``.
 
     ``tol (|rhs| + |A_i|(|x| + |y|)) + k eps ||A_i||_1 max(σ, max|x − y|)`` (``k`` = :data:`REFINE_ROUNDINGS`,
     σ of :func:`_point_scale`): the slack at the size of the row's own terms (``y = x − Mᵀλ`` carries the
@@ -221,15 +220,15 @@ def _violation_tol(xp, X, Y, data: PolyData, sc: _Scales, sig, tol: float):
     that missed a row by 0.06-0.23 were accepted, and rows 1 % of their terms inside were reported active.
     The rounding floor covers rows whose terms vanish (``y_j ~ 0`` on a bound of 0, where ``(Mᵀλ)_j`` sums
     terms of the multipliers' size, ``|x − y|``). Never looser than :func:`_row_tol` (a far point's ``|x|``
-    does not excuse a violation at the scale of ``y``).
+    does not excuse a violation at the scale of ``y``); ``row_tol``: :func:`_row_tol` at ``sig``, which the
+    caller has.
     """
-    rhs0 = xp.where(sc.fin, sc.rhs, xp.zeros_like(sc.rhs))
     size = xp.abs(X) + xp.abs(Y)
     terms = xp.concat([matvec(xp, xp.abs(data.A), size), size, size], axis=1)
     scale = xp.maximum(sig, _rmax(xp, X - Y))
     floor = xp.where(sc.rn1 > 0, REFINE_ROUNDINGS * machine_eps(xp, Y.dtype) * sc.rn1 * scale,
                      xp.zeros_like(sc.rn1))  # a zero row: no rounding (0 * inf where x − y overflows)
-    return xp.minimum(_row_tol(xp, sc, sig, tol), tol * (xp.abs(rhs0) + terms) + floor)
+    return xp.minimum(row_tol, tol * (sc.rhs_abs + terms) + floor)
 
 
 #: rounds before the polish may hand the samples left to the caller's fallback (``handoff``)
@@ -332,7 +331,7 @@ def _select(xp, state: _State, X, data: PolyData, sc: _Scales, weak):
     def t(v):
         return xp.take(v, idx, axis=0)
 
-    sub = _Scales(t(sc.rhs), t(sc.fin), t(sc.rn1), t(sc.rn2), t(sc.bsum), t(sc.bn1), t(sc.size))
+    sub = _Scales(t(sc.rhs_abs), t(sc.fin), t(sc.rn1), t(sc.rn2), t(sc.bsum), t(sc.bn1), t(sc.size))
     return mask, t(X), data.take(idx), sub, t(state.S), t(state.forced), t(weak)
 
 
@@ -351,7 +350,7 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     mt_n = mt * st.rn2  # multipliers of the normalised rows
     mtol = tol * (xp.maximum(sig_y, _rmax(xp, Xt)) + _rmax(xp, mt_n))
     neg = St & ((mt_n < -mtol) | (slack > feas_tol))  # drop: negative multiplier, or left slack
-    viol_tol = _violation_tol(xp, Xt, Yt, dt, st, sig_y, tol)
+    viol_tol = _violation_tol(xp, Xt, Yt, dt, st, sig_y, feas_tol, tol)
     viol = (~St) & st.fin & (slack < -viol_tol)
     incons = cons > tol
     eq_ok = ~incons
@@ -406,7 +405,8 @@ def _finish(xp, state: _State, X, data: PolyData, sc: _Scales, tol: float, faces
     mult = xp.where(state.mult > 0, state.mult, xp.zeros_like(state.mult))
     slack = ineq_slack(state.Y, *_ineq_parts(data))
     sig = _point_scale(xp, state.Y, X, sc)
-    at_zero = sc.fin & (xp.abs(slack) <= _violation_tol(xp, X, state.Y, data, sc, sig, tol))
+    zero_tol = _violation_tol(xp, X, state.Y, data, sc, sig, _row_tol(xp, sc, sig, tol), tol)
+    at_zero = sc.fin & (xp.abs(slack) <= zero_tol)
     active = state.accepted[:, None] & (state.S | at_zero)
     if faces:  # a recorded face serves the samples whose final active set it is (no weakly active extra)
         exact = state.accepted & ~xp.any(active != state.S, axis=1)

@@ -654,20 +654,21 @@ def _sqp(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray, *, tol:
         res = max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0)
         if res <= tol:
             return th, lam, max_iter, res
-    hint = _violation_hint(problem, gval, tol) or _curvature_hint(H, grad + G.T @ lam if problem.m else grad, tol)
+    stationarity = kkt_residuals(grad, G, gval, lam, eq)["stationarity"]
+    hint = _violation_hint(problem, gval, tol) or _curvature_hint(H, stationarity, tol)
     raise SolverError(f"SQP did not reach the KKT residual {tol:g} in {max_iter} iterations (residual {res:.3e}); "
                       + (hint + ", or " if hint else "") + "raise max_iter or loosen tol")
 
 
-def _curvature_hint(H: np.ndarray, grad_lagrangian: np.ndarray, tol: float) -> str:
+def _curvature_hint(H: np.ndarray, stationarity: float, tol: float) -> str:
     """Where the Hessian of the Lagrangian vanishes while its gradient does not: a loss without curvature.
 
     Zero next to the gradient's size (an L1 loss, a hinge on a linear model, a linear objective): the
     SQP's steps are then ruled by its convexification shift alone, and a minimum, if any, sits on a kink
-    where no gradient vanishes. ``H`` is the last one the SQP formed (at most one iterate old). '' otherwise.
+    where no gradient vanishes. ``H`` is the last one the SQP formed (at most one iterate old);
+    ``stationarity``: ‖∇f₀ + Gᵀλ‖∞ there (:func:`~polyproj.adapters.dif.newton.kkt_residuals`). '' otherwise.
     """
-    size = float(np.max(np.abs(grad_lagrangian), initial=0.0))
-    if not size > tol or float(np.max(np.abs(H), initial=0.0)) > 1e-12 * size:
+    if not stationarity > tol or float(np.max(np.abs(H), initial=0.0)) > 1e-12 * stationarity:
         return ""
     return ("the Hessian of the Lagrangian is zero at the last iterates while its gradient is not: a loss "
             "without curvature (|r|, a hinge on a linear model, a linear objective) has no smooth KKT point for "
