@@ -213,3 +213,37 @@ def test_second_order_holds_a_constraint_its_step_would_cross(method, kind, trut
     assert second.step_length == 1.0
     np.testing.assert_allclose(second.omega.numpy(), retrained, atol=1e-8)
     assert second.active == active
+
+
+def test_second_order_answers_use_one_damping_after_a_re_damping(study, monkeypatch):
+    """damping="auto", matrix-free: a solve inside the second-order step (here H⁻¹q of the second removal, made
+    to meet negative curvature) raises the damping. Every answer of the call is then computed again at it:
+    equal to a DIF built with the final damping, for both removals (the first was computed before the raise),
+    with one ``second_order_log`` entry per removal. The step's H⁻¹q raised an IndefiniteHessianError out of
+    ``delta_theta`` before (it bypassed the re-damping), and answers computed before a raise kept the old one."""
+    from polyproj.adapters.dif import matfree
+    from polyproj.adapters.dif.krylov import IndefiniteHessianError
+
+    prob, kkt = study.problem, study.kkt
+    rng = np.random.default_rng(4)
+    rems = [_group(study, rng.choice(prob.objective.n_samples, 6, replace=False)) for _ in range(2)]
+    auto = DIF(prob, kkt, method="matrix-free", damping="auto", rtol=1e-12)
+    floor = auto.damping
+    solve, calls = matfree.KrylovInverse.solve, []
+
+    def meets_curvature_once(self, b, what):
+        if what.startswith("second order"):
+            calls.append(what)
+            if len(calls) == 2:  # the second removal's H⁻¹q, after the first removal's answer
+                raise IndefiniteHessianError("negative curvature (test)", -1e-3, 1.0)
+        return solve(self, b, what)
+
+    monkeypatch.setattr(matfree.KrylovInverse, "solve", meets_curvature_once)
+    got = auto.delta_theta(rems, order=2).numpy()
+    monkeypatch.setattr(matfree.KrylovInverse, "solve", solve)
+    assert auto.damping > floor + 1e-3
+    assert len(auto.second_order_log) == 2
+    fixed = DIF(prob, kkt, method="matrix-free", damping=auto.damping, rtol=1e-12)
+    want = fixed.delta_theta(rems, order=2).numpy()
+    assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max(), np.abs(got - want).max()
+    assert auto.second_order_log == fixed.second_order_log

@@ -479,6 +479,32 @@ class DIF:
         length tried (one when the full step is taken) per removal.
         """
         order = _check_order(order)
+        res = self._at_one_damping(lambda: self._result(removal, order))
+        if warn and order == 2 and res.step_length == 0.0:
+            import warnings
+
+            from ...errors import PolyprojWarning
+
+            warnings.warn(f"{_NOT_APPLIED} (‖δ‖/‖ω‖ = {res.correction_ratio:.3g}); the first-order answer is "
+                          "returned", PolyprojWarning, stacklevel=2)
+        return res
+
+    def _at_one_damping(self, compute: Callable[[], Any]) -> Any:
+        """``compute()`` again until no solve inside it raised the damping (``damping="auto"``, :meth:`_solve_h`).
+
+        A solve that meets curvature the earlier ones did not re-damps the path; answers computed before it
+        (ω₁, H⁻¹q, other removals' ω) used the old damping and are computed again, so every answer of one call
+        uses one damping. The entries the discarded rounds left in :attr:`second_order_log` are dropped.
+        """
+        for _ in range(21):  # each re-damping at least doubles, at most 20 (_solve_h)
+            damping, logged = self.damping, len(self.second_order_log)
+            out = compute()
+            if self.damping == damping:
+                return out
+            del self.second_order_log[logged:]
+        raise SolverError("damping='auto' could not make H positive definite in 20 rounds")  # pragma: no cover
+
+    def _result(self, removal: Removal, order: int) -> DIFResult:
         c, r = self._terms(removal)
         if self.method == "matrix-free":
             first = self._result_schur(c, r)
@@ -509,13 +535,6 @@ class DIF:
         if t == 0.0:
             # no step along the correction lowers the removed problem's KKT residual: the removal lies
             # outside the range of the expansion around θ̄ (e.g. retraining moves to another basin)
-            if warn:
-                import warnings
-
-                from ...errors import PolyprojWarning
-
-                warnings.warn(f"{_NOT_APPLIED} (‖δ‖/‖ω‖ = {ratio:.3g}); the first-order answer is returned",
-                              PolyprojWarning, stacklevel=2)
             return replace(first, correction_ratio=ratio, step_length=0.0)
         omega = omega1 + t * step.delta
         lambdas = step.start + t * (step.lambdas - step.start)
@@ -562,9 +581,10 @@ class DIF:
             The QP (or a Krylov solve) could not be solved (the message says why).
         """
         removals, single = _as_removals(removal)
+        order = _check_order(order)
+        results = self._at_one_damping(lambda: [self.result(rem, order, warn=False) for rem in removals])
         out, rejected = [], []
-        for k, rem in enumerate(removals):
-            res = self.result(rem, order, warn=False)
+        for k, res in enumerate(results):
             if not res.status.ok:
                 raise _qp_error(res.status)
             out.append(res.omega)
@@ -701,8 +721,9 @@ class DIF:
 
     def _second_order_scores(self, test_fn: Callable[[Any], Any] | None, rems: list[Removal],
                              progress: bool | None) -> torch.Tensor:
-        omegas = map_jobs(lambda rem: self.result(rem, order=2, warn=False), rems, progress=progress, bar_from=20,
-                          description="DIF scores (order 2)")
+        omegas = self._at_one_damping(lambda: map_jobs(lambda rem: self.result(rem, order=2, warn=False), rems,
+                                                       progress=progress, bar_from=20,
+                                                       description="DIF scores (order 2)"))
         bad = [i for i, r in enumerate(omegas) if not r.status.ok]
         if bad:
             raise SolverError(f"the DIF QP failed for {len(bad)} removals (first: #{bad[0]}, "

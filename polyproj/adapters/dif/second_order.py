@@ -89,7 +89,7 @@ def correction(dif, removed: ConstrainedProblem, omega1: np.ndarray, dlam1: np.n
     _, gf, g, G = first_order(removed, theta1, dif.chunk_size)
     Cbar = lin.G
     q = gf + (G - Cbar).T @ lam1 if problem.m else gf
-    y = dif._inv.solve(q, "second order: H⁻¹q")
+    y = dif._solve_h(q, "second order: H⁻¹q")
     m = problem.m
     violated = np.flatnonzero(g > 0.0) if m else np.zeros(0, np.int64)
     rows = np.union1d(dif.rows, violated).astype(np.int64)
