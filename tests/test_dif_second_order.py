@@ -247,3 +247,26 @@ def test_second_order_answers_use_one_damping_after_a_re_damping(study, monkeypa
     want = fixed.delta_theta(rems, order=2).numpy()
     assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max(), np.abs(got - want).max()
     assert auto.second_order_log == fixed.second_order_log
+
+
+def test_second_order_dual_qps_kept_are_bounded(study):
+    """The dual QPs of second-order steps are kept per (rows, free rows) for reuse, at most STEP_DUALS_KEPT of
+    them (least recently used dropped): a long run of removals with ever new row sets does not grow memory."""
+    import itertools
+
+    from polyproj.adapters.dif.engine import STEP_DUALS_KEPT
+
+    prob, kkt = study.problem, study.kkt
+    dif = DIF(prob, kkt, method="matrix-free", rtol=1e-12)
+    m = prob.m
+    combos = [(np.array(rows), np.array(eq)) for k in range(1, m + 1) for rows in itertools.combinations(range(m), k)
+              for eq in itertools.product((False, True), repeat=k)]
+    assert len(combos) > STEP_DUALS_KEPT
+    first_rows, first_eq = combos[0]
+    rhs = np.ones(first_rows.size)
+    want = dif.constraint_solves(first_rows, first_eq)[1].solve(rhs)
+    for rows, eq in combos:
+        dif.constraint_solves(rows, eq)
+    assert len(dif._step_duals) == STEP_DUALS_KEPT
+    again = dif.constraint_solves(first_rows, first_eq)[1]  # dropped and built again: the same QP
+    assert np.allclose(again.solve(rhs), want, rtol=1e-12, atol=1e-14)

@@ -115,6 +115,8 @@ def _as_removals(removal: Removal | Sequence[Removal]) -> tuple[list[Removal], b
                        f"got {type(removal).__name__}")
 
 
+#: dual QPs of second-order steps kept for reuse (row sets and their free rows; least recently used dropped)
+STEP_DUALS_KEPT = 64
 #: largest d for which ``method="auto"`` forms H (a d × d float64 matrix and its factor)
 DENSE_MAX_DIM = 1000
 #: ``damping="auto"`` keeps the condition number of H + δI at most this. A singular or nearly singular
@@ -437,10 +439,13 @@ class DIF:
         VR = np.column_stack([V[:, pos[int(j)]] if int(j) in pos else self._v_extra[int(j)] for j in rows]) \
             if rows.size else np.zeros((self.problem.dim, 0))
         key = (tuple(int(j) for j in rows), tuple(bool(e) for e in eq))
-        if key not in self._step_duals:
-            self._step_duals[key] = DualQP.build(self.lin.G[rows] @ VR, np.asarray(eq, dtype=bool), self.backend,
-                                                 self.settings)
-        return VR, self._step_duals[key]
+        dual = self._step_duals.pop(key, None)  # re-inserted last: the dict's order is least recently used first
+        if dual is None:
+            dual = DualQP.build(self.lin.G[rows] @ VR, np.asarray(eq, dtype=bool), self.backend, self.settings)
+            if len(self._step_duals) >= STEP_DUALS_KEPT:
+                del self._step_duals[next(iter(self._step_duals))]
+        self._step_duals[key] = dual
+        return VR, dual
 
     def qp_data(self, removal: Removal) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(H, c, C, u, eq) of the DIF QP ``min cᵀω + ½ωᵀHω s.t. Cω = u (eq), Cω <= u`` (u = −r); dense only.
