@@ -745,3 +745,28 @@ def test_a_loss_without_curvature_is_named_when_the_sqp_does_not_converge():
                                  [Constraint(lambda th: th[0], None, tau=0.5, name="cap")])
     with pytest.raises(pp.SolverError, match="Hessian of the Lagrangian is zero.*twice-differentiable"):
         solve(problem, method="sqp", max_iter=30)
+
+
+def test_unbounded_dif_qp_is_refused_on_every_dense_path():
+    """H singular and a removal's linear term off its range (per-sample slopes in θ₁ whose mean is zero): the DIF
+    QP is unbounded. delta_theta refused it (the backend's DUAL_INFEASIBLE), while the batched solve behind
+    influence / top_k polished ProxSuite's finite x with P + 1e-12 I into 'solved' scores of ~1e10."""
+    from polyproj.adapters.dif.qp import _polish
+
+    gen = torch.Generator().manual_seed(0)
+    X, y, s = (torch.randn(60, generator=gen, dtype=torch.float64) for _ in range(3))
+    s = s - s.mean()
+    prob = ConstrainedProblem(torch.zeros(2), Loss(lambda th, b: (b[0] * th[0] - b[1]) ** 2 + b[2] * th[1],
+                                                   (X, y, s)))
+    dif = DIF(prob, solve(prob), method="dense")
+    for call in (lambda: dif.delta_theta({"objective": [0]}), lambda: dif.influence(lambda th: th.sum()),
+                 lambda: dif.influence(None, [{"objective": [0]}, {"objective": [1]}]),
+                 lambda: dif.top_k(lambda th: th.sum(), 2)):
+        with pytest.raises(pp.SolverError, match="DUAL_INFEASIBLE"):
+            call()
+    # the polish itself: P singular, q off its range (no constraint): no solution, not x ~ q / 1e-12
+    P, q = np.diag([1.0, 0.0]), np.array([0.5, 1.0])
+    assert _polish(P, q, np.zeros((0, 2)), np.zeros(0), np.zeros(0, bool), np.zeros(2), np.zeros(0)) is None
+    x, _, _ = _polish(P, np.array([0.5, 0.0]), np.zeros((0, 2)), np.zeros(0), np.zeros(0, bool), np.zeros(2),
+                      np.zeros(0))
+    assert np.allclose(x, [-0.5, 0.0], atol=1e-10)

@@ -51,14 +51,14 @@ class QPResult:
     backend: str
 
 
-def _metric_factor(P: np.ndarray) -> np.ndarray | None:
-    """Lower Cholesky factor of ``P`` (of ``P + δI``, ``δ = 1e-12 max(1, max|P|)``, when P is singular).
+def _metric_factor(P: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """Lower Cholesky factor of ``P`` (of ``P + δI``, ``δ = 1e-12 max(1, max|P|)``, when P is singular), and δ.
 
     None when P is indefinite: the QP is not convex and there is nothing to polish.
     """
     for shift in (0.0, 1e-12 * max(1.0, float(np.max(np.abs(P), initial=0.0)))):
         try:
-            return np.linalg.cholesky(P + shift * np.eye(P.shape[0]))
+            return np.linalg.cholesky(P + shift * np.eye(P.shape[0])), shift
         except np.linalg.LinAlgError:
             continue
     return None
@@ -110,9 +110,10 @@ def _polish(P, q, C, u, eq, x, z, max_rounds: int = 50) -> tuple[np.ndarray, np.
     from ...polydata import PolyData
     from ...projection.polish import polish
 
-    L = _metric_factor(P)
-    if L is None:
+    factor = _metric_factor(P)
+    if factor is None:
         return None
+    L, shift = factor
     n, m = P.shape[0], C.shape[0]
     Linv_t = scipy.linalg.solve_triangular(L, np.eye(n), lower=True).T  # L⁻ᵀ
     ineq = np.flatnonzero(~eq)
@@ -128,7 +129,20 @@ def _polish(P, q, C, u, eq, x, z, max_rounds: int = 50) -> tuple[np.ndarray, np.
     zf[eq] = out.mu[0]
     act = eq.copy()
     act[ineq] = out.active[0, : ineq.size]
-    return Linv_t @ out.Y[0], zf, act
+    xf = Linv_t @ out.Y[0]
+    if shift and not _stationary(P, q, C, xf, zf):
+        # the polish solved the QP of P + δI: with P singular and q off its range the QP itself is unbounded
+        # (its answer grows like |q|/δ), which only the stationarity with P itself shows
+        return None
+    return xf, zf, act
+
+
+def _stationary(P, q, C, x, z) -> bool:
+    """``P x + q + Cᵀz = 0`` to 1e-8 of the size of its terms."""
+    Px, Cz = P @ x, C.T @ z
+    terms = float(max(np.max(np.abs(q), initial=0.0), np.max(np.abs(Px), initial=0.0),
+                      np.max(np.abs(Cz), initial=0.0)))
+    return float(np.max(np.abs(Px + q + Cz), initial=0.0)) <= 1e-8 * terms
 
 
 def _objective_scale(P: np.ndarray) -> float:
@@ -151,8 +165,19 @@ def _qp(P, q, C, u, eq) -> QP:
               u=u if C.shape[0] else None, check_psd=False)
 
 
+#: statuses that say the QP has no solution: returned as they are, never polished into one
+_NO_SOLUTION = (Status.PRIMAL_INFEASIBLE, Status.DUAL_INFEASIBLE, Status.NON_CONVEX)
+
+
 def _finish(P, q, C, u, eq, x, z, status, backend, s, sigma) -> QPResult:
-    """Polish the backend's answer to the QP scaled by ``s`` (P, q already divided by σ); x and z of the original."""
+    """Polish the backend's answer to the QP scaled by ``s`` (P, q already divided by σ); x and z of the original.
+
+    A backend's certificate that the QP has no solution (:data:`_NO_SOLUTION`) is its answer: a finite x beside
+    it (ProxSuite's, on an unbounded QP) is not polished into a solution.
+    """
+    if status in _NO_SOLUTION:
+        return QPResult(x=x * s, z=z * (s * sigma), status=status, active=np.zeros(C.shape[0], bool),
+                        polished=False, backend=backend)
     if status.ok or np.all(np.isfinite(x)):
         pol = _polish(P, q / s, C, u / s, eq, np.nan_to_num(x), np.nan_to_num(z))
     else:
@@ -191,9 +216,6 @@ def solve_qp_exact(P: np.ndarray, q: np.ndarray, C: np.ndarray, u: np.ndarray, e
     s = _scale(q, u)
     qp = _qp(P, q / s, C, u / s, eq)
     sol = get_backend(backend, **settings).solve(qp)
-    if sol.status in (Status.PRIMAL_INFEASIBLE, Status.DUAL_INFEASIBLE, Status.NON_CONVEX):
-        return QPResult(x=sol.x, z=sol.z, status=sol.status, active=np.zeros(C.shape[0], bool), polished=False,
-                        backend=sol.backend)
     return _finish(P, q, C, u, eq, sol.x, sol.z, sol.status, sol.backend, s, sigma)
 
 
