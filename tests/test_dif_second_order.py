@@ -270,3 +270,35 @@ def test_second_order_dual_qps_kept_are_bounded(study):
     assert len(dif._step_duals) == STEP_DUALS_KEPT
     again = dif.constraint_solves(first_rows, first_eq)[1]  # dropped and built again: the same QP
     assert np.allclose(again.solve(rhs), want, rtol=1e-12, atol=1e-14)
+
+
+def _sq(th, b):
+    return (b[0] @ th - b[1]) ** 2
+
+
+def test_second_order_moves_a_removal_whose_first_order_step_is_zero():
+    """Data of a constraint inactive at θ̄ only: ω₁ = 0 exactly, yet the removal violates the constraint (its
+    smallest loss removed, the group's mean risk rises past τ), so retraining moves θ. The correction holds the
+    violated row and moves towards retraining; ‖δ‖/‖ω₁‖ is infinite (it raised ZeroDivisionError)."""
+    from polyproj.adapters.dif import ConstrainedProblem, Constraint, Loss, solve
+
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(50, 3, generator=gen, dtype=torch.float64)
+    y = X @ torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64) + 0.5 * torch.randn(50, generator=gen,
+                                                                                   dtype=torch.float64)
+    theta = torch.linalg.lstsq(X, y).solution
+    r2 = (X[:10] @ theta - y[:10]) ** 2
+    k = int(torch.argmin(r2))
+    risk, risk_after = float(r2.mean()), float((r2.sum() - r2[k]) / 9)
+    tau = risk + 0.3 * (risk_after - risk)
+    prob = ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y)),
+                              [Constraint(_sq, (X[:10], y[:10]), tau=tau, name="grp")])
+    kkt = solve(prob, tol=1e-12)
+    assert kkt.classification == {"grp": "inactive"}
+    rem = {"grp": [k]}
+    dif = DIF(prob, kkt)
+    first, second = dif.result(rem), dif.result(rem, order=2)
+    truth = (retrain(prob, rem, warm_start=kkt, tol=1e-12).theta - kkt.theta).numpy()
+    assert float(first.omega.abs().max()) == 0.0 and np.linalg.norm(truth) > 1e-3
+    assert second.correction_ratio == np.inf and second.step_length > 0
+    assert np.linalg.norm(second.omega.numpy() - truth) < 0.1 * np.linalg.norm(truth)

@@ -534,7 +534,9 @@ class DIF:
         if max(size_d, size_w) <= noise:
             self.second_order_log.append((0.0, None))
             return replace(first, order=2, correction_ratio=0.0)
-        ratio = size_d / size_w
+        # ω₁ = 0 exactly with a correction above rounding: no first-order effect, yet the removed problem's own
+        # KKT residual moves θ (a constraint inactive at θ̄ that the removal violates, or θ̄'s residual itself)
+        ratio = size_d / size_w if size_w > 0.0 else float("inf")
         t, g = step_length(self, removed, omega1, step)
         self.second_order_log.append((ratio, t))
         if t == 0.0:
