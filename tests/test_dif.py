@@ -20,6 +20,7 @@ from polyproj.adapters.dif import (
     solve,
 )
 from polyproj.adapters.dif.study import pearson
+from polyproj.errors import ProblemError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "quiet_polyproj_warnings")
 
@@ -241,3 +242,58 @@ def test_dense_all_point_scores_in_bounded_batches(study, monkeypatch):
     monkeypatch.setattr(engine, "DENSE_BATCH_BYTES", 64 * study.problem.dim ** 2 * 7)  # 7 QPs a batch
     assert engine.dense_batch_size(study.problem.dim) == 7
     np.testing.assert_allclose(dif.influence(study.test_loss).numpy(), whole, rtol=1e-9, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- weighted losses
+def _weighted_binding(renormalize: bool):
+    """Least squares with a binding weighted group risk (weights 2, or random), either normaliser."""
+    rng = np.random.default_rng(7)
+    X = torch.as_tensor(rng.normal(size=(40, 3)))
+    y = torch.as_tensor(rng.normal(size=40))
+    w0 = torch.as_tensor(rng.uniform(0.5, 1.5, size=40))
+    wg = torch.full((15,), 2.0, dtype=torch.float64)
+    free = solve(ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y), weights=w0, renormalize=renormalize)))
+    base = float(ConstrainedProblem(torch.zeros(3), Loss(_sq, (X[:15], y[:15]), weights=wg,
+                                                         renormalize=renormalize)).objective_value(free.theta))
+    cons = [Constraint(_sq, (X[:15], y[:15]), tau=0.95 * base, name="grp", weights=wg, renormalize=renormalize)]
+    prob = ConstrainedProblem(torch.zeros(3), Loss(_sq, (X, y), weights=w0, renormalize=renormalize), cons)
+    return prob, solve(prob, tol=1e-12)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("removal", [{"objective": [4]}, {"grp": [3]}, {"objective": [3], "grp": [3]}])
+def test_weighted_losses_match_finite_differences_with_either_normaliser(renormalize, removal):
+    """Each loss is Σwℓ / W with W = Σw, or W = N under ``renormalize=False``. Removing samples lowers W by their
+    weights, or by their count: the renormalisation term used Σ_Z w / W for both, so with weights 2 on a
+    ``renormalize=False`` group risk the DIF was 2× off (and ``perturbed`` turned such a loss into one with W = Σw,
+    another problem at t = 0)."""
+    prob, kkt = _weighted_binding(renormalize)
+    assert kkt.classification == {"grp": "binding"}
+    for t in (0.0, 0.3):  # perturbed: this problem at t = 0, the loss's own normaliser in between
+        moved = prob.perturbed(removal, t)
+        for name in removal:
+            loss, new = prob.loss(name), moved.loss(name)
+            keep = np.ones(loss.n_samples)
+            keep[removal[name]] = 1.0 - t
+            w = loss.weights.numpy() * keep
+            norm = w.sum() if renormalize else loss.n_samples - t * len(removal[name])
+            vals = prob.per_sample(loss, kkt.theta).detach().numpy()
+            assert float(moved.mean(new, kkt.theta)) == pytest.approx(float(w @ vals / norm), rel=1e-13)
+    fd = _fd(prob, kkt, removal, t=1e-6)
+    for method in ("dense", "matrix-free"):
+        omega = DIF(prob, kkt, method=method, rtol=1e-13).delta_theta(removal).numpy()
+        assert np.linalg.norm(omega - fd) <= 1e-5 * np.linalg.norm(fd), (method, omega, fd)
+
+
+def test_removing_every_sample_of_nonzero_weight_is_refused():
+    """A renormalised weighted mean over samples whose weights sum to 0 is undefined: refused as a removal (DIF
+    returned ω ≈ 0 while retrain raised)."""
+    prob, _ = _weighted_binding(True)
+    w = torch.ones(15, dtype=torch.float64)
+    w[:2] = 0.0
+    cons = [Constraint(_sq, prob.constraints[0].data, tau=10 * prob.constraints[0].tau, name="grp", weights=w)]
+    prob = ConstrainedProblem(torch.zeros(3), prob.objective, cons)
+    dif = DIF(prob, solve(prob, tol=1e-12))
+    with pytest.raises(ProblemError, match="every sample of nonzero weight"):
+        dif.delta_theta({"grp": list(range(2, 15))})
+    assert dif.delta_theta({"grp": list(range(3, 15))}).shape == (3,)  # one weighted sample left: defined

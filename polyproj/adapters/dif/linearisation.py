@@ -45,6 +45,15 @@ def loss_weights(problem: ConstrainedProblem, name: str) -> tuple[np.ndarray, fl
     return w, W
 
 
+def normaliser_share(problem: ConstrainedProblem, name: str, w: np.ndarray) -> np.ndarray:
+    """What each sample of weights ``w`` adds to loss ``name``'s normaliser W.
+
+    Its weight (W = Σw), or 1 (W = N, ``renormalize=False``). Removing samples lowers W by their shares: the
+    renormalisation term of a removal.
+    """
+    return w if problem.loss(name).renormalize else np.ones_like(w)
+
+
 def removal_terms(problem: ConstrainedProblem, g: np.ndarray, source: GradientSource, removal: Removal, *,
                   renormalize: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(c₀ (p,), c_constraints (m, p), r (m,)) of one removal in the basis of ``source``.
@@ -59,16 +68,17 @@ def removal_terms(problem: ConstrainedProblem, g: np.ndarray, source: GradientSo
         wi = w[idx]
         grads, vals = source.sample_data(name, idx)
         gterm = -(wi @ grads) / W
+        share = float(normaliser_share(problem, name, wi).sum()) / W  # the removal's fraction of W
         if name == "objective":
             if renormalize:
-                gterm = gterm + wi.sum() / W * source.grad_f0
+                gterm = gterm + share * source.grad_f0
             c0 += gterm
         else:
             j = problem.names.index(name) - 1
             rj = -(wi @ vals) / W
             if renormalize:
-                rj += wi.sum() / W * (g[j] + problem.constraints[j].tau)
-                gterm = gterm + wi.sum() / W * source.G[j]
+                rj += share * (g[j] + problem.constraints[j].tau)
+                gterm = gterm + share * source.G[j]
             cc[j] += gterm
             r[j] += rj
     return c0, cc, r
@@ -150,5 +160,5 @@ class Linearisation:
         idx = np.arange(w.size) if idx is None else np.asarray(idx, dtype=np.int64)
         C = -(w[idx, None] * per_sample_grads(self.problem, "objective", self.theta, idx)) / W
         if renormalize:
-            C = C + (w[idx, None] / W) * self.grad_f0[None, :]
+            C = C + (normaliser_share(self.problem, "objective", w[idx])[:, None] / W) * self.grad_f0[None, :]
         return C

@@ -624,6 +624,10 @@ class ConstrainedProblem:
             n = loss.n_samples
             if arr.size >= n:
                 raise ProblemError(f"removal[{name!r}] removes all {n} samples")
+            if loss.weights is not None and loss.renormalize and arr.size and \
+                    float(loss.weights.sum() - loss.weights[torch.as_tensor(arr)].sum()) == 0.0:
+                raise ProblemError(f"removal[{name!r}] removes every sample of nonzero weight: the weighted mean "
+                                   "of what remains (weights summing to 0) is undefined")
             if arr.size:
                 out[name] = np.sort(arr)
         return out
@@ -649,8 +653,9 @@ class ConstrainedProblem:
     def perturbed(self, removal: Removal, t: float, *, renormalize: bool = True) -> ConstrainedProblem:
         """The PCL problem at ``ε = t·Δε``: removed samples get weight ``1 − t``.
 
-        ``renormalize=True`` keeps every loss a weighted mean (``Σwℓ / Σw``; at ``t = 1`` this is
-        :meth:`remove`); ``False`` is the paper's plain form ``Σwℓ / N`` (a τ-shifted problem).
+        ``renormalize=True`` keeps every loss a mean over what remains, with its own normaliser (``Σwℓ / Σw``;
+        for a loss with ``renormalize=False``, ``Σwℓ / (N − t|Z|)``): ``t = 0`` is this problem, ``t = 1``
+        :meth:`remove`. ``False`` is the paper's plain form ``Σwℓ / N`` (a τ-shifted problem).
         """
         rem = self.check_removal(removal)
         mapping = {}
@@ -658,7 +663,12 @@ class ConstrainedProblem:
             loss = self.loss(name)
             w = torch.ones(loss.n_samples, dtype=torch.float64) if loss.weights is None else loss.weights.clone()
             w[torch.as_tensor(idx)] *= 1.0 - float(t)
-            mapping[name] = replace(loss, weights=w, renormalize=renormalize)
+            if renormalize and not loss.renormalize:
+                # the normaliser N (a count) falls to N − t|Z|: the weights scaled by N / (N − t|Z|), over N
+                n = loss.n_samples
+                mapping[name] = replace(loss, weights=w * (n / (n - float(t) * idx.size)))
+            else:
+                mapping[name] = replace(loss, weights=w, renormalize=renormalize)
         return self._with_losses(mapping)
 
     def __repr__(self) -> str:
