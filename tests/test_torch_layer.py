@@ -1264,3 +1264,21 @@ def test_layer_refuses_a_polyhedron_with_more_data():
         ProjectionLayer(P, lb=torch.zeros(2, dtype=torch.float64))
     with pytest.raises(pp.ProblemError, match="not both"):
         project(torch.zeros(1, 2, dtype=torch.float64), P, lb=torch.zeros(2, dtype=torch.float64))
+
+
+def test_meta_tensors_are_named_not_raw_torch_errors():
+    """Tensors on the 'meta' device (a shape, no values) were read by .item() / .numpy() inside the library and
+    raised torch's own RuntimeError / NotImplementedError; now a ProblemError naming the tensor, on every entry."""
+    n = 4
+    meta = {"device": "meta", "dtype": torch.float64}
+    calls = {
+        "x": lambda: project(torch.randn(4, n, **meta), pp.sets.Simplex(n)),
+        "A": lambda: project(torch.randn(4, n, dtype=torch.float64), torch.randn(2, n, **meta), torch.ones(2)),
+        "lb": lambda: project(torch.randn(4, n, dtype=torch.float64), lb=torch.zeros(n, **meta), ub=torch.ones(n)),
+        "A ": lambda: ProjectionLayer(A=torch.randn(2, n, **meta), a=torch.ones(2, **meta)),
+        "the layer's A": lambda: ProjectionLayer(A=torch.randn(2, n), a=torch.ones(2)).to("meta")(
+            torch.randn(4, n, dtype=torch.float64)),
+    }
+    for name, call in calls.items():
+        with pytest.raises(pp.ProblemError, match=f"{name.strip()} is on the 'meta' device"):
+            call()

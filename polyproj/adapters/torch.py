@@ -469,9 +469,17 @@ def _flatten(x: torch.Tensor, S: Projector) -> tuple[torch.Tensor, tuple[int, ..
     return x.reshape(N, S.n), bshape, tail
 
 
+def _refuse_meta(tensors: dict[str, Any]) -> None:
+    """A tensor on the 'meta' device has a shape but no values: a ProblemError naming it, not torch's own."""
+    for name, v in tensors.items():
+        if isinstance(v, torch.Tensor) and v.is_meta:
+            raise ProblemError(f"{name} is on the 'meta' device: it has a shape but no values to project with")
+
+
 def _check_x(x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise ProblemError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    _refuse_meta({"x": x})
     if x.dtype not in (torch.float32, torch.float64):
         raise ProblemError(f"x must be float32 or float64, got {x.dtype}")
     if x.ndim < 1 or x.shape[-1] == 0:
@@ -629,6 +637,7 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
              structured: bool = True) -> tuple[torch.Tensor, Any]:
     """:func:`project` with a warm start; returns the projection and the result (for the next warm start)."""
     x = _check_x(x)
+    _refuse_meta(dict(parts, S=None, A=S if isinstance(S, torch.Tensor) else parts["A"]))  # a tensor S is A
     a, B, b, lb, ub, A = (parts[k] for k in ("a", "B", "b", "lb", "ub", "A"))
     forward: tuple[str, ...] = ()
     if isinstance(S, (Projector, Polyhedron)):
@@ -799,6 +808,7 @@ class ProjectionLayer(nn.Module):
             self._seen = self._buffer_state()
 
     def _store(self, vals: dict[str, Any], learn: Any, dtype: torch.dtype) -> None:
+        _refuse_meta(vals)
         dense = {k: _dense(v) for k, v in vals.items()}  # stored dense, copied to the layer's dtype below
         host = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v) for k, v in dense.items()}
         missing = [k for k in learn if host.get(k) is None]
@@ -860,6 +870,7 @@ class ProjectionLayer(nn.Module):
     @_eager_under_compile
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Project ``x`` (..., n); with ``warm_start`` the previous call's active sets start the polish."""
+        _refuse_meta({"x": x, **{f"the layer's {k}": getattr(self, k, None) for k in PARTS}})
         self._recognised()
         warm = self._last if self.warm_start else None
         if self.set is not None:
