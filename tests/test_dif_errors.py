@@ -770,3 +770,31 @@ def test_unbounded_dif_qp_is_refused_on_every_dense_path():
     x, _, _ = _polish(P, np.array([0.5, 0.0]), np.zeros((0, 2)), np.zeros(0), np.zeros(0, bool), np.zeros(2),
                       np.zeros(0))
     assert np.allclose(x, [-0.5, 0.0], atol=1e-10)
+
+
+def test_dense_paths_through_the_schur_complement_refuse_a_saddle():
+    """A stationary saddle without constraints (H eigenvalues −3.75, 1.36, 2.26): the DIF QP is not convex, which
+    delta_theta and in-process influence said, while the score job of an executor solved with H by LU and
+    returned numbers; ``order=2`` (also through H⁻¹) is refused the same way. With damping past the negative
+    curvature the paths agree."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 3, generator=gen, dtype=torch.float64)
+    y = torch.randn(60, generator=gen, dtype=torch.float64)
+    prob = ConstrainedProblem(torch.zeros(3), Loss(lambda th, b: (b[0] @ th - b[1]) ** 2 - 3.0 * th[0] ** 2,
+                                                   (X, y)))
+    H = 2 * X.T @ X / 60 - torch.diag(torch.tensor([6.0, 0.0, 0.0], dtype=torch.float64))
+    assert float(torch.linalg.eigvalsh(H)[0]) < -1.0
+    kkt = KKTPoint.from_params(prob, torch.linalg.solve(H, 2 * X.T @ y / 60))
+    dif = DIF(prob, kkt, method="dense")
+    with ThreadPoolExecutor(1) as ex:
+        for call in (lambda: dif.influence(lambda th: th.sum(), executor=ex),
+                     lambda: dif.delta_theta({"objective": [0]}, order=2),
+                     lambda: dif.delta_theta({"objective": [0]})):
+            with pytest.raises(pp.SolverError, match="not convex"):
+                call()
+        damped = DIF(prob, kkt, method="dense", damping=5.0)
+        here = damped.influence(lambda th: th.sum()).numpy()
+        there = damped.influence(lambda th: th.sum(), executor=ex).numpy()
+    assert np.allclose(here, there, rtol=1e-10, atol=1e-14)

@@ -331,6 +331,7 @@ class DIF:
         else:
             self._setup_matrix_free(floor, auto_damping, krylov, rtol, maxiter, preconditioner)
         self._dual: DualQP | None = None
+        self._schur_checked = False  # dense: H⁻¹ allowed (_check_dense_schur)
         self._v_extra: dict[int, np.ndarray] = {}
         self._step_duals: dict[tuple, DualQP] = {}
         #: (‖δ‖/‖ω₁‖, step length t) of every second-order result, in order (t = 0: not applied)
@@ -388,6 +389,8 @@ class DIF:
         rules (:func:`_more_damping`), sets the path up again with it (V and the dual QPs anew, so every later
         answer uses one damping) and solves again.
         """
+        if self.method == "dense" and not self._schur_checked:
+            self._check_dense_schur()
         for _ in range(20):
             try:
                 return self._inv.solve(b, what)
@@ -397,6 +400,20 @@ class DIF:
                     raise
                 self._redamp(damping)
         raise SolverError("damping='auto' could not make H positive definite in 20 rounds")  # pragma: no cover
+
+    def _check_dense_schur(self) -> None:
+        """Dense path: refuse H⁻¹ where the DIF QP is refused (second-order sufficiency fails on null(C_B)).
+
+        The paths through the Schur complement (score jobs, an executor's scores, ``order=2``) solve with H
+        itself, which an LU factorisation does for any non-singular H: at a saddle they returned numbers where
+        the QP path, by the same rule (:func:`~polyproj.adapters.dif.qp._convexified`), says the DIF QP is not
+        convex.
+        """
+        from .qp import _convexified, _objective_scale
+
+        if _convexified(self.H / _objective_scale(self.H), self.C, self.row_eq) is None:
+            raise SolverError(_qp_failure(Status.NON_CONVEX))
+        self._schur_checked = True
 
     def _redamp(self, damping: float) -> None:
         """Set the matrix-free path up again with ``damping`` (V and the dual QPs anew: later answers all use it)."""
