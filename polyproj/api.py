@@ -105,6 +105,9 @@ def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish:
     >>> np.round(res.y, 12), res.active
     (array([0.7, 0.3, 0. ]), array([False, False,  True]))
     """
+    for name, flag in (("polish", polish), ("structured", structured)):
+        if not isinstance(flag, (bool, np.bool_)):  # a string such as "no" is truthy
+            raise ProblemError(f"{name} must be True or False, got {flag!r}")
     if isinstance(S, Polyhedron):
         generic = (backend not in (_UNSET, "auto") or bool(settings) or not polish or tol != 1e-9
                    or max_polish_iter is not None)

@@ -578,9 +578,11 @@ class Polyhedron:
     def __post_init__(self) -> None:
         n = self.n
         if n is not None:
-            if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
                 raise ProblemError(f"n must be a positive integer (the number of variables), got {n!r}")
             n = int(n)
+        if not isinstance(self.allow_dependent_rows, (bool, np.bool_)):  # "no" is truthy: it allowed them
+            raise ProblemError(f"allow_dependent_rows must be True or False, got {self.allow_dependent_rows!r}")
         for M, name in ((self.A, "A"), (self.B, "B")):
             if M is not None and n is None:
                 shp = M.shape if sp.issparse(M) or hasattr(M, "shape") else np.shape(_asarray(M, name))

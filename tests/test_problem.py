@@ -307,3 +307,21 @@ def test_batch_positions_and_result_objects():
         res.single()
     with pytest.raises(pp.PolyprojError, match="already a single point"):
         pp.project(X[0], P, backend="ipm").single()
+
+
+def test_flags_must_be_booleans_and_n_positive():
+    """A string flag is truthy: polish="no" polished and allow_dependent_rows="no" allowed dependent rows
+    silently; n = -1 was reported as "cannot tell the number of variables"."""
+    S = pp.Polyhedron(B=np.ones((1, 2)), b=[1.0], lb=np.zeros(2))
+    x = np.array([0.9, 0.5])
+    for kw in ({"polish": "no"}, {"polish": "False"}, {"structured": "no"}, {"polish": None}):
+        with pytest.raises(pp.ProblemError, match=f"{next(iter(kw))} must be True or False"):
+            pp.project(x, S, **kw)
+    with pytest.raises(pp.ProblemError, match="polish must be True or False"):
+        pp.sets.Polyhedral(S, "proxsuite", polish="no")
+    with pytest.raises(pp.ProblemError, match="allow_dependent_rows must be True or False"):
+        pp.Polyhedron(B=[[1.0, 1.0], [1.0, 1.0]], b=[1.0, 1.0], allow_dependent_rows="no")
+    for n in (-1, 0):
+        with pytest.raises(pp.ProblemError, match="n must be a positive integer"):
+            pp.Polyhedron(lb=0.0, n=n)
+    assert pp.project(x, S, polish=np.bool_(False)).y.shape == (2,)

@@ -83,6 +83,8 @@ class Polyhedral(Projector):
             raise ProblemError(f"Polyhedral takes a Polyhedron or PolyData, got {type(polyhedron).__name__}")
         if positive(tol) is not None:
             raise ProblemError(f"tol must be a positive number, got {tol!r}")
+        if not isinstance(polish, (bool, np.bool_)):  # polish="no" is truthy: it polished
+            raise ProblemError(f"polish must be True or False, got {polish!r}")
         if max_polish_iter is not None and (not isinstance(max_polish_iter, (int, np.integer)) or max_polish_iter < 0):
             raise ProblemError(f"max_polish_iter must be an integer >= 0, got {max_polish_iter!r}")
         self.auto = backend == "auto"
