@@ -971,3 +971,23 @@ def test_far_points_on_badly_scaled_coordinates_are_verified():
         r = pp.project(X, P, backend="piqp")
     assert r.polished.all()
     assert _rounding_misses(P, r.y).max() <= 1e3  # at |x| / |y| ~ 1e6 the rounding of y = x − Mᵀλ is eps |x|-ish
+
+
+@pytest.mark.parametrize("backend", ["auto", "ipm", "proxsuite", "highs"])
+def test_an_empty_polyhedron_by_a_small_gap_is_infeasible_not_solved(backend):
+    """{x₁ + x₂ <= 1, x₁ + x₂ >= 1 + gap} is empty. With gaps 1e-7 to 2e-6 an interior-point answer 1.6e-6 outside
+    it passed as a point of the polyhedron ("found them feasible") and the projection came back
+    SOLVED_INACCURATE; the IPM alone never reports PRIMAL_INFEASIBLE there. The set's LP (least uniform violation
+    of its rows) decides: InfeasibleError beyond EMPTY_GAP, points within rounding of both rows below it."""
+    X = np.array([[-3.0, 1.0], [0.5, 0.6]])
+    for gap in (1e-7, 2e-6, 1e-3):
+        P = pp.Polyhedron(A=[[1.0, 1.0], [-1.0, -1.0]], a=[1.0, -(1.0 + gap)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pp.PolyprojWarning)
+            with pytest.raises(pp.InfeasibleError, match="misses some row"):
+                pp.project(X, P, backend=backend)
+    P = pp.Polyhedron(A=[[1.0, 1.0], [-1.0, -1.0]], a=[1.0, -(1.0 + 1e-10)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        r = pp.project(X, P, backend=backend)
+    assert np.all(r.violation <= 2e-10)

@@ -151,7 +151,21 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
             warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
                           + (f", {by_retry} by other backends" if by_retry else "")
                           + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
+    if opts.polish and not opts.tried and not data.batched and report is None and \
+            not bool(array_namespace(X).all(out.polished)):
+        # no backend reported the set empty, and the polish verified not every sample (a backend's MAX_ITER, an
+        # inaccurate point): the set's LP tells an empty polyhedron from a hard projection
+        _raise_if_empty(solver, data, start)
     return out
+
+
+def _raise_if_empty(solver, data: PolyData, start) -> None:
+    """Raise the InfeasibleError of an empty polyhedron when its LP says so (:data:`EMPTY_GAP`); shared data only."""
+    from .emptiness import least_violation
+
+    gap = least_violation(data)
+    if gap is not None and gap > EMPTY_GAP * (1.0 + data.distance_size):
+        raise _empty(solver, data, start, f" or fails; every point misses some row by {gap:.2e} or more")
 
 
 #: the data's size (largest distance of a hyperplane from the origin, else largest |x|) within
@@ -647,6 +661,8 @@ def _recover(solver, X, data: PolyData, start: ProjectionStart):
     flagged = _flags(xp, start, X)
     if not bool(xp.any(flagged)):
         return start, flagged, None
+    if not data.batched:  # one polyhedron: its LP decides before any backend's loose "feasible" point does
+        _raise_if_empty(solver, data, start)
     ok = xp.asarray([s.ok for s in start.status], dtype=xp.bool, device=_device(X))
     # one polyhedron for the batch: a sample solved to a point of it proves it is not empty
     has_donor = not data.batched and bool(xp.any(_feasible(xp, data, start.y, ok)))
@@ -706,16 +722,26 @@ def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
     return start, good
 
 
+def _empty(solver, data: PolyData, start, why: str = "") -> InfeasibleError:
+    """The InfeasibleError of an empty polyhedron, carrying ``solver``'s answer (``why``: what else says so)."""
+    return InfeasibleError(f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE{why}): "
+                           f"{Status.PRIMAL_INFEASIBLE.message}",
+                           solution=start.solution if start.solution is not None else _as_solution(start, data,
+                                                                                                 solver.name))
+
+
+#: a polyhedron whose least uniform violation (:func:`~polyproj.projection.emptiness.least_violation`) exceeds this
+#: times (1 + its size) is empty: a backend's point "feasible" at its own tolerance does not say otherwise
+EMPTY_GAP = 1e-8
+
+
 def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, head: str, report: str):
     """The still-flagged samples by an independent backend; raise when nothing proves the set non-empty."""
     from ..backends.defaults import independents_of
     from ..registry import get_backend
 
     xp = array_namespace(X)
-    empty = InfeasibleError(f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE): "
-                            f"{Status.PRIMAL_INFEASIBLE.message}",
-                            solution=start.solution if start.solution is not None else _as_solution(start, data,
-                                                                                                  solver.name))
+    empty = _empty(solver, data, start)
     others = independents_of(solver.name)
     if not others:
         if not has_donor and (data.batched or not _probe(solver, X, data)):
