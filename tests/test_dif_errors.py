@@ -798,3 +798,14 @@ def test_dense_paths_through_the_schur_complement_refuse_a_saddle():
         here = damped.influence(lambda th: th.sum()).numpy()
         there = damped.influence(lambda th: th.sum(), executor=ex).numpy()
     assert np.allclose(here, there, rtol=1e-10, atol=1e-14)
+
+
+def test_a_test_function_that_leaves_torch_or_is_complex_is_named(setup):
+    """test_fn returning a NumPy value (.numpy() on the traced θ) raised torch's bare RuntimeError about a data
+    pointer, and a complex one torch's error about real outputs: now ProblemErrors that say what is wrong."""
+    prob, kkt = setup
+    dif = DIF(prob, kkt)
+    with pytest.raises(pp.ProblemError, match="torch operations"):
+        dif.influence(lambda th: th.detach().numpy().sum())
+    with pytest.raises(pp.ProblemError, match="real scalar"):
+        dif.influence(lambda th: th.sum().to(torch.complex128))

@@ -944,11 +944,16 @@ def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> 
             out = torch.as_tensor(test_fn(problem.wrap(t)))
         except RuntimeError as exc:
             err = placement_error(exc, "test_fn failed")
+            if err is None and ("data pointer" in str(exc) or "numpy" in str(exc).lower()):
+                err = ProblemError("test_fn must compute its value from its argument with torch operations: it left "
+                                   f"torch (.numpy(), .item() or a Python number) where θ is traced ({exc})")
             if err is None:
                 raise
             raise err from exc
         if out.numel() != 1:
             raise ProblemError(f"test_fn must return a scalar, got shape {tuple(out.shape)}")
+        if out.is_complex():
+            raise ProblemError(f"test_fn must return a real scalar, got dtype {out.dtype}")
         return out.reshape(())
     return f
 
