@@ -751,3 +751,37 @@ def test_a_binding_big_right_hand_side_is_the_scale(R):
         assert sol.status is not pp.Status.PRIMAL_INFEASIBLE, b
         if sol.status.ok:
             np.testing.assert_allclose(sol.x, [R, 1.0], rtol=1e-6, atol=1e-6 * R, err_msg=b)
+
+
+def test_a_solved_answer_that_misses_complementarity_is_inaccurate():
+    """min 1e6 x on [-2, 10]: DAQP returned SOLVED at x = -1.99997 with z_box = -1e6, feasible and stationary, but
+    2.6e-5 inside the bound its multiplier sits on (duality gap 26): now SOLVED_INACCURATE. An interior-point
+    answer at a weakly active row through the origin (z · distance ~ 1e-11, at its eps_abs) stays SOLVED."""
+    pytest.importorskip("daqp")
+    for q in (1e6, 5e6):
+        sol = pp.solve_qp(pp.QP(P=np.zeros((1, 1)), q=[q], lb=[-2.0], ub=[10.0]), backend="daqp")
+        if sol.status is pp.Status.SOLVED:  # an exact answer (another DAQP build) stands
+            assert abs(sol.x[0] + 2.0) <= 1e-9
+        else:
+            assert sol.status is pp.Status.SOLVED_INACCURATE and "complementarity" in sol.info["validation"]
+    P = pp.Polyhedron(A=[[4.0, 0.0], [4.0, 0.0]], a=[0.0, 0.0])
+    sol = pp.get_backend("ipm", eps_abs=1e-10, eps_rel=1e-10).solve(P.projection_qp(np.zeros(2)))
+    assert sol.status is pp.Status.SOLVED
+
+
+def test_a_large_linear_cost_is_solved_in_normalised_units():
+    """An LP with |q| = 4.7e7 whose σ an inactive row sets at ~11 (|q| / σ = 4.3e6, below the objective trigger):
+    left unnormalised, ProxSuite ran 3e6 iterations (28 s) to MAX_ITER, OSQP and the ADMM ended MAX_ITER. |q|
+    itself (the dual residual's scale) is a trigger now: every backend solves it, to x* = -2.02795."""
+    from polyproj.backends import scaling
+
+    qp = pp.QP(P=np.zeros((1, 1)), q=[47213526.36568301],
+               C=[[-0.06420072913400163], [0.29820079483120987], [-0.2952455420037893], [0.5504210574496845],
+                  [-0.30122678345494547], [0.8346637027002156]],
+               l=[-0.7078269123297193, -np.inf, 0.2614172473354128, -1.1162278545442823, -np.inf, -np.inf],
+               u=[0.2100018084457784, np.inf, 0.839089969192947, 0.02050660539871851, np.inf, np.inf],
+               lb=[-2.7495996992232064], ub=[-0.6105723886768348])
+    assert scaling.plan(qp) is not None
+    for backend in ("proxsuite", "osqp", "admm", "ipm"):
+        sol = pp.solve_qp(qp, backend=backend, time_limit=20.0)
+        assert sol.status.ok and abs(sol.x[0] + 2.02795267) <= 1e-5, (backend, sol.status, sol.x)
