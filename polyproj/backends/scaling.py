@@ -18,7 +18,7 @@ row and ``|q| / |P|``, and the largest finite bound; a bound beyond ``HIGH`` cou
 ``max(LOOSE`` times the others, ``HIGH)``: a big-M stand-in for "no bound"), ``γ`` makes the largest
 entry of ``P̃`` and ``q̃`` one.
 Normalisation applies when σ, a row of C or the objective's scale is far from one (``LOW``,
-``HIGH``, see :func:`plan`);
+``HIGH``), or ``|q|`` is above ``HIGH`` (see :func:`plan`);
 then the tolerances
 ``eps_abs`` and ``eps_rel`` are met in the normalised units, i.e. *relative to the data's scale*
 (an absolute 1e-8 on data at 1e8 is below the rounding of the data itself). Bounds at or beyond
@@ -215,7 +215,8 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batch
     """The normalisation for ``qp`` (and batched vectors replacing its own), or None when not needed.
 
     It applies when the magnitude of x suggested by the data (``σ``), a row norm of C or the objective's
-    own scale at that magnitude (``max(|P|, |q| / σ)``, 1 for a projection) is outside ``[LOW, HIGH]``;
+    own scale at that magnitude (``max(|P|, |q| / σ)``, 1 for a projection) is outside ``[LOW, HIGH]``, or
+    ``|q|`` (the dual residual's scale at x = 0) above ``HIGH``;
     all-zero data is left alone. (A finer trigger, on the rounding of the data
     against ``eps_abs``, was tried and dropped: its estimate is pessimistic, and normalising
     QFFFFF80, whose rows span 1 to 1e5, made Clarabel fail a problem it solves to 1e-10 as given.)
@@ -242,7 +243,11 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batch
     # "optimal" to an absolute dual tolerance, at 1e12 none is: a trigger as well (γ alone changes nothing
     # else)
     curvature = max(p_max, q_max / sigma)
-    if not force and LOW <= sigma <= HIGH and rows_ok and (curvature == 0 or LOW <= curvature <= HIGH):
+    # and |q| itself, the dual residual's scale at x = 0: |q| = 4.7e7 (an LP whose σ an inactive row set at 11,
+    # |q| / σ = 4.3e6) has its rounding near an absolute 1e-8, and ProxSuite ran 3e6 iterations on it. (Not
+    # |P| σ: γ from |P| σ² loosened the dual tolerance past a HiGHS answer 0.13 above the optimum.)
+    if not force and LOW <= sigma <= HIGH and rows_ok and (curvature == 0 or LOW <= curvature <= HIGH) \
+            and q_max <= HIGH:
         return None
     objective = max(p_max * sigma**2, q_max * sigma)
     gamma = 1.0 / objective if objective > 0 else 1.0
