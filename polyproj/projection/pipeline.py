@@ -154,17 +154,26 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     if opts.polish and not opts.tried and not data.batched and report is None and \
             not bool(array_namespace(X).all(out.polished)):
         # no backend reported the set empty, and the polish verified not every sample (a backend's MAX_ITER, an
-        # inaccurate point): the set's LP tells an empty polyhedron from a hard projection
-        _raise_if_empty(solver, data, start)
+        # inaccurate point): unless a point in hand is in the set, its LP tells an empty one from a hard projection
+        _raise_if_empty(solver, data, start, out.Y)
     return out
 
 
-def _raise_if_empty(solver, data: PolyData, start) -> None:
-    """Raise the InfeasibleError of an empty polyhedron when its LP says so (:data:`EMPTY_GAP`); shared data only."""
+def _raise_if_empty(solver, data: PolyData, start, Y) -> None:
+    """Raise the InfeasibleError of an empty polyhedron when its LP says so (:data:`EMPTY_GAP`); shared data only.
+
+    A point of ``Y`` within the LP's threshold of every row is a witness that the set is not empty (to that
+    threshold): then no LP is solved (the usual case: a hard projection of a non-empty set, every call).
+    """
     from .emptiness import least_violation
 
+    xp = array_namespace(Y)
+    limit = EMPTY_GAP * (1.0 + data.distance_size)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN rows (flagged samples): inf, no witness
+        if bool(xp.any(data.distance_violation(Y) <= limit)):
+            return
     gap = least_violation(data)
-    if gap is not None and gap > EMPTY_GAP * (1.0 + data.distance_size):
+    if gap is not None and gap > limit:
         raise _empty(solver, data, start, f" or fails; every point misses some row by {gap:.2e} or more")
 
 
@@ -662,7 +671,7 @@ def _recover(solver, X, data: PolyData, start: ProjectionStart):
     if not bool(xp.any(flagged)):
         return start, flagged, None
     if not data.batched:  # one polyhedron: its LP decides before any backend's loose "feasible" point does
-        _raise_if_empty(solver, data, start)
+        _raise_if_empty(solver, data, start, start.y)
     ok = xp.asarray([s.ok for s in start.status], dtype=xp.bool, device=_device(X))
     # one polyhedron for the batch: a sample solved to a point of it proves it is not empty
     has_donor = not data.batched and bool(xp.any(_feasible(xp, data, start.y, ok)))
