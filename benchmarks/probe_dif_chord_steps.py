@@ -1,0 +1,84 @@
+"""Probe: do more chord-Newton corrections bring DIF's far removals to their retrained values?
+
+DIF's second order is one chord-Newton step on the removed problem's KKT residual (H and the active rows of
+θ̄, shortened by backtracking). On the fairness study (``benchmarks/dif_fairness.py``) the removals where that
+step is shortened or dropped are the ones that keep the pooled r below 0.95. This probe applies the same
+step up to ``--steps`` times in a row (each from the previous step's point and multipliers, each globalised
+the same way) and prints, per removal, the test-loss change after each step against the retrained truth:
+whether a cheap higher order would close the gap.
+
+Needs a trained study cache of ``dif_fairness.py`` (``--cache``: the directory holding ``seed0_…``; kkt.npz,
+H.npy and truth.jsonl in it)::
+
+    .venv/bin/python benchmarks/probe_dif_chord_steps.py --cache /tmp/polyproj_dif_fairness --removals 56 94 95 98
+
+Measured 2026-12-06 on the cache of ``dif_fairness_rerun.json`` (13 removals whose correction is shortened or
+dropped): the steps stall (step length 0 after 2-5 steps on most); g15 stays at −2.97e-3 against a retrained
+−1.76e-4, g18 reaches 7.2e-4 of 1.05e-3, s56 1.7e-4 of 5.0e-4. The retraining of those removals needed the exact
+Hessian at the new point (Newton-MINRES) or an augmented-Lagrangian detour, not H̄'s chord steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import dif_fairness as study
+
+import polyproj as pp
+from polyproj.adapters.dif import DIF
+from polyproj.adapters.dif.second_order import correction, step_length
+from polyproj.runtime import set_torch_threads
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", required=True, help="dif_fairness.py's --cache of a trained study")
+    ap.add_argument("--removals", type=int, nargs="*", default=None, help="positions among the 100 (default all)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--wd", type=float, default=1e-2)
+    args = ap.parse_args(argv)
+    set_torch_threads(1)
+    warnings.simplefilter("ignore", pp.PolyprojWarning)
+    sargs = argparse.Namespace(seed=0, singles=80, groups=20, tol=1e-10, chord_iter=12, newton_iter=20,
+                               minres_rtol=1e-11, wd=args.wd, mult_tol=1e-7, rule="derivative", n_train=None,
+                               widths=(16, 32, 40), chunk=4096, threads=1, cache=args.cache, resume=False,
+                               precondition=True)
+    cache = Path(args.cache) / f"seed0_w16-32-40_nNone_wd{args.wd:g}"
+    S, kkt, frozen, _ = study.train(sargs, cache)
+    prob, F = S.problem, S.test_loss
+    removals = study.removals_for(S, sargs)
+    F0 = float(F(prob.wrap(kkt.theta)))
+    dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, preconditioner=frozen.solve)
+    truth = {r["key"]: r for r in map(json.loads, (cache / "truth.jsonl").read_text().splitlines())}
+    keys = [f"s{k}" for k in range(80)] + [f"g{k}" for k in range(20)]
+    for i in (args.removals if args.removals is not None else range(len(removals))):
+        t0 = time.perf_counter()
+        removed = prob.remove(removals[i])
+        first = dif.result(removals[i])
+        omega, dlam = first.omega.numpy(), first.multipliers
+        changes, lengths = [float(F(prob.wrap(kkt.theta + first.omega))) - F0], []
+        for _ in range(args.steps):
+            step = correction(dif, removed, omega, dlam)
+            t, _ = step_length(dif, removed, omega, step)
+            lengths.append(t)
+            if t == 0.0:
+                break
+            lam = step.start + t * (step.lambdas - step.start)
+            omega, dlam = omega + t * step.delta, lam - dif.lin.lam
+            changes.append(float(F(prob.wrap(kkt.theta + torch.as_tensor(omega)))) - F0)
+        print(json.dumps({"removal": keys[i], "retrained": truth[keys[i]]["dF"], "after_each_step": changes,
+                          "step_lengths": lengths, "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
