@@ -37,11 +37,18 @@ def daqp_timings(X: np.ndarray, arrays: tuple, sol) -> None:
 
     H, A, up, lo, sense = arrays
     true = np.concatenate([sol.z_box != 0, sol.z != 0], axis=1)  # DAQP's layout: bounds first, then rows
+    nb = len(up) - A.shape[0]
+
+    def violated(i):  # the bounds and rows the point itself violates
+        x, r = X[i], A @ X[i]
+        return np.concatenate([(x > up[:nb]) | (x < lo[:nb]), (r > up[nb:]) | (r < lo[nb:])])
+
     guesses = {
         "cold": lambda i: np.zeros(true.shape[1], dtype=bool),
         "true working set": lambda i: true[i],
         "previous point's set": lambda i: true[i - 1],
         "majority set": lambda i: true.mean(axis=0) > 0.5,
+        "rows violated at x": violated,
     }
     model = daqp.Model()
     model.setup(H, -X[0], A, up, lo, sense.copy())
