@@ -785,3 +785,18 @@ def test_a_large_linear_cost_is_solved_in_normalised_units():
     for backend in ("proxsuite", "osqp", "admm", "ipm"):
         sol = pp.solve_qp(qp, backend=backend, time_limit=20.0)
         assert sol.status.ok and abs(sol.x[0] + 2.02795267) <= 1e-5, (backend, sol.status, sol.x)
+
+
+@pytest.mark.parametrize("backend", ["ipm", "clarabel", "piqp"])
+def test_a_weakly_active_bound_at_the_origin_stays_solved_at_tight_tolerances(backend):
+    """min ½x² s.t. x >= 0 (as a bound, a row, or both): an interior-point answer x ~ 1e-5 with z ~ 1e-6 (its μ at
+    eps_abs) was 'not a solution' (NUMERICAL_ERROR) at eps_abs <= 1e-9: complementarity's gross test scaled with
+    |x| and |z| alone. eps_abs in the objective's units is its floor now."""
+    if backend not in pp.available_backends():
+        pytest.skip(f"{backend} not installed")
+    inf = np.inf
+    for qp in (pp.QP(P=np.eye(1), q=[0.0], lb=[0.0]), pp.QP(P=np.eye(1), q=[0.0], C=[[1.0]], l=[0.0], u=[inf]),
+               pp.QP(P=np.eye(1), q=[0.0], C=[[1.0]], l=[0.0], u=[inf], lb=[0.0])):
+        for eps in (1e-9, 1e-10, 1e-11):
+            sol = pp.get_backend(backend, eps_abs=eps).solve(qp)
+            assert sol.status is pp.Status.SOLVED and abs(sol.x[0]) <= 1e-4, (eps, sol.status, sol.info)

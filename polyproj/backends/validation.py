@@ -35,8 +35,8 @@ or the factor back from normalised units; both tolerances floored at 1e-12). For
 With multipliers, two gross tests of their signs → NUMERICAL_ERROR: a multiplier on a side without a
 bound (``z > 0`` is an upper side) above ``max(GROSS · S_d, 10 · INACCURATE_FACTOR · t_d)``, and
 complementarity ``max |z| · (distance of its side's bound)`` above ``max(GROSS · S_p S_d,
-10 · INACCURATE_FACTOR · (t_p S_d + t_d S_p))``: a stationary point with multipliers of the wrong sign
-is not a minimiser. A SOLVED answer whose complementarity (the duality gap it leaves) is above
+10 · INACCURATE_FACTOR · (t_p S_d + t_d S_p + eps_abs · unit))``: a stationary point with multipliers of the
+wrong sign is not a minimiser. A SOLVED answer whose complementarity (the duality gap it leaves) is above
 ``INACCURATE_FACTOR · (t_p S_d + t_d S_p + eps_abs · unit)`` is SOLVED_INACCURATE: feasible and stationary,
 but not optimal (a multiplier on a bound that ``x`` does not meet).
 
@@ -244,17 +244,18 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
         return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but a multiplier of {r_s:.3g} sits on a "
                                         "side without a bound (the sign convention: z > 0 at an upper bound): not a "
                                         "solution")
-    t_c = t_p * s_d + t_d * s_p  # complementarity's tolerance: |z| times a distance, each at its own
-    if not r_c <= max(GROSS * s_p * s_d, 10 * INACCURATE_FACTOR * t_c):
+    # complementarity's tolerance: |z| times a distance, each at its own (t_c), and eps_abs in the objective's
+    # units, where an interior-point method stops (its μ) whatever the scales: a weakly active bound at the
+    # origin leaves z · distance ~ 1e-11 with every scale ~1e-5 (t_c ~ 1e-15; that was "not a solution")
+    t_c = t_p * s_d + t_d * s_p
+    t_gap = t_c + promise.eps_abs * promise.unit_p * promise.unit_d
+    if not r_c <= max(GROSS * s_p * s_d, 10 * INACCURATE_FACTOR * t_gap):
         return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but complementarity fails by {r_c:.3g} (a "
                                         "multiplier on a bound x does not meet; the scale there: "
                                         f"{s_p * s_d:.3g}): not a solution")
     if status is Status.SOLVED and inaccurate:
         return Status.SOLVED_INACCURATE, (f"the backend said SOLVED but its residuals (primal {r_p:.3g}, dual "
                                           f"{r_d:.3g}) exceed {INACCURATE_FACTOR:g} x the tolerance")
-    # the duality gap's tolerance: t_c, and eps_abs in the objective's units, where an interior-point method
-    # stops (its μ) whatever the scales (a weakly active row at the origin: z · distance ~ 1e-11, t_c ~ 1e-15)
-    t_gap = t_c + promise.eps_abs * promise.unit_p * promise.unit_d
     if status is Status.SOLVED and r_c > INACCURATE_FACTOR * t_gap:
         # feasible and stationary, but a multiplier sits on a bound that x does not meet: x is not optimal
         # (DAQP on LPs with a cost of 1e6: x 2.6e-5 inside its bound, a gap of 26)
