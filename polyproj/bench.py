@@ -75,11 +75,19 @@ def unwritable(path: str | os.PathLike) -> str | None:
     A folder, a parent that cannot be made, or a file that cannot be created (``/proc/x.json``: writable by
     its permissions, refused by the kernel) — found by creating the run's temporary file and removing it.
     """
+    import stat
     from pathlib import Path
 
     path = Path(path)
     if path.is_dir():
         return f"{str(path)!r} is a folder; give the JSON file to write"
+    # the results are written to a temporary file moved onto the path (a run stopped midway leaves the last
+    # complete file): that replaces whatever the path is, so a symbolic link, a FIFO or a device (/dev/null as
+    # root) would be replaced, not written through
+    if path.is_symlink():
+        return f"{str(path)!r} is a symbolic link; give the file it points to ({str(path.resolve())!r})"
+    if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        return f"{str(path)!r} is not a regular file (a device, a FIFO or a socket); give a JSON file to write"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         probe = path.with_name(path.name + ".tmp")

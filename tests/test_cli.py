@@ -116,3 +116,23 @@ def test_iter_problems_takes_one_name_as_a_string(tmp_path):
     if not (folder / "HS21.mat").exists():
         pytest.skip("the Maros–Meszaros folder is not beside the repository")
     assert [p.name for p in iter_problems(folder, names="HS21")] == ["HS21"]
+
+
+def test_results_paths_that_are_not_regular_files_are_refused(tmp_path):
+    """The results go to a temporary file moved onto --out, which replaced a FIFO, a symbolic link (its target
+    untouched) and, run as root, /dev/null itself: refused before the run now."""
+    import os
+
+    from polyproj.bench import unwritable
+
+    target = tmp_path / "target.json"
+    target.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert "symbolic link" in unwritable(link)
+    assert "not a regular file" in unwritable(fifo)
+    assert "not a regular file" in unwritable("/dev/null")
+    assert unwritable(target) is None
+    assert fifo.exists() and not fifo.is_file() and link.is_symlink()
