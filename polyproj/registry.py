@@ -21,7 +21,7 @@ from typing import Any
 
 from .backends.base import Capabilities, QPSolver
 from .backends.defaults import QP_DEFAULT
-from .errors import BackendNotFound, BackendUnavailable, PolyprojError, PolyprojWarning, close_matches
+from .errors import BackendNotFound, BackendUnavailable, PolyprojError, PolyprojWarning, SolverError, close_matches
 
 __all__ = [
     "DEFAULT_BACKEND",
@@ -214,15 +214,32 @@ def get_backend(backend: str | QPSolver | type[QPSolver] | None = None, **settin
     if isinstance(backend, QPSolver):
         if not settings:
             return backend
-        return type(backend)(**{**backend.settings, **backend.backend_options, **settings})
+        return _construct(type(backend), {**backend.settings, **backend.backend_options, **settings})
     if isinstance(backend, type):
         cls = _check_class(backend, getattr(backend, "__name__", "?"))
     elif isinstance(backend, str):
         cls, _ = _resolve(backend)
     else:
         raise PolyprojError(f"backend must be a name, a QPSolver or a QPSolver subclass, got {backend!r}")
-    cls.ensure_available()
-    return cls(**settings)
+    try:
+        cls.ensure_available()
+    except PolyprojError:
+        raise
+    except Exception as exc:  # a third party's availability check that raises: the backend cannot be used
+        raise BackendUnavailable(f"backend {cls.name!r} is unavailable: its availability check raised "
+                                 f"{type(exc).__name__}: {exc}") from exc
+    return _construct(cls, settings)
+
+
+def _construct(cls: type[QPSolver], settings: dict[str, Any]) -> QPSolver:
+    """``cls(**settings)``; a constructor that raises something other than a PolyprojError names the backend."""
+    try:
+        return cls(**settings)
+    except PolyprojError:
+        raise
+    except Exception as exc:
+        raise SolverError(f"backend {cls.name!r} could not be set up: its constructor raised {type(exc).__name__}: "
+                          f"{exc}") from exc
 
 
 def backend_info() -> list[BackendInfo]:

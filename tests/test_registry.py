@@ -338,3 +338,35 @@ def test_an_entry_point_naming_the_same_class_is_not_reported(tmp_path, monkeypa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pp.get_backend("ipm")
+
+
+def test_a_third_party_constructor_or_availability_check_that_raises_is_named():
+    """A backend whose __init__ raises gave get_backend / solve_qp / project a bare ValueError, one whose
+    availability check raises a bare RuntimeError: now a SolverError and a BackendUnavailable naming it."""
+
+    class CtorRaises(ToyKKTSolver):
+        name = "ctor_raises_test"
+
+        def __init__(self, **settings):
+            raise ValueError("bad ctor")
+
+    class AvailRaises(ToyKKTSolver):
+        name = "avail_raises_test"
+
+        @classmethod
+        def unavailable_reason(cls):
+            raise RuntimeError("availability check broken")
+
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    for cls in (CtorRaises, AvailRaises):
+        pp.register_backend(cls.name, cls)
+    try:
+        for call in (lambda: pp.get_backend("ctor_raises_test"), lambda: pp.solve_qp(qp, backend="ctor_raises_test"),
+                     lambda: pp.get_backend(CtorRaises)):
+            with pytest.raises(pp.SolverError, match="ctor_raises_test.*constructor raised ValueError: bad ctor"):
+                call()
+        with pytest.raises(pp.BackendUnavailable, match="availability check raised RuntimeError"):
+            pp.get_backend("avail_raises_test")
+    finally:
+        for cls in (CtorRaises, AvailRaises):
+            pp.unregister_backend(cls.name)
