@@ -324,3 +324,27 @@ def test_check_projector_fails_broken_sets_in_its_report(broken, row, what):
     report = check_projector(_Box01(3, broken), examples=8, seed=0)
     assert not report.passed
     assert report[row].status in ("failed", "error") and what in report[row].message, str(report)
+
+
+def test_a_vjp_that_writes_into_its_cotangent_is_caught_and_the_layer_keeps_the_gradient():
+    """``G -= …; return G``: check_projector passed it (its reference was computed from the changed G, and J is
+    idempotent), and the torch layer handed it the autograd gradient itself, which it then changed."""
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    class InPlace(HalfSpace):
+        def vjp(self, result, G):
+            xp = array_namespace(G)
+            w = xp.asarray(self.w, dtype=G.dtype, device=device(G))
+            normal = w / float(self.w @ self.w) ** 0.5
+            G -= xp.where(result.face, xp.sum(G * normal, axis=1, keepdims=True) * normal, xp.zeros_like(G))
+            return G
+
+    S = InPlace([1.0, -2.0], 0.5)
+    report = check_projector(S, examples=8, seed=0)
+    assert not report.passed and "wrote into the cotangent" in report["vjp"].message
+    x = torch.tensor([[3.0, 0.0], [0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    g = torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    project(x, S).backward(g)
+    assert g.tolist() == [[1.0, 0.0], [1.0, 0.0]]
+    assert torch.allclose(x.grad, torch.tensor([[0.8, 0.4], [1.0, 0.0]], dtype=torch.float64))

@@ -301,7 +301,9 @@ def _backward_parts(S: Projector, res: Any, g: torch.Tensor, wanted: tuple[str, 
     the batch, each summed over its own rows (leading dimension ``groups``).
     """
     host = _is_host(res)
-    gin = g.detach().numpy().astype(np.float64) if host else g
+    gin = g.detach().numpy().astype(np.float64) if host else g  # astype copies
+    if not host and not type(S).__module__.startswith("polyproj."):
+        gin = g.clone()  # a third party's vjp may write into its input: the autograd graph's gradient, not its own
     gx = S.vjp(res, gin) if need_x else None
     gp = {} if not wanted else S.parameter_vjp(res, gin, wanted, **({} if groups is None else {"groups": groups}))
     if host:

@@ -166,7 +166,10 @@ def _vjp(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator, tol: float, ne
         X = np.vstack([X, near])
         G = np.vstack([G, near_rng.standard_normal(near.shape)])
     res = S.project_batch(X)
+    given = G.copy()
     out = S.vjp(res, G)
+    if not np.array_equal(G, given):  # the caller's cotangent (the torch layer hands over the user's gradient)
+        raise AssertionError("S.vjp wrote into the cotangent G it was given; it must leave its input alone")
     got = np.asarray(out, dtype=float) if out is not None else None
     if got is None or got.shape != G.shape:
         raise AssertionError(f"S.vjp returned {'None' if got is None else f'shape {got.shape}'} for G of shape "
