@@ -348,3 +348,19 @@ def test_a_vjp_that_writes_into_its_cotangent_is_caught_and_the_layer_keeps_the_
     project(x, S).backward(g)
     assert g.tolist() == [[1.0, 0.0], [1.0, 0.0]]
     assert torch.allclose(x.grad, torch.tensor([[0.8, 0.4], [1.0, 0.0]], dtype=torch.float64))
+
+
+def test_check_projector_samples_far_points():
+    """A set wrong only beyond |x| = 30 passed check_projector at any number of examples (its samples never left
+    |x| < 16); far samples at 1e2 and 1e4 times the set's scale catch it, and a correct set still passes."""
+    class WrongFar(HalfSpace):
+        def project_batch(self, X):
+            res = super().project_batch(X)
+            xp = array_namespace(X)
+            far = xp.max(xp.abs(X), axis=1, keepdims=True) > 30.0
+            return self.result(X, xp.where(far, 0.9 * res.y, res.y), active=res.active,
+                               multipliers=res.multipliers, face=res.face)
+
+    assert check_projector(HalfSpace([1.0, -2.0], 0.5), examples=20, seed=0).passed
+    report = check_projector(WrongFar([1.0, -2.0], 0.5), examples=20, seed=0)
+    assert not report.passed and report["agreement"].status == "failed"

@@ -2,7 +2,8 @@
 
 What runs on a set ``S`` (``P = S.as_polyhedron()`` gives the rows the checks use), on seeded random
 points at several scales, points on the set, points with tied coordinates, points just outside, just inside
-and on the boundary (1e-1 down to 1e-7 of the set's scale: :func:`boundary_points`) and points whose
+and on the boundary (1e-1 down to 1e-7 of the set's scale: :func:`boundary_points`), far points (1e2 and 1e4
+times the set's scale: :data:`FAR_SCALES`) and points whose
 projection has a weakly active row (degenerate: several HS elements nearby):
 
 =====================  ===========================================================================
@@ -44,6 +45,10 @@ def _center_scale(S: Any) -> tuple[np.ndarray, float]:
 BOUNDARY_DISTANCES = (1e-1, 1e-3, 1e-5, 1e-7)
 
 
+#: how far beyond the set's scale the far samples lie (:func:`_sampled`)
+FAR_SCALES = (1e2, 1e4)
+
+
 def boundary_points(S: Any, X: np.ndarray, sc: float, count: int, Y: np.ndarray | None = None) -> np.ndarray:
     """Points just outside, just inside and exactly on the boundary, at :data:`BOUNDARY_DISTANCES` × ``sc``.
 
@@ -82,7 +87,10 @@ def _sampled(S: Any, rng: np.random.Generator, count: int) -> tuple[np.ndarray, 
     Y_outer = np.asarray(S.project(outer).y, dtype=float).reshape(outer.shape)  # once, for both uses
     ties = np.round(X[1] * 2) / 2  # halves: many equal coordinates
     near = boundary_points(S, outer, sc, max(count // 4, 2), Y=Y_outer)
-    return np.vstack([*X, Y_outer[:k], ties]), near
+    # far points (FAR_SCALES times the set's scale, along the unit-scale samples' directions, no new draws): a
+    # set wrong only beyond |x| ~ 30 passed every check on samples that never left |x| < 16
+    far = [y0 + s * (X[1][: max(k // 2, 1)] - y0) for s in FAR_SCALES]
+    return np.vstack([*X, Y_outer[:k], ties]), np.vstack([near, *far])
 
 
 def projector_points(S: Any, rng: np.random.Generator, count: int) -> np.ndarray:
@@ -226,7 +234,7 @@ def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float) -> dict[str, int]:
     ref = np.asarray(res.y, dtype=float)
     act = np.asarray(res.active, dtype=bool).reshape(X.shape[0], -1)
     exact = np.array([exact_certificate(P, X[i], ref[i], act[i]) for i in range(X.shape[0])], dtype=bool)
-    allowed = np.where(exact, 1e-12, tol) * (1 + np.abs(X).max())
+    allowed = np.where(exact, 1e-12, tol) * (1 + np.abs(X).max(axis=1))  # each point at its own scale
     counts = {"namespaces": 0, "band_points": int((~exact).sum())}
 
     def compare(what: str, y: np.ndarray) -> None:
