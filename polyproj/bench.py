@@ -373,8 +373,9 @@ def cli_main(args: argparse.Namespace) -> int:
 
     console = Console()
     backends = list(args.backends or _default_backends())
-    def refuse(message: str) -> int:
-        console.print(f"[red]polyproj bench solvers: {escape(message)}[/red]", markup=True, highlight=False)
+    def refuse(message: str) -> int:  # on stderr, as `check` and `bench apps` say theirs
+        Console(stderr=True).print(f"[red]polyproj bench solvers: {escape(message)}[/red]", markup=True,
+                                   highlight=False)
         return 2
 
     try:

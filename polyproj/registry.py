@@ -237,7 +237,7 @@ def _construct(cls: type[QPSolver], settings: dict[str, Any]) -> QPSolver:
         return cls(**settings)
     except PolyprojError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit too: a constructor that exits does not end the caller
         raise SolverError(f"backend {cls.name!r} could not be set up: its constructor raised {type(exc).__name__}: "
                           f"{exc}") from exc
 

@@ -84,7 +84,7 @@ def test_check_and_bench_refuse_bad_input_cleanly(capsys, tmp_path):
     assert info.value.code == 2 and "--seed must be in [0, " in capsys.readouterr().err
     assert main(["check", "tests.toy_backend:NeedsArgument", "--examples", "1"]) == 2
     err = capsys.readouterr().err
-    assert "could not be built: TypeError" in err and "Traceback" not in err
+    assert "could not be set up: its constructor raised TypeError" in err and "Traceback" not in err
     with pytest.raises(SystemExit, match="is a folder"):
         main(["bench", "apps", "mhc", "--quick", "--out", str(tmp_path)])
     from polyproj.bench import unwritable

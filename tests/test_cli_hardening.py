@@ -54,10 +54,10 @@ def test_bench_refuses_a_named_problem_outside_its_subset(mm_dir, tmp_path, caps
         pytest.skip("the usual Maros–Meszaros problems are not all in the folder")
     out = tmp_path / "x.json"
     assert bench.cli_main(_args(mm_dir, out, problems=["HS21", big])) == 2
-    said = " ".join(capsys.readouterr().out.split())
+    said = " ".join(capsys.readouterr().err.split())
     assert big in said and "'dense' subset" in said and "--subset all" in said and "HS21" not in said
     assert bench.cli_main(_args(mm_dir, out, subset="small", problems=[medium])) == 2
-    said = " ".join(capsys.readouterr().out.split())
+    said = " ".join(capsys.readouterr().err.split())
     assert medium in said and "'small' subset" in said and "Traceback" not in said
     assert not out.exists()
 
@@ -69,7 +69,7 @@ def test_bench_checks_the_default_out_before_running(mm_dir, monkeypatch, capsys
         pytest.skip("needs /proc (a folder nothing can be created in)")
     monkeypatch.chdir("/proc")
     assert bench.cli_main(_args(mm_dir, None, problems=["HS21"])) == 2
-    said = " ".join(capsys.readouterr().out.split())
+    said = " ".join(capsys.readouterr().err.split())
     assert "cannot write the results to 'benchmarks/results/solvers_1e-06_ipm.json'" in said
     assert "pass --out FILE" in said and "Traceback" not in said
 

@@ -173,7 +173,7 @@ def test_bench_survives_hanging_crashing_and_raising_backends(mm_dir):
 def test_bench_unknown_problem_and_backend(mm_dir, tmp_path, capsys):
     assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", problems=["NOPE"])) == 2
     assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", backends=["nope"])) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "no backend named 'nope'" in out and "Traceback" not in out
     assert bench.cli_main(_args(str(tmp_path / "absent"), tmp_path / "x.json")) == 2
 
@@ -188,7 +188,7 @@ def test_bench_refuses_before_running(mm_dir, tmp_path, capsys):
     mat = next(p for p in __import__("os").listdir(mm_dir) if p.endswith(".mat"))
     assert bench.cli_main(_args(__import__("os").path.join(mm_dir, mat), tmp_path / "x.json")) == 2
     assert bench.cli_main(_args(mm_dir, tmp_path / "x.json", backends=["ipm", "ipm"])) == 2
-    out = " ".join(capsys.readouterr().out.split())  # rich wraps the lines
+    out = " ".join(capsys.readouterr().err.split())  # rich wraps the lines
     for said in ("is a folder", "no Maros–Meszaros .mat files", "is a file", "names a backend twice"):
         assert said in out, said
     assert "Traceback" not in out and not list(tmp_path.iterdir())
@@ -254,7 +254,7 @@ def test_bench_refuses_a_problem_named_twice(mm_dir, tmp_path, capsys):
 
     assert main(["bench", "solvers", "--data", mm_dir, "--backends", "ipm", "--problems", "HS21", "HS21",
                  "--out", str(tmp_path / "x.json")]) == 2
-    assert "names a problem twice" in capsys.readouterr().out
+    assert "names a problem twice" in capsys.readouterr().err
 
 
 def test_bench_children_leave_ctrl_c_to_the_parent():

@@ -466,12 +466,7 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
     if isinstance(properties, str):
         raise PolyprojError(f"properties must be a sequence of names, e.g. [{properties!r}], got the string "
                             f"{properties!r}")
-    try:
-        solver = get_backend(name_or_solver, **settings)
-    except PolyprojError:
-        raise
-    except (Exception, SystemExit) as exc:  # a third-party class whose constructor fails (or exits)
-        raise PolyprojError(f"backend {name_or_solver!r} could not be built: {type(exc).__name__}: {exc}") from exc
+    solver = get_backend(name_or_solver, **settings)  # a constructor that fails (or exits): a SolverError naming it
     label = name_or_solver if isinstance(name_or_solver, str) else (solver.name or type(solver).__name__)
     names = list(PROPERTIES if properties is None else properties)
     unknown = [n for n in names if n not in PROPERTIES]
