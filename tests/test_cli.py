@@ -136,3 +136,24 @@ def test_results_paths_that_are_not_regular_files_are_refused(tmp_path):
     assert "not a regular file" in unwritable("/dev/null")
     assert unwritable(target) is None
     assert fifo.exists() and not fifo.is_file() and link.is_symlink()
+
+
+def test_check_interrupted_prints_what_finished(monkeypatch, capsys):
+    """Ctrl-C during `polyproj check` printed one line and dropped the finished checks: their table is printed
+    now, and the exit status is 130."""
+    from polyproj.cli import main
+    from polyproj.testing import check
+
+    real, calls = check.run_property, []
+
+    def interrupted_second(name, *args, **kw):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(check, "run_property", interrupted_second)
+    assert main(["check", "proxsuite", "--examples", "1"]) == 130
+    captured = capsys.readouterr()
+    assert calls[0] in captured.out and "conformance" in captured.out
+    assert "interrupted after" in captured.err and "Traceback" not in captured.err

@@ -417,7 +417,7 @@ def _conformance(solver: QPSolver, seed: int, timeout: float | None = None) -> l
 def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, *,
                   properties: Sequence[str] | None = None, conformance: bool = True, tol: float | None = None,
                   progress: bool = False, shrink_budget: float = 30.0, timeout: float | None = None,
-                  **settings: Any) -> CheckReport:
+                  finished: list | None = None, **settings: Any) -> CheckReport:
     """Run the backend contract, projection and HS-Jacobian properties on a backend.
 
     Parameters
@@ -445,6 +445,9 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
         Seconds each property (and each conformance check) may take; past it the property is reported as an
         error and the next one runs. Enforced by an alarm in the main thread (POSIX): it interrupts Python
         code, not a solver's own compiled loop. ``polyproj check`` sets 900.
+    finished : list, optional
+        Receives each :class:`PropertyResult` as it finishes: what a run stopped by Ctrl-C keeps
+        (``polyproj check`` prints them).
     **settings
         Solver settings (``eps_abs``, ...).
 
@@ -472,7 +475,9 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
     unknown = [n for n in names if n not in PROPERTIES]
     if unknown:
         raise PolyprojError(f"unknown properties {unknown}; known: {', '.join(PROPERTIES)}")
-    results: list[PropertyResult] = []
+    if finished is not None and not isinstance(finished, list):
+        raise PolyprojError(f"finished must be a list (it receives the results), got {type(finished).__name__}")
+    results: list[PropertyResult] = [] if finished is None else finished  # appended as each one finishes
     if progress:
         from rich.progress import Progress
 
@@ -489,8 +494,9 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
     else:
         if conformance:
             results += _conformance(solver, seed, timeout)
-        results += [run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
-                                 shrink_budget=shrink_budget, timeout=timeout) for n in names]
+        for n in names:
+            results.append(run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
+                                        shrink_budget=shrink_budget, timeout=timeout))
     from .properties import contract_tolerance
 
     return CheckReport(str(label), tuple(results), seed, max_examples, contract_tolerance(solver, tol))
@@ -511,12 +517,19 @@ def cli_main(args: Any) -> int:
     # solver settings, where the parser defines them (``--eps-abs`` / ``--eps-rel``): the contract's tolerance
     # follows the backend's eps_abs (run_property)
     settings = {k: v for k in ("eps_abs", "eps_rel") if (v := getattr(args, k, None)) is not None}
+    done: list[PropertyResult] = []
+    examples = args.examples or DEFAULT_EXAMPLES
     try:
-        report = check_backend(args.backend, max_examples=args.examples or DEFAULT_EXAMPLES, seed=args.seed,
-                               progress=console.is_terminal, timeout=getattr(args, "timeout", 900.0), **settings)
+        report = check_backend(args.backend, max_examples=examples, seed=args.seed, progress=console.is_terminal,
+                               timeout=getattr(args, "timeout", 900.0), finished=done, **settings)
     except PolyprojError as exc:
         print(f"polyproj check: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the table of what finished, then the interrupt's exit status
+        if done:
+            console.print(CheckReport(str(args.backend), tuple(done), args.seed, examples).table())
+        print(f"polyproj check: interrupted after {len(done)} finished checks", file=sys.stderr)
+        return 130
     console.print(report.table())
     for r in report.failed:
         console.print(f"\n[bold red]{r.name}[/bold red] ({r.status}): {escape(r.message)}")
