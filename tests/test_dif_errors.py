@@ -750,8 +750,9 @@ def test_a_loss_without_curvature_is_named_when_the_sqp_does_not_converge():
 def test_unbounded_dif_qp_is_refused_on_every_dense_path():
     """H singular and a removal's linear term off its range (per-sample slopes in θ₁ whose mean is zero): the DIF
     QP is unbounded. delta_theta refused it (the backend's DUAL_INFEASIBLE), while the batched solve behind
-    influence / top_k polished ProxSuite's finite x with P + 1e-12 I into 'solved' scores of ~1e10."""
-    from polyproj.adapters.dif.qp import _polish
+    influence / top_k polished ProxSuite's finite x with P + 1e-12 I into 'solved' scores of ~1e10. A bounded QP
+    with singular P whose solution lies far along null(P) is still solved exactly."""
+    from polyproj.adapters.dif.qp import solve_qp_exact
 
     gen = torch.Generator().manual_seed(0)
     X, y, s = (torch.randn(60, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -764,12 +765,9 @@ def test_unbounded_dif_qp_is_refused_on_every_dense_path():
                  lambda: dif.top_k(lambda th: th.sum(), 2)):
         with pytest.raises(pp.SolverError, match="DUAL_INFEASIBLE"):
             call()
-    # the polish itself: P singular, q off its range (no constraint): no solution, not x ~ q / 1e-12
-    P, q = np.diag([1.0, 0.0]), np.array([0.5, 1.0])
-    assert _polish(P, q, np.zeros((0, 2)), np.zeros(0), np.zeros(0, bool), np.zeros(2), np.zeros(0)) is None
-    x, _, _ = _polish(P, np.array([0.5, 0.0]), np.zeros((0, 2)), np.zeros(0), np.zeros(0, bool), np.zeros(2),
-                      np.zeros(0))
-    assert np.allclose(x, [-0.5, 0.0], atol=1e-10)
+    sol = solve_qp_exact(np.diag([1.0, 0.0]), np.array([0.5, 1.0]), np.array([[0.0, -1e-4]]), np.array([1.0]),
+                         np.zeros(1, bool))
+    assert sol.status is pp.Status.SOLVED and np.allclose(sol.x, [-0.5, -1e4], rtol=1e-10)
 
 
 def test_dense_paths_through_the_schur_complement_refuse_a_saddle():
