@@ -625,7 +625,7 @@ class ConstrainedProblem:
             if arr.size >= n:
                 raise ProblemError(f"removal[{name!r}] removes all {n} samples")
             if loss.weights is not None and loss.renormalize and arr.size and \
-                    float(loss.weights.sum() - loss.weights[torch.as_tensor(arr)].sum()) == 0.0:
+                    not bool(np.delete(loss.weights.numpy(), arr).any()):  # the kept weights, not a difference
                 raise ProblemError(f"removal[{name!r}] removes every sample of nonzero weight: the weighted mean "
                                    "of what remains (weights summing to 0) is undefined")
             if arr.size:
