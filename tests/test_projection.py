@@ -993,6 +993,23 @@ def test_an_empty_polyhedron_by_a_small_gap_is_infeasible_not_solved(backend):
     assert np.all(r.violation <= 2e-10)
 
 
+def test_the_emptiness_lp_says_nothing_without_a_float64_certificate():
+    """{y₁ <= 0, −y₁ + 1e-9 y₂ <= −1e-3} holds (0, −1e6), but HiGHS drops the 1e-9 entry and its LP said every
+    point misses a row by 5e-4: the IPM's verified projections were refused as an empty set. The LP's dual
+    certificate, checked against the rows as given, does not cancel there: no verdict, and the points stand."""
+    from polyproj.polydata import PolyData
+    from polyproj.projection.emptiness import least_violation
+
+    P = pp.Polyhedron(A=[[1.0, 0.0], [-1.0, 1e-9]], a=[0.0, -1e-3])
+    assert least_violation(PolyData.from_polyhedron(P)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)
+        r = pp.project(np.array([[3.0, 1.0], [0.5, -1e6 - 10.0]]), P, backend="ipm")
+    assert np.all(r.violation <= 1e-12)
+    empty = pp.Polyhedron(A=[[1.0, 1.0], [-1.0, -1.0]], a=[1.0, -1.001])
+    assert least_violation(PolyData.from_polyhedron(empty)) == pytest.approx(0.001 / (2 * np.sqrt(2)), rel=1e-9)
+
+
 def test_the_emptiness_lp_is_solved_only_without_a_point_of_the_set(monkeypatch):
     """The LP of an empty polyhedron runs where a backend reports the set empty or the polish verifies not every
     sample, and only when no point in hand lies within its threshold of every row: the 9 points of seed 0 at

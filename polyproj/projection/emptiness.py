@@ -7,8 +7,8 @@ answer 1.6e-6 outside it passed the loose test of a point of the polyhedron. The
     t* = min t   s.t.   (A_i y − a_i) / ||A_i|| <= t,   |B_j y − b_j| / ||B_j|| <= t,   lb − t <= y <= ub + t,   t >= 0
 
 is the largest margin by which every point misses some row (in the rows' own distances): ``t* = 0`` exactly
-when the polyhedron is non-empty. HiGHS' simplex (SciPy's ``linprog``) ends on a vertex, exact to its
-feasibility tolerance (set here far below the threshold the caller compares ``t*`` with).
+when the polyhedron is non-empty. HiGHS' simplex (SciPy's ``linprog``) solves it; its answer is taken only
+with its dual certificate checked in float64 against the rows as given (:func:`least_violation`).
 """
 
 from __future__ import annotations
@@ -23,16 +23,29 @@ __all__ = ["least_violation"]
 
 #: HiGHS' primal and dual feasibility tolerances for the LP (its default, 1e-7, is above the margins it must tell)
 LP_TOL = 1e-10
+#: seconds the LP may take (a large, degenerate LP: n = 1000, m = 2000 took 200 s); past it, no verdict
+LP_TIME_LIMIT = 10.0
+#: the dual certificate must cancel the rows to this fraction of its weight (module docstring)
+CERTIFICATE_TOL = 1e-12
 
 
 def least_violation(data: PolyData) -> float | None:
-    """``t*`` of the module docstring for shared data (the rows' own distance units), or None when the LP fails."""
+    """``t*`` of the module docstring for shared data, certified in float64; None when not certified.
+
+    The LP's dual gives weights ``u >= 0`` on the rows with ``Gᵀu = 0`` and ``−hᵀu = t*`` (``G y <= h`` the
+    normalised rows, the bounds among them): for every ``y``, ``max_i (G y − h)_i >= (−hᵀu + (Gᵀu)ᵀy) / Σu``.
+    The verdict is that bound with ``Gᵀu`` recomputed here from the rows as given: only where it cancels to
+    :data:`CERTIFICATE_TOL` of ``Σu`` (HiGHS drops matrix entries below 1e-9: the set ``{y₁ <= 0, −y₁ + 1e-9 y₂
+    <= −1e-3}`` is not empty, ``y₂ = −1e6``, and its LP without that entry said 5e-4); otherwise, or when the
+    LP fails or runs past :data:`LP_TIME_LIMIT`, None (no verdict).
+    """
+    import scipy.sparse as sp
     from scipy.optimize import linprog
 
     from ..backends.projection import to_host
 
     A, a, B, b, lb, ub = (np.asarray(to_host(v), dtype=np.float64) for v in data.parts())
-    n = A.shape[-1] if A.ndim == 2 and A.shape[0] else data.n
+    n = data.n
     rows, rhs = [], []
     for M, c, both in ((A, a, False), (B, b, True)):
         if not M.shape[0]:
@@ -41,19 +54,28 @@ def least_violation(data: PolyData) -> float | None:
         keep = (norm > 0) & np.isfinite(c)  # a zero row's verdict is empty_row's (PolyData checks it)
         Mn, cn = M[keep] / norm[keep, None], c[keep] / norm[keep]
         for sign in ((1.0, -1.0) if both else (1.0,)):
-            rows.append(np.hstack([sign * Mn, -np.ones((Mn.shape[0], 1))]))
+            rows.append(sp.csr_matrix(sign * Mn))
             rhs.append(sign * cn)
-    eye = np.eye(n)
     for bound, sign in ((lb, -1.0), (ub, 1.0)):
-        fin = np.isfinite(bound)
-        if fin.any():
-            rows.append(np.hstack([sign * eye[fin], -np.ones((int(fin.sum()), 1))]))
+        fin = np.flatnonzero(np.isfinite(bound))
+        if fin.size:
+            rows.append(sp.csr_matrix((np.full(fin.size, sign), (np.arange(fin.size), fin)), shape=(fin.size, n)))
             rhs.append(sign * bound[fin])
     if not rows:
         return 0.0
+    G, h = sp.vstack(rows, format="csr"), np.concatenate(rhs)
     cost = np.zeros(n + 1)
     cost[-1] = 1.0
-    res: Any = linprog(cost, A_ub=np.vstack(rows), b_ub=np.concatenate(rhs),
+    res: Any = linprog(cost, A_ub=sp.hstack([G, -np.ones((G.shape[0], 1))], format="csr"), b_ub=h,
                        bounds=[(None, None)] * n + [(0.0, None)], method="highs",
-                       options={"primal_feasibility_tolerance": LP_TOL, "dual_feasibility_tolerance": LP_TOL})
-    return float(res.x[-1]) if res.status == 0 else None
+                       options={"primal_feasibility_tolerance": LP_TOL, "dual_feasibility_tolerance": LP_TOL,
+                                "time_limit": LP_TIME_LIMIT})
+    if res.status != 0 or getattr(res, "ineqlin", None) is None:
+        return None
+    u = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)  # scipy: d(objective)/d(b) <= 0
+    weight = float(u.sum())
+    if not weight > 0:
+        return 0.0 if float(res.x[-1]) <= 0.0 else None
+    if float(np.abs(G.T @ u).max(initial=0.0)) > CERTIFICATE_TOL * weight:
+        return None
+    return max(float(-(h @ u)) / weight, 0.0)
