@@ -783,6 +783,8 @@ def test_a_large_linear_cost_is_solved_in_normalised_units():
                lb=[-2.7495996992232064], ub=[-0.6105723886768348])
     assert scaling.plan(qp) is not None
     for backend in ("proxsuite", "osqp", "admm", "ipm"):
+        if backend not in pp.available_backends():  # the floors' environment (make test-min) has the core only
+            continue
         sol = pp.solve_qp(qp, backend=backend, time_limit=20.0)
         assert sol.status.ok and abs(sol.x[0] + 2.02795267) <= 1e-5, (backend, sol.status, sol.x)
 
