@@ -1019,7 +1019,7 @@ def test_the_emptiness_lp_is_solved_only_without_a_point_of_the_set(monkeypatch)
 
     calls = []
     real = emptiness.least_violation
-    monkeypatch.setattr(emptiness, "least_violation", lambda data: calls.append(1) or real(data))
+    monkeypatch.setattr(emptiness, "least_violation", lambda data, reach=0.0: calls.append(1) or real(data, reach))
     P, X = _coordinate_scaled(0, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pp.PolyprojWarning)
@@ -1032,3 +1032,16 @@ def test_the_emptiness_lp_is_solved_only_without_a_point_of_the_set(monkeypatch)
         with pytest.raises(pp.InfeasibleError):
             pp.project(np.array([[-3.0, 1.0]]), P, backend="ipm")
     assert calls
+
+
+def test_the_emptiness_lp_certifies_only_points_within_its_radius():
+    """Its certificate cancels the rows to rounding, not exactly: {y₁ <= 0, −y₁ + 1e-12 y₂ <= −1e-7} holds
+    (0, −1e5) and was called empty by 5e-8 (review). A verdict now covers every point within CERTIFIED_RADIUS
+    times the set's size, and a set whose points all lie beyond that gets none."""
+    from polyproj.polydata import PolyData
+    from polyproj.projection.emptiness import least_violation
+
+    far = pp.Polyhedron(A=[[1.0, 0.0], [-1.0, 1e-12]], a=[0.0, -1e-7])
+    assert least_violation(PolyData.from_polyhedron(far)) is None
+    near = pp.Polyhedron(A=[[1.0, 0.0], [-1.0, 1e-6]], a=[0.0, -1e-3])  # y₂ <= −1e3: within the radius
+    assert not least_violation(PolyData.from_polyhedron(near))

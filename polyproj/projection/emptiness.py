@@ -25,19 +25,23 @@ __all__ = ["least_violation"]
 LP_TOL = 1e-10
 #: seconds the LP may take (a large, degenerate LP: n = 1000, m = 2000 took 200 s); past it, no verdict
 LP_TIME_LIMIT = 10.0
-#: the dual certificate must cancel the rows to this fraction of its weight (module docstring)
-CERTIFICATE_TOL = 1e-12
+#: the certificate must exclude every point within this many times the set's size (1 + its largest distance of a
+#: hyperplane from the origin) in each coordinate: its rows cancel only to rounding, and a set whose points all lie
+#: farther than that (``{y₁ <= 0, −y₁ + 1e-12 y₂ <= −1e-7}``: y₂ <= −1e5) gets no verdict
+CERTIFIED_RADIUS = 1e6
 
 
-def least_violation(data: PolyData) -> float | None:
+def least_violation(data: PolyData, reach: float = 0.0) -> float | None:
     """``t*`` of the module docstring for shared data, certified in float64; None when not certified.
 
     The LP's dual gives weights ``u >= 0`` on the rows with ``Gᵀu = 0`` and ``−hᵀu = t*`` (``G y <= h`` the
     normalised rows, the bounds among them): for every ``y``, ``max_i (G y − h)_i >= (−hᵀu + (Gᵀu)ᵀy) / Σu``.
-    The verdict is that bound with ``Gᵀu`` recomputed here from the rows as given: only where it cancels to
-    :data:`CERTIFICATE_TOL` of ``Σu`` (HiGHS drops matrix entries below 1e-9: the set ``{y₁ <= 0, −y₁ + 1e-9 y₂
-    <= −1e-3}`` is not empty, ``y₂ = −1e6``, and its LP without that entry said 5e-4); otherwise, or when the
-    LP fails or runs past :data:`LP_TIME_LIMIT`, None (no verdict).
+    The verdict is that bound with ``Gᵀu`` recomputed here from the rows as given, over every ``y`` within
+    :data:`CERTIFIED_RADIUS` times the set's size, and within ``2 reach`` (the caller's points' largest
+    coordinate), in each coordinate: ``(−hᵀu − ‖Gᵀu‖∞ ‖y‖₁) / Σu`` (HiGHS drops
+    matrix entries below 1e-9: the set ``{y₁ <= 0, −y₁ + 1e-9 y₂ <= −1e-3}`` is not empty, ``y₂ = −1e6``, and its
+    LP without that entry said 5e-4). None (no verdict) where that bound is not positive, or when the LP fails or
+    runs past :data:`LP_TIME_LIMIT`.
     """
     import scipy.sparse as sp
     from scipy.optimize import linprog
@@ -76,6 +80,6 @@ def least_violation(data: PolyData) -> float | None:
     weight = float(u.sum())
     if not weight > 0:
         return 0.0 if float(res.x[-1]) <= 0.0 else None
-    if float(np.abs(G.T @ u).max(initial=0.0)) > CERTIFICATE_TOL * weight:
-        return None
-    return max(float(-(h @ u)) / weight, 0.0)
+    norm1 = n * max(CERTIFIED_RADIUS * (1.0 + data.distance_size), 2.0 * reach)  # ‖y‖₁ of the points covered
+    gap = (float(-(h @ u)) - float(np.abs(G.T @ u).max(initial=0.0)) * norm1) / weight
+    return gap if gap > 0.0 else None

@@ -155,15 +155,16 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
             not bool(array_namespace(X).all(out.polished)):
         # no backend reported the set empty, and the polish verified not every sample (a backend's MAX_ITER, an
         # inaccurate point): unless a point in hand is in the set, its LP tells an empty one from a hard projection
-        _raise_if_empty(solver, data, start, out.Y)
+        _raise_if_empty(solver, data, start, out.Y, X)
     return out
 
 
-def _raise_if_empty(solver, data: PolyData, start, Y) -> None:
+def _raise_if_empty(solver, data: PolyData, start, Y, X) -> None:
     """Raise the InfeasibleError of an empty polyhedron when its LP says so (:data:`EMPTY_GAP`); shared data only.
 
     A point of ``Y`` within the LP's threshold of every row is a witness that the set is not empty (to that
-    threshold): then no LP is solved (the usual case: a hard projection of a non-empty set, every call).
+    threshold): then no LP is solved (the usual case: a hard projection of a non-empty set, every call). The
+    verdict covers the points of the set near those of ``X`` too (their projections are what is asked).
     """
     from .emptiness import least_violation
 
@@ -172,7 +173,9 @@ def _raise_if_empty(solver, data: PolyData, start, Y) -> None:
     with np.errstate(invalid="ignore", over="ignore"):  # NaN rows (flagged samples): inf, no witness
         if bool(xp.any(data.distance_violation(Y) <= limit)):
             return
-    gap = least_violation(data)
+    with np.errstate(invalid="ignore"):
+        reach = float(xp.max(xp.where(xp.isfinite(X), xp.abs(X), xp.zeros_like(X)))) if X.shape[0] else 0.0
+    gap = least_violation(data, reach)
     if gap is not None and gap > limit:
         raise _empty(solver, data, start, f" or fails; every point misses some row by {gap:.2e} or more")
 
@@ -671,7 +674,7 @@ def _recover(solver, X, data: PolyData, start: ProjectionStart):
     if not bool(xp.any(flagged)):
         return start, flagged, None
     if not data.batched:  # one polyhedron: its LP decides before any backend's loose "feasible" point does
-        _raise_if_empty(solver, data, start, start.y)
+        _raise_if_empty(solver, data, start, start.y, X)
     ok = xp.asarray([s.ok for s in start.status], dtype=xp.bool, device=_device(X))
     # one polyhedron for the batch: a sample solved to a point of it proves it is not empty
     has_donor = not data.batched and bool(xp.any(_feasible(xp, data, start.y, ok)))
