@@ -35,7 +35,7 @@ or the factor back from normalised units; both tolerances floored at 1e-12). For
 With multipliers, two gross tests of their signs → NUMERICAL_ERROR: a multiplier on a side without a
 bound (``z > 0`` is an upper side) above ``max(GROSS · S_d, 10 · INACCURATE_FACTOR · t_d)``, and
 complementarity ``max |z| · (distance of its side's bound)`` above ``max(GROSS · S_p S_d,
-10 · INACCURATE_FACTOR · (t_p S_d + t_d S_p + eps_abs · unit))``: a stationary point with multipliers of the
+10 · INACCURATE_FACTOR · (t_p S_d + t_d S_p), 10 · eps_abs · unit)``: a stationary point with multipliers of the
 wrong sign is not a minimiser. A SOLVED answer whose complementarity (the duality gap it leaves) is above
 ``INACCURATE_FACTOR · (t_p S_d + t_d S_p + eps_abs · unit)`` is SOLVED_INACCURATE: feasible and stationary,
 but not optimal (a multiplier on a bound that ``x`` does not meet).
@@ -246,10 +246,13 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
                                         "solution")
     # complementarity's tolerance: |z| times a distance, each at its own (t_c), and eps_abs in the objective's
     # units, where an interior-point method stops (its μ) whatever the scales: a weakly active bound at the
-    # origin leaves z · distance ~ 1e-11 with every scale ~1e-5 (t_c ~ 1e-15; that was "not a solution")
+    # origin leaves z · distance ~ 1e-11 with every scale ~1e-5 (t_c ~ 1e-15; that was "not a solution"). The
+    # gross test's floor is 10 eps_abs, not 1e4: at small scales (s_p s_d ~ 0.1) 1e4 eps_abs let a multiplier on
+    # a bound x misses by its whole width pass
     t_c = t_p * s_d + t_d * s_p
-    t_gap = t_c + promise.eps_abs * promise.unit_p * promise.unit_d
-    if not r_c <= max(GROSS * s_p * s_d, 10 * INACCURATE_FACTOR * t_gap):
+    gap_floor = promise.eps_abs * promise.unit_p * promise.unit_d
+    t_gap = t_c + gap_floor
+    if not r_c <= max(GROSS * s_p * s_d, 10 * INACCURATE_FACTOR * t_c, 10 * gap_floor):
         return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but complementarity fails by {r_c:.3g} (a "
                                         "multiplier on a bound x does not meet; the scale there: "
                                         f"{s_p * s_d:.3g}): not a solution")
