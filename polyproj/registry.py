@@ -225,7 +225,7 @@ def get_backend(backend: str | QPSolver | type[QPSolver] | None = None, **settin
         cls.ensure_available()
     except PolyprojError:
         raise
-    except Exception as exc:  # a third party's availability check that raises: the backend cannot be used
+    except (Exception, SystemExit) as exc:  # a third party's availability check that raises: it cannot be used
         raise BackendUnavailable(f"backend {cls.name!r} is unavailable: its availability check raised "
                                  f"{type(exc).__name__}: {exc}") from exc
     return _construct(cls, settings)

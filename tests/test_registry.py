@@ -370,3 +370,21 @@ def test_a_third_party_constructor_or_availability_check_that_raises_is_named():
     finally:
         for cls in (CtorRaises, AvailRaises):
             pp.unregister_backend(cls.name)
+
+
+def test_an_availability_check_that_exits_is_unavailable():
+    """SystemExit from a third party's availability check escaped get_backend (its constructor's was caught)."""
+
+    class AvailExits(ToyKKTSolver):
+        name = "avail_exits_test"
+
+        @classmethod
+        def unavailable_reason(cls):
+            raise SystemExit(3)
+
+    pp.register_backend(AvailExits.name, AvailExits)
+    try:
+        with pytest.raises(pp.BackendUnavailable, match="availability check raised SystemExit"):
+            pp.get_backend("avail_exits_test")
+    finally:
+        pp.unregister_backend(AvailExits.name)

@@ -371,19 +371,23 @@ def _run_nonlicq(solver: QPSolver) -> PropertyResult:
                           seconds=time.perf_counter() - t0)
 
 
-def _conformance(solver: QPSolver, seed: int, timeout: float | None = None) -> list[PropertyResult]:
+def _conformance(solver: QPSolver, seed: int, timeout: float | None = None,
+                 out: list[PropertyResult] | None = None) -> list[PropertyResult]:
+    """The conformance checks' results, appended to ``out`` (returned) as each one finishes."""
+    out = [] if out is None else out
     try:
         mod = importlib.import_module("polyproj.testing.conformance")
     except ModuleNotFoundError as exc:
         if exc.name != "polyproj.testing.conformance":
             raise
-        return [PropertyResult("conformance", "conformance", "skipped",
-                               message="polyproj.testing.conformance is not installed: conformance checks not run")]
+        out.append(PropertyResult("conformance", "conformance", "skipped",
+                                  message="polyproj.testing.conformance is not installed: conformance checks not run"))
+        return out
     checks = getattr(mod, "CHECKS", None)
     if not checks:
-        return [PropertyResult("conformance", "conformance", "skipped",
-                               message="polyproj.testing.conformance defines no CHECKS")]
-    out = []
+        out.append(PropertyResult("conformance", "conformance", "skipped",
+                                  message="polyproj.testing.conformance defines no CHECKS"))
+        return out
     for name, fn in checks.items():
         t0 = time.perf_counter()
         try:
@@ -484,7 +488,7 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
         with Progress(transient=True) as bar:
             task = bar.add_task(f"checking {label}", total=len(names) + int(conformance))
             if conformance:
-                results += _conformance(solver, seed, timeout)
+                _conformance(solver, seed, timeout, results)
                 bar.advance(task)
             for n in names:
                 bar.update(task, description=f"{label}: {n}")
@@ -493,7 +497,7 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
                 bar.advance(task)
     else:
         if conformance:
-            results += _conformance(solver, seed, timeout)
+            _conformance(solver, seed, timeout, results)
         for n in names:
             results.append(run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
                                         shrink_budget=shrink_budget, timeout=timeout))
