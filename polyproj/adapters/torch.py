@@ -864,6 +864,7 @@ class ProjectionLayer(nn.Module):
     def _recognised(self) -> Projector | None:
         """The structured set of the buffers as they are now (recognised again after they changed)."""
         if getattr(self, "_recognising", False) and self._changed():
+            _refuse_meta({f"the layer's {k}": getattr(self, k, None) for k in PARTS})  # read to the host next
             host = {k: None if getattr(self, k) is None else getattr(self, k).detach().cpu().numpy() for k in PARTS}
             self.set = recognise(Polyhedron(**host, allow_dependent_rows=self._dependent))
             self._seen, self._last = self._buffer_state(), None
@@ -872,7 +873,6 @@ class ProjectionLayer(nn.Module):
     @_eager_under_compile
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Project ``x`` (..., n); with ``warm_start`` the previous call's active sets start the polish."""
-        _refuse_meta({"x": x, **{f"the layer's {k}": getattr(self, k, None) for k in PARTS}})
         self._recognised()
         warm = self._last if self.warm_start else None
         if self.set is not None:

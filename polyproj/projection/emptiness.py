@@ -48,13 +48,13 @@ def least_violation(data: PolyData, reach: float = 0.0) -> float | None:
 
     from ..backends.projection import to_host
 
-    A, a, B, b, lb, ub = (np.asarray(to_host(v), dtype=np.float64) for v in data.parts())
+    A, a, B, b, lb, ub, norm_a, norm_b = (np.asarray(to_host(v), dtype=np.float64)
+                                          for v in (*data.parts(), *data.row_norms))
     n = data.n
     rows, rhs = [], []
-    for M, c, both in ((A, a, False), (B, b, True)):
+    for M, c, norm, both in ((A, a, norm_a, False), (B, b, norm_b, True)):
         if not M.shape[0]:
             continue
-        norm = np.linalg.norm(M, axis=1)
         keep = (norm > 0) & np.isfinite(c)  # a zero row's verdict is empty_row's (PolyData checks it)
         Mn, cn = M[keep] / norm[keep, None], c[keep] / norm[keep]
         for sign in ((1.0, -1.0) if both else (1.0,)):
