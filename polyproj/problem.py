@@ -201,10 +201,14 @@ def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow
 
 
 def matrix_scale(P) -> float:
-    """``max(1, max|P_ij|)``: the scale of the eigenvalue tolerances."""
-    if P.shape[0] == 0:
-        return 1.0
-    return max(1.0, float(abs(P).max()))
+    """``max|P_ij|``: the scale of the symmetry and eigenvalue tolerances (0 for a zero or empty P).
+
+    Relative, not floored at 1: ``1e-9 [[1, 2], [2, 1]]`` (eigenvalue −1e-9) passed an absolute −1e-8 as
+    convex, and five backends returned its saddle point as SOLVED.
+    """
+    if P.shape[0] == 0 or (sp.issparse(P) and P.nnz == 0):
+        return 0.0
+    return float(abs(P).max())
 
 
 def smallest_eigenvalue(P, *, iterative: bool = False) -> float | None:
@@ -234,7 +238,7 @@ def smallest_eigenvalue(P, *, iterative: bool = False) -> float | None:
 
 
 def _check_symmetric(P, name: str = "P") -> None:
-    """Raise unless ``|P - Pᵀ| <= 1e-9 max(1, max|P|)`` entrywise (checked always: O(nnz))."""
+    """Raise unless ``|P - Pᵀ| <= 1e-9 max|P|`` entrywise (checked always: O(nnz))."""
     if P.shape[0] == 0:
         return
     diff = abs(P - P.T)

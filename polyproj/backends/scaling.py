@@ -74,16 +74,27 @@ def _row_norms(C: Any) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Scaling:
-    """The change of variables of this module: ``x = sigma x̃``, ``C̃ = diag(rows) C``, cost times ``gamma``."""
+    """The change of variables of this module: ``x = sigma x̃``, ``C̃ = diag(rows) C``, cost times ``gamma``.
+
+    The products with ``γ`` are kept as computed from the data's own sizes (``γσ² = 1 / max(|P|, |q| / σ)``,
+    ``γσ = 1 / max(|P| σ, |q|)``): ``γ`` and ``σ²`` alone over- and underflow at sizes the products do not
+    (``P = 1e-200 I`` raised OverflowError, ``P = 1e200 I`` became 0).
+    """
 
     sigma: float
-    gamma: float
     rows: np.ndarray
+    p_factor: float  # γσ²: P̃ = p_factor P
+    q_factor: float  # γσ: q̃ = q_factor q; the multipliers come back divided by it
+
+    @property
+    def gamma(self) -> float:
+        """The objective's factor ``γ`` (informative: the solve uses :attr:`p_factor` and :attr:`q_factor`)."""
+        return self.q_factor / self.sigma
 
     # ---------------------------------------------------------------- problem data
     def matrices(self, qp: QP) -> tuple[Any, Any]:
         """``(P̃, C̃)``."""
-        P = qp.P * (self.gamma * self.sigma**2)
+        P = qp.P * self.p_factor
         C = sp.diags(self.rows) @ qp.C if sp.issparse(qp.C) else qp.C * self.rows[:, None]
         return (sp.csc_matrix(P) if sp.issparse(qp.P) else P), (sp.csc_matrix(C) if sp.issparse(qp.C) else C)
 
@@ -92,7 +103,7 @@ class Scaling:
         out = {}
         for k, v in vecs.items():
             if k == "q":
-                out[k] = v * (self.gamma * self.sigma)
+                out[k] = v * self.q_factor
             elif k in ("l", "u"):
                 out[k] = v * self.rows / self.sigma
             else:
@@ -109,7 +120,7 @@ class Scaling:
 
     # ---------------------------------------------------------------- results
     def _dual(self) -> float:
-        return 1.0 / (self.gamma * self.sigma)
+        return 1.0 / self.q_factor
 
     def warm_start(self, ws: Any) -> dict[str, np.ndarray] | None:
         """A warm start (Solution or dict with x, z, z_box) in normalised units."""
@@ -171,7 +182,9 @@ def needs_replan(qp: QP, sigma: float, x_max: Any, **batched: np.ndarray) -> Any
     σ takes ``|q| / |P|`` (the unconstrained minimiser's size) when no right-hand side or bound is larger, but
     constraints can hold x far smaller: ``min ½x² + 1e8 x`` on ``[−1, 1]`` got σ = 1e8, tolerances relative
     to it, and SOLVED points 47 % outside the box from four backends. Again when ``x_max`` (and the
-    right-hand sides and bounds) lie below ``σ / REPLAN``. ``x_max`` a number, or one per element of a batch
+    right-hand sides, and the bounds that exclude the origin) lie below ``σ / REPLAN``: a bound the origin
+    satisfies caps x, it does not make x large (a box at ±1e8 around an optimum at 1e4 set σ = 1e8, and three
+    backends returned SOLVED objectives 8-19 % above the optimum). ``x_max`` a number, or one per element of a batch
     (``batched`` then holds the batch's vectors, one row per element): a bool or a (b,) bool array.
     """
     x = np.asarray(x_max, dtype=np.float64)
@@ -180,12 +193,17 @@ def needs_replan(qp: QP, sigma: float, x_max: Any, **batched: np.ndarray) -> Any
     return out if x.ndim else bool(out)
 
 
-def replan(qp: QP, x_max: float, **batched: np.ndarray) -> Scaling:
+def replan(qp: QP, x_max: float, sigma: float, **batched: np.ndarray) -> Scaling:
     """The normalisation from an answer's size ``x_max`` (in place of ``|q| / |P|``), whatever the band.
 
-    The objective keeps its normalisation (|q| ~ 1e8 left as given stalled OSQP and the ADMM).
+    ``sigma`` is the normalisation that answer came from. The right-hand sides and bounds that contain the
+    origin only cap x: they count up to ``min(1, sigma / REPLAN)``, a floor for an answer near 0 (one of 0 in
+    a box of ±1e-3 is normalised by the box, one of 0 in a box of ±1e8 by 1, one of 1e4 by 2e4: a box of
+    ±1e8 kept σ at 1e8 and three backends returned SOLVED objectives 8-19 % above the optimum). The objective keeps its normalisation (|q| ~ 1e8 left as given stalled OSQP
+    and the ADMM).
     """
-    return plan(qp, magnitude=max(2.0 * x_max, 1e-300), force=True, **batched)
+    return plan(qp, magnitude=max(2.0 * x_max, 1e-300), force=True, _bounds_cap=min(1.0, sigma / REPLAN),
+                **batched)
 
 
 def _rhs_sizes(v: np.ndarray, norms: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -197,21 +215,53 @@ def _rhs_sizes(v: np.ndarray, norms: np.ndarray, rows: np.ndarray) -> np.ndarray
     return np.where(norms > 0, np.abs(v * rows), 0.0)
 
 
+def _sides(qp: QP, norms: np.ndarray, rows: np.ndarray, **batched: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The sizes of x the finite sides suggest (below IGNORE), the last axis reduced (one per batch element).
+
+    ``(rows that exclude the origin, rows that contain it, bounds that exclude it, bounds that contain it)``:
+    a side the origin violates (``l_i > 0``, ``u_i < 0``, ``lb_j > 0``, ``ub_j < 0``) can hold x as far out as
+    its right-hand side (relative to its row), one the origin satisfies only caps x.
+    """
+    l, u, lb, ub = (np.asarray(batched.get(k, getattr(qp, k)), dtype=np.float64) for k in ("l", "u", "lb", "ub"))
+
+    def size(*arrays):
+        out = np.zeros(())
+        for a in arrays:
+            out = np.maximum(out, np.where(np.isfinite(a) & (a < IGNORE), a, 0.0).max(axis=-1, initial=0.0))
+        return out
+
+    with np.errstate(invalid="ignore"):
+        rl, ru = _rhs_sizes(l, norms, rows), _rhs_sizes(u, norms, rows)
+        return (size(np.where(l > 0, rl, 0.0), np.where(u < 0, ru, 0.0)),
+                size(np.where(l > 0, 0.0, rl), np.where(u < 0, 0.0, ru)),
+                size(np.where(lb > 0, lb, 0.0), np.where(ub < 0, -ub, 0.0)),
+                size(np.where(lb > 0, 0.0, np.abs(lb)), np.where(ub < 0, 0.0, np.abs(ub))))
+
+
 def _constraint_sizes(qp: QP, **batched: np.ndarray) -> np.ndarray:
-    """The largest finite right-hand side (relative to its row) or bound.
+    """The largest finite right-hand side (relative to its row) or bound that excludes the origin.
 
     One number, or one per element where ``batched`` holds a batch's vectors (one row per element).
     """
     _, norms, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
-    out = np.zeros(())
-    for k in ("l", "u", "lb", "ub"):
-        v = np.asarray(batched.get(k, getattr(qp, k)), dtype=np.float64)
-        a = _rhs_sizes(v, norms, rows) if k in ("l", "u") else np.abs(v)
-        out = np.maximum(out, np.where(np.isfinite(a) & (a < IGNORE), a, 0.0).max(axis=-1, initial=0.0))
-    return out
+    rows_out, _, bounds_out, _ = _sides(qp, norms, rows, **batched)
+    return np.maximum(rows_out, bounds_out)
 
 
-def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batched: np.ndarray) -> Scaling | None:
+def _box(lb: np.ndarray, ub: np.ndarray) -> float:
+    """The largest |bound| when every variable has both bounds finite (below IGNORE), else inf: a bound on |x|."""
+    both = np.isfinite(lb) & np.isfinite(ub) & (np.abs(lb) < IGNORE) & (np.abs(ub) < IGNORE)
+    if not lb.size or not bool(both.all()):
+        return np.inf
+    return float(max(np.abs(lb).max(), np.abs(ub).max()))
+
+
+#: σ is kept within [1 / LIMIT, LIMIT] (its factors' products stay finite there)
+LIMIT = 1e300
+
+
+def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, _bounds_cap: float = np.inf,
+         **batched: np.ndarray) -> Scaling | None:
     """The normalisation for ``qp`` (and batched vectors replacing its own), or None when not needed.
 
     It applies when the magnitude of x suggested by the data (``σ``), a row norm of C or the objective's
@@ -225,11 +275,17 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batch
     # the matrix part is computed once per (P, C): projections and batches share them
     p_max, norms, rows, rows_ok = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
     q_max = float(np.max(np.abs(vec["q"]), initial=0.0))
-    # x's size: the right-hand sides relative to their rows, and |q| / |P| (the unconstrained minimiser's), or
-    # the size of an answer already found (``magnitude``, :func:`replan`) in place of the latter
-    unconstrained = (q_max / p_max if p_max > 0 else 0.0) if magnitude is None else magnitude
-    core = max(_finite_absmax(_rhs_sizes(vec["l"], norms, rows), _rhs_sizes(vec["u"], norms, rows)), unconstrained)
-    bounds = _finite_absmax(vec["lb"], vec["ub"])
+    # x's size: the right-hand sides relative to their rows, and |q| / |P| (the unconstrained minimiser's) capped
+    # by the box where every variable has one (P = 1e-35 I, |q| = 1 on [−1, 1]²: σ = 1e35 let SOLVED points at
+    # 1e3-1e18 pass), or the size of an answer already found (``magnitude``, :func:`replan`) in place of the latter
+    lb, ub = (np.asarray(vec[k], dtype=np.float64) for k in ("lb", "ub"))
+    rows_out, rows_in, bounds_out, bounds_in = (float(np.max(v)) for v in _sides(qp, norms, rows, **batched))
+    if magnitude is None:
+        core = max(rows_out, rows_in, min(q_max / p_max, _box(lb, ub)) if p_max > 0 else 0.0)
+        bounds = max(bounds_out, bounds_in)
+    else:  # a replan: the sides that contain the origin count up to the cap only
+        core = max(rows_out, magnitude)
+        bounds = max(bounds_out, min(max(rows_in, bounds_in), _bounds_cap))
     # bounds beyond HIGH and far beyond the rest of the data (LOOSE times) are big-M stand-ins for "no bound",
     # not the scale of x: σ from them made γ shrink the objective's gradient below eps_abs, and every backend
     # returned "solved" points off by orders of magnitude (x0 + x1 <= 1 with a box at ±1e8 to ±1e14). A row's
@@ -238,7 +294,7 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batch
     if core > 0 and bounds > HIGH:
         bounds = min(bounds, max(LOOSE * core, HIGH))
     sigma = max(core, bounds)
-    sigma = sigma if sigma > 0 else 1.0
+    sigma = min(max(sigma, 1.0 / LIMIT), LIMIT) if sigma > 0 else 1.0
     # the objective's own scale at x's: max(|P|, |q| / σ) (1 for a projection). At 1e-12 every point is
     # "optimal" to an absolute dual tolerance, at 1e12 none is: a trigger as well (γ alone changes nothing
     # else)
@@ -249,6 +305,8 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, **batch
     if not force and LOW <= sigma <= HIGH and rows_ok and (curvature == 0 or LOW <= curvature <= HIGH) \
             and q_max <= HIGH:
         return None
-    objective = max(p_max * sigma**2, q_max * sigma)
-    gamma = 1.0 / objective if objective > 0 else 1.0
-    return Scaling(sigma=float(sigma), gamma=float(gamma), rows=rows)
+    # γ = 1 / max(|P| σ², |q| σ) makes the largest entry of P̃ and q̃ one; its products with σ² and σ are formed
+    # from the sizes directly (γ and σ² alone leave the double range first)
+    pf, qf = max(p_max, q_max / sigma), max(p_max * sigma, q_max)
+    return Scaling(sigma=float(sigma), rows=rows, p_factor=1.0 / pf if pf > 0 else 1.0,
+                   q_factor=1.0 / qf if qf > 0 else 1.0)

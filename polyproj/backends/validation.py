@@ -219,7 +219,7 @@ class Promise:
         if scale is None:
             return cls(eps_abs, eps_rel)
         row_max = float(np.max(1.0 / scale.rows, initial=1.0))
-        return cls(eps_abs, eps_rel, scale.sigma * max(1.0, row_max), 1.0 / (scale.gamma * scale.sigma))
+        return cls(eps_abs, eps_rel, scale.sigma * max(1.0, row_max), 1.0 / scale.q_factor)
 
 
 def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Promise) -> tuple[Status, str]:
@@ -267,6 +267,21 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
     return status, ""
 
 
+def _infeasibility_verdict(qp: QP) -> tuple[Status, str]:
+    """A claim of primal infeasibility, checked by a point of the constraints (:mod:`.feasibility`).
+
+    NUMERICAL_ERROR where the point satisfies every constraint to rounding (the claim is refuted), else the claim.
+    """
+    from . import feasibility
+
+    x = feasibility.least_violation_point(qp)
+    if not feasibility.refutes(qp, x):
+        return Status.PRIMAL_INFEASIBLE, ""
+    return Status.NUMERICAL_ERROR, ("the backend said PRIMAL_INFEASIBLE but a point (found by an LP) satisfies every "
+                                    f"constraint to rounding (largest violation {qp.primal_violation(x):.3g}): the "
+                                    "claim is refuted")
+
+
 def _as_float(a: Any, shape: tuple[int, ...], what: str, backend: str) -> np.ndarray:
     if np.iscomplexobj(a):  # float64 conversion would drop the imaginary part with only a warning
         if np.any(np.imag(a) != 0):
@@ -298,6 +313,8 @@ def check_solution(qp: QP, sol: Any, backend: str, settings: dict[str, Any], dua
         finite = bool(np.isfinite(x).all() and (not duals or (np.isfinite(z).all() and np.isfinite(zb).all())))
         res = _single_residuals(qp, x, z, zb, duals) if finite else (0.0,) * 6
         status, note = _verdict(status, finite, res, Promise.of(settings, scale))
+    elif status is Status.PRIMAL_INFEASIBLE:
+        status, note = _infeasibility_verdict(qp)
     status, note = _time_verdict(status, note, settings, elapsed)
     info = sol.info if not note else {**sol.info, "validation": note, "claimed_status": sol.status.name}
     if (status is sol.status and x is sol.x and z is sol.z and zb is sol.z_box and sol.qp is qp
@@ -340,11 +357,15 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
             statuses[i], note = _verdict(statuses[i], bool(finite[j]), tuple(float(a[j]) for a in res), promise)
             if note:
                 notes[int(i)] = note
+    qps = bs.qps if bs.qps is not None and len(bs.qps) == size else ElementQPs(qp, vecs, size)
     for i in range(size):
+        if statuses[i] is Status.PRIMAL_INFEASIBLE:
+            statuses[i], note = _infeasibility_verdict(qps[i])
+            if note:
+                notes[i] = note
         statuses[i], note = _time_verdict(statuses[i], notes.get(i, ""), settings, elapsed)
         if note:
             notes[i] = note
-    qps = bs.qps if bs.qps is not None and len(bs.qps) == size else ElementQPs(qp, vecs, size)
     if not notes and X is bs.x and Z is bs.z and ZB is bs.z_box and bs.qps is qps:
         return bs
     info = dict(bs.info)
@@ -506,10 +527,17 @@ def _scaled_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, warm
 
 
 def _unconfirmed(sol: Solution, again: Any) -> Solution:
-    """``sol`` (solved with σ far above its size) whose re-solve at its own size failed: SOLVED_INACCURATE."""
-    what = again.status.name if isinstance(again, Solution) else type(again).__name__
-    note = (f"solved with a normalisation σ far above the answer's size; the re-solve at its own size ended {what}, "
-            "so the answer is not confirmed at that size")
+    """``sol`` (solved with σ far above its size) whose re-solve at its own size failed: SOLVED_INACCURATE.
+
+    ``again`` None: the re-solves ran out (:data:`~.scaling.REPLAN_ROUNDS`) with σ still far above the answer.
+    """
+    if again is None:
+        note = (f"solved with a normalisation σ far above the answer's size, still after {scaling.REPLAN_ROUNDS} "
+                "re-solves: the answer is not confirmed at its own size")
+    else:
+        what = again.status.name if isinstance(again, Solution) else type(again).__name__
+        note = (f"solved with a normalisation σ far above the answer's size; the re-solve at its own size ended "
+                f"{what}, so the answer is not confirmed at that size")
     return replace(sol, status=Status.SOLVED_INACCURATE if sol.status is Status.SOLVED else sol.status,
                    info={**sol.info, "validation": note, "claimed_status": sol.status.name})
 
@@ -529,7 +557,7 @@ def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, s
         if not idx.size:
             return bs
         sub_vecs = {k: np.asarray(a)[idx] for k, a in vecs.items()}
-        better = scaling.replan(qp, float(x_each[idx].max()), **sub_vecs)
+        better = scaling.replan(qp, float(x_each[idx].max()), float(sigma[idx].max()), **sub_vecs)
         sub = _scaled_batch(solver, fn, qp, sub_vecs, int(idx.size), None, better)
         if not isinstance(sub, BatchSolution) or len(sub) != idx.size:
             return bs
@@ -543,6 +571,15 @@ def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, s
             return bs
         bs = bs.put(idx[good], sub.take(np.flatnonzero(good)))
         sigma[idx[good]] = better.sigma
+    # the re-solves ran out with σ still far above these answers: not confirmed at their own size
+    x = np.asarray(bs.x, dtype=np.float64)
+    ok = np.array([s is Status.SOLVED for s in bs.status], dtype=bool) & np.isfinite(x).all(axis=1)
+    left = np.flatnonzero(ok & scaling.needs_replan(qp, sigma, np.max(np.abs(x), axis=1, initial=0.0), **vecs))
+    if left.size:
+        status = list(bs.status)
+        for i in left:
+            status[i] = Status.SOLVED_INACCURATE
+        bs = replace(bs, status=tuple(status))
     return bs
 
 
@@ -565,13 +602,16 @@ def _guard_solve(fn: Callable) -> Callable:
             qp.memo["scaling_plan"] = scaling.plan(qp)
         scale = qp.memo["scaling_plan"]
         sol = _scaled_solve(self, fn, qp, warm_start, scale)
-        for _ in range(scaling.REPLAN_ROUNDS):  # σ far above the answer's size: so were its tolerances
+        for rounds in range(scaling.REPLAN_ROUNDS + 1):  # σ far above the answer's size: so were its tolerances
             if scale is None or not (isinstance(sol, Solution) and sol.status.ok):
                 break
             x_max = float(np.max(np.abs(np.asarray(sol.x, dtype=np.float64)), initial=0.0))
             if not scaling.needs_replan(qp, scale.sigma, x_max):
                 break
-            better = scaling.replan(qp, x_max)
+            if rounds == scaling.REPLAN_ROUNDS:
+                sol = _unconfirmed(sol, None)
+                break
+            better = scaling.replan(qp, x_max, scale.sigma)
             again = _scaled_solve(self, fn, qp, warm_start, better)
             if not (isinstance(again, Solution) and again.status.ok):  # not confirmed at its own size
                 sol = _unconfirmed(sol, again)
