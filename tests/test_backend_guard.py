@@ -894,3 +894,17 @@ def test_a_claim_of_infeasibility_is_refuted_by_a_point_of_the_constraints():
         bs = pp.get_backend(b).solve_batch(qp, l=empty[0], u=empty[1])
         assert bs.status[0] is not pp.Status.PRIMAL_INFEASIBLE, b
         assert bs.status[1] in (pp.Status.PRIMAL_INFEASIBLE, pp.Status.MAX_ITER, pp.Status.NUMERICAL_ERROR), b
+
+
+def test_batched_vectors_and_warm_starts_that_are_not_real_numbers_are_problem_errors():
+    """Strings and ragged lists as batched vectors, or strings as a warm start, raised NumPy's ValueError; a
+    complex batched q was solved with its imaginary part dropped (QP() refuses all three with ProblemError)."""
+    qp = pp.QP(P=np.eye(2), q=[1.0, 1.0], C=[[1.0, 1.0]], l=[0.0], u=[1.0])
+    solver = pp.get_backend("ipm")
+    for q in (np.array([["a", "b"]]), [[1.0, 1.0], [1.0]], np.array([[1 + 5j, 0.0]])):
+        with pytest.raises(pp.ProblemError, match="batched q"):
+            solver.solve_batch(qp, q=q)
+    with pytest.raises(pp.ProblemError, match="warm_start x"):
+        pp.solve_qp(qp, backend="ipm", warm_start={"x": np.array(["a", "b"])})
+    bs = solver.solve_batch(qp, q=np.array([[1.0 + 0j, 0.0]]).real)  # real parts of a complex array are numbers
+    assert bs.status[0] is pp.Status.SOLVED

@@ -223,3 +223,16 @@ def test_a_native_batch_retries_a_refuted_infeasibility_claim_as_solve_does():
                                                                               l=np.stack([l, l]))):
         assert [s.name for s in bs.status] == ["SOLVED", "SOLVED"]
         np.testing.assert_allclose(bs.x, np.stack([ref.x, ref.x]), atol=1e-6)
+
+
+def test_the_retry_after_a_refuted_infeasibility_starts_cold():
+    """Warm-started from an infeasible problem's answer (z = −51, z_box = 50), ProxQP claimed a trivial feasible QP
+    infeasible; the claim was refuted but the retry reused the same start and failed too (NUMERICAL_ERROR). The
+    retry starts cold now."""
+    qp = pp.QP(P=np.eye(3), q=[1.0, -2.0, 3.0], C=[[1.0, 1.0, 1.0]], l=[1.0], u=[2.0], lb=[-1.0] * 3, ub=[1.0] * 3)
+    bad = pp.QP(P=np.eye(3), q=[0.0, 0.0, 0.0], C=[[1.0, 1.0, 1.0]], l=[5.0], u=[6.0], lb=[-1.0] * 3, ub=[1.0] * 3)
+    prev = pp.solve_qp(bad, backend="proxsuite")
+    assert prev.status is pp.Status.PRIMAL_INFEASIBLE
+    sol = pp.solve_qp(qp, backend="proxsuite", warm_start=prev)
+    assert sol.status is pp.Status.SOLVED, sol.info
+    np.testing.assert_allclose(sol.x, [1.0, 1.0, -1.0], atol=1e-6)

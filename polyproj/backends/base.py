@@ -289,14 +289,18 @@ class QPSolver(abc.ABC):
         vectors; returns float64 arrays ready for ``qp.with_vectors(validate=False, ...)``.
         """
         from ..errors import ProblemError
-        from ..problem import check_order, check_values
+        from ..problem import _asarray, _check_numeric, check_order, check_values
 
         out = {}
         spec = {"q": (qp.n, 0), "l": (qp.m, -1), "u": (qp.m, 1), "lb": (qp.n, -1), "ub": (qp.n, 1)}
         for k, v in vecs.items():
             if v is None:
                 continue
-            arr = np.array(v, dtype=np.float64)
+            if hasattr(v, "detach"):
+                v = v.detach().cpu().numpy()
+            arr = _asarray(v, f"batched {k}")  # ragged: a ProblemError; strings, complex: refused, not truncated
+            _check_numeric(arr, f"batched {k}")
+            arr = np.array(arr, dtype=np.float64)
             size, allow_inf = spec[k]
             if arr.ndim != 2 or arr.shape[1] != size:
                 raise ProblemError(f"batched {k} must have shape (batch, {size}), got {arr.shape}")

@@ -334,19 +334,20 @@ class ProxSuiteSolver(QPSolver):
         ProxQP claims primal infeasibility on some feasible LPs and QPs with a singular P (its default
         proximal step ``rho`` = 1e-6); where an independent backend refutes the claim (the status is then
         NUMERICAL_ERROR) and ``rho`` is not set, the QP is solved again with ``rho`` = :data:`RETRY_RHO`,
-        and that answer is kept when it is SOLVED.
+        from a cold start (the warm start may be what misled it: multipliers of an infeasible problem's answer
+        made a trivial QP fail), and that answer is kept when it is SOLVED.
         """
         sol = self._solve(qp, warm_start)
-        return self._retried(qp, sol, warm_start) if self._refuted(sol.status, sol.info) else sol
+        return self._retried(qp, sol) if self._refuted(sol.status, sol.info) else sol
 
     def _refuted(self, status: Status, info: dict) -> bool:
         """ProxQP's claim of primal infeasibility that the output check refuted (NUMERICAL_ERROR), rho not set."""
         return (status is Status.NUMERICAL_ERROR and self.backend_options.get("rho") is None
                 and str(info.get("raw_status", "")).endswith("PRIMAL_INFEASIBLE"))
 
-    def _retried(self, qp: QP, sol: Solution, warm_start: Any = None) -> Solution:
-        """``qp`` solved again with ``rho`` = :data:`RETRY_RHO`; that answer when SOLVED, else ``sol``."""
-        again = self._solve(qp, warm_start, rho=RETRY_RHO)
+    def _retried(self, qp: QP, sol: Solution) -> Solution:
+        """``qp`` solved again, cold, with ``rho`` = :data:`RETRY_RHO`; that answer when SOLVED, else ``sol``."""
+        again = self._solve(qp, None, rho=RETRY_RHO)
         if again.status is not Status.SOLVED:
             return sol
         again.info["retry"] = f"rho {RETRY_RHO:g} after ProxQP's refuted {sol.info['raw_status']}"
