@@ -357,7 +357,8 @@ def _badly_scaled_qp(seed: int) -> pp.QP:
     rng = np.random.default_rng(seed)
     n, m = int(rng.integers(2, 7)), int(rng.integers(1, 7))
     L = rng.standard_normal((n, n))
-    P, q, C, x0 = L @ L.T + 0.01 * np.eye(n), rng.standard_normal(n), rng.standard_normal((m, n)), rng.standard_normal(n)
+    P, q = L @ L.T + 0.01 * np.eye(n), rng.standard_normal(n)
+    C, x0 = rng.standard_normal((m, n)), rng.standard_normal(n)
     cx = C @ x0
     l, u = cx - rng.uniform(0, 1, m), cx + rng.uniform(0, 1, m)
     kind = rng.integers(0, 4, m)

@@ -199,8 +199,8 @@ def replan(qp: QP, x_max: float, sigma: float, **batched: np.ndarray) -> Scaling
     ``sigma`` is the normalisation that answer came from. The right-hand sides and bounds that contain the
     origin only cap x: they count up to ``min(1, sigma / REPLAN)``, a floor for an answer near 0 (one of 0 in
     a box of ±1e-3 is normalised by the box, one of 0 in a box of ±1e8 by 1, one of 1e4 by 2e4: a box of
-    ±1e8 kept σ at 1e8 and three backends returned SOLVED objectives 8-19 % above the optimum). The objective keeps its normalisation (|q| ~ 1e8 left as given stalled OSQP
-    and the ADMM).
+    ±1e8 kept σ at 1e8 and three backends returned SOLVED objectives 8-19 % above the optimum). The
+    objective keeps its normalisation (|q| ~ 1e8 left as given stalled OSQP and the ADMM).
     """
     return plan(qp, magnitude=max(2.0 * x_max, 1e-300), force=True, _bounds_cap=min(1.0, sigma / REPLAN),
                 **batched)
