@@ -131,6 +131,10 @@ class PolyData:
         Over the finite right-hand sides and the nonzero rows: ``|a_i| / ||A_i||``, ``|b_j| / ||B_j||``,
         ``|lb_k|``, ``|ub_k|``. The polyhedron's size in the space of ``y``, whatever the rows' own scales: a row
         ``1e8 y_1 <= 1e7`` lies 0.1 from the origin, not 1e7 (:attr:`rhs_size` reads 1e7).
+        Where every coordinate has both bounds, at most the box's farthest corner ``||max(|lb|, |ub|)||₂``: a
+        hyperplane beyond it does not meet the box (a row ``e·y <= 1e10`` beside a box of ±1 made the size 1e10,
+        the projection's unit shrank the polytope below the backends' tolerances, and points 60 outside it came
+        back as SOLVED_INACCURATE).
         """
         xp = self.xp
         size = 0.0
@@ -144,7 +148,36 @@ class PolyData:
                 v = v / xp.where(norm > 0, norm, xp.ones_like(norm))
             if bool(xp.any(fin)):
                 size = max(size, float(xp.max(xp.where(fin, xp.abs(v), xp.zeros_like(v)))))
+        if self.n and bool(xp.all(xp.isfinite(self.lb))) and bool(xp.all(xp.isfinite(self.ub))):
+            corner = xp.linalg.vector_norm(xp.maximum(xp.abs(self.lb), xp.abs(self.ub)), axis=-1)
+            size = min(size, float(xp.max(corner)))
         return size
+
+    def relative_violation(self, Y: Any) -> Any:
+        """Largest violation of each row of ``Y`` (b, n) as a distance, each relative to its own constraint's size.
+
+        Row ``i`` missed by ``r_i / ||M_i||`` over ``|rhs_i| / ||M_i|| + max|y|`` (bounds: ``r / (|bound| +
+        max|y|)``); inf where Y is not finite. Unlike :meth:`distance_violation` over one size for all, a far
+        constraint's size does not excuse the miss of a near one.
+        """
+        xp = array_namespace(Y, self.A)
+        y = xp.where(xp.isfinite(Y), Y, xp.zeros_like(Y))
+        ymax = xp.max(xp.abs(y), axis=1, keepdims=True) if self.n else xp.zeros((Y.shape[0], 1), dtype=Y.dtype)
+        v = xp.zeros((Y.shape[0],), dtype=Y.dtype, device=_device(Y))
+        for M, rhs, norm, eq in ((self.A, self.a, self.row_norms[0], False), (self.B, self.b, self.row_norms[1], True)):
+            if not M.shape[-2]:
+                continue
+            r = matvec(xp, M, Y) - rhs
+            r = xp.abs(r) if eq else xp.where(r > 0, r, xp.zeros_like(r))
+            nrm = xp.where(norm > 0, norm, xp.ones_like(norm))
+            size = xp.where(xp.isfinite(rhs), xp.abs(rhs), xp.zeros_like(rhs)) / nrm + ymax
+            v = xp.maximum(v, xp.max(r / nrm / xp.where(size > 0, size, xp.ones_like(size)), axis=1))
+        if self.n:
+            for r, bound in ((Y - self.ub, self.ub), (self.lb - Y, self.lb)):
+                size = xp.where(xp.isfinite(bound), xp.abs(bound), xp.zeros_like(bound)) + ymax
+                r = xp.where(r > 0, r, xp.zeros_like(r))
+                v = xp.maximum(v, xp.max(r / xp.where(size > 0, size, xp.ones_like(size)), axis=1))
+        return xp.where(xp.all(xp.isfinite(Y), axis=1), v, xp.full_like(v, float("inf")))
 
     @cached_property
     def row_size(self) -> float:

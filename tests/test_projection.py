@@ -1045,3 +1045,66 @@ def test_the_emptiness_lp_certifies_only_points_within_its_radius():
     assert least_violation(PolyData.from_polyhedron(far)) is None
     near = pp.Polyhedron(A=[[1.0, 0.0], [-1.0, 1e-6]], a=[0.0, -1e-3])  # y₂ <= −1e3: within the radius
     assert not least_violation(PolyData.from_polyhedron(near))
+
+
+def _far_row_problem(seed: int, rhs: float, box: bool):
+    rng = np.random.default_rng(seed)
+    n, m = 8, 10 if box else 30
+    A = rng.standard_normal((m, n))
+    a = A @ (0.2 * rng.standard_normal(n)) + rng.uniform(0.1, 1.0, m)
+    x, e = 50 * rng.standard_normal(n), rng.standard_normal(n)
+    kw = dict(lb=-np.ones(n), ub=np.ones(n)) if box else {}
+    return x, pp.Polyhedron(A=A, a=a, **kw), pp.Polyhedron(A=np.vstack([A, e]), a=np.append(a, rhs), **kw)
+
+
+@pytest.mark.parametrize("rhs", [1e9, 1e10, 1e12])
+def test_a_far_row_beside_a_box_does_not_set_the_scale(rhs):
+    """A row that never binds, written with a big right-hand side (1e9-1e12) instead of inf, made the polyhedron's
+    size 1e10: the projection's unit shrank the polytope below the backends' tolerances, and 6-11 of 40 random
+    points came back SOLVED_INACCURATE up to 60 outside the box (the torch layer returned them). The box bounds
+    the size (its farthest corner); the answers are those without the row."""
+    bad = []
+    for seed in range(12):
+        x, P, Pf = _far_row_problem(seed, rhs, box=True)
+        exact = pp.project(x, P, backend="daqp").y
+        r = pp.project(x, Pf)
+        if r.status is not pp.Status.SOLVED or np.abs(r.y - exact).max() > 1e-9:
+            bad.append((seed, r.status.name, float(np.abs(r.y - exact).max())))
+    assert not bad, bad
+
+
+def test_an_unverified_point_is_judged_against_each_constraint_s_own_size():
+    """Without a box such a far row still sets the unit and some projections fail; a failed point 50-140 outside
+    the other rows was SOLVED_INACCURATE (its miss measured against the far row's 1e10): now NUMERICAL_ERROR."""
+    for seed in range(12):
+        x, P, Pf = _far_row_problem(seed, 1e10, box=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pp.PolyprojWarning)
+            r = pp.project(x, Pf)
+        if r.status.ok:
+            assert r.max_violation <= 1e-6 * (1.0 + np.abs(r.y).max()), (seed, r.status, r.max_violation)
+
+
+def test_an_empty_per_sample_polyhedron_raises_naming_its_sample():
+    """Per-sample data: sample 2's ``{y₀ <= 0, y₀ >= g}`` (box ±1) was returned as SOLVED_INACCURATE for gaps
+    down to 1e-4 (its shared twin raises from 1.2e-7); each unverified sample's own LP decides now."""
+    from polyproj.polydata import PolyData
+    from polyproj.sets import Polyhedral
+
+    rng = np.random.default_rng(1)
+    N, n, m, k = 6, 4, 4, 2
+    X = rng.standard_normal((N, n))
+    for g in (1e-3, 1e-5, 1e-7):
+        A = rng.standard_normal((N, m, n))
+        a = np.abs(rng.standard_normal((N, m))) + 0.5
+        A[k, :2] = 0.0
+        A[k, 0, 0], A[k, 1, 0], a[k, 0], a[k, 1] = 1.0, -1.0, 0.0, -g
+        d = PolyData(A, a, np.zeros((N, 0, n)), np.zeros((N, 0)), -np.ones((N, n)), np.ones((N, n)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pp.PolyprojWarning)
+            with pytest.raises(pp.InfeasibleError, match="empty"):
+                pp.project(X, Polyhedral(d, "auto", batch_shape=(N,)))
+        a[k, 1] = 0.0  # the same samples with sample 2 a point: all solved
+        d = PolyData(A, a, np.zeros((N, 0, n)), np.zeros((N, 0)), -np.ones((N, n)), np.ones((N, n)))
+        r = pp.project(X, Polyhedral(d, "auto", batch_shape=(N,)))
+        assert all(s.ok for s in r.status)

@@ -151,11 +151,13 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
             warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
                           + (f", {by_retry} by other backends" if by_retry else "")
                           + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
-    if opts.polish and not opts.tried and not data.batched and report is None and \
-            not bool(array_namespace(X).all(out.polished)):
+    if opts.polish and not opts.tried and report is None and not bool(array_namespace(X).all(out.polished)):
         # no backend reported the set empty, and the polish verified not every sample (a backend's MAX_ITER, an
         # inaccurate point): unless a point in hand is in the set, its LP tells an empty one from a hard projection
-        _raise_if_empty(solver, data, start, out.Y, X)
+        if data.batched:
+            _raise_if_empty_samples(solver, data, start, out, X)
+        else:
+            _raise_if_empty(solver, data, start, out.Y, X)
     return out
 
 
@@ -178,6 +180,40 @@ def _raise_if_empty(solver, data: PolyData, start, Y, X) -> None:
     gap = least_violation(data, reach)
     if gap is not None and gap > limit:
         raise _empty(solver, data, start, f" or fails; every point misses some row by {gap:.2e} or more")
+
+
+#: per-sample polyhedra: at most this many unverified samples have their emptiness LP solved in one call (each
+#: LP is independent; past it, the samples keep their statuses)
+EMPTY_LP_SAMPLES = 64
+
+
+def _raise_if_empty_samples(solver, data: PolyData, start, out, X) -> None:
+    """:func:`_raise_if_empty` for per-sample polyhedra: each unverified sample without a witness, by its own LP.
+
+    A sample whose point lies within the threshold of its own polyhedron is a witness for itself only. The
+    error names the first empty sample (an empty sample beside others had its inaccurate point returned:
+    ``{y₀ <= 0, y₀ >= 1e-5}`` in a box of ±1000 as SOLVED_INACCURATE / NUMERICAL_ERROR).
+    """
+    from .emptiness import least_violation
+
+    xp = array_namespace(out.Y)
+    unverified = _host_ints(xp.nonzero(~out.polished)[0])
+    for i in unverified[:EMPTY_LP_SAMPLES]:
+        sel = xp.asarray([i], device=_device(X))
+        # sample i's polyhedron as shared data (the batch axis of its per-sample parts dropped)
+        one = PolyData(*(v[i] if v.ndim == nd else v for v, nd in zip(data.parts(), (3, 2, 3, 2, 2, 2), strict=True)))
+        limit = EMPTY_GAP * (1.0 + one.distance_size)
+        Y = xp.take(out.Y, sel, axis=0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if bool(xp.all(xp.isfinite(Y))) and bool(one.distance_violation(Y)[0] <= limit):
+                continue
+        x = xp.take(X, sel, axis=0)
+        with np.errstate(invalid="ignore"):
+            reach = float(xp.max(xp.where(xp.isfinite(x), xp.abs(x), xp.zeros_like(x))))
+        gap = least_violation(one, reach)
+        if gap is not None and gap > limit:
+            raise _empty(solver, data, start, f" or fails; sample {i}'s polyhedron is empty: every point misses "
+                                              f"some row by {gap:.2e} or more")
 
 
 #: the data's size (largest distance of a hyperplane from the origin, else largest |x|) within
@@ -240,21 +276,20 @@ def _overflow(out: PipelineOutput, scaled_y: Any) -> PipelineOutput:
                    polished=out.polished & ~lost)
 
 
-#: an unverified point (polish refused) farther than this times the polyhedron's size (``distance_size +
-#: max|y|``) outside a constraint is no solution: NUMERICAL_ERROR (:func:`violates`)
+#: an unverified point (polish refused) farther than this times a constraint's size (its distance from the origin
+#: + max|y|) outside it is no solution: NUMERICAL_ERROR (:func:`violates`)
 UNVERIFIED_VIOLATION = 1e-6
 
 
 def violates(data: PolyData, Y: Any) -> Any:
-    """(b,) bool: the points ``Y`` farther outside a constraint than :data:`UNVERIFIED_VIOLATION` of the scale.
+    """(b,) bool: the points ``Y`` farther outside a constraint than :data:`UNVERIFIED_VIOLATION` of its size.
 
-    Measured as distances (each row's miss over its norm, :meth:`PolyData.distance_violation`): in the rows' own
-    units a row of norm 1.3e8 with a right-hand side of 4.2e14 made the scale 1.5e15 and let a point 8.7e5
-    outside it (35 % of the set's size) pass.
+    Measured as distances, each constraint against its own size (:meth:`PolyData.relative_violation`): in the
+    rows' own units a row of norm 1.3e8 with a right-hand side of 4.2e14 made the scale 1.5e15 and let a point
+    8.7e5 outside it (35 % of the set's size) pass; against the polyhedron's size a far row (1e10) let points 60
+    outside a box of ±1 pass.
     """
-    xp = array_namespace(Y)
-    y = xp.where(xp.isfinite(Y), Y, xp.zeros_like(Y))
-    return data.distance_violation(Y) > UNVERIFIED_VIOLATION * (data.distance_size + xp.max(xp.abs(y), axis=1))
+    return data.relative_violation(Y) > UNVERIFIED_VIOLATION
 
 
 #: polish rounds a warm start may take before its samples go through the whole pipeline
