@@ -420,7 +420,18 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
 def is_vmapped(t: Any) -> bool:
     """True for a torch tensor inside ``torch.func.vmap``; False without torch loaded.
 
-    A batched tensor's values differ per slice: they cannot be tested in Python (``bool(...)``).
+    A batched tensor's values differ per slice: they cannot be tested in Python (``bool(...)``). The functorch
+    wrappers are looked through: under ``vmap(jacrev(f))`` the tensor is a gradient-tracking wrapper of a batched
+    one (only the outermost was tested, and torch's own error about ``.item()`` came from inside the library).
     """
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(t, torch.Tensor) and bool(torch._C._functorch.is_batchedtensor(t))
+    if torch is None or not isinstance(t, torch.Tensor):
+        return False
+    ft = torch._C._functorch
+    for _ in range(64):  # one level per transform around the tensor
+        if ft.is_batchedtensor(t):
+            return True
+        if not ft.is_functorch_wrapped_tensor(t):
+            return False
+        t = ft.get_unwrapped(t)
+    return False

@@ -616,6 +616,13 @@ def test_torch_func_transforms(kind, rng):
         with pytest.raises(pp.ProblemError, match="vmap over constraint tensors"):
             torch.func.vmap(lambda a: project(X[0], d["A"], a, d["B"], d["b"], d["lb"], d["ub"]))(
                 torch.stack([d["a"], d["a"]]))
+        # under vmap(jacrev(...)) and vmap(grad(...)) the data are gradient-tracking wrappers of batched tensors
+        # (the test looked at the outer wrapper only: torch's RuntimeError about .item() came from the library)
+        for transform in (lambda g: torch.func.jacrev(g, argnums=1),
+                          lambda g: torch.func.grad(lambda x, a: g(x, a).sum(), argnums=1)):
+            with pytest.raises(pp.ProblemError, match="vmap over constraint tensors"):
+                torch.func.vmap(transform(lambda x, a: project(x, d["A"], a, d["B"], d["b"], d["lb"], d["ub"])))(
+                    X[0, :2], torch.stack([d["a"], d["a"]]))
 
 
 @pytest.mark.parametrize("kind", ["polyhedron", "simplex"])
