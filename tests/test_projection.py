@@ -1108,3 +1108,29 @@ def test_an_empty_per_sample_polyhedron_raises_naming_its_sample():
         d = PolyData(A, a, np.zeros((N, 0, n)), np.zeros((N, 0)), -np.ones((N, n)), np.ones((N, n)))
         r = pp.project(X, Polyhedral(d, "auto", batch_shape=(N,)))
         assert all(s.ok for s in r.status)
+
+
+def test_polyhedral_reads_the_batch_of_per_sample_polydata():
+    """``Polyhedral(PolyData)`` with per-sample parts took the batch as 1 without ``batch_shape``: N points were
+    refused ("the data carry a batch of 1"), one point passed and failed in NumPy's broadcasting; parts of
+    different batch sizes reached the backends (a bare ValueError)."""
+    from polyproj.polydata import PolyData
+    from polyproj.sets import Polyhedral
+
+    rng = np.random.default_rng(0)
+    N, n, m = 5, 3, 2
+    A, a = rng.standard_normal((N, m, n)), np.ones((N, m))
+    d = PolyData(A, a, np.zeros((N, 0, n)), np.zeros((N, 0)), -np.ones((N, n)), np.ones((N, n)))
+    S = Polyhedral(d, "auto")
+    assert S.batch_shape == (N,)
+    X = 3 * rng.standard_normal((N, n))
+    r = S.project(X)
+    for i in range(N):
+        ref = pp.project(X[i], pp.Polyhedron(A=A[i], a=a[i], lb=-np.ones(n), ub=np.ones(n)), backend="daqp")
+        np.testing.assert_allclose(r.y[i], ref.y, atol=1e-12)
+    with pytest.raises(pp.ProblemError, match="batch of 5 but X has 1"):
+        S.project(X[:1])
+    with pytest.raises(pp.ProblemError, match="disagree on the batch size"):
+        Polyhedral(PolyData(A, a, np.zeros((N, 0, n)), np.zeros((N, 0)), -np.ones((N - 1, n)), np.ones(n)))
+    with pytest.raises(pp.ProblemError, match="does not match"):
+        Polyhedral(d, "auto", batch_shape=(N + 1,))

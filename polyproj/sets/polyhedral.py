@@ -79,6 +79,17 @@ class Polyhedral(Projector):
                 RowLayout.of(polyhedron)
         elif isinstance(polyhedron, PolyData):
             self.polyhedron, self.data, self.layout = None, polyhedron, None
+            # per-sample parts carry the batch (flattened) as their leading axis: one size, read when not given
+            sizes = {int(v.shape[0]) for v, nd in zip(polyhedron.parts(), (3, 2, 3, 2, 2, 2), strict=True)
+                     if v.ndim == nd}
+            if len(sizes) > 1:
+                raise ProblemError(f"the per-sample parts of the PolyData disagree on the batch size: {sorted(sizes)}")
+            size = sizes.pop() if sizes else None
+            if size is not None and not tuple(batch_shape):
+                batch_shape = (size,)
+            elif size is not None and int(np.prod(batch_shape)) != size:
+                raise ProblemError(f"batch_shape {tuple(batch_shape)} does not match the PolyData's per-sample parts "
+                                   f"({size} samples)")
         else:
             raise ProblemError(f"Polyhedral takes a Polyhedron or PolyData, got {type(polyhedron).__name__}")
         if positive(tol) is not None:
