@@ -1077,7 +1077,7 @@ def test_an_unverified_point_is_judged_against_each_constraint_s_own_size():
     """Without a box such a far row still sets the unit and some projections fail; a failed point 50-140 outside
     the other rows was SOLVED_INACCURATE (its miss measured against the far row's 1e10): now NUMERICAL_ERROR."""
     for seed in range(12):
-        x, P, Pf = _far_row_problem(seed, 1e10, box=False)
+        x, _, Pf = _far_row_problem(seed, 1e10, box=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pp.PolyprojWarning)
             r = pp.project(x, Pf)
