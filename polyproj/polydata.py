@@ -136,6 +136,15 @@ class PolyData:
         the projection's unit shrank the polytope below the backends' tolerances, and points 60 outside it came
         back as SOLVED_INACCURATE).
         """
+        size = self.distance_size_within(float("inf"))
+        xp = self.xp
+        if self.n and bool(xp.all(xp.isfinite(self.lb))) and bool(xp.all(xp.isfinite(self.ub))):
+            corner = xp.linalg.vector_norm(xp.maximum(xp.abs(self.lb), xp.abs(self.ub)), axis=-1)
+            size = min(size, float(xp.max(corner)))
+        return size
+
+    def distance_size_within(self, radius: float) -> float:
+        """Largest distance from the origin of a constraint's hyperplane, over those within ``radius`` (0.0: none)."""
         xp = self.xp
         size = 0.0
         norm_a, norm_b = self.row_norms
@@ -146,12 +155,16 @@ class PolyData:
             if norm is not None:
                 fin = fin & (norm > 0)
                 v = v / xp.where(norm > 0, norm, xp.ones_like(norm))
+            fin = fin & (xp.abs(v) <= radius)
             if bool(xp.any(fin)):
                 size = max(size, float(xp.max(xp.where(fin, xp.abs(v), xp.zeros_like(v)))))
-        if self.n and bool(xp.all(xp.isfinite(self.lb))) and bool(xp.all(xp.isfinite(self.ub))):
-            corner = xp.linalg.vector_norm(xp.maximum(xp.abs(self.lb), xp.abs(self.ub)), axis=-1)
-            size = min(size, float(xp.max(corner)))
         return size
+
+    @cached_property
+    def contains_origin(self) -> bool:
+        """Whether ``y = 0`` is a point of the polyhedron (of every sample's)."""
+        xp = self.xp
+        return all(bool(xp.all(ok)) for ok in (self.a >= 0, self.b == 0, self.lb <= 0, self.ub >= 0))
 
     def relative_violation(self, Y: Any) -> Any:
         """Largest violation of each row of ``Y`` (b, n) as a distance, each relative to its own constraint's size.

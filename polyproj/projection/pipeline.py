@@ -238,7 +238,15 @@ def _unit_exponent(X: Any, data: PolyData) -> int:
     """
     xp = array_namespace(X)
     far = float(xp.max(xp.abs(X))) if X.shape[0] and X.shape[1] else 0.0
-    size = data.distance_size or far
+    size = data.distance_size
+    if size > 2.0 * far > 0.0 and data.contains_origin:  # (2 max|x| <= 2 max ||x||: else nothing to drop)
+        # 0 in P: ||Π(x) − x|| <= ||x||, so ||Π(x)|| <= 2 ||x||, and no hyperplane farther than that from the origin
+        # is active at these points' projections: a row written with a big right-hand side for "no limit" (1e10
+        # beside a unit polytope) does not set their unit
+        reach = 2.0 * float(xp.max(xp.linalg.vector_norm(xp.where(xp.isfinite(X), X, xp.zeros_like(X)), axis=1)))
+        if size > reach:
+            size = data.distance_size_within(reach)
+    size = size or far
     if not (0.0 < size < float("inf")):
         return 0
     e = int(np.round(np.log2(size)))
