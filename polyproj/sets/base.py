@@ -205,16 +205,24 @@ class Projector(abc.ABC):
 
     def result(self, X: Any, Y: Any, active: Any, multipliers: Any, *, violation: Any = None,
                face: Any = None, degenerate: Any = None) -> ProjectionResult:
-        """A result for an exact (closed-form) projection: every sample SOLVED and verified."""
+        """A result for an exact (closed-form) projection: every sample SOLVED and verified.
+
+        Except a sample whose point or violation is not finite (its arithmetic overflowed: entries near the
+        float64 range), NUMERICAL_ERROR and not verified (such a NaN point was reported SOLVED).
+        """
         xp = array_namespace(Y)
         batch = Y.shape[0]
         if violation is None:
             violation = self.violation(Y)
         worst = xp.max(violation) if batch else None
         worst = getattr(worst, "detach", lambda: worst)()  # a torch graph (inputs that need a gradient)
-        return ProjectionResult(Y, active, multipliers, (Status.SOLVED,) * batch,
-                                float(worst) if batch else 0.0, violation,
-                                xp.ones((batch,), dtype=xp.bool, device=_device(Y)), self.method,
+        worst = float(worst) if batch else 0.0
+        status, verified = (Status.SOLVED,) * batch, xp.ones((batch,), dtype=xp.bool, device=_device(Y))
+        if not math.isfinite(worst) or (batch and not bool(xp.all(xp.isfinite(Y)))):
+            v = getattr(violation, "detach", lambda: violation)()
+            verified = xp.isfinite(v) & xp.all(xp.isfinite(getattr(Y, "detach", lambda: Y)()), axis=1)
+            status = tuple(Status.SOLVED if bool(ok) else Status.NUMERICAL_ERROR for ok in verified)
+        return ProjectionResult(Y, active, multipliers, status, worst, violation, verified, self.method,
                                 degenerate=degenerate, face=face)
 
     def violation(self, Y: Any) -> Any:
@@ -249,7 +257,8 @@ def _checked_vjp(fn: Any) -> Any:
                 G = as_namespace(G, y)
         gs, ys = getattr(G, "shape", None), getattr(y, "shape", None)
         if gs is not None and ys is not None and (math.prod(gs) != math.prod(ys) or (
-                tuple(gs) != tuple(ys) and not (len(gs) == 1 or gs[0] == ys[0]))):
+                tuple(gs) != tuple(ys) and not ((len(gs) == 1 and not getattr(result, "batched", True))
+                                                or gs[0] == ys[0]))):
             raise ProblemError(f"G must have one entry per entry of the result's y, shape {tuple(ys)} (or its "
                                f"points flattened); got {tuple(gs)}")
         one = getattr(result, "batch_of_one", None)

@@ -23,7 +23,7 @@ from ..runtime import is_vmapped
 from .base import Projector, as_namespace
 from .threshold import native_module, threshold
 
-#: rows whose threshold exceeds FAR times the set's size (t + min(u, t)) are solved again shifted by it
+#: rows with an entry beyond FAR times the set's size (t + min(u, t)) are solved shifted by one of their entries
 #: (:meth:`_shift`; float32 batches with such a row in float64, :meth:`CappedSimplex._in_float64`)
 FAR = 1024.0
 
@@ -132,13 +132,21 @@ class CappedSimplex(Projector):
         xp = array_namespace(X)
         t = self._totals(X)
         U = self.upper
-        th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype))
-        shift = self._shift(xp, th.theta, t)
+        shift = self._shift(xp, X, t)
         if shift is not None and X.dtype != xp.float64:
             return self._in_float64(X)
-        if shift is not None:  # Π(x − c1) = Π(x) (Σy is fixed), θ moves by c: solved again near θ = 0
-            X = X - shift
-            th = threshold(X, t, U, tol=self._weak_tol(xp, X.dtype))
+        Xs = X
+        if shift is not None:  # Π(x − c1) = Π(x) (Σy is fixed), θ moves by c: solved near θ = 0
+            c, far = shift
+            with np.errstate(over="ignore"):
+                X = X - c
+            # θ lies within u below 0 now (or anywhere on a flat piece): entries beyond FAR times the set's size
+            # are at 0 or the cap whatever their value; clipped there they keep the iteration's numbers small
+            # (an entry at 3e15 beside the zeros that decide a root near −0.1 sent its steps to the wrong piece)
+            M = 2.0 * FAR * (xp.abs(t) + self._binding_cap(xp, t))
+            Xs = xp.where(far, xp.clip(X, -M, M), X)
+            shift = c
+        th = threshold(Xs, t, U, tol=self._weak_tol(xp, X.dtype))
         Y, active, mult = _outputs(xp, X, th.theta, U)
         if shift is not None:
             mult = xp.concat([mult[:, :-1], mult[:, -1:] + shift], axis=1)
@@ -166,20 +174,37 @@ class CappedSimplex(Projector):
         return replace(res, y=y, multipliers=mult, violation=xp.astype(viol, X.dtype),
                        max_violation=float(xp.max(viol)) if X.shape[0] else 0.0)
 
-    def _shift(self, xp: Any, theta: Any, t: Any) -> Any:
-        """The rows' thresholds (b, 1) where one is far beyond the set's size (``FAR (t + u)``), else None.
+    def _shift(self, xp: Any, X: Any, t: Any) -> Any:
+        """``(c, far)``: each far row's ``m``-th largest entry, ``m = max(1, ⌈t/u⌉)``, and the far rows (b, 1).
+
+        A row is far where an entry lies beyond ``FAR (t + u)`` (the set's size); ``c`` is 0 elsewhere, and None
+        is returned where no row is far.
 
         ``y = clip(x − θ, 0, u)`` keeps the rounding of ``x − θ``, ``eps |θ|``: with ``|θ| ≫ t + u`` the
         sums and the active sets drift (``x = (1e17, 3, 0)`` on the simplex came out all 0; a capped
         simplex of size 1e-12 at |x| 1e3 missed its total by 10 %). ``Π(x − c1) = Π(x)`` for any ``c``
-        (``Σy = t`` on the set): shifted by the first pass's ``θ``, the entries that decide the answer lie
-        within ``t + u`` of 0 and their differences are exact; the far ones are at 0 or ``u`` either way.
-        Decided per row, on its own total.
+        (``Σy = t`` on the set). The root lies in ``[x_(⌊t/u⌋+1) − u, x_(⌈t/u⌉))`` (at most ``t/u`` entries are
+        capped, at least ``t/u`` are positive): within ``u`` below ``c``, or on a flat piece there. ``c`` is an
+        entry, so ``x_i − c`` is exact for every entry within a factor 2 of it (Sterbenz), which holds the free
+        ones. (A shift by a first pass's ``θ``, not an entry and as wrong as that pass — at |x| 1e16 the
+        breakpoints ``x − u`` round to ``x`` and no float ``θ`` is a root: ``(1e16, 1e16, 0)`` on the capped
+        simplex of total 1.5 gave θ = 2.5e15 — left answers with sums 2, 3 or 0 reported SOLVED.) Decided per
+        row, on its own total.
         """
-        far = xp.abs(theta) > FAR * (xp.abs(t) + self._binding_cap(xp, t))
-        if not (theta.shape[0] and bool(xp.any(far))):
+        b, n = X.shape
+        if not b or not n:
             return None
-        return xp.where(far, theta, xp.zeros_like(theta))
+        size = FAR * (xp.abs(t) + self._binding_cap(xp, t))
+        far = xp.max(xp.abs(X), axis=1, keepdims=True) > size
+        if not bool(xp.any(far)):
+            return None
+        if self.upper == float("inf"):
+            c = xp.max(X, axis=1, keepdims=True)
+        else:
+            m = xp.clip(xp.ceil(t / self.upper), 1, n)  # (b, 1), float
+            desc = xp.flip(xp.sort(X, axis=1), axis=1)
+            c = xp.take_along_axis(desc, xp.astype(m, xp.int64) - 1, axis=1)
+        return xp.where(far, c, xp.zeros_like(c)), far
 
     def _weak_tol(self, xp: Any, dtype: Any):
         """The rounding of ``x − θ`` at a breakpoint: ``8 n eps (1 + |θ| + t + min(u, t))``.

@@ -252,7 +252,7 @@ def _newton(X: Any, total: Any, upper: float, max_iter: int, lower: Any = None) 
         open_ = ~done[:, 0]
         left = int(xp.sum(xp.astype(open_, xp.int64)))
         if left == 0:
-            return Threshold(out, it)
+            return Threshold(_from_partition(xp, X, total, upper, out), it)
         if 2 * left <= open_.shape[0]:  # fewer rows: keep only the open ones
             keep = xp.nonzero(open_)[0]
             idx = keep if idx is None else xp.take(idx, keep, axis=0)
@@ -260,7 +260,25 @@ def _newton(X: Any, total: Any, upper: float, max_iter: int, lower: Any = None) 
                 xp.take(v, keep, axis=0) for v in (Xa, ta, theta, lo, hi, f_lo, f_hi, width, prev_nf, prev_nc))
     rest = xp.arange(b, device=_device(X)) if idx is None else idx
     sub = sorted_threshold(xp.take(X, rest, axis=0), xp.take(total, rest, axis=0), upper)
-    return Threshold(_put(xp, out, rest, sub), it)
+    return Threshold(_from_partition(xp, X, total, upper, _put(xp, out, rest, sub)), it)
+
+
+def _from_partition(xp: Any, X: Any, total: Any, upper: float, theta: Any) -> Any:
+    """``θ`` (b, 1) recomputed from the partition at ``θ``: ``(u|C| + Σ_F x_i − t) / |F|`` (``θ`` kept where |F| = 0).
+
+    The iteration's exact step is ``u|C| + Σ_F (x_i − θ) + θ|F|``, which carries the rounding of the θ it was
+    taken at (``eps |θ|``): a row stopped by its piece test at a far θ (``1e15``, its entries near 0 after a
+    shift) kept an error of ``0.125 / |F|``, sums 1.495 for 1.47. The sum of the free entries themselves has
+    only their own rounding.
+    """
+    D = X - theta
+    capped = D >= upper
+    free = (D > 0) & ~capped
+    nc = xp.sum(xp.astype(capped, X.dtype), axis=1, keepdims=True)
+    nf = xp.sum(xp.astype(free, X.dtype), axis=1, keepdims=True)
+    sx = xp.sum(xp.where(free, X, xp.zeros_like(X)), axis=1, keepdims=True)
+    capped_sum = upper * nc if upper != float("inf") else xp.zeros_like(nc)
+    return xp.where(nf > 0, (capped_sum + sx - total) / xp.where(nf > 0, nf, xp.ones_like(nf)), theta)
 
 
 def _safeguard(xp: Any, newton: Any, ok: Any, lo: Any, hi: Any, f_lo: Any, f_hi: Any, t: Any) -> tuple[Any, Any]:
@@ -301,9 +319,15 @@ def sorted_threshold(X: Any, total: Any, upper: float = float("inf")) -> Any:
         rho = xp.sum(xp.astype(u * j > css, xp.int64), axis=1)
         rho = xp.maximum(rho, xp.ones_like(rho))
         return xp.take_along_axis(css, (rho - 1)[:, None], axis=1) / xp.astype(rho, X.dtype)[:, None]
-    bp = xp.flip(xp.sort(xp.concat([X, X - upper], axis=1), axis=1), axis=1)  # decreasing θ
-    # f at every breakpoint (evaluated directly: 2n values per row, each a pass over x)
-    f = xp.sum(xp.clip(X[:, None, :] - bp[:, :, None], 0.0, upper), axis=2)
+    # the breakpoints in decreasing θ, each tagged +1 (x_i: the entry becomes free below it) or −1 (x_i − u: it
+    # becomes capped); f at each is the sum of its slope (the free count, a cumulative sum of the tags) times the
+    # steps between them: O(n log n) (evaluated directly, f took a (b, 2n, n) array: 2.5 GB at n = 9000)
+    order = xp.flip(xp.argsort(xp.concat([X, X - upper], axis=1), axis=1, stable=True), axis=1)
+    bp = xp.take_along_axis(xp.concat([X, X - upper], axis=1), order, axis=1)
+    ones = xp.ones_like(X)
+    free = xp.cumulative_sum(xp.take_along_axis(xp.concat([ones, -ones], axis=1), order, axis=1), axis=1)
+    steps = (bp[:, :-1] - bp[:, 1:]) * free[:, :-1]
+    f = xp.concat([xp.zeros_like(bp[:, :1]), xp.cumulative_sum(steps, axis=1)], axis=1)
     reach = xp.sum(xp.astype(f < total, xp.int64), axis=1)  # f increases as θ decreases
     reach = xp.minimum(reach, xp.full_like(reach, 2 * n - 1))
     t1 = xp.take_along_axis(bp, reach[:, None], axis=1)
