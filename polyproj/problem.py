@@ -36,7 +36,15 @@ _RANK_CHECK_LIMIT = 20_000_000  # entries of B beyond which the rank check is sk
 
 # --------------------------------------------------------------------------- helpers
 def _asarray(v: Any, name: str) -> np.ndarray:
-    """``np.asarray(v)``; ragged nested lists are a ProblemError, not NumPy's ValueError."""
+    """``np.asarray(v)``; ragged nested lists are a ProblemError, not NumPy's ValueError.
+
+    A torch tensor is read on the host, detached (one that requires grad raised torch's RuntimeError), in
+    float64 where NumPy has no such dtype (bfloat16 raised TypeError); a complex one keeps its dtype (refused by
+    :func:`_check_numeric`).
+    """
+    if hasattr(v, "detach") and hasattr(v, "is_complex"):
+        v = v.detach().cpu()
+        v = v.numpy() if v.is_complex() or v.dtype.is_floating_point is False else v.double().numpy()
     try:
         return np.asarray(v)
     except ValueError as exc:
@@ -60,9 +68,7 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
         M = sp.csc_matrix(M, dtype=np.float64, copy=True)
         vals = M.data
     else:
-        if hasattr(M, "detach"):  # torch tensor given to the NumPy-level API
-            M = M.detach().cpu().numpy()
-        arr = _asarray(M, name)
+        arr = _asarray(M, name)  # a torch tensor given to the NumPy-level API: on the host
         _check_numeric(arr, name)
         M = np.array(arr, dtype=np.float64)  # copy: the problem must not alias user data
         if M.ndim == 1 and cols is not None and M.size == cols:
@@ -119,7 +125,7 @@ def _check_dropped_rows(big: np.ndarray, a: np.ndarray, given: Any) -> None:
     """
     if not big.size or given is None or not np.isinf(a).any():
         return
-    raw = np.asarray(given.detach().cpu().numpy() if hasattr(given, "detach") else given, dtype=np.float64)
+    raw = np.asarray(_asarray(given, "a"), dtype=np.float64)
     raw = np.broadcast_to(raw.reshape(-1) if raw.ndim else raw, a.shape)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         bad = np.isinf(a) & np.isfinite(raw) & (big > 0) & (np.abs(raw) / big < DROPPED_RATIO)
@@ -188,8 +194,6 @@ def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow
         if default is None:
             raise ProblemError(f"{name} is required")
         return np.full(size, default, dtype=np.float64)
-    if hasattr(v, "detach"):
-        v = v.detach().cpu().numpy()
     arr = _asarray(v, name)
     _check_numeric(arr, name)
     if scalar and arr.ndim == 0:

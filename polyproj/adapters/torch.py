@@ -241,8 +241,8 @@ def _usable(res: Any, data: Any = None) -> Any:
 
     ``InfeasibleError`` for a point the backend left without an answer (NaN: e.g. inconsistent equalities
     it did not report) or an unverified one that violates its constraints by more than
-    :data:`~polyproj.projection.pipeline.UNVERIFIED_VIOLATION` of the scale there (``data``: the polyhedron's
-    :class:`~polyproj.polydata.PolyData`, its :meth:`~polyproj.polydata.PolyData.scale_at`; None, a
+    :data:`~polyproj.projection.pipeline.UNVERIFIED_VIOLATION` of each constraint's size (``data``: the
+    polyhedron's :class:`~polyproj.polydata.PolyData`, :func:`~polyproj.projection.pipeline.violates`; None, a
     structured set: ``1 + max|y|``, the set's own violation measure).
     """
     if isinstance(res.y, np.ndarray) and bool(np.asarray(res.polished).all()) and np.isfinite(res.y).all():

@@ -296,8 +296,6 @@ class QPSolver(abc.ABC):
         for k, v in vecs.items():
             if v is None:
                 continue
-            if hasattr(v, "detach"):
-                v = v.detach().cpu().numpy()
             arr = _asarray(v, f"batched {k}")  # ragged: a ProblemError; strings, complex: refused, not truncated
             _check_numeric(arr, f"batched {k}")
             arr = np.array(arr, dtype=np.float64)

@@ -8,9 +8,12 @@ random feasible QP; DAQP on ``P = 1e-50 I`` in a box). The LP
 
 finds a point of least uniform violation of the rows (in their own distances; t < 0: strictly inside, by a
 margin up to 1, where the set has an interior), by HiGHS' simplex (SciPy's ``linprog``), independent of every
-backend's QP method. The claim is refuted only by that point itself: its
-violation of the constraints as given, in float64 (:meth:`polyproj.problem.QP.primal_violation`), at rounding
-(:func:`refutes`). An LP that fails, runs past :data:`LP_TIME_LIMIT` or finds no such point leaves the claim.
+backend's QP method. The claim is refuted only by a point strictly inside every row by more than the LP's
+tolerances (``t* < −``:data:`MARGIN`; equality rows and fixed variables are held exactly, the interior is the one
+relative to them), checked in float64 on the constraints as given (:func:`refutes`): a set without an interior
+relative to its equalities keeps every claim, and so does an empty one whose rows an LP point misses
+by less than a loose tolerance would allow (a gap of 0.02 at |x| 1e9 had been "refuted" at 1e-10 of the rows'
+terms). An LP that fails or runs past :data:`LP_TIME_LIMIT` leaves the claim.
 """
 
 from __future__ import annotations
@@ -22,23 +25,32 @@ import scipy.sparse as sp
 
 from ..problem import QP
 
-__all__ = ["LP_TIME_LIMIT", "ROUNDING", "least_violation_point", "refutes"]
+__all__ = ["LP_TIME_LIMIT", "MARGIN", "ROUNDING", "interior_point", "refutes"]
 
 #: seconds the LP may take; past it, the claim stands
 LP_TIME_LIMIT = 10.0
-#: a point refutes an infeasibility claim when it violates no constraint by more than this times the size of
-#: the constraint's terms (``|rhs| + ||row||₁ |x|``): far below any backend's tolerance (DAQP's 1e-8 absolute)
-ROUNDING = 1e-10
+#: the LP's primal and dual feasibility tolerances
+LP_TOL = 1e-10
+#: the margin inside every row (in the rows' distances) an LP point must have to refute a claim: beyond LP_TOL
+MARGIN = 1e-8
+#: and the point must meet every constraint as given to this times the size of its terms (``|rhs| + ||row||₁ |x|``)
+ROUNDING = 64 * float(np.finfo(np.float64).eps)
+#: the same for an equality row, which the LP meets to its factorisation's accuracy, not with a margin
+EQ_ROUNDING = 1e-9
 
 
-def least_violation_point(qp: QP) -> np.ndarray | None:
-    """The LP's point (module docstring), or None when HiGHS does not solve the LP."""
+def interior_point(qp: QP) -> np.ndarray | None:
+    """The LP's point (module docstring) where it lies inside every row by more than :data:`MARGIN`, else None."""
     from scipy.optimize import linprog
 
     n = qp.n
     C = sp.csr_matrix(qp.C) if qp.m else sp.csr_matrix((0, n))
     norms = np.sqrt(np.asarray(C.multiply(C).sum(axis=1)).reshape(-1)) if qp.m else np.zeros(0)
-    keep = norms > 0  # a zero row is judged by its own sides (primal_violation), the LP cannot move it
+    # equality rows and fixed variables hold exactly (the margin is the interior relative to them); a zero row is
+    # judged by its own sides (refutes), the LP cannot move it
+    eq = (qp.l == qp.u) & (norms > 0)
+    keep = (norms > 0) & ~eq
+    fixed = qp.lb == qp.ub
     Cn = sp.diags(1.0 / norms[keep]) @ C[keep]
     blocks, rhs = [], []
     for side, sign in ((qp.u[keep], 1.0), (qp.l[keep], -1.0)):
@@ -47,25 +59,30 @@ def least_violation_point(qp: QP) -> np.ndarray | None:
             blocks.append(sign * Cn[np.flatnonzero(fin)])
             rhs.append(sign * side[fin] / norms[keep][fin])
     for bound, sign in ((qp.ub, 1.0), (qp.lb, -1.0)):
-        fin = np.flatnonzero(np.isfinite(bound))
+        fin = np.flatnonzero(np.isfinite(bound) & ~fixed)
         if fin.size:
             blocks.append(sp.csr_matrix((np.full(fin.size, sign), (np.arange(fin.size), fin)), shape=(fin.size, n)))
             rhs.append(sign * bound[fin])
     if not blocks:
-        return np.zeros(n)
+        blocks.append(sp.csr_matrix((0, n)))
+        rhs.append(np.zeros(0))
     G = sp.vstack(blocks, format="csr")
     cost = np.zeros(n + 1)
     cost[-1] = 1.0
+    A_eq = sp.hstack([C[eq], sp.csr_matrix((int(eq.sum()), 1))], format="csr") if eq.any() else None
+    bounds = [(float(v), float(v)) if f else (None, None) for v, f in zip(qp.lb, fixed, strict=True)]
     res: Any = linprog(cost, A_ub=sp.hstack([G, -np.ones((G.shape[0], 1))], format="csr"), b_ub=np.concatenate(rhs),
-                       bounds=[(None, None)] * n + [(-1.0, None)], method="highs",
-                       options={"time_limit": LP_TIME_LIMIT})
-    if res.status != 0 or res.x is None:
+                       A_eq=A_eq, b_eq=qp.u[eq] if eq.any() else None, bounds=bounds + [(-1.0, None)],
+                       method="highs", options={"time_limit": LP_TIME_LIMIT, "primal_feasibility_tolerance": LP_TOL,
+                                                "dual_feasibility_tolerance": LP_TOL})
+    if res.status != 0 or res.x is None or not (float(res.x[-1]) < -MARGIN or G.shape[0] == 0):
         return None
     return np.asarray(res.x[:n], dtype=np.float64)
 
 
 def refutes(qp: QP, x: np.ndarray | None) -> bool:
-    """Whether ``x`` satisfies every constraint of ``qp`` to rounding (:data:`ROUNDING` of each one's terms)."""
+    """Whether ``x`` (an :func:`interior_point`) satisfies every constraint of ``qp`` to rounding (:data:`ROUNDING`
+    of each one's terms)."""
     if x is None or not np.all(np.isfinite(x)):
         return False
     ax = np.abs(x)
@@ -74,7 +91,8 @@ def refutes(qp: QP, x: np.ndarray | None) -> bool:
     if qp.m and ok:
         cx = qp.C @ x
         terms = abs(qp.C) @ ax
+        tol = np.where(qp.l == qp.u, EQ_ROUNDING, ROUNDING)  # an equality row holds to the LP's own solve
         for side, sign in ((qp.u, 1.0), (qp.l, -1.0)):
             fin = np.isfinite(side)
-            ok &= bool(np.all(sign * (cx[fin] - side[fin]) <= ROUNDING * (np.abs(side[fin]) + terms[fin])))
+            ok &= bool(np.all(sign * (cx[fin] - side[fin]) <= tol[fin] * (np.abs(side[fin]) + terms[fin])))
     return ok

@@ -173,7 +173,7 @@ def _matrix_part(qp: QP) -> tuple[float, np.ndarray, np.ndarray, bool]:
 
 #: a solve whose |x| lies this far below the σ it was normalised with is solved again (:func:`replan`), at most
 #: REPLAN_ROUNDS times
-REPLAN, REPLAN_ROUNDS = 1e3, 3
+REPLAN, REPLAN_ROUNDS = 1e1, 3
 
 
 def needs_replan(qp: QP, sigma: float, x_max: Any, **batched: np.ndarray) -> Any:
@@ -182,9 +182,9 @@ def needs_replan(qp: QP, sigma: float, x_max: Any, **batched: np.ndarray) -> Any
     σ takes ``|q| / |P|`` (the unconstrained minimiser's size) when no right-hand side or bound is larger, but
     constraints can hold x far smaller: ``min ½x² + 1e8 x`` on ``[−1, 1]`` got σ = 1e8, tolerances relative
     to it, and SOLVED points 47 % outside the box from four backends. Again when ``x_max`` (and the
-    right-hand sides, and the bounds that exclude the origin) lie below ``σ / REPLAN``: a bound the origin
-    satisfies caps x, it does not make x large (a box at ±1e8 around an optimum at 1e4 set σ = 1e8, and three
-    backends returned SOLVED objectives 8-19 % above the optimum). ``x_max`` a number, or one per element of a batch
+    right-hand sides and bounds that exclude the origin, and 1 where one that contains it is larger) lie below
+    ``σ / REPLAN``: a side the origin satisfies caps x, it does not make x large (a box at ±1e8 around an
+    optimum at 1e4 set σ = 1e8, and three backends returned SOLVED objectives 8-19 % above the optimum). ``x_max`` a number, or one per element of a batch
     (``batched`` then holds the batch's vectors, one row per element): a bool or a (b,) bool array.
     """
     x = np.asarray(x_max, dtype=np.float64)
@@ -197,13 +197,12 @@ def replan(qp: QP, x_max: float, sigma: float, **batched: np.ndarray) -> Scaling
     """The normalisation from an answer's size ``x_max`` (in place of ``|q| / |P|``), whatever the band.
 
     ``sigma`` is the normalisation that answer came from. The right-hand sides and bounds that contain the
-    origin only cap x: they count up to ``min(1, sigma / REPLAN)``, a floor for an answer near 0 (one of 0 in
-    a box of ±1e-3 is normalised by the box, one of 0 in a box of ±1e8 by 1, one of 1e4 by 2e4: a box of
-    ±1e8 kept σ at 1e8 and three backends returned SOLVED objectives 8-19 % above the optimum). The
-    objective keeps its normalisation (|q| ~ 1e8 left as given stalled OSQP and the ADMM).
+    origin only cap x: they count up to 1 (:func:`_unit_floor`) and ``sigma / REPLAN``, a floor for an answer
+    near 0 (one of 0 in a box of ±1e-3 is normalised by the box, one of 0 in a box of ±1e8 by 1, one of 1e4 by
+    2e4: a box of ±1e8 kept σ at 1e8 and three backends returned SOLVED objectives 8-19 % above the optimum).
+    The objective keeps its normalisation (|q| ~ 1e8 left as given stalled OSQP and the ADMM).
     """
-    return plan(qp, magnitude=max(2.0 * x_max, 1e-300), force=True, _bounds_cap=min(1.0, sigma / REPLAN),
-                **batched)
+    return plan(qp, magnitude=max(2.0 * x_max, 1e-300), force=True, _bounds_cap=sigma / REPLAN, **batched)
 
 
 def _rhs_sizes(v: np.ndarray, norms: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -239,13 +238,21 @@ def _sides(qp: QP, norms: np.ndarray, rows: np.ndarray, **batched: np.ndarray) -
 
 
 def _constraint_sizes(qp: QP, **batched: np.ndarray) -> np.ndarray:
-    """The largest finite right-hand side (relative to its row) or bound that excludes the origin.
+    """The largest finite right-hand side (relative to its row) or bound that excludes the origin, or 1 when one
+    that contains it is larger.
 
     One number, or one per element where ``batched`` holds a batch's vectors (one row per element).
     """
     _, norms, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
-    rows_out, _, bounds_out, _ = _sides(qp, norms, rows, **batched)
-    return np.maximum(rows_out, bounds_out)
+    rows_out, rows_in, bounds_out, bounds_in = _sides(qp, norms, rows, **batched)
+    return np.maximum(np.maximum(rows_out, bounds_out), _unit_floor(np.maximum(rows_in, bounds_in)))
+
+
+def _unit_floor(inside: Any) -> Any:
+    """What the sides the origin satisfies (largest size ``inside``) say of x's size: up to 1, and 1 where none
+    has a size (a bound at 0, or none): an answer near 0 is confirmed at σ = 1 (:func:`needs_replan`,
+    :func:`replan`; without the floor their test never ended, and every x* = 0 came out SOLVED_INACCURATE)."""
+    return np.where(inside > 0, np.minimum(inside, 1.0), 1.0)
 
 
 def _box(lb: np.ndarray, ub: np.ndarray) -> float:
@@ -280,16 +287,17 @@ def plan(qp: QP, *, magnitude: float | None = None, force: bool = False, _bounds
     # 1e3-1e18 pass), or the size of an answer already found (``magnitude``, :func:`replan`) in place of the latter
     lb, ub = (np.asarray(vec[k], dtype=np.float64) for k in ("lb", "ub"))
     rows_out, rows_in, bounds_out, bounds_in = (float(np.max(v)) for v in _sides(qp, norms, rows, **batched))
-    if magnitude is None:
-        core = max(rows_out, rows_in, min(q_max / p_max, _box(lb, ub)) if p_max > 0 else 0.0)
-        bounds = max(bounds_out, bounds_in)
-    else:  # a replan: the sides that contain the origin count up to the cap only
+    if magnitude is None:  # the rows' sides that contain the origin count as bounds do (below)
+        core = max(rows_out, min(q_max / p_max, _box(lb, ub)) if p_max > 0 else 0.0)
+        bounds = max(bounds_out, bounds_in, rows_in)
+    else:  # a replan: the sides that contain the origin count up to 1 (:func:`_unit_floor`) and the cap only
         core = max(rows_out, magnitude)
-        bounds = max(bounds_out, min(max(rows_in, bounds_in), _bounds_cap))
+        bounds = max(bounds_out, min(float(_unit_floor(np.asarray(max(rows_in, bounds_in)))), _bounds_cap))
     # bounds beyond HIGH and far beyond the rest of the data (LOOSE times) are big-M stand-ins for "no bound",
     # not the scale of x: σ from them made γ shrink the objective's gradient below eps_abs, and every backend
-    # returned "solved" points off by orders of magnitude (x0 + x1 <= 1 with a box at ±1e8 to ±1e14). A row's
-    # right-hand side is not capped so: one that binds (x0 >= 1e8 with x* = (1e8, 1)) is the scale of x, and
+    # returned "solved" points off by orders of magnitude (x0 + x1 <= 1 with a box at ±1e8 to ±1e14); so are the
+    # rows' sides that contain the origin (l = −1e12 on rows that bind at u ~ 1 made σ 7.8e11). A side that
+    # excludes the origin is not capped so: one that binds (x0 >= 1e8 with x* = (1e8, 1)) is the scale of x, and
     # capped it left the problem unnormalised (PRIMAL_INFEASIBLE and MAX_ITER from five backends)
     if core > 0 and bounds > HIGH:
         bounds = min(bounds, max(LOOSE * core, HIGH))

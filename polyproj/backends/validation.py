@@ -68,6 +68,9 @@ __all__ = ["GROSS", "INACCURATE_FACTOR", "Promise", "check_batch", "check_soluti
 
 GROSS = 1e-2
 INACCURATE_FACTOR = 1e3
+#: claims of infeasibility checked by an LP per batch whose elements have constraints of their own (the others
+#: stand as claimed)
+INFEASIBILITY_LPS = 64
 _HUGE = scaling.IGNORE
 
 #: ids of the solver instances whose call is being guarded in this context: a backend calling its
@@ -267,6 +270,18 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
     return status, ""
 
 
+def _strictly_convex(qp: QP) -> bool:
+    """Whether P is positive definite (smallest eigenvalue above 1e-8 max|P|; kept in ``qp.memo``): then no claim of
+    unboundedness holds (Clarabel claimed one for P = I beside rows with sides at −1e11)."""
+    hit = qp.memo.get("strictly_convex")
+    if hit is None:
+        from ..problem import matrix_scale, smallest_eigenvalue
+
+        lam = smallest_eigenvalue(qp.P) if qp.n else None
+        hit = qp.memo["strictly_convex"] = lam is not None and lam > 1e-8 * matrix_scale(qp.P)
+    return hit
+
+
 def _infeasibility_verdict(qp: QP) -> tuple[Status, str]:
     """A claim of primal infeasibility, checked by a point of the constraints (:mod:`.feasibility`).
 
@@ -274,8 +289,12 @@ def _infeasibility_verdict(qp: QP) -> tuple[Status, str]:
     """
     from . import feasibility
 
-    x = feasibility.least_violation_point(qp)
-    if not feasibility.refutes(qp, x):
+    hit = qp.memo.get("infeasibility_verdict")  # the constraints of a QP never change: one LP per problem
+    if hit is None:
+        x = feasibility.interior_point(qp)
+        hit = qp.memo["infeasibility_verdict"] = (feasibility.refutes(qp, x), x)
+    refuted, x = hit
+    if not refuted:
         return Status.PRIMAL_INFEASIBLE, ""
     return Status.NUMERICAL_ERROR, ("the backend said PRIMAL_INFEASIBLE but a point (found by an LP) satisfies every "
                                     f"constraint to rounding (largest violation {qp.primal_violation(x):.3g}): the "
@@ -315,6 +334,9 @@ def check_solution(qp: QP, sol: Any, backend: str, settings: dict[str, Any], dua
         status, note = _verdict(status, finite, res, Promise.of(settings, scale))
     elif status is Status.PRIMAL_INFEASIBLE:
         status, note = _infeasibility_verdict(qp)
+    elif status is Status.DUAL_INFEASIBLE and _strictly_convex(qp):
+        status, note = Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is positive "
+                                                "definite: the objective is bounded below")
     status, note = _time_verdict(status, note, settings, elapsed)
     info = sol.info if not note else {**sol.info, "validation": note, "claimed_status": sol.status.name}
     if (status is sol.status and x is sol.x and z is sol.z and zb is sol.z_box and sol.qp is qp
@@ -358,11 +380,17 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
             if note:
                 notes[int(i)] = note
     qps = bs.qps if bs.qps is not None and len(bs.qps) == size else ElementQPs(qp, vecs, size)
+    shared = not (vecs.keys() & {"l", "u", "lb", "ub"})  # the elements' constraints are qp's: one verdict for all
+    checked = 0
     for i in range(size):
-        if statuses[i] is Status.PRIMAL_INFEASIBLE:
-            statuses[i], note = _infeasibility_verdict(qps[i])
+        if statuses[i] is Status.PRIMAL_INFEASIBLE and (shared or checked < INFEASIBILITY_LPS):
+            statuses[i], note = _infeasibility_verdict(qp if shared else qps[i])
+            checked += 1
             if note:
                 notes[i] = note
+        elif statuses[i] is Status.DUAL_INFEASIBLE and _strictly_convex(qp):
+            statuses[i], notes[i] = Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is "
+                                                             "positive definite: the objective is bounded below")
         statuses[i], note = _time_verdict(statuses[i], notes.get(i, ""), settings, elapsed)
         if note:
             notes[i] = note
@@ -389,7 +417,12 @@ def empty_solution(qp: QP, backend: str, vecs: dict[str, np.ndarray] | None = No
 
 
 def _warm_part(ws: Any, key: str) -> Any:
-    return ws.get(key) if isinstance(ws, dict) else getattr(ws, key, None)
+    v = ws.get(key) if isinstance(ws, dict) else getattr(ws, key, None)
+    if v is not None and hasattr(v, "detach"):  # a torch tensor (one that requires grad, bfloat16): on the host
+        from ..problem import _asarray
+
+        v = _asarray(v, f"warm_start {key}")
+    return v
 
 
 def check_warm_start(qp: QP, warm_start: Any) -> None:
@@ -415,7 +448,6 @@ def check_warm_start(qp: QP, warm_start: Any) -> None:
         if v is not None and np.shape(v) != (size,):
             raise ProblemError(f"warm_start {key} must have shape ({size},) for this problem, got {np.shape(v)}")
         if v is not None:
-            v = v.detach() if hasattr(v, "detach") else v
             _check_numeric(_asarray(v, f"warm_start {key}"), f"warm_start {key}")
 
 
@@ -428,7 +460,8 @@ def finite_warm_start(warm_start: Any) -> Any:
         return None
     parts = {k: _warm_part(warm_start, k) for k in ("x", "z", "z_box")}
     bad = [k for k, v in parts.items() if v is not None and not np.all(np.isfinite(np.asarray(v, dtype=np.float64)))]
-    if not bad:
+    given = [warm_start.get(k) if isinstance(warm_start, dict) else getattr(warm_start, k, None) for k in parts]
+    if not bad and all(a is b for a, b in zip(parts.values(), given, strict=True)):
         return warm_start
     kept = {k: v for k, v in parts.items() if v is not None and k not in bad}
     return kept or None
