@@ -72,7 +72,7 @@ def interior_point(qp: QP) -> np.ndarray | None:
     A_eq = sp.hstack([C[eq], sp.csr_matrix((int(eq.sum()), 1))], format="csr") if eq.any() else None
     bounds = [(float(v), float(v)) if f else (None, None) for v, f in zip(qp.lb, fixed, strict=True)]
     res: Any = linprog(cost, A_ub=sp.hstack([G, -np.ones((G.shape[0], 1))], format="csr"), b_ub=np.concatenate(rhs),
-                       A_eq=A_eq, b_eq=qp.u[eq] if eq.any() else None, bounds=bounds + [(-1.0, None)],
+                       A_eq=A_eq, b_eq=qp.u[eq] if eq.any() else None, bounds=[*bounds, (-1.0, None)],
                        method="highs", options={"time_limit": LP_TIME_LIMIT, "primal_feasibility_tolerance": LP_TOL,
                                                 "dual_feasibility_tolerance": LP_TOL})
     if res.status != 0 or res.x is None or not (float(res.x[-1]) < -MARGIN or G.shape[0] == 0):
@@ -81,8 +81,10 @@ def interior_point(qp: QP) -> np.ndarray | None:
 
 
 def refutes(qp: QP, x: np.ndarray | None) -> bool:
-    """Whether ``x`` (an :func:`interior_point`) satisfies every constraint of ``qp`` to rounding (:data:`ROUNDING`
-    of each one's terms)."""
+    """Whether ``x`` (an :func:`interior_point`) satisfies every constraint of ``qp`` to rounding.
+
+    :data:`ROUNDING` of each one's terms (:data:`EQ_ROUNDING` for an equality row).
+    """
     if x is None or not np.all(np.isfinite(x)):
         return False
     ax = np.abs(x)

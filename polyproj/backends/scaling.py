@@ -184,8 +184,9 @@ def needs_replan(qp: QP, sigma: float, x_max: Any, **batched: np.ndarray) -> Any
     to it, and SOLVED points 47 % outside the box from four backends. Again when ``x_max`` (and the
     right-hand sides and bounds that exclude the origin, and 1 where one that contains it is larger) lie below
     ``σ / REPLAN``: a side the origin satisfies caps x, it does not make x large (a box at ±1e8 around an
-    optimum at 1e4 set σ = 1e8, and three backends returned SOLVED objectives 8-19 % above the optimum). ``x_max`` a number, or one per element of a batch
-    (``batched`` then holds the batch's vectors, one row per element): a bool or a (b,) bool array.
+    optimum at 1e4 set σ = 1e8, and three backends returned SOLVED objectives 8-19 % above the optimum).
+    ``x_max`` a number, or one per element of a batch (``batched`` then holds the batch's vectors, one row per
+    element): a bool or a (b,) bool array.
     """
     x = np.asarray(x_max, dtype=np.float64)
     size = _constraint_sizes(qp, **batched)
@@ -238,10 +239,10 @@ def _sides(qp: QP, norms: np.ndarray, rows: np.ndarray, **batched: np.ndarray) -
 
 
 def _constraint_sizes(qp: QP, **batched: np.ndarray) -> np.ndarray:
-    """The largest finite right-hand side (relative to its row) or bound that excludes the origin, or 1 when one
-    that contains it is larger.
+    """The largest finite right-hand side (relative to its row) or bound that excludes the origin (or 1, below).
 
-    One number, or one per element where ``batched`` holds a batch's vectors (one row per element).
+    Where a side that contains the origin is larger, 1 (:func:`_unit_floor`). One number, or one per element
+    where ``batched`` holds a batch's vectors (one row per element).
     """
     _, norms, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
     rows_out, rows_in, bounds_out, bounds_in = _sides(qp, norms, rows, **batched)
@@ -249,9 +250,12 @@ def _constraint_sizes(qp: QP, **batched: np.ndarray) -> np.ndarray:
 
 
 def _unit_floor(inside: Any) -> Any:
-    """What the sides the origin satisfies (largest size ``inside``) say of x's size: up to 1, and 1 where none
-    has a size (a bound at 0, or none): an answer near 0 is confirmed at σ = 1 (:func:`needs_replan`,
-    :func:`replan`; without the floor their test never ended, and every x* = 0 came out SOLVED_INACCURATE)."""
+    """What the sides the origin satisfies (largest size ``inside``) say of x's size: up to 1.
+
+    And 1 where none has a size (a bound at 0, or none): an answer near 0 is confirmed at σ = 1
+    (:func:`needs_replan`, :func:`replan`; without the floor their test never ended, and every x* = 0 came out
+    SOLVED_INACCURATE).
+    """
     return np.where(inside > 0, np.minimum(inside, 1.0), 1.0)
 
 

@@ -271,8 +271,10 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
 
 
 def _strictly_convex(qp: QP) -> bool:
-    """Whether P is positive definite (smallest eigenvalue above 1e-8 max|P|; kept in ``qp.memo``): then no claim of
-    unboundedness holds (Clarabel claimed one for P = I beside rows with sides at −1e11)."""
+    """Whether P is positive definite (smallest eigenvalue above 1e-8 max|P|; kept in ``qp.memo``).
+
+    Then no claim of unboundedness holds (Clarabel claimed one for P = I beside rows with sides at −1e11).
+    """
     hit = qp.memo.get("strictly_convex")
     if hit is None:
         from ..problem import matrix_scale, smallest_eigenvalue
