@@ -15,6 +15,7 @@ finite lower bounds, finite upper bounds); :class:`RowLayout` is the one convers
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -131,7 +132,7 @@ class PolyData:
         Over the finite right-hand sides and the nonzero rows: ``|a_i| / ||A_i||``, ``|b_j| / ||B_j||``,
         ``|lb_k|``, ``|ub_k|``. The polyhedron's size in the space of ``y``, whatever the rows' own scales: a row
         ``1e8 y_1 <= 1e7`` lies 0.1 from the origin, not 1e7 (:attr:`rhs_size` reads 1e7).
-        Where every coordinate has both bounds, at most the box's farthest corner ``||max(|lb|, |ub|)||₂``: a
+        Where every coordinate has both bounds, at most the box's farthest corner (bounded by ``sqrt(n) max|bound|``): a
         hyperplane beyond it does not meet the box (a row ``e·y <= 1e10`` beside a box of ±1 made the size 1e10,
         the projection's unit shrank the polytope below the backends' tolerances, and points 60 outside it came
         back as SOLVED_INACCURATE).
@@ -139,8 +140,9 @@ class PolyData:
         size = self.distance_size_within(float("inf"))
         xp = self.xp
         if self.n and bool(xp.all(xp.isfinite(self.lb))) and bool(xp.all(xp.isfinite(self.ub))):
-            corner = xp.linalg.vector_norm(xp.maximum(xp.abs(self.lb), xp.abs(self.ub)), axis=-1)
-            size = min(size, float(xp.max(corner)))
+            # ||corner||₂ <= sqrt(n) max|bound| (the norm itself overflows for bounds near 1e300)
+            corner = float(xp.max(xp.maximum(xp.abs(self.lb), xp.abs(self.ub)))) * math.sqrt(self.n)
+            size = min(size, corner)
         return size
 
     def distance_size_within(self, radius: float) -> float:
@@ -166,16 +168,41 @@ class PolyData:
         xp = self.xp
         return all(bool(xp.all(ok)) for ok in (self.a >= 0, self.b == 0, self.lb <= 0, self.ub >= 0))
 
+    @cached_property
+    def typical_size(self) -> float:
+        """The median distance from the origin of the constraints' hyperplanes (finite ones; 0.0 when none).
+
+        The set's size as most of its constraints see it: a few far rows (big right-hand sides for "no limit") do
+        not move it, and a row through the origin beside a unit box does not make it 0.
+        """
+        from .backends.projection import to_host as _host
+
+        parts = []
+        norm_a, norm_b = self.row_norms
+        for norm, v in ((norm_a, self.a), (norm_b, self.b), (None, self.lb), (None, self.ub)):
+            if not all(int(d) > 0 for d in v.shape):
+                continue
+            d = np.abs(np.asarray(_host(v), dtype=np.float64))
+            if norm is not None:
+                nrm = np.asarray(_host(norm), dtype=np.float64)
+                d = np.where(nrm > 0, d / np.where(nrm > 0, nrm, 1.0), np.inf)
+            parts.append(d[np.isfinite(d)].ravel())
+        allv = np.concatenate(parts) if parts else np.zeros(0)
+        return float(np.median(allv)) if allv.size else 0.0
+
     def relative_violation(self, Y: Any) -> Any:
         """Largest violation of each row of ``Y`` (b, n) as a distance, each relative to its own constraint's size.
 
-        Row ``i`` missed by ``r_i / ||M_i||`` over ``|rhs_i| / ||M_i|| + max|y|`` (bounds: ``r / (|bound| +
-        max|y|)``); inf where Y is not finite. Unlike :meth:`distance_violation` over one size for all, a far
-        constraint's size does not excuse the miss of a near one.
+        Row ``i`` missed by ``r_i / ||M_i||`` over ``|rhs_i| / ||M_i|| + max|y| +`` :attr:`typical_size` (bounds:
+        ``r / (|bound| + max|y| + typical)``); inf where Y is not finite. Unlike :meth:`distance_violation` over
+        one size for all, a far constraint's size does not excuse the miss of a near one; the typical size keeps a
+        row through the origin from judging a point near it on its own |y| (a miss of 7e-9 at |y| 1e-3 in a unit
+        box is rounding, not a violation).
         """
         xp = array_namespace(Y, self.A)
         y = xp.where(xp.isfinite(Y), Y, xp.zeros_like(Y))
         ymax = xp.max(xp.abs(y), axis=1, keepdims=True) if self.n else xp.zeros((Y.shape[0], 1), dtype=Y.dtype)
+        ymax = ymax + self.typical_size
         v = xp.zeros((Y.shape[0],), dtype=Y.dtype, device=_device(Y))
         for M, rhs, norm, eq in ((self.A, self.a, self.row_norms[0], False), (self.B, self.b, self.row_norms[1], True)):
             if not M.shape[-2]:

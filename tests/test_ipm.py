@@ -712,3 +712,16 @@ def test_solve_qp_batch_names_its_bad_arguments():
         solve_qp_batch(P, q, C, np.array([1e20]), np.array([np.inf]))
     res = solve_qp_batch([[1.0, 0.0], [0.0, 1.0]], [[1.0, -1.0]], [[1.0, 1.0]], [-1.0], [1.0])  # lists: NumPy's
     assert res.statuses() == (pp.Status.SOLVED,)
+
+
+def test_a_singular_system_on_the_generic_namespace_path_is_a_status():
+    """On namespaces other than NumPy and torch (``array_api_strict``, CuPy) the KKT solve is the standard's
+    ``linalg.solve``, which raises for a singular element: NumPy's LinAlgError came out of ``pp.project`` (a row
+    of norm 1.4e8 against points at 1e6). The batch is solved element by element then, failures as NaN that the
+    iteration reports; the projection matches NumPy's."""
+    xs = pytest.importorskip("array_api_strict")
+    poly = pp.Polyhedron(A=np.array([[1e8, 1e8, 0.0, 0.0]]), a=[1e8])
+    X = np.array([[3e6, 1e6, 0.0, 0.0]])
+    ref = pp.project(X, poly, backend="ipm").y
+    got = pp.project(xs.asarray(X), poly, backend="ipm").y
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-12)

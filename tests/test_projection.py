@@ -1145,3 +1145,19 @@ def test_polyhedral_reads_the_batch_of_per_sample_polydata():
         Polyhedral(PolyData(A, a, np.zeros((N, 0, n)), np.zeros((N, 0)), -np.ones((N - 1, n)), np.ones(n)))
     with pytest.raises(pp.ProblemError, match="does not match"):
         Polyhedral(d, "auto", batch_shape=(N + 1,))
+
+
+def test_a_row_through_the_origin_does_not_judge_a_point_near_it_on_its_own_size():
+    """Each constraint's size was its distance from the origin + max|y|: for a row through the origin a point at
+    |y| 1e-3 missed by 7e-9 (rounding in a unit box) counted as violating (InfeasibleError from the layer). The
+    set's typical size (the median distance of its hyperplanes) is added; a real miss is still caught."""
+    from polyproj.polydata import PolyData
+    from polyproj.projection.pipeline import violates
+
+    d = PolyData(np.array([[1.0, -1.0]]), np.array([0.0]), np.zeros((0, 2)), np.zeros(0), -np.ones(2), np.ones(2))
+    Y = np.array([[1e-3 + 1e-8, 1e-3], [1e-6 + 1e-9, 1e-6], [0.5 + 1e-8, 0.5], [0.5 + 1e-5, 0.5], [1.0 + 1e-5, 0.0]])
+    np.testing.assert_array_equal(violates(d, Y), [False, False, False, True, True])
+    with np.errstate(over="raise"):  # bounds near the float range: the size stays finite, without a warning
+        big = PolyData(np.zeros((0, 2)), np.zeros(0), np.zeros((0, 2)), np.zeros(0), -1e300 * np.ones(2),
+                       1e300 * np.ones(2))
+        assert np.isfinite(big.distance_size)

@@ -71,8 +71,25 @@ class Linalg:
         if isinstance(F, EigFactor):
             return F.V @ ((F.V.mT @ R) / (F.lam[None, :, None] + F.shift[:, None, None]))
         if self.kind == "generic":
-            return self.xp.linalg.solve(F, R)
+            return self._generic_solve(F, R)
         return cho_solve(self.xp, F, R)
+
+    def _generic_solve(self, K: Any, R: Any) -> Any:
+        """``linalg.solve`` of the batch; where it raises (a singular element: ``array_api_strict`` raised NumPy's
+        LinAlgError out of ``pp.project``), element by element, NaN for the elements that fail (their iterates
+        are then not finite, and the iteration reports them)."""
+        xp = self.xp
+        try:
+            return xp.linalg.solve(K, R)
+        except Exception:  # the namespace's own error type (LinAlgError, a RuntimeError)
+            nan = xp.full(R.shape[1:], float("nan"), dtype=R.dtype, device=_device(R))
+            parts = []
+            for i in range(K.shape[0]):
+                try:
+                    parts.append(xp.linalg.solve(K[i, ...], R[i, ...]))
+                except Exception:
+                    parts.append(nan)
+            return xp.stack(parts, axis=0)
 
 
 @dataclass(frozen=True)
