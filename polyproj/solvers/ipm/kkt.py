@@ -75,9 +75,11 @@ class Linalg:
         return cho_solve(self.xp, F, R)
 
     def _generic_solve(self, K: Any, R: Any) -> Any:
-        """``linalg.solve`` of the batch; where it raises (a singular element: ``array_api_strict`` raised NumPy's
-        LinAlgError out of ``pp.project``), element by element, NaN for the elements that fail (their iterates
-        are then not finite, and the iteration reports them)."""
+        """``linalg.solve`` of the batch; element by element where it raises.
+
+        A singular element (``array_api_strict`` raised NumPy's LinAlgError out of ``pp.project``) is NaN: its
+        iterates are then not finite, and the iteration reports them.
+        """
         xp = self.xp
         try:
             return xp.linalg.solve(K, R)
