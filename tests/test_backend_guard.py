@@ -963,3 +963,17 @@ def test_torch_tensors_as_warm_starts_and_batched_vectors():
     with pytest.raises(pp.ProblemError, match="real numbers"):
         ipm.solve_batch(qp, q=torch.ones(3, 2, dtype=torch.complex64))
     np.testing.assert_array_equal(pp.QP(P=torch.eye(2, dtype=torch.bfloat16), q=torch.ones(2)).P, np.eye(2))
+
+
+def test_a_claim_of_unboundedness_on_an_empty_set_becomes_primal_infeasible():
+    """``x₁ <= 1``, ``x₁ >= 2`` with a descent ray along x₀: the IPM and ProxSuite said DUAL_INFEASIBLE ("the
+    objective is unbounded below on the feasible set"), the others PRIMAL_INFEASIBLE. Unbounded needs a feasible
+    set: the constraints' LP decides; a truly unbounded problem keeps its status."""
+    qp = pp.QP(P=np.zeros((3, 3)), q=[-1.0, 0.0, 0.0], C=[[0.0, 1.0, 0.0]], l=[2.0], u=[np.inf],
+               ub=[np.inf, 1.0, np.inf])
+    for b in pp.available_backends():
+        assert pp.solve_qp(qp, backend=b).status in (pp.Status.PRIMAL_INFEASIBLE, pp.Status.MAX_ITER), b
+    free = pp.QP(P=np.zeros((2, 2)), q=[-1.0, 0.0], ub=[np.inf, 1.0])
+    assert pp.solve_qp(free, backend="ipm").status is pp.Status.DUAL_INFEASIBLE
+    bs = pp.get_backend("ipm").solve_batch(qp, q=np.array([[-1.0, 0.0, 0.0], [0.0, 0.0, -1.0]]))
+    assert all(s is pp.Status.PRIMAL_INFEASIBLE for s in bs.status), bs.status

@@ -725,3 +725,15 @@ def test_a_singular_system_on_the_generic_namespace_path_is_a_status():
     ref = pp.project(X, poly, backend="ipm").y
     got = pp.project(xs.asarray(X), poly, backend="ipm").y
     np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-12)
+
+
+def test_solve_qp_batch_refuses_what_it_cannot_solve_with_problem_errors():
+    """n = 0 raised ZeroDivisionError (the batch's parts are sized by n²), P = None AttributeError, arrays on two
+    devices the namespace's ValueError from deep inside."""
+    with pytest.raises(pp.ProblemError, match="no variables"):
+        solve_qp_batch(np.zeros((0, 0)), np.zeros((2, 0)), None, None, None)
+    with pytest.raises(pp.ProblemError, match="P is required"):
+        solve_qp_batch(None, np.ones((2, 3)), None, None, None)
+    d1 = xps.Device("device1")
+    with pytest.raises(pp.ProblemError, match="one device"):
+        solve_qp_batch(xps.eye(3, dtype=xps.float64), xps.ones((2, 3), dtype=xps.float64, device=d1), None, None, None)

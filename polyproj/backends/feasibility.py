@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 from ..problem import QP
 
-__all__ = ["LP_TIME_LIMIT", "MARGIN", "ROUNDING", "interior_point", "refutes"]
+__all__ = ["LP_TIME_LIMIT", "MARGIN", "ROUNDING", "interior_point", "least_violation", "refutes"]
 
 #: seconds the LP may take; past it, the claim stands
 LP_TIME_LIMIT = 10.0
@@ -41,6 +41,18 @@ EQ_ROUNDING = 1e-9
 
 def interior_point(qp: QP) -> np.ndarray | None:
     """The LP's point (module docstring) where it lies inside every row by more than :data:`MARGIN`, else None."""
+    got = least_violation(qp)
+    if got is None or not (got[1] < -MARGIN or got[2]):
+        return None
+    return got[0]
+
+
+def least_violation(qp: QP) -> tuple[np.ndarray, float, bool] | None:
+    """``(x, t*, unconstrained)`` of the LP (module docstring); None when HiGHS does not solve it.
+
+    ``unconstrained``: no inequality row or free bound (``t`` is then meaningless, ``x`` any point of the
+    equalities and fixed variables).
+    """
     from scipy.optimize import linprog
 
     n = qp.n
@@ -75,9 +87,9 @@ def interior_point(qp: QP) -> np.ndarray | None:
                        A_eq=A_eq, b_eq=qp.u[eq] if eq.any() else None, bounds=[*bounds, (-1.0, None)],
                        method="highs", options={"time_limit": LP_TIME_LIMIT, "primal_feasibility_tolerance": LP_TOL,
                                                 "dual_feasibility_tolerance": LP_TOL})
-    if res.status != 0 or res.x is None or not (float(res.x[-1]) < -MARGIN or G.shape[0] == 0):
+    if res.status != 0 or res.x is None:
         return None
-    return np.asarray(res.x[:n], dtype=np.float64)
+    return np.asarray(res.x[:n], dtype=np.float64), float(res.x[-1]), G.shape[0] == 0
 
 
 def refutes(qp: QP, x: np.ndarray | None) -> bool:

@@ -68,9 +68,12 @@ __all__ = ["GROSS", "INACCURATE_FACTOR", "Promise", "check_batch", "check_soluti
 
 GROSS = 1e-2
 INACCURATE_FACTOR = 1e3
-#: claims of infeasibility checked by an LP per batch whose elements have constraints of their own (the others
-#: stand as claimed)
+#: claims of infeasibility (or unboundedness) checked by an LP per batch whose elements have constraints of their
+#: own (the others stand as claimed)
 INFEASIBILITY_LPS = 64
+#: a claim of unboundedness on constraints whose least uniform violation (in the rows' distances) exceeds this is
+#: PRIMAL_INFEASIBLE
+EMPTY_DISTANCE = 1e-6
 _HUGE = scaling.IGNORE
 
 #: ids of the solver instances whose call is being guarded in this context: a backend calling its
@@ -284,6 +287,25 @@ def _strictly_convex(qp: QP) -> bool:
     return hit
 
 
+def _unboundedness_verdict(qp: QP) -> tuple[Status, str]:
+    """A claim of unboundedness: NUMERICAL_ERROR with P positive definite, PRIMAL_INFEASIBLE where the constraints'
+    LP (:mod:`.feasibility`) misses every point by 1e-6 or more (the IPM said DUAL_INFEASIBLE for ``x₁ <= 1,
+    x₁ >= 2`` with a descent ray: unbounded needs a feasible set); else the claim."""
+    from . import feasibility
+
+    if _strictly_convex(qp):
+        return Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is positive definite: "
+                                        "the objective is bounded below")
+    hit = qp.memo.get("least_violation")
+    if hit is None:
+        hit = qp.memo["least_violation"] = feasibility.least_violation(qp) or (None, 0.0, True)
+    _, t, unconstrained = hit
+    if not unconstrained and t > EMPTY_DISTANCE:
+        return Status.PRIMAL_INFEASIBLE, (f"the backend said DUAL_INFEASIBLE (unbounded) but no point meets the "
+                                          f"constraints (each misses some row by {t:.3g} or more)")
+    return Status.DUAL_INFEASIBLE, ""
+
+
 def _infeasibility_verdict(qp: QP) -> tuple[Status, str]:
     """A claim of primal infeasibility, checked by a point of the constraints (:mod:`.feasibility`).
 
@@ -336,9 +358,8 @@ def check_solution(qp: QP, sol: Any, backend: str, settings: dict[str, Any], dua
         status, note = _verdict(status, finite, res, Promise.of(settings, scale))
     elif status is Status.PRIMAL_INFEASIBLE:
         status, note = _infeasibility_verdict(qp)
-    elif status is Status.DUAL_INFEASIBLE and _strictly_convex(qp):
-        status, note = Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is positive "
-                                                "definite: the objective is bounded below")
+    elif status is Status.DUAL_INFEASIBLE:
+        status, note = _unboundedness_verdict(qp)
     status, note = _time_verdict(status, note, settings, elapsed)
     info = sol.info if not note else {**sol.info, "validation": note, "claimed_status": sol.status.name}
     if (status is sol.status and x is sol.x and z is sol.z and zb is sol.z_box and sol.qp is qp
@@ -390,9 +411,11 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
             checked += 1
             if note:
                 notes[i] = note
-        elif statuses[i] is Status.DUAL_INFEASIBLE and _strictly_convex(qp):
-            statuses[i], notes[i] = Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is "
-                                                             "positive definite: the objective is bounded below")
+        elif statuses[i] is Status.DUAL_INFEASIBLE and (shared or checked < INFEASIBILITY_LPS):
+            statuses[i], note = _unboundedness_verdict(qp if shared else qps[i])
+            checked += 1
+            if note:
+                notes[i] = note
         statuses[i], note = _time_verdict(statuses[i], notes.get(i, ""), settings, elapsed)
         if note:
             notes[i] = note

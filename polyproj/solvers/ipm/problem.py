@@ -162,6 +162,11 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
         xp = array_namespace(*arrays)
     except TypeError as exc:  # NumPy beside torch, say: one namespace per batch
         raise ProblemError(f"the arrays must come from one array library (and device): {exc}") from None
+    devices = {str(_device(a)) for a in arrays if hasattr(a, "shape")}
+    if len(devices) > 1:  # the namespace's own error came from deep inside (array_api_strict's ValueError)
+        raise ProblemError(f"the arrays must be on one device, got {sorted(devices)}")
+    if P is None:
+        raise ProblemError("P is required: an (n, n) or (batch, n, n) array (zeros for an LP)")
     P, q = _detach(P), xp.asarray(_detach(q))
     if q.ndim == 1:
         q = q[None, :]
@@ -170,6 +175,8 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
     dev = _device(q)
     dtype = _float_dtype(xp, P, q, C)
     b, n = q.shape
+    if n == 0:
+        raise ProblemError("a QP with no variables (q of shape (batch, 0)) has nothing to solve")
 
     def conv(a):
         if a is None:
