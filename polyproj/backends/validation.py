@@ -288,9 +288,12 @@ def _strictly_convex(qp: QP) -> bool:
 
 
 def _unboundedness_verdict(qp: QP) -> tuple[Status, str]:
-    """A claim of unboundedness: NUMERICAL_ERROR with P positive definite, PRIMAL_INFEASIBLE where the constraints'
-    LP (:mod:`.feasibility`) misses every point by 1e-6 or more (the IPM said DUAL_INFEASIBLE for ``x₁ <= 1,
-    x₁ >= 2`` with a descent ray: unbounded needs a feasible set); else the claim."""
+    """A claim of unboundedness, checked: NUMERICAL_ERROR or PRIMAL_INFEASIBLE where it cannot hold, else the claim.
+
+    NUMERICAL_ERROR with P positive definite; PRIMAL_INFEASIBLE where the constraints' LP (:mod:`.feasibility`)
+    misses every point by :data:`EMPTY_DISTANCE` or more (the IPM said DUAL_INFEASIBLE for ``x₁ <= 1, x₁ >= 2``
+    with a descent ray: unbounded needs a feasible set).
+    """
     from . import feasibility
 
     if _strictly_convex(qp):
