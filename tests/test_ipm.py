@@ -737,3 +737,17 @@ def test_solve_qp_batch_refuses_what_it_cannot_solve_with_problem_errors():
     d1 = xps.Device("device1")
     with pytest.raises(pp.ProblemError, match="one device"):
         solve_qp_batch(xps.eye(3, dtype=xps.float64), xps.ones((2, 3), dtype=xps.float64, device=d1), None, None, None)
+
+
+def test_float32_floor_follows_the_terms_at_the_point_not_an_inactive_box():
+    """float32: the tolerances were floored at 1e3 eps32 (1 + max|q|, max|finite bound|): an inactive box at ±1e4
+    .. ±1e6 made the floor 1.2 .. 120 and points 0.21 .. 5.2 off were SOLVED. The floor scales with each residual's
+    own terms at the point now."""
+    torch = pytest.importorskip("torch")
+    P, q = torch.eye(3, dtype=torch.float32), torch.tensor([[-3.0, -3.0, 5.0]])
+    C, u = torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([1.0])
+    for box in (1e3, 1e4, 1e6):
+        lb, ub = torch.full((3,), -box), torch.full((3,), box)
+        res = solve_qp_batch(P, q, C, torch.tensor([-float("inf")]), u, lb, ub)
+        assert code_to_status(int(res.status[0])).ok
+        np.testing.assert_allclose(res.x[0].numpy(), [0.5, 0.5, -5.0], atol=1e-3)

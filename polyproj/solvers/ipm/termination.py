@@ -6,7 +6,8 @@ Stopping (per element, on the *unscaled* problem, qpbenchmark's definitions)::
     ‖Px + q + Cᵀz + z_box‖∞                   <= ε_abs + ε_rel max(‖Px‖∞, ‖q‖∞, ‖Cᵀz‖∞, ‖z_box‖∞)
     |xᵀPx + qᵀx + uᵀz⁺ − lᵀz⁻ + ubᵀz_box⁺ − lbᵀz_box⁻| <= ε_abs + ε_rel max(|xᵀPx|, |qᵀx|, |support|)
 
-float32 data: every tolerance is floored at ``1000 · eps(float32) · (1 + data scale)``.
+float32 data: every tolerance is floored at ``1000 · eps(float32) · (1 + the size of its residual's terms at the
+point)``.
 
 Infeasibility: the Newton direction of a primal infeasible element converges to a Farkas
 certificate ``δz`` with ``Cᵀδz + δz_box ≈ 0`` and ``uᵀδz⁺ − lᵀδz⁻ + … < 0``; that of a dual
@@ -36,8 +37,9 @@ class Tolerances:
     Attributes
     ----------
     eps_abs, eps_rel : float
-    floor : (b,)
-        Lower bound of every tolerance (0 in float64).
+    floor : float
+        ``1000 · eps(float32)`` in float32, 0 in float64: every tolerance is at least that times (1 + the size of
+        its own terms at the point).
     eps_inf : float
         Tolerance of the infeasibility certificates (``1e-8`` in float64, ``1e-4`` in float32).
     """
@@ -49,11 +51,14 @@ class Tolerances:
 
 
 def tolerances(xp: Any, qp: BatchQP, rows: Rows, num: Numerics, eps_abs: float, eps_rel: float) -> Tolerances:
-    """The :class:`Tolerances` of a batch (the float32 floor scales with ``q`` and the finite bounds)."""
-    finite_scale = xp.maximum(inf_norm(xp, qp.q), inf_norm(xp, xp.concat([rows.Lf, rows.Uf], axis=1)))
-    f32 = num.dtype == xp.float32
-    floor = 1e3 * num.eps * (1.0 + finite_scale) if f32 else 0.0 * finite_scale
-    return Tolerances(eps_abs, eps_rel, floor, 1e-4 if num.dtype != xp.float64 else 1e-8)
+    """The :class:`Tolerances` of a batch (the float32 floor: relative to each residual's own terms at the point).
+
+    The floor scaled with ``q`` and every finite bound: an inactive box at ±1e6 made it 120, and any point
+    SOLVED (5.2 off). The terms at the point hold the bounds that bind there (``C x``, ``x`` at them; ``U z``).
+    """
+    del qp, rows  # the floor is set at each point (kkt_point)
+    return Tolerances(eps_abs, eps_rel, 1e3 * num.eps if num.dtype == xp.float32 else 0.0,
+                      1e-4 if num.dtype != xp.float64 else 1e-8)
 
 
 def _support(xp: Any, rows: Rows, zall: Any, zero: Any) -> Any:
@@ -73,13 +78,12 @@ def kkt_point(xp: Any, qp: BatchQP, rows: Rows, tol: Tolerances, zero: Any, x: A
     qx = xp.sum(qp.q * x, axis=1)
     supp = _support(xp, rows, xp.concat([z, z_box], axis=1), zero)
     gap = xp.abs(xPx + qx + supp)
-    ea, er = tol.eps_abs, tol.eps_rel
-    tp = ea + er * xp.maximum(inf_norm(xp, Cx), inf_norm(xp, x))
-    td = ea + er * xp.maximum(xp.maximum(inf_norm(xp, Px), inf_norm(xp, qp.q)),
-                              xp.maximum(inf_norm(xp, Ctz), inf_norm(xp, z_box)))
-    tg = ea + er * xp.maximum(xp.maximum(xp.abs(xPx), xp.abs(qx)), xp.abs(supp))
-    fl = tol.floor
-    return KKTPoint(x, z, z_box, pres, dres, gap, xp.maximum(tp, fl), xp.maximum(td, fl), xp.maximum(tg, fl))
+    ea, er, fl = tol.eps_abs, tol.eps_rel, tol.floor
+    sp_ = xp.maximum(inf_norm(xp, Cx), inf_norm(xp, x))
+    sd = xp.maximum(xp.maximum(inf_norm(xp, Px), inf_norm(xp, qp.q)), xp.maximum(inf_norm(xp, Ctz), inf_norm(xp, z_box)))
+    sg = xp.maximum(xp.maximum(xp.abs(xPx), xp.abs(qx)), xp.abs(supp))
+    tp, td, tg = (xp.maximum(ea + er * size, fl * (1.0 + size)) for size in (sp_, sd, sg))
+    return KKTPoint(x, z, z_box, pres, dres, gap, tp, td, tg)
 
 
 def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState) -> LoopState:
