@@ -80,7 +80,8 @@ def kkt_point(xp: Any, qp: BatchQP, rows: Rows, tol: Tolerances, zero: Any, x: A
     gap = xp.abs(xPx + qx + supp)
     ea, er, fl = tol.eps_abs, tol.eps_rel, tol.floor
     sp_ = xp.maximum(inf_norm(xp, Cx), inf_norm(xp, x))
-    sd = xp.maximum(xp.maximum(inf_norm(xp, Px), inf_norm(xp, qp.q)), xp.maximum(inf_norm(xp, Ctz), inf_norm(xp, z_box)))
+    sd = xp.maximum(xp.maximum(inf_norm(xp, Px), inf_norm(xp, qp.q)),
+                    xp.maximum(inf_norm(xp, Ctz), inf_norm(xp, z_box)))
     sg = xp.maximum(xp.maximum(xp.abs(xPx), xp.abs(qx)), xp.abs(supp))
     tp, td, tg = (xp.maximum(ea + er * size, fl * (1.0 + size)) for size in (sp_, sd, sg))
     return KKTPoint(x, z, z_box, pres, dres, gap, tp, td, tg)
