@@ -268,3 +268,16 @@ def test_vjp_refuses_a_flat_cotangent_for_a_batch():
         assert S.vjp(r, np.arange(8.0).reshape(2, 4)).shape == (2, 4)
     one = pp.project(X[0], pp.sets.Simplex(4))
     assert np.shape(pp.sets.Simplex(4).vjp(one, np.arange(4.0))) == (4,)
+
+
+def test_a_recognised_polyhedron_reports_its_own_violation():
+    """Recognition takes right-hand sides within 1e-12 of the set's (a row sum <= 1 − 9e-13 for <= 1); the result
+    reported the inner set's violation (8.9e-16) instead of the polyhedron's (9e-13)."""
+    r, c = 3, 3
+    A = np.vstack([np.kron(np.eye(r), np.ones((1, c))), np.kron(np.ones((1, r)), np.eye(c))])
+    a = np.ones(r + c)
+    a[0] -= 9e-13
+    P = pp.Polyhedron(A=A, a=a, lb=np.zeros(r * c))
+    x = np.random.default_rng(0).uniform(0.0, 1.0, r * c) + 0.5
+    res = pp.project(x, P)
+    assert res.max_violation == pytest.approx(max(0.0, float(np.max(A @ res.y - a))), rel=1e-6, abs=1e-18)
