@@ -227,3 +227,49 @@ def test_a_refused_removal_is_numbered_in_the_callers_list_whatever_the_chunks()
     for chunk in (None, 2):
         with pytest.raises(pp.ProblemError, match=r"first: #5\)"):
             dif.influence(None, rems, chunk_size=chunk)
+
+
+def test_kkt_status_edits_lambdas_lengths_perturbation_weights_and_non_finite_second_order_scores():
+    """Probe, 2026-12-06: an edited ``KKTPoint.status`` was read as given (a binding row called inactive left out
+    of the DIF QP, an unknown word taken for inactive); multipliers of the wrong length raised NumPy's ValueError;
+    ``perturbed(removal, "a")`` ValueError, ``None`` TypeError, ``t = 2`` accepted (negative weights); order 2
+    returned NaN where the test function is NaN at θ̄ + ω."""
+    from dataclasses import replace
+
+    from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, solve
+
+    torch.manual_seed(0)
+    X, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, dtype=torch.float64)
+
+    def sq(theta, batch):
+        xb, yb = batch
+        return (xb @ theta - yb) ** 2 + 0.01 * (theta**2).sum()
+
+    def cap(theta, batch):
+        return batch[0] @ theta - 0.1
+
+    prob = ConstrainedProblem(torch.zeros(3, dtype=torch.float64), Loss(sq, (X, y)),
+                              [Constraint(cap, (torch.ones(1, 3, dtype=torch.float64),), name="cap")])
+    kkt = solve(prob, tol=1e-12)
+    assert kkt.status == ("binding",)
+    for st in (("inactive",), ("bogus",), ("weakly_active",)):
+        with pytest.raises(pp.ProblemError, match="status"):
+            DIF(prob, replace(kkt, status=st))
+    with pytest.raises(pp.ProblemError, match="multipliers"):
+        DIF(prob, replace(kkt, lambdas=torch.zeros(2, dtype=torch.float64)))
+    rem = {"objective": [3]}
+    for t in ("a", None, 2.0, float("nan"), True):
+        with pytest.raises(pp.ProblemError, match="t must be"):
+            prob.perturbed(rem, t)
+    prob.perturbed(rem, -0.5)  # upweighting is a perturbation too
+    prob.perturbed(rem, np.float32(0.5))
+    dif = DIF(prob, kkt)
+    side = -float(torch.sign(dif.delta_theta(rem)[0]))
+    assert side != 0.0
+
+    def F(theta):  # finite at θ̄, NaN on the side the removal moves θ₀ to
+        return torch.sqrt(side * (theta[0] - kkt.theta[0]) + 1e-12)
+
+    assert torch.isfinite(dif.influence(F, [rem], order=1)).all()
+    with pytest.raises(pp.ProblemError, match="not finite"):
+        dif.influence(F, [rem], order=2)

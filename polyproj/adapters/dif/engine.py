@@ -768,8 +768,13 @@ class DIF:
             gF = _test_grad(self.problem, test_fn, theta)
         with torch.no_grad():
             F0 = float(F(theta))
-            return torch.as_tensor([float(gF @ r.omega) if r.order == 1 else float(F(theta + r.omega)) - F0
-                                    for r in omegas], dtype=torch.float64)
+            out = torch.as_tensor([float(gF @ r.omega) if r.order == 1 else float(F(theta + r.omega)) - F0
+                                   for r in omegas], dtype=torch.float64)
+        bad = torch.nonzero(~torch.isfinite(out)).flatten()
+        if bad.numel():  # (order 1 refuses a non-finite gradient at θ̄; order 2 evaluates F at θ̄ + ω itself)
+            raise ProblemError(f"test_fn is not finite at θ̄ + ω (second order) for removal #{int(bad[0])} "
+                               f"({bad.numel()} of {len(omegas)}): F(θ̄) = {F0:.6g}")
+        return out
 
     def score_job(self, test_fn: Callable[[Any], Any], chunk_size: int | None = None) -> ScoreJob:
         """The self-contained scoring job for ``test_fn`` (s_test = H⁻¹∇F solved once, here)."""
@@ -843,12 +848,15 @@ def _check_point(problem: ConstrainedProblem, kkt: KKTPoint, lin: Linearisation)
     """
     from .newton import kkt_residuals
 
-    lam = kkt.lambdas.numpy() if isinstance(kkt.lambdas, torch.Tensor) else np.asarray(kkt.lambdas)
+    lam = kkt.lambdas.detach().numpy() if isinstance(kkt.lambdas, torch.Tensor) else np.asarray(kkt.lambdas)
+    lam = np.asarray(lam, dtype=np.float64).reshape(-1)
     again = "; build it from this problem (solve or KKTPoint.from_params)"
     g_was = np.asarray(kkt.g, dtype=np.float64).reshape(-1)
-    if g_was.shape != lin.g.shape:
-        raise ProblemError(f"kkt is not a KKT point of this problem: it has {g_was.size} constraints, the problem "
-                           f"{lin.g.size}" + again)
+    if g_was.shape != lin.g.shape or lam.shape != lin.g.shape or len(kkt.status) != lin.g.size:
+        raise ProblemError(f"kkt is not a KKT point of this problem: it has {g_was.size} constraint values, "
+                           f"{lam.size} multipliers and {len(kkt.status)} statuses, the problem {lin.g.size} "
+                           "constraints" + again)
+    _check_status(problem, kkt, lam, again)
     # the constraint values decide the classification (binding, weakly active, inactive) the engine uses: a
     # point of a problem with other data or another τ can be stationary and feasible here and still carry
     # another problem's classification
@@ -865,6 +873,28 @@ def _check_point(problem: ConstrainedProblem, kkt: KKTPoint, lin: Linearisation)
         if not np.isfinite(now[k]) or now[k] > 10.0 * was + 1e-8 * scale:
             raise ProblemError(f"kkt is not a KKT point of this problem: its {k} residual is {now[k]:.3e} here "
                                f"against {was:.3e} where it was computed" + again)
+
+
+def _check_status(problem: ConstrainedProblem, kkt: KKTPoint, lam: np.ndarray, again: str) -> None:
+    """The classification ``kkt.status`` agrees with its multipliers and constraint values (the rule of
+    :meth:`KKTPoint.from_params`): an edited status was read as given (a binding row called inactive was left out of
+    the DIF QP, an inactive one called binding held at equality, an unknown word taken for inactive)."""
+    from .kkt import INACTIVE
+
+    g = np.asarray(kkt.g, dtype=np.float64).reshape(-1)
+    for j, (st, eq) in enumerate(zip(kkt.status, problem.eq_mask, strict=True)):
+        name = problem.constraints[j].name
+        if st not in (BINDING, WEAK, INACTIVE, EQUALITY):
+            raise ProblemError(f"kkt.status of constraint {name!r} is {st!r}: one of {BINDING!r}, {WEAK!r}, "
+                               f"{INACTIVE!r}, {EQUALITY!r}")
+        wrong = (st == EQUALITY) != bool(eq) or \
+            (st == BINDING and not lam[j] > kkt.mult_tol) or \
+            (st == WEAK and not (lam[j] <= kkt.mult_tol and g[j] >= -kkt.active_tol)) or \
+            (st == INACTIVE and not g[j] < -kkt.active_tol)
+        if wrong:
+            raise ProblemError(f"kkt.status calls constraint {name!r} {st!r}, but its value is {g[j]:.3g} and its "
+                               f"multiplier {lam[j]:.3g} (active_tol {kkt.active_tol:g}, mult_tol {kkt.mult_tol:g})"
+                               + again)
 
 
 def _multiplier_null_space(G: np.ndarray, active: np.ndarray) -> np.ndarray:

@@ -657,6 +657,13 @@ class ConstrainedProblem:
         for a loss with ``renormalize=False``, ``Σwℓ / (N − t|Z|)``): ``t = 0`` is this problem, ``t = 1``
         :meth:`remove`. ``False`` is the paper's plain form ``Σwℓ / N`` (a τ-shifted problem).
         """
+        try:
+            tf = float(t) if not isinstance(t, (bool, str)) and np.ndim(t) == 0 else None
+        except (TypeError, ValueError):
+            tf = None
+        if tf is None or not tf <= 1.0:  # t < 0 upweights the samples; t > 1 gives them negative weights; NaN fails
+            raise ProblemError(f"t must be a number <= 1 (the removed samples' weight is 1 − t), got {t!r}")
+        t = tf
         rem = self.check_removal(removal)
         mapping = {}
         for name, idx in rem.items():
