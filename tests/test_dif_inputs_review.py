@@ -236,7 +236,7 @@ def test_kkt_status_edits_lambdas_lengths_perturbation_weights_and_non_finite_se
     returned NaN where the test function is NaN at θ̄ + ω."""
     from dataclasses import replace
 
-    from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, solve
+    from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, Loss, solve
 
     torch.manual_seed(0)
     X, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, dtype=torch.float64)

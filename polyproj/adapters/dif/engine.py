@@ -876,9 +876,11 @@ def _check_point(problem: ConstrainedProblem, kkt: KKTPoint, lin: Linearisation)
 
 
 def _check_status(problem: ConstrainedProblem, kkt: KKTPoint, lam: np.ndarray, again: str) -> None:
-    """The classification ``kkt.status`` agrees with its multipliers and constraint values (the rule of
-    :meth:`KKTPoint.from_params`): an edited status was read as given (a binding row called inactive was left out of
-    the DIF QP, an inactive one called binding held at equality, an unknown word taken for inactive)."""
+    """The classification ``kkt.status`` agrees with its multipliers and constraint values.
+
+    The rule of :meth:`KKTPoint.from_params`: an edited status was read as given (a binding row called inactive was
+    left out of the DIF QP, an inactive one called binding held at equality, an unknown word taken for inactive).
+    """
     from .kkt import INACTIVE
 
     g = np.asarray(kkt.g, dtype=np.float64).reshape(-1)
