@@ -1289,3 +1289,33 @@ def test_meta_tensors_are_named_not_raw_torch_errors():
     for name, call in calls.items():
         with pytest.raises(pp.ProblemError, match=f"{name.strip()} is on the 'meta' device"):
             call()
+
+
+def test_a_recognised_layer_passes_gradients_to_its_data_and_forward_mode_in_x_with_learned_data():
+    """Probe, 2026-12-06. (1) A layer recognised as a structured set (here the simplex) projected through host
+    copies of its buffers: b made to require grad or swapped for a parameter by functional_call got no gradient
+    (None, silently) or torch's RuntimeError about a tensor without storage; such data go the general way now.
+    (2) torch fills a zero tangent for Function inputs that require grad: jacfwd / hessian in x were refused on
+    layers with learned data ("forward-mode derivatives with respect to constraint tensors")."""
+    n = 4
+    ones, zeros = torch.ones(1, n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    x = torch.tensor([[0.3, -0.2, 0.9, 0.1], [1.5, 0.2, -0.4, 0.7]], dtype=torch.float64)
+    W = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]], dtype=torch.float64)
+    ref = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+    project(x, B=ones, b=ref, lb=zeros).mul(W).sum().backward()
+    L = ProjectionLayer(B=ones, b=[1.0], lb=zeros)
+    assert L.set is not None  # recognised
+    L.b.requires_grad_(True)
+    L(x).mul(W).sum().backward()
+    torch.testing.assert_close(L.b.grad, ref.grad)
+    b = torch.tensor([1.0], dtype=torch.float64)
+    g = torch.func.grad(lambda p: torch.func.functional_call(L, p, (x,)).mul(W).sum())({"b": b})
+    torch.testing.assert_close(g["b"], ref.grad)
+    A = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, -1.0, 0.5]], dtype=torch.float64)
+    a = torch.tensor([0.8, 0.3], dtype=torch.float64)
+    learned, fixed = ProjectionLayer(A=A, a=a, lb=zeros, learn=("a",)), ProjectionLayer(A=A, a=a, lb=zeros)
+    x0 = torch.tensor([0.9, 0.4, -0.3, 0.2], dtype=torch.float64)
+    torch.testing.assert_close(torch.func.jacfwd(learned)(x0), torch.func.jacfwd(fixed)(x0))
+    torch.testing.assert_close(torch.func.jacfwd(learned)(x0), torch.func.jacrev(fixed)(x0))
+    H = torch.func.hessian(lambda z: (learned(z) ** 3).sum())(x0)
+    assert H.shape == (n, n) and torch.isfinite(H).all()

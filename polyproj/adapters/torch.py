@@ -31,6 +31,8 @@ from ..sets.polyhedral import PARTS, Polyhedral, polydata_from_arrays
 
 __all__ = ["ProjectionLayer", "choose_backend", "project"]
 
+_ft = torch._C._functorch
+
 
 def _eager_under_compile(fn: Any) -> Any:
     """``fn`` run eagerly where ``torch.compile`` traces it: a graph break, compiled code around it.
@@ -156,6 +158,9 @@ class _Project(torch.autograd.Function):
         _, res, Sx = output
         ctx.result, ctx.set = res, Sx
         ctx.names = inputs[2].names
+        # an input without a tangent (data that require grad, under jacfwd in x) reaches jvp as None, not as a zero
+        # tensor that reads as a tangent on the data (jacfwd / hessian in x were refused on layers with learned data)
+        ctx.set_materialize_grads(False)
         # for a graph of the backward (create_graph); not under torch.func transforms, whose backward is a
         # Function of gy alone (:class:`_VJP`), also when it runs after them (torch.func.vjp's function)
         ctx.graph_inputs = not torch._C._are_functorch_transforms_active()
@@ -164,6 +169,8 @@ class _Project(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy, *_):
+        if gy is None:  # (grads are not materialised: y took no part in what is differentiated)
+            return (None,) * (3 + len(ctx.names))
         return _legacy_batching_guard(ctx, gy, _Project._backward)
 
     @staticmethod
@@ -873,15 +880,22 @@ class ProjectionLayer(nn.Module):
     @_eager_under_compile
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Project ``x`` (..., n); with ``warm_start`` the previous call's active sets start the polish."""
-        self._recognised()
-        warm = self._last if self.warm_start else None
-        if self.set is not None:
+        parts = {k: getattr(self, k, None) for k in PARTS}  # (a layer of a structured set holds none)
+        # data that a gradient is taken of (a buffer made to require grad, a parameter swapped in by
+        # torch.func.functional_call) go the general way: the recognised set holds host copies, which cut their
+        # gradients (b.grad None, silently) or cannot be read at all under torch.func
+        general = any(isinstance(t, torch.Tensor) and (t.requires_grad or _ft.is_functorch_wrapped_tensor(t))
+                      for t in parts.values())
+        if not general:
+            self._recognised()
+        warm = self._last if self.warm_start and getattr(self, "_last_general", general) == general else None
+        self._last_general = general
+        if self.set is not None and not general:
             y, res = _project(x, self.set, dict.fromkeys(PARTS), "auto", {}, warm)
         else:
             if isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[-1] != self.n:  # x is what is wrong here
                 raise ProblemError(f"x must have shape (..., {self.n}) to match the layer's constraints "
                                    f"(n = {self.n}), got {tuple(x.shape)}")
-            parts = dict(A=self.A, a=self.a, B=self.B, b=self.b, lb=self.lb, ub=self.ub)
             y, res = _project(x, None, parts, self.backend, self.settings, warm)
         # an empty batch is no guess for the next one; nor is a vmap's folded result (the slices of a batch
         # folded into one, _Folded): a later call outside the vmap does not project that batch
