@@ -977,3 +977,14 @@ def test_a_claim_of_unboundedness_on_an_empty_set_becomes_primal_infeasible():
     assert pp.solve_qp(free, backend="ipm").status is pp.Status.DUAL_INFEASIBLE
     bs = pp.get_backend("ipm").solve_batch(qp, q=np.array([[-1.0, 0.0, 0.0], [0.0, 0.0, -1.0]]))
     assert all(s is pp.Status.PRIMAL_INFEASIBLE for s in bs.status), bs.status
+    # (review) feasible and unbounded, rows normalised at 3e10 and 9e10 rounding 3.8e-6 apart: an absolute test of
+    # the LP's least violation called it empty; relative to the constraints' size it stands
+    far = pp.QP(P=np.zeros((2, 2)), q=[-1.0, 0.0], C=[[1.0, 1.0], [3.0, 3.0]], l=[-np.inf, 9e10], u=[3e10, np.inf])
+    for b in pp.available_backends():
+        assert pp.solve_qp(far, backend=b).status is not pp.Status.PRIMAL_INFEASIBLE, b
+    # inconsistent equalities: the LP itself is infeasible (HiGHS): empty, whatever a backend says
+    from polyproj.backends.feasibility import certainly_empty
+
+    assert certainly_empty(pp.QP(P=np.zeros((2, 2)), q=[-1.0, 0.0], C=[[1.0, 1.0], [1.0, 1.0]], l=[1.0, 2.0],
+                                 u=[1.0, 2.0])) is not None
+    assert certainly_empty(far) is None

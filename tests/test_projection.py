@@ -1157,6 +1157,14 @@ def test_a_row_through_the_origin_does_not_judge_a_point_near_it_on_its_own_size
     d = PolyData(np.array([[1.0, -1.0]]), np.array([0.0]), np.zeros((0, 2)), np.zeros(0), -np.ones(2), np.ones(2))
     Y = np.array([[1e-3 + 1e-8, 1e-3], [1e-6 + 1e-9, 1e-6], [0.5 + 1e-8, 0.5], [0.5 + 1e-5, 0.5], [1.0 + 1e-5, 0.0]])
     np.testing.assert_array_equal(violates(d, Y), [False, False, False, True, True])
+    # (review) a "no limit" box of ±1e6 on every coordinate must not set the size where the rows have one
+    n = 10
+    A = np.zeros((2, n))
+    A[0, :2], A[1, 3] = 1.0, 1.0
+    big = PolyData.from_polyhedron(pp.Polyhedron(A=A, a=[0.0, 1.0], lb=-1e6 * np.ones(n), ub=1e6 * np.ones(n)))
+    Y = np.zeros((1, n))
+    Y[0, 0] = 0.5  # 0.35 outside y₁ + y₂ <= 0
+    assert violates(big, Y)[0]
     with np.errstate(over="raise"):  # bounds near the float range: the size stays finite, without a warning
         big = PolyData(np.zeros((0, 2)), np.zeros(0), np.zeros((0, 2)), np.zeros(0), -1e300 * np.ones(2),
                        1e300 * np.ones(2))

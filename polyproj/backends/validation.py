@@ -71,9 +71,7 @@ INACCURATE_FACTOR = 1e3
 #: claims of infeasibility (or unboundedness) checked by an LP per batch whose elements have constraints of their
 #: own (the others stand as claimed)
 INFEASIBILITY_LPS = 64
-#: a claim of unboundedness on constraints whose least uniform violation (in the rows' distances) exceeds this is
-#: PRIMAL_INFEASIBLE
-EMPTY_DISTANCE = 1e-6
+
 _HUGE = scaling.IGNORE
 
 #: ids of the solver instances whose call is being guarded in this context: a backend calling its
@@ -288,24 +286,20 @@ def _strictly_convex(qp: QP) -> bool:
 
 
 def _unboundedness_verdict(qp: QP) -> tuple[Status, str]:
-    """A claim of unboundedness, checked: NUMERICAL_ERROR or PRIMAL_INFEASIBLE where it cannot hold, else the claim.
+    """A claim of unboundedness, checked: PRIMAL_INFEASIBLE or NUMERICAL_ERROR where it cannot hold, else the claim.
 
-    NUMERICAL_ERROR with P positive definite; PRIMAL_INFEASIBLE where the constraints' LP (:mod:`.feasibility`)
-    misses every point by :data:`EMPTY_DISTANCE` or more (the IPM said DUAL_INFEASIBLE for ``x₁ <= 1, x₁ >= 2``
-    with a descent ray: unbounded needs a feasible set).
+    PRIMAL_INFEASIBLE where no point meets the constraints (:func:`.feasibility.certainly_empty`: the IPM said
+    DUAL_INFEASIBLE for ``x₁ <= 1, x₁ >= 2`` with a descent ray, and unbounded needs a feasible set); then
+    NUMERICAL_ERROR with P positive definite (the objective is bounded below).
     """
     from . import feasibility
 
+    why = feasibility.certainly_empty(qp)
+    if why is not None:
+        return Status.PRIMAL_INFEASIBLE, f"the backend said DUAL_INFEASIBLE (unbounded) but the set is empty: {why}"
     if _strictly_convex(qp):
         return Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is positive definite: "
                                         "the objective is bounded below")
-    hit = qp.memo.get("least_violation")
-    if hit is None:
-        hit = qp.memo["least_violation"] = feasibility.least_violation(qp) or (None, 0.0, True)
-    _, t, unconstrained = hit
-    if not unconstrained and t > EMPTY_DISTANCE:
-        return Status.PRIMAL_INFEASIBLE, (f"the backend said DUAL_INFEASIBLE (unbounded) but no point meets the "
-                                          f"constraints (each misses some row by {t:.3g} or more)")
     return Status.DUAL_INFEASIBLE, ""
 
 

@@ -218,7 +218,7 @@ class Projector(abc.ABC):
         worst = getattr(worst, "detach", lambda: worst)()  # a torch graph (inputs that need a gradient)
         worst = float(worst) if batch else 0.0
         status, verified = (Status.SOLVED,) * batch, xp.ones((batch,), dtype=xp.bool, device=_device(Y))
-        if not math.isfinite(worst) or (batch and not bool(xp.all(xp.isfinite(Y)))):
+        if not math.isfinite(worst):  # (a non-finite point has a non-finite violation: NaN and inf propagate)
             v = getattr(violation, "detach", lambda: violation)()
             verified = xp.isfinite(v) & xp.all(xp.isfinite(getattr(Y, "detach", lambda: Y)()), axis=1)
             status = tuple(Status.SOLVED if bool(ok) else Status.NUMERICAL_ERROR for ok in verified)

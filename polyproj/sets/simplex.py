@@ -140,11 +140,12 @@ class CappedSimplex(Projector):
             c, far = shift
             with np.errstate(over="ignore"):
                 X = X - c
-            # θ lies within u below 0 now (or anywhere on a flat piece): entries beyond FAR times the set's size
-            # are at 0 or the cap whatever their value; clipped there they keep the iteration's numbers small
-            # (an entry at 3e15 beside the zeros that decide a root near −0.1 sent its steps to the wrong piece)
-            M = 2.0 * FAR * (xp.abs(t) + self._binding_cap(xp, t))
-            Xs = xp.where(far, xp.clip(X, -M, M), X)
+            # θ lies within u below 0 now (or anywhere on a flat piece below): an entry above 2 (t + u) is at the
+            # cap, one below −2 FAR (t + u) at 0, whatever their values; clipped there they keep the iteration's
+            # numbers small (an entry at 3e15 beside the zeros that decide a root near −0.1 sent its steps to the
+            # wrong piece; one clipped at 4854 still left the final step the rounding of θ ~ 4852: sums 3.6e-13 off)
+            size = xp.abs(t) + self._binding_cap(xp, t)
+            Xs = xp.where(far, xp.clip(X, -2.0 * FAR * size, 2.0 * size), X)
             shift = c
         th = threshold(Xs, t, U, tol=self._weak_tol(xp, X.dtype))
         Y, active, mult = _outputs(xp, X, th.theta, U)
@@ -177,8 +178,8 @@ class CappedSimplex(Projector):
     def _shift(self, xp: Any, X: Any, t: Any) -> Any:
         """``(c, far)``: each far row's ``m``-th largest entry, ``m = max(1, ⌈t/u⌉)``, and the far rows (b, 1).
 
-        A row is far where an entry lies beyond ``FAR (t + u)`` (the set's size); ``c`` is 0 elsewhere, and None
-        is returned where no row is far.
+        A row is far where its largest entry lies beyond ``FAR (t + u)`` (the set's size), or fewer than ``m`` of
+        its entries lie above ``−FAR (t + u)``; ``c`` is 0 elsewhere, and None is returned where no row is far.
 
         ``y = clip(x − θ, 0, u)`` keeps the rounding of ``x − θ``, ``eps |θ|``: with ``|θ| ≫ t + u`` the
         sums and the active sets drift (``x = (1e17, 3, 0)`` on the simplex came out all 0; a capped
@@ -195,13 +196,19 @@ class CappedSimplex(Projector):
         if not b or not n:
             return None
         size = FAR * (xp.abs(t) + self._binding_cap(xp, t))
-        far = xp.max(xp.abs(X), axis=1, keepdims=True) > size
+        # far where the largest entry is, or where fewer than m entries lie above −size (the root then lies among
+        # the far negative ones): far negative entries alone (a mask at −1e9) are at 0 whatever the shift
+        top = xp.max(X, axis=1, keepdims=True)
+        far = xp.abs(top) > size
+        if self.upper != float("inf"):
+            m = xp.clip(xp.ceil(t / self.upper), 1, n)  # (b, 1), float
+            near = xp.sum(xp.astype(X >= -size, X.dtype), axis=1, keepdims=True)
+            far = far | (near < m)
         if not bool(xp.any(far)):
             return None
         if self.upper == float("inf"):
-            c = xp.max(X, axis=1, keepdims=True)
+            c = top
         else:
-            m = xp.clip(xp.ceil(t / self.upper), 1, n)  # (b, 1), float
             desc = xp.flip(xp.sort(X, axis=1), axis=1)
             c = xp.take_along_axis(desc, xp.astype(m, xp.int64) - 1, axis=1)
         return xp.where(far, c, xp.zeros_like(c)), far

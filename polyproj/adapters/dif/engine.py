@@ -878,8 +878,10 @@ def _check_point(problem: ConstrainedProblem, kkt: KKTPoint, lin: Linearisation)
 def _check_status(problem: ConstrainedProblem, kkt: KKTPoint, lam: np.ndarray, again: str) -> None:
     """The classification ``kkt.status`` agrees with its multipliers and constraint values.
 
-    The rule of :meth:`KKTPoint.from_params`: an edited status was read as given (a binding row called inactive was
-    left out of the DIF QP, an inactive one called binding held at equality, an unknown word taken for inactive).
+    The rule of :meth:`KKTPoint.from_params` (binding: λⱼ > mult_tol; weakly active: λⱼ <= mult_tol — a row it calls
+    active by complementarity may sit below −active_tol; inactive: gⱼ < −active_tol): an edited status was read as
+    given (a binding row called inactive was left out of the DIF QP, an inactive one called binding held at
+    equality, an unknown word taken for inactive).
     """
     from .kkt import INACTIVE
 
@@ -891,7 +893,7 @@ def _check_status(problem: ConstrainedProblem, kkt: KKTPoint, lam: np.ndarray, a
                                f"{INACTIVE!r}, {EQUALITY!r}")
         wrong = (st == EQUALITY) != bool(eq) or \
             (st == BINDING and not lam[j] > kkt.mult_tol) or \
-            (st == WEAK and not (lam[j] <= kkt.mult_tol and g[j] >= -kkt.active_tol)) or \
+            (st == WEAK and not lam[j] <= kkt.mult_tol) or \
             (st == INACTIVE and not g[j] < -kkt.active_tol)
         if wrong:
             raise ProblemError(f"kkt.status calls constraint {name!r} {st!r}, but its value is {g[j]:.3g} and its "

@@ -46,7 +46,7 @@ def solve_qp_batch(
     lb, ub : (n,) or (b, n) arrays, optional
     eps_abs, eps_rel : float
         Tolerances of the stopping rule (:mod:`polyproj.solvers.ipm.termination`). For float32 data
-        they are floored at ``1000 · eps(float32)`` times the scale of the data.
+        they are floored at ``1000 · eps(float32)`` times (1 + the size of each residual's terms at the point).
     max_iter : int
     warm_start : object or dict with ``x`` ((b, n) array), optional
         Starting primal point (the interior-point start heuristic is applied from it).

@@ -7,7 +7,7 @@ Stopping (per element, on the *unscaled* problem, qpbenchmark's definitions)::
     |xᵀPx + qᵀx + uᵀz⁺ − lᵀz⁻ + ubᵀz_box⁺ − lbᵀz_box⁻| <= ε_abs + ε_rel max(|xᵀPx|, |qᵀx|, |support|)
 
 float32 data: every tolerance is floored at ``1000 · eps(float32) · (1 + the size of its residual's terms at the
-point)``.
+point)`` (``|C||x|``, ``|P||x|``, ``|q|ᵀ|x|``, ...: the rounding of the sums, which can cancel).
 
 Infeasibility: the Newton direction of a primal infeasible element converges to a Farkas
 certificate ``δz`` with ``Cᵀδz + δz_box ≈ 0`` and ``uᵀδz⁺ − lᵀδz⁻ + … < 0``; that of a dual
@@ -83,7 +83,18 @@ def kkt_point(xp: Any, qp: BatchQP, rows: Rows, tol: Tolerances, zero: Any, x: A
     sd = xp.maximum(xp.maximum(inf_norm(xp, Px), inf_norm(xp, qp.q)),
                     xp.maximum(inf_norm(xp, Ctz), inf_norm(xp, z_box)))
     sg = xp.maximum(xp.maximum(xp.abs(xPx), xp.abs(qx)), xp.abs(supp))
-    tp, td, tg = (xp.maximum(ea + er * size, fl * (1.0 + size)) for size in (sp_, sd, sg))
+    if fl:  # float32: the floor follows the rounding of the sums, the sizes of their terms (not of the sums, which
+        # cancel: x₁ = x₂ with q = (1e4, −1e4 + δ) ran 100 iterations to SOLVED_INACCURATE at float32's accuracy)
+        ax, az = xp.abs(x), xp.abs(xp.concat([z, z_box], axis=1))
+        fp = xp.maximum(inf_norm(xp, mv(xp.abs(qp.C), ax)), inf_norm(xp, x))
+        fd = xp.maximum(xp.maximum(inf_norm(xp, mv(xp.abs(qp.P), ax)), inf_norm(xp, qp.q)),
+                        xp.maximum(inf_norm(xp, rmv(xp.abs(qp.C), xp.abs(z))), inf_norm(xp, z_box)))
+        fg = xp.sum(ax * mv(xp.abs(qp.P), ax), axis=1) + xp.sum(xp.abs(qp.q) * ax, axis=1) + \
+            xp.sum((xp.abs(rows.Uf) + xp.abs(rows.Lf)) * az, axis=1)
+        tp, td, tg = (xp.maximum(ea + er * size, fl * (1.0 + floor_size))
+                      for size, floor_size in ((sp_, fp), (sd, fd), (sg, fg)))
+    else:
+        tp, td, tg = (ea + er * size for size in (sp_, sd, sg))
     return KKTPoint(x, z, z_box, pres, dres, gap, tp, td, tg)
 
 
