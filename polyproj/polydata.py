@@ -172,11 +172,11 @@ class PolyData:
     def typical_size(self) -> float:
         """The median distance from the origin of the rows' hyperplanes (finite ones), at most :attr:`distance_size`.
 
-        :attr:`distance_size` where that median is 0 (rows through the origin, or no rows). The set's size as most of its rows see it: a few far rows (big right-hand sides for "no limit") do not move
-        it, and a row through the origin beside a unit box does not make it 0. The bounds count only where the rows
-        give no size: a "no limit" box of ±1e6 on every coordinate outvoted the rows and excused a miss of 0.35
-        where they did. (A box alone sets the size: at ±1e6 a miss of 0.35 is 3.5e-7 of it, as a miss of 3.5e-7
-        is in a unit box.)
+        :attr:`distance_size` where that median is 0 (rows through the origin, or no rows). The set's size as most
+        of its rows see it: a few far rows (big right-hand sides for "no limit") do not move it, and a row through
+        the origin beside a unit box does not make it 0. The bounds count only where the rows give no size: a "no
+        limit" box of ±1e6 on every coordinate outvoted the rows and excused a miss of 0.35 where they did. (A box
+        alone sets the size: at ±1e6 a miss of 0.35 is 3.5e-7 of it, as a miss of 3.5e-7 is in a unit box.)
         """
         from .backends.projection import to_host as _host
 

@@ -273,3 +273,32 @@ def test_kkt_status_edits_lambdas_lengths_perturbation_weights_and_non_finite_se
     assert torch.isfinite(dif.influence(F, [rem], order=1)).all()
     with pytest.raises(pp.ProblemError, match="not finite"):
         dif.influence(F, [rem], order=2)
+
+
+def test_a_point_from_params_calls_weakly_active_is_accepted():
+    """(review) ``from_params`` calls a row active by complementarity (λⱼ > mult_tol, |λⱼ gⱼ| <= tol) even below
+    −active_tol; after its multiplier polish λⱼ <= mult_tol, the row is weakly active at g = −1e-5, and the status
+    check refused the point the library had built itself."""
+    from polyproj.adapters.dif import KKTPoint
+
+    target = torch.tensor([1.0, 0.1 - 1e-5, 0.0], dtype=torch.float64)
+    X = torch.ones(4, 1, dtype=torch.float64)
+
+    def loss(theta, batch):
+        return ((theta - target) ** 2).sum() * batch[0][:, 0]
+
+    def c1(theta, batch):
+        return theta[0:1] - 0.1
+
+    def c2(theta, batch):
+        return theta[1:2] - 0.1
+
+    one = (torch.ones(1, 1, dtype=torch.float64),)
+    prob = ConstrainedProblem(torch.zeros(3, dtype=torch.float64), Loss(loss, (X,)),
+                              [Constraint(c1, one, name="c1"), Constraint(c2, one, name="c2")])
+    theta = torch.tensor([0.1, 0.1 - 1e-5, 0.0], dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)  # strict complementarity fails for c2: said, not the point
+        kkt = KKTPoint.from_params(prob, theta, lambdas=torch.tensor([1.79, 0.05], dtype=torch.float64))
+        assert kkt.status[1] == "weakly_active" and float(kkt.g[1]) < -kkt.active_tol
+        DIF(prob, kkt)
