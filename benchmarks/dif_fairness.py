@@ -238,6 +238,19 @@ def retrain_one(prob, kkt, frozen, removal, args, start=None):
     return th, lam, info
 
 
+def cached_study(cache_dir: str, wd: float):
+    """A trained study of this script's default settings from its ``--cache`` (the probes' entry).
+
+    Returns ``(S, kkt, frozen, removals, F0, args)``: F0 the test loss at θ̄, args the settings it was read with.
+    """
+    sargs = argparse.Namespace(seed=0, singles=80, groups=20, tol=1e-10, chord_iter=12, newton_iter=20,
+                               minres_rtol=1e-11, wd=wd, mult_tol=1e-7, rule="derivative", n_train=None,
+                               widths=(16, 32, 40), chunk=4096, threads=1, cache=cache_dir, resume=False,
+                               precondition=True)
+    S, kkt, frozen, _ = train(sargs, Path(cache_dir) / f"seed0_w16-32-40_nNone_wd{wd:g}")
+    return S, kkt, frozen, removals_for(S, sargs), float(S.test_loss(S.problem.wrap(kkt.theta))), sargs
+
+
 def removals_for(S, args) -> list[dict]:
     """Single removals and 1 % groups; a training point is removed from the objective and its client."""
     client = S.data.client

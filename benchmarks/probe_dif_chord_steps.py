@@ -48,15 +48,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     set_torch_threads(1)
     warnings.simplefilter("ignore", pp.PolyprojWarning)
-    sargs = argparse.Namespace(seed=0, singles=80, groups=20, tol=1e-10, chord_iter=12, newton_iter=20,
-                               minres_rtol=1e-11, wd=args.wd, mult_tol=1e-7, rule="derivative", n_train=None,
-                               widths=(16, 32, 40), chunk=4096, threads=1, cache=args.cache, resume=False,
-                               precondition=True)
+    S, kkt, frozen, removals, F0, _ = study.cached_study(args.cache, args.wd)
     cache = Path(args.cache) / f"seed0_w16-32-40_nNone_wd{args.wd:g}"
-    S, kkt, frozen, _ = study.train(sargs, cache)
     prob, F = S.problem, S.test_loss
-    removals = study.removals_for(S, sargs)
-    F0 = float(F(prob.wrap(kkt.theta)))
     dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, preconditioner=frozen.solve)
     truth = {r["key"]: r for r in map(json.loads, (cache / "truth.jsonl").read_text().splitlines())}
     keys = [f"s{k}" for k in range(80)] + [f"g{k}" for k in range(20)]

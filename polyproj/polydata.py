@@ -213,12 +213,7 @@ class PolyData:
         ymax = xp.max(xp.abs(y), axis=1, keepdims=True) if self.n else xp.zeros((Y.shape[0], 1), dtype=Y.dtype)
         ymax = ymax + self.typical_size
         v = xp.zeros((Y.shape[0],), dtype=Y.dtype, device=_device(Y))
-        for M, rhs, norm, eq in ((self.A, self.a, self.row_norms[0], False), (self.B, self.b, self.row_norms[1], True)):
-            if not M.shape[-2]:
-                continue
-            r = matvec(xp, M, Y) - rhs
-            r = xp.abs(r) if eq else xp.where(r > 0, r, xp.zeros_like(r))
-            nrm = xp.where(norm > 0, norm, xp.ones_like(norm))
+        for r, rhs, nrm in self._row_misses(xp, Y):
             size = xp.where(xp.isfinite(rhs), xp.abs(rhs), xp.zeros_like(rhs)) / nrm + ymax
             v = xp.maximum(v, xp.max(r / nrm / xp.where(size > 0, size, xp.ones_like(size)), axis=1))
         if self.n:
@@ -269,6 +264,18 @@ class PolyData:
         xp = self.xp
         return PolyData(*(xp.astype(v, dtype) for v in self.parts()))
 
+    def _row_misses(self, xp: Any, Y: Any):
+        """``(miss, rhs, norm)`` of the rows of A, then of B, at ``Y``.
+
+        Each row's violation (>= 0; its absolute value for B), its right-hand side and its norm (1 for a zero row).
+        """
+        for M, rhs, norm, eq in ((self.A, self.a, self.row_norms[0], False), (self.B, self.b, self.row_norms[1], True)):
+            if not M.shape[-2]:
+                continue
+            r = matvec(xp, M, Y) - rhs
+            yield (xp.abs(r) if eq else xp.where(r > 0, r, xp.zeros_like(r))), rhs, \
+                xp.where(norm > 0, norm, xp.ones_like(norm))
+
     def distance_violation(self, Y: Any) -> Any:
         """Largest violation of each row of ``Y`` (b, n) as a distance (inf where Y is not finite).
 
@@ -277,12 +284,8 @@ class PolyData:
         """
         xp = array_namespace(Y, self.A)
         v = xp.zeros((Y.shape[0],), dtype=Y.dtype, device=_device(Y))
-        for M, rhs, norm, eq in ((self.A, self.a, self.row_norms[0], False), (self.B, self.b, self.row_norms[1], True)):
-            if not M.shape[-2]:
-                continue
-            r = matvec(xp, M, Y) - rhs
-            r = xp.abs(r) if eq else xp.where(r > 0, r, xp.zeros_like(r))
-            v = xp.maximum(v, xp.max(r / xp.where(norm > 0, norm, xp.ones_like(norm)), axis=1))
+        for r, _, nrm in self._row_misses(xp, Y):
+            v = xp.maximum(v, xp.max(r / nrm, axis=1))
         if self.n:
             r = xp.maximum(Y - self.ub, self.lb - Y)
             v = xp.maximum(v, xp.max(xp.where(r > 0, r, xp.zeros_like(r)), axis=1))
