@@ -302,3 +302,16 @@ def test_a_point_from_params_calls_weakly_active_is_accepted():
         kkt = KKTPoint.from_params(prob, theta, lambdas=torch.tensor([1.79, 0.05], dtype=torch.float64))
         assert kkt.status[1] == "weakly_active" and float(kkt.g[1]) < -kkt.active_tol
         DIF(prob, kkt)
+
+
+def test_a_test_function_must_return_a_floating_tensor():
+    """(probe) A test function returning a tuple ``(F,)``, a Python float, or an integer / boolean tensor was made
+    a constant (no gradient), caught only by the zero-gradient warning: a ProblemError names what it returned."""
+    prob, kkt, _, _ = binding_least_squares(40)
+    dif = DIF(prob, kkt)
+    removal = {"objective": [0]}
+    for fn, what in ((lambda th: (th.sum(),), "tuple"), (lambda th: 1.5, "float"),
+                     (lambda th: (th.sum() > 0), "floating"), (lambda th: th.sum().to(torch.int64), "floating")):
+        with pytest.raises(pp.ProblemError, match=what):
+            dif.influence(fn, [removal])
+    assert torch.isfinite(dif.influence(lambda th: th.sum(), [removal])).all()

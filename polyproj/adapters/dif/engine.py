@@ -975,7 +975,7 @@ def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> 
     """θ ↦ test_fn at θ as a 0-d tensor (a ``ProblemError`` when test_fn does not return a scalar)."""
     def f(t):
         try:
-            out = torch.as_tensor(test_fn(problem.wrap(t)))
+            raw = test_fn(problem.wrap(t))
         except RuntimeError as exc:
             err = placement_error(exc, "test_fn failed")
             if err is None and ("data pointer" in str(exc) or "numpy" in str(exc).lower()):
@@ -984,10 +984,18 @@ def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> 
             if err is None:
                 raise
             raise err from exc
+        # a tensor computed from θ: a tuple, a Python number or an integer / boolean tensor carries no gradient
+        # (each was made a constant, caught only by the zero-gradient warning)
+        if not isinstance(raw, torch.Tensor):
+            raise ProblemError(f"test_fn must return a torch tensor (a real scalar computed from θ), got "
+                               f"{type(raw).__name__}")
+        out = raw
         if out.numel() != 1:
             raise ProblemError(f"test_fn must return a scalar, got shape {tuple(out.shape)}")
         if out.is_complex():
             raise ProblemError(f"test_fn must return a real scalar, got dtype {out.dtype}")
+        if not out.is_floating_point():
+            raise ProblemError(f"test_fn must return a floating-point scalar (a loss), got dtype {out.dtype}")
         return out.reshape(())
     return f
 
