@@ -219,8 +219,12 @@ def retrain_one(prob, kkt, frozen, removal, args, start=None):
     finished, ``info.residuals`` holds every stage's residuals in order.
     """
     p = prob.remove(removal) if removal else prob
-    th0 = kkt.theta if start is None else start
-    th, lam, info = newton_kkt(p, th0, kkt.lambdas.numpy(), tol=args.tol, hessian=frozen, chunk_size=args.chunk,
+    return resolve_kkt(p, kkt.theta if start is None else start, kkt.lambdas.numpy(), frozen, args)
+
+
+def resolve_kkt(p, th0, lam0, frozen, args):
+    """``p``'s KKT point from (θ₀, λ₀) by :func:`retrain_one`'s chain of methods, to KKT residual ``args.tol``."""
+    th, lam, info = newton_kkt(p, th0, lam0, tol=args.tol, hessian=frozen, chunk_size=args.chunk,
                                max_iter=args.chord_iter)
     history = list(info.residuals)
     if not info.converged:
@@ -238,17 +242,39 @@ def retrain_one(prob, kkt, frozen, removal, args, start=None):
     return th, lam, info
 
 
-def cached_study(cache_dir: str, wd: float):
-    """A trained study of this script's default settings from its ``--cache`` (the probes' entry).
+def probe_parser(doc: str):
+    """The arguments the probes of a trained study share (``--cache``, ``--removals``, ``--wd``); add your own."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", required=True, help="dif_fairness.py's --cache of a trained study")
+    ap.add_argument("--removals", type=int, nargs="*", default=None, help="positions among the 100 (default all)")
+    ap.add_argument("--wd", type=float, default=1e-2)
+    return ap
 
-    Returns ``(S, kkt, frozen, removals, F0, args)``: F0 the test loss at θ̄, args the settings it was read with.
+
+def cached_study(cache_dir: str, wd: float):
+    """A trained study of this script's default settings from its ``--cache`` (the probes' entry: one torch
+    thread, PolyprojWarnings silenced).
+
+    Returns ``(S, kkt, frozen, removals, F0, args, truth)``: F0 the test loss at θ̄, args the settings it was read
+    with, truth the cache's re-solved removals by key (``s0``…``s79``, ``g0``…``g19``, in :func:`removals_for`'s
+    order: :data:`KEYS`).
     """
+    from polyproj.runtime import set_torch_threads
+
+    set_torch_threads(1)
+    warnings.simplefilter("ignore", pp.PolyprojWarning)
     sargs = argparse.Namespace(seed=0, singles=80, groups=20, tol=1e-10, chord_iter=12, newton_iter=20,
                                minres_rtol=1e-11, wd=wd, mult_tol=1e-7, rule="derivative", n_train=None,
                                widths=(16, 32, 40), chunk=4096, threads=1, cache=cache_dir, resume=False,
                                precondition=True)
-    S, kkt, frozen, _ = train(sargs, Path(cache_dir) / f"seed0_w16-32-40_nNone_wd{wd:g}")
-    return S, kkt, frozen, removals_for(S, sargs), float(S.test_loss(S.problem.wrap(kkt.theta))), sargs
+    cache = Path(cache_dir) / f"seed0_w16-32-40_nNone_wd{wd:g}"
+    S, kkt, frozen, _ = train(sargs, cache)
+    truth = {r["key"]: r for r in map(json.loads, (cache / "truth.jsonl").read_text().splitlines())}
+    return S, kkt, frozen, removals_for(S, sargs), float(S.test_loss(S.problem.wrap(kkt.theta))), sargs, truth
+
+
+#: the keys of the default 80 singles and 20 groups, in :func:`removals_for`'s order
+KEYS = [f"s{k}" for k in range(80)] + [f"g{k}" for k in range(20)]
 
 
 def removals_for(S, args) -> list[dict]:

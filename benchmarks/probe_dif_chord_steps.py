@@ -20,11 +20,9 @@ Hessian at the new point (Newton-MINRES) or an augmented-Lagrangian detour, not 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -33,27 +31,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dif_fairness as study
 
-import polyproj as pp
 from polyproj.adapters.dif import DIF
 from polyproj.adapters.dif.second_order import correction, step_length
-from polyproj.runtime import set_torch_threads
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache", required=True, help="dif_fairness.py's --cache of a trained study")
-    ap.add_argument("--removals", type=int, nargs="*", default=None, help="positions among the 100 (default all)")
+    ap = study.probe_parser(__doc__)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--wd", type=float, default=1e-2)
     args = ap.parse_args(argv)
-    set_torch_threads(1)
-    warnings.simplefilter("ignore", pp.PolyprojWarning)
-    S, kkt, frozen, removals, F0, _ = study.cached_study(args.cache, args.wd)
-    cache = Path(args.cache) / f"seed0_w16-32-40_nNone_wd{args.wd:g}"
-    prob, F = S.problem, S.test_loss
+    S, kkt, frozen, removals, F0, _, truth = study.cached_study(args.cache, args.wd)
+    prob, F, keys = S.problem, S.test_loss, study.KEYS
     dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, preconditioner=frozen.solve)
-    truth = {r["key"]: r for r in map(json.loads, (cache / "truth.jsonl").read_text().splitlines())}
-    keys = [f"s{k}" for k in range(80)] + [f"g{k}" for k in range(20)]
     for i in (args.removals if args.removals is not None else range(len(removals))):
         t0 = time.perf_counter()
         removed = prob.remove(removals[i])

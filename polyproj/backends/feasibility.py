@@ -42,23 +42,34 @@ EQ_ROUNDING = 1e-9
 
 def interior_point(qp: QP) -> np.ndarray | None:
     """The LP's point (module docstring) where it lies inside every row by more than :data:`MARGIN`, else None."""
-    got = least_violation(qp)
-    if got is None or got[0] is None or not (got[1] < -MARGIN or got[2]):
-        return None
-    return got[0]
+    x, t, unconstrained = least_violation(qp)
+    return x if x is not None and (t < -MARGIN or unconstrained) else None
 
 
-def least_violation(qp: QP) -> tuple[np.ndarray, float, bool] | None:
-    """``(x, t*, unconstrained)`` of the LP (module docstring); None when HiGHS does not solve it.
+def _row_norms(qp: QP) -> tuple[Any, np.ndarray]:
+    """C as CSR and the 2-norms of its rows."""
+    C = sp.csr_matrix(qp.C) if qp.m else sp.csr_matrix((0, qp.n))
+    return C, (np.sqrt(np.asarray(C.multiply(C).sum(axis=1)).reshape(-1)) if qp.m else np.zeros(0))
+
+
+def least_violation(qp: QP) -> tuple[np.ndarray | None, float, bool]:
+    """``(x, t*, unconstrained)`` of the LP (module docstring), solved once per QP (kept in ``qp.memo``).
 
     ``unconstrained``: no inequality row or free bound (``t`` is then meaningless, ``x`` any point of the
-    equalities and fixed variables).
+    equalities and fixed variables). ``(None, inf, False)`` where HiGHS finds the LP infeasible, ``(None, 0.0,
+    True)`` where it does not solve it.
     """
+    hit = qp.memo.get("least_violation")
+    if hit is None:
+        hit = qp.memo["least_violation"] = _least_violation(qp)
+    return hit
+
+
+def _least_violation(qp: QP) -> tuple[np.ndarray | None, float, bool]:
     from scipy.optimize import linprog
 
     n = qp.n
-    C = sp.csr_matrix(qp.C) if qp.m else sp.csr_matrix((0, n))
-    norms = np.sqrt(np.asarray(C.multiply(C).sum(axis=1)).reshape(-1)) if qp.m else np.zeros(0)
+    C, norms = _row_norms(qp)
     # equality rows and fixed variables hold exactly (the margin is the interior relative to them); a zero row is
     # judged by its own sides (refutes), the LP cannot move it
     eq = (qp.l == qp.u) & (norms > 0)
@@ -91,7 +102,7 @@ def least_violation(qp: QP) -> tuple[np.ndarray, float, bool] | None:
     if res.status == 2:  # infeasible: the equality rows and fixed variables have no common point
         return None, float("inf"), False
     if res.status != 0 or res.x is None:
-        return None
+        return None, 0.0, True
     return np.asarray(res.x[:n], dtype=np.float64), float(res.x[-1]), G.shape[0] == 0
 
 
@@ -108,8 +119,7 @@ def certainly_empty(qp: QP) -> str | None:
     normalised at 3e10 and 9e10 round apart by 3.8e-6, and an absolute 1e-6 called a feasible set empty.
     """
     if qp.m:
-        C = sp.csr_matrix(qp.C)
-        norms = np.sqrt(np.asarray(C.multiply(C).sum(axis=1)).reshape(-1))
+        _, norms = _row_norms(qp)
         zero = norms == 0
         if np.any(zero & ((qp.l > 0) | (qp.u < 0))):
             return "a row with no entries excludes 0"
@@ -122,10 +132,7 @@ def certainly_empty(qp: QP) -> str | None:
     for bound in (qp.lb, qp.ub):
         fin = np.isfinite(bound)
         size = max(size, float(np.max(np.abs(bound[fin]), initial=0.0)))
-    got = qp.memo.get("least_violation")
-    if got is None:
-        got = qp.memo["least_violation"] = least_violation(qp) or (None, 0.0, True)
-    _, t, unconstrained = got
+    _, t, unconstrained = least_violation(qp)
     if t == float("inf"):
         return "the equality rows and fixed variables have no common point (HiGHS)"
     if not unconstrained and t > EMPTY_GAP * (1.0 + size):

@@ -54,16 +54,6 @@ def _absmax(M: Any) -> float:
     return float(abs(M).max())
 
 
-def _finite_absmax(*arrays: np.ndarray) -> float:
-    out = 0.0
-    for v in arrays:
-        a = np.abs(v[np.isfinite(v)])
-        a = a[a < IGNORE]
-        if a.size:
-            out = max(out, float(a.max()))
-    return out
-
-
 def _row_norms(C: Any) -> np.ndarray:
     if C.shape[0] == 0:
         return np.zeros(0)

@@ -62,7 +62,7 @@ from ..errors import PolyprojError, ProblemError, SolverError
 from ..problem import QP
 from ..solution import BatchSolution, ElementQPs, Solution, Status
 from . import scaling
-from .convexity import is_nonconvex
+from .convexity import is_nonconvex, is_strictly_convex
 
 __all__ = ["GROSS", "INACCURATE_FACTOR", "Promise", "check_batch", "check_solution", "guard", "residuals"]
 
@@ -271,20 +271,6 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
     return status, ""
 
 
-def _strictly_convex(qp: QP) -> bool:
-    """Whether P is positive definite (smallest eigenvalue above 1e-8 max|P|; kept in ``qp.memo``).
-
-    Then no claim of unboundedness holds (Clarabel claimed one for P = I beside rows with sides at −1e11).
-    """
-    hit = qp.memo.get("strictly_convex")
-    if hit is None:
-        from ..problem import matrix_scale, smallest_eigenvalue
-
-        lam = smallest_eigenvalue(qp.P) if qp.n else None
-        hit = qp.memo["strictly_convex"] = lam is not None and lam > 1e-8 * matrix_scale(qp.P)
-    return hit
-
-
 def _unboundedness_verdict(qp: QP) -> tuple[Status, str]:
     """A claim of unboundedness, checked: PRIMAL_INFEASIBLE or NUMERICAL_ERROR where it cannot hold, else the claim.
 
@@ -297,7 +283,7 @@ def _unboundedness_verdict(qp: QP) -> tuple[Status, str]:
     why = feasibility.certainly_empty(qp)
     if why is not None:
         return Status.PRIMAL_INFEASIBLE, f"the backend said DUAL_INFEASIBLE (unbounded) but the set is empty: {why}"
-    if _strictly_convex(qp):
+    if is_strictly_convex(qp):
         return Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is positive definite: "
                                         "the objective is bounded below")
     return Status.DUAL_INFEASIBLE, ""
@@ -310,12 +296,8 @@ def _infeasibility_verdict(qp: QP) -> tuple[Status, str]:
     """
     from . import feasibility
 
-    hit = qp.memo.get("infeasibility_verdict")  # the constraints of a QP never change: one LP per problem
-    if hit is None:
-        x = feasibility.interior_point(qp)
-        hit = qp.memo["infeasibility_verdict"] = (feasibility.refutes(qp, x), x)
-    refuted, x = hit
-    if not refuted:
+    x = feasibility.interior_point(qp)  # (its LP solved once per problem: the constraints of a QP never change)
+    if not feasibility.refutes(qp, x):
         return Status.PRIMAL_INFEASIBLE, ""
     return Status.NUMERICAL_ERROR, ("the backend said PRIMAL_INFEASIBLE but a point (found by an LP) satisfies every "
                                     f"constraint to rounding (largest violation {qp.primal_violation(x):.3g}): the "
