@@ -227,6 +227,33 @@ def test_backend_option_values_are_checked_at_construction():
     assert pp.get_backend("ipm", namespace="numpy", batch_chunk=64).backend_options["batch_chunk"] == 64
 
 
+def test_accepted_option_values_reach_the_solver_as_its_types():
+    """What the checks accept solves: an integral float as an integer, 0 / 1 as a flag, None as the default.
+
+    OSQP took ``scaling=2.0`` to NUMERICAL_ERROR (its settings refused a float); PIQP and Clarabel raised on
+    ``2.0`` counts, Clarabel on ``0`` flags, the IPM and the ADMM on None for an option with a default.
+    """
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], C=[[1.0, 1.0]], l=[-np.inf], u=[1.0])
+    cases = [("osqp", "scaling", 2.0), ("osqp", "polish_refine_iter", 2.0), ("osqp", "check_termination", 2.0),
+             ("osqp", "polishing", 0), ("piqp", "preconditioner_iter", 2.0), ("clarabel", "max_threads", 2.0),
+             ("clarabel", "equilibrate_enable", np.int64(0)), ("clarabel", "presolve_enable", 1.0),
+             ("highs", "threads", 1.0), ("ipm", "ruiz_iter", None), ("ipm", "ruiz_iter", 5.0),
+             ("admm", "rho", None), ("admm", "alpha", None), ("admm", "check", None), ("admm", "check", 10.0),
+             ("proxsuite", "num_threads", 1.0), ("daqp", "cycle_tol", 10.0)]
+    for name, key, value in cases:
+        if name not in pp.available_backends():
+            continue
+        backend = pp.get_backend(name, **{key: value})
+        taken = backend.backend_options.get(key)
+        if value is None:
+            assert key not in backend.backend_options
+        else:
+            assert taken == value and type(taken) is type(backend.option_checks[key].convert(value)), (name, key)
+        sol = pp.solve_qp(qp, backend=name, **{key: value})
+        assert sol.status is pp.Status.SOLVED, (name, key, value, sol.status)
+        np.testing.assert_allclose(sol.x, [0.5, 0.5], atol=1e-5)
+
+
 def test_solver_side_option_rejections_are_settings_errors():
     """What only the solver can judge (OSQP's own validation, HiGHS's option table) is a SettingsError too."""
     P = pp.Polyhedron(A=np.array([[1.0, 1.0]]), a=[1.0])

@@ -167,7 +167,6 @@ class QPSolver(abc.ABC):
                 f"Unified settings: {sorted(SETTINGS)}; {self.name}-specific: {sorted(self.options) or 'none'}"
             )
         self.settings: dict[str, Any] = {**SETTINGS, **settings}
-        self.backend_options: dict[str, Any] = {k: v for k, v in settings.items() if k in self.options}
         for k in ("eps_abs", "eps_rel"):
             v = self.settings[k]
             if nonnegative(v) is not None:
@@ -188,7 +187,9 @@ class QPSolver(abc.ABC):
             if boolean(self.settings[k]) is not None:
                 raise SettingsError(f"{k} must be True or False, got {self.settings[k]!r}")
             self.settings[k] = bool(self.settings[k])
-        check_options(self.name, self.backend_options, self.option_checks)
+        #: the backend's own options as its solver takes them (checked, converted; None: the solver's default)
+        self.backend_options: dict[str, Any] = check_options(
+            self.name, {k: v for k, v in settings.items() if k in self.options}, self.option_checks)
 
     # ------------------------------------------------------------------ availability
     @classmethod
