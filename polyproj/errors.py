@@ -67,7 +67,8 @@ class InfeasibleError(PolyprojError):
 
 def close_matches(name: str, candidates: list[str] | tuple[str, ...]) -> str:
     """Return a ``did you mean ...?`` phrase for ``name`` among ``candidates`` (or '')."""
-    found = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.5)
+    by_lower = {c.lower(): c for c in candidates}  # 'OSQP' is 'osqp'
+    found = [by_lower[f] for f in difflib.get_close_matches(str(name).lower(), list(by_lower), n=3, cutoff=0.5)]
     if not found:
         return ""
     return " Did you mean " + " or ".join(repr(f) for f in found) + "?"

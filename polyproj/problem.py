@@ -17,6 +17,7 @@ message that names the offending argument (and row or entry).
 from __future__ import annotations
 
 import functools
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,12 +44,26 @@ def _asarray(v: Any, name: str) -> np.ndarray:
     :func:`_check_numeric`).
     """
     if hasattr(v, "detach") and hasattr(v, "is_complex"):
+        if v.device.type == "meta":
+            raise ProblemError(f"{name} is a tensor on the 'meta' device: it holds no values")
         v = v.detach().cpu()
+        if str(v.layout) != "torch.strided":  # a sparse tensor (COO, CSR, ...): its values, dense
+            v = v.to_dense()
         v = v.numpy() if v.is_complex() or v.dtype.is_floating_point is False else v.double().numpy()
+    elif sp.issparse(v):  # a vector given as a sparse matrix or array
+        v = v.toarray()
+    elif isinstance(v, np.ma.MaskedArray):
+        if np.ma.is_masked(v):
+            raise ProblemError(f"{name} is a masked array with masked entries: their values would be read as "
+                               "given; fill them (np.ma.filled) or drop them")
+        v = v.data
     try:
-        return np.asarray(v)
+        arr = np.asarray(v)
     except ValueError as exc:
         raise ProblemError(f"{name} is not a rectangular array ({exc})") from exc
+    if arr.dtype == object and arr.size and all(isinstance(e, numbers.Real) for e in arr.flat):
+        arr = arr.astype(np.float64)  # Python integers beyond int64 (10**30): real numbers all the same
+    return arr
 
 
 def _check_numeric(arr: Any, name: str) -> None:
@@ -57,21 +72,28 @@ def _check_numeric(arr: Any, name: str) -> None:
         raise ProblemError(f"{name} must hold real numbers, got dtype {dtype}")
 
 
-def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True):
-    """Validate a matrix (dense or scipy.sparse) and return it as float64 (CSC if sparse)."""
+def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True, one_row: bool = True):
+    """Validate a matrix (dense or scipy.sparse) and return it as float64 (CSC if sparse).
+
+    ``one_row``: a 1-D array of ``cols`` entries is the matrix of that one row (constraint rows; not P).
+    """
     if M is None:
         if allow_none:
             return None
         raise ProblemError(f"{name} is required")
     if sp.issparse(M):  # any format (csr, coo, dok, lil, ...): checked on its dtype, stored as CSC
         _check_numeric(M, name)
+        if M.ndim == 1 and one_row and cols is not None and M.shape[0] == cols:  # a 1-D sparse array
+            M = M.toarray()[None, :]
+        elif M.ndim != 2:
+            raise ProblemError(f"{name} must be a 2-D matrix, got a sparse array of shape {M.shape}")
         M = sp.csc_matrix(M, dtype=np.float64, copy=True)
         vals = M.data
     else:
         arr = _asarray(M, name)  # a torch tensor given to the NumPy-level API: on the host
         _check_numeric(arr, name)
         M = np.array(arr, dtype=np.float64)  # copy: the problem must not alias user data
-        if M.ndim == 1 and cols is not None and M.size == cols:
+        if M.ndim == 1 and one_row and cols is not None and M.size == cols:
             M = M[None, :]
         vals = M
     if M.ndim != 2:
@@ -351,9 +373,11 @@ class QP:
     check_psd: bool = field(default=True, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.check_psd, (bool, np.bool_)):  # None or "" silently skipped the check
+            raise ProblemError(f"check_psd must be True or False, got {self.check_psd!r}")
         q = _vector(self.q, "q", int(np.prod(np.shape(self.q), dtype=np.int64)))
         n = q.shape[0]
-        P = _matrix(self.P, "P", n, allow_none=False)
+        P = _matrix(self.P, "P", n, allow_none=False, one_row=False)
         if P.shape != (n, n):
             raise ProblemError(f"P must have shape ({n}, {n}) to match q, got {P.shape}")
         C = _matrix(self.C, "C", n)
@@ -389,8 +413,8 @@ class QP:
         vals = {k: getattr(self, k) for k in ("q", "l", "u", "lb", "ub")}
         if validate:
             spec = {"q": (self.n, 0), "l": (self.m, -1), "u": (self.m, 1), "lb": (self.n, -1), "ub": (self.n, 1)}
-            for k, v in vectors.items():
-                vals[k] = _vector(v, k, spec[k][0], allow_inf=spec[k][1])
+            for k, v in vectors.items():  # a number stands for every bound, as in QP(lb=0)
+                vals[k] = _vector(v, k, spec[k][0], allow_inf=spec[k][1], scalar=k in ("lb", "ub"))
             check_order(vals["l"], vals["u"], "l", "u")
             check_order(vals["lb"], vals["ub"], "lb", "ub")
         else:
@@ -445,14 +469,22 @@ class QP:
         return {k: v for k, v in self.__dict__.items() if k != "memo"}
 
     # -- evaluation
+    def _point(self, x: Any) -> np.ndarray:
+        """``x`` as a float64 vector of this problem's n entries (a ProblemError otherwise)."""
+        arr = _asarray(x, "x")
+        _check_numeric(arr, "x")
+        if arr.shape != (self.n,):
+            raise ProblemError(f"x must have shape ({self.n},) (the number of variables), got {arr.shape}")
+        return np.asarray(arr, dtype=np.float64)
+
     def objective(self, x: np.ndarray) -> float:
         """½ xᵀPx + qᵀx."""
-        x = np.asarray(x, dtype=np.float64)
+        x = self._point(x)
         return float(0.5 * x @ (self.P @ x) + self.q @ x)
 
     def primal_violation(self, x: np.ndarray) -> float:
         """Largest violation of the constraints at ``x`` (inf-norm; NaN x gives inf)."""
-        x = np.asarray(x, dtype=np.float64)
+        x = self._point(x)
         if not np.all(np.isfinite(x)):
             return float("inf")
         v = 0.0

@@ -127,6 +127,10 @@ class Solution:
         qp = qp if qp is not None else self.qp
         if qp is None:
             raise PolyprojError("this Solution carries no problem; pass qp= to the residual method")
+        from .problem import QP
+
+        if not isinstance(qp, QP):
+            raise ProblemError(f"qp must be a polyproj.QP, got {type(qp).__name__}")
         sizes = {"x": (self.x, (qp.n,))}
         if duals:
             sizes.update(z=(self.z, (qp.m,)), z_box=(self.z_box, (qp.n,)))
@@ -134,6 +138,9 @@ class Solution:
                for k, (v, want) in sizes.items() if v is None or np.shape(v) != want]
         if bad:
             raise ProblemError(f"this Solution does not fit the problem: {', '.join(bad)}")
+        for k in ("x", "z", "z_box") if duals else ("x",):  # a Solution built by hand may hold lists
+            if not isinstance(getattr(self, k), np.ndarray):
+                raise ProblemError(f"this Solution's {k} is a {type(getattr(self, k)).__name__}, not a NumPy array")
         return qp
 
     def primal_residual(self, qp: QP | None = None) -> float:
@@ -263,7 +270,9 @@ class BatchSolution:
 
     @classmethod
     def stack(cls, sols: list[Solution], backend: str = "", **kw: Any) -> BatchSolution:
-        """Stack single solutions into a batch record."""
+        """Stack single solutions into a batch record (at least one)."""
+        if not sols:
+            raise ProblemError("BatchSolution.stack needs at least one Solution")
         return cls(
             x=np.stack([s.x for s in sols]),
             z=np.stack([s.z for s in sols]),

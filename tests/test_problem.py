@@ -325,3 +325,71 @@ def test_flags_must_be_booleans_and_n_positive():
         with pytest.raises(pp.ProblemError, match="n must be a positive integer"):
             pp.Polyhedron(lb=0.0, n=n)
     assert pp.project(x, S, polish=np.bool_(False)).y.shape == (2,)
+
+
+def test_input_formats_read_as_their_values_or_refused_by_name():
+    """A probe's raw exceptions and silent readings of formats a user may pass (each its own line)."""
+    # a 1-D sparse array is one row, as a dense 1-D array is; a 3-D one is refused by name
+    for A in (sp.coo_array(np.array([1.0, 1.0, 0.0])), sp.dok_array(np.array([1.0, 1.0, 0.0]))):
+        P = pp.Polyhedron(A=A, a=[1.0])
+        np.testing.assert_array_equal(P.A.toarray() if sp.issparse(P.A) else P.A, [[1.0, 1.0, 0.0]])
+    qp = pp.QP(P=np.eye(3), q=np.zeros(3), C=sp.coo_array(np.array([1.0, 1.0, 0.0])), l=[0.0], u=[1.0])
+    assert qp.m == 1
+    with pytest.raises(pp.ProblemError, match="P must be a 2-D matrix"):
+        pp.QP(P=sp.coo_array(np.array([1.0, 1.0])), q=[1.0, 1.0])
+    with pytest.raises(pp.ProblemError, match=r"P must be a 2-D matrix, got shape \(2,\)"):
+        pp.QP(P=[2.0, 1.0], q=[1.0, 1.0])  # was reshaped to one row, then "must have shape (2, 2), got (1, 2)"
+    # a sparse q is its values (here of the wrong shape); a Python integer beyond int64 is a real number
+    assert pp.QP(P=np.eye(2), q=[3 * 10**19, 1]).q[0] == 3e19
+    with pytest.raises(pp.ProblemError, match="q must have shape"):
+        pp.QP(P=np.eye(2), q=sp.csr_matrix([[1.0, 1.0]]))
+    # masked entries are refused, an unmasked masked array is its data
+    with pytest.raises(pp.ProblemError, match="masked array with masked entries"):
+        pp.QP(P=np.eye(2), q=np.ma.masked_array([1.0, 1.0], mask=[True, False]))
+    np.testing.assert_array_equal(pp.QP(P=np.eye(2), q=np.ma.masked_array([1.0, 2.0])).q, [1.0, 2.0])
+    # check_psd is a flag: None skipped the check
+    for bad in (None, "", 0):
+        with pytest.raises(pp.ProblemError, match="check_psd must be True or False"):
+            pp.QP(P=np.eye(2), q=[1.0, 1.0], check_psd=bad)
+    # a scalar bound in with_vectors, as in QP(lb=0)
+    qp = pp.QP(P=np.eye(2), q=[1.0, 1.0], lb=0.0)
+    np.testing.assert_array_equal(qp.with_vectors(lb=-1.0, ub=2.0).ub, [2.0, 2.0])
+    # the evaluation methods check the point's size
+    with pytest.raises(pp.ProblemError, match=r"x must have shape \(2,\)"):
+        qp.objective([1.0, 2.0, 3.0])
+    with pytest.raises(pp.ProblemError, match=r"x must have shape \(2,\)"):
+        qp.primal_violation([1.0, 2.0, 3.0])
+    assert qp.objective([1.0, 1.0]) == pytest.approx(3.0)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support")
+def test_torch_inputs_sparse_and_meta():
+    torch = pytest.importorskip("torch")
+    qp = pp.QP(P=torch.eye(2, dtype=torch.float64).to_sparse(), q=[1.0, 1.0])
+    np.testing.assert_array_equal(qp.P, np.eye(2))
+    P = pp.Polyhedron(A=torch.tensor([[1.0, 1.0]]).to_sparse_csr(), a=[1.0])
+    np.testing.assert_array_equal(P.A, [[1.0, 1.0]])
+    with pytest.raises(pp.ProblemError, match="'meta' device"):
+        pp.QP(P=np.eye(2), q=torch.zeros(2, device="meta"))
+
+
+def test_solution_records_misuse_is_a_problem_error():
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], lb=0.0, ub=1.0)
+    sol = pp.solve_qp(qp, backend="ipm")
+    with pytest.raises(pp.ProblemError, match="qp must be a polyproj.QP, got str"):
+        sol.residuals("x")
+    by_hand = pp.Solution(x=[1.0, 1.0], z=[], z_box=[0.0, 0.0], status=pp.Status.SOLVED, qp=qp)
+    with pytest.raises(pp.ProblemError, match="x is a list, not a NumPy array"):
+        by_hand.residuals()
+    with pytest.raises(pp.ProblemError, match="needs at least one Solution"):
+        pp.BatchSolution.stack([])
+    with pytest.raises(pp.ProblemError, match=r"batched lb\[0, 0\] = 2 > the problem's ub"):
+        pp.get_backend("ipm").solve_batch(qp, lb=2.0 * np.ones((2, 2)))
+
+
+def test_close_matches_ignore_case_and_name_the_backend_argument():
+    with pytest.raises(pp.BackendNotFound, match="Did you mean 'osqp'"):
+        pp.get_backend("OSQP")
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0])
+    with pytest.raises(pp.SettingsError, match="Did you mean 'backend'"):
+        pp.solve_qp(qp, backnd="ipm")

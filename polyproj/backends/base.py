@@ -161,7 +161,8 @@ class QPSolver(abc.ABC):
         unknown = [k for k in settings if k not in SETTINGS and k not in self.options]
         if unknown:
             known = sorted(SETTINGS) + sorted(self.options)
-            hints = "".join(close_matches(k, known) for k in unknown)
+            # "backend" too: solve_qp / project pass their other keywords here ('backnd' was blamed on the default)
+            hints = "".join(close_matches(k, [*known, "backend"]) for k in unknown)
             raise SettingsError(
                 f"unknown setting(s) {unknown} for backend {self.name!r}.{hints} "
                 f"Unified settings: {sorted(SETTINGS)}; {self.name}-specific: {sorted(self.options) or 'none'}"
@@ -307,7 +308,8 @@ class QPSolver(abc.ABC):
         for lo, hi in (("l", "u"), ("lb", "ub")):
             if lo in out or hi in out:
                 check_order(out.get(lo, getattr(qp, lo)[None, :]), out.get(hi, getattr(qp, hi)[None, :]),
-                            f"batched {lo}", f"batched {hi}", what="batched bounds")
+                            *(f"batched {k}" if k in out else f"the problem's {k}" for k in (lo, hi)),
+                            what="batched bounds")
         return out
 
     @staticmethod
