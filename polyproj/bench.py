@@ -381,7 +381,10 @@ def cli_main(args: argparse.Namespace) -> int:
     try:
         for b in backends:  # fail early and clearly on an unknown or unavailable name
             get_backend(b)
-        names = list_problems(args.data, args.subset)  # an absent or empty folder: DataNotFound
+        # an absent or empty folder: DataNotFound; a file whose sizes cannot be read is run (and recorded as a
+        # load error) rather than ending the benchmark, whose other problems are fine
+        unreadable: list[str] = []
+        names = list_problems(args.data, args.subset, unreadable=unreadable)
     except (PolyprojError, DataNotFound) as exc:
         return refuse(str(exc))
     if len(set(backends)) != len(backends):
@@ -389,17 +392,19 @@ def cli_main(args: argparse.Namespace) -> int:
     if args.problems and len(set(args.problems)) != len(args.problems):
         return refuse(f"--problems names a problem twice: {list(args.problems)}")
     if args.problems:
-        missing = sorted(set(args.problems) - set(list_problems(args.data, "all")))
+        missing = sorted(set(args.problems) - set(list_problems(args.data, "all", unreadable=[])) - set(unreadable))
         if missing:
             return refuse(f"unknown problem(s) {missing} in {args.data}")
         # --problems picks within the subset: the dense subset's problems are solved as dense matrices, and a
         # larger one densified took 24 GB (CONT-200) and was recorded as a crash
-        outside = [p for p in args.problems if p not in names]
+        outside = [p for p in args.problems if p not in names and p not in unreadable]
         if outside:
             nmax, mmax = SUBSETS[args.subset]
             return refuse(f"problem(s) {outside} are not in the {args.subset!r} subset (n <= {nmax:g}, m <= "
                           f"{mmax:g}); pass --subset all to solve them (sparse matrices)")
         names = list(args.problems)
+    else:
+        names = sorted(names + unreadable)
     tol, tl = float(args.tol), float(args.time_limit)
     out = args.out
     if out is None:

@@ -23,6 +23,7 @@ repository root):
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ import numpy as np
 import scipy.io
 import scipy.sparse as sp
 
-from .errors import PolyprojError
+from .errors import PolyprojError, ProblemError
 from .problem import QP
 
 __all__ = ["SUBSETS", "DataNotFound", "MarosMeszaros", "in_subset", "iter_problems", "list_problems",
@@ -85,7 +86,7 @@ def _folder(folder: str | os.PathLike) -> str:
 
 
 def _check_subset(subset: str) -> None:
-    if subset not in SUBSETS:
+    if not isinstance(subset, str) or subset not in SUBSETS:  # a list raised TypeError (unhashable)
         raise PolyprojError(f"unknown subset {subset!r}; choose one of {sorted(SUBSETS)}")
 
 
@@ -114,7 +115,7 @@ def _size(path: str, d: dict[str, Any], key: str) -> int:
     except (TypeError, ValueError):  # empty, several values, a string
         raise ProblemError(f"{path!r}: {key} must be one number (the problem's size), got an array of shape "
                            f"{v.shape} and dtype {v.dtype}") from None
-    if not (value >= 0 and value == int(value)):
+    if not (math.isfinite(value) and value >= 0 and value == int(value)):  # int(inf) raised OverflowError
         raise ProblemError(f"{path!r}: {key} must be a non-negative integer (the problem's size), got {value:g}")
     return int(value)
 
@@ -131,8 +132,11 @@ def in_subset(n: int, m: int, subset: str) -> bool:
     return n <= nmax and m <= mmax
 
 
-def list_problems(folder: str | os.PathLike, subset: str = "all") -> list[str]:
+def list_problems(folder: str | os.PathLike, subset: str = "all", *, unreadable: list[str] | None = None) -> list[str]:
     """Sorted names of the problems in ``folder`` that belong to ``subset``.
+
+    ``unreadable``: a list that receives the names of the files whose sizes cannot be read (instead of a
+    ProblemError for the first of them; a benchmark reports them as load errors and runs the others).
 
     Raises
     ------
@@ -148,7 +152,13 @@ def list_problems(folder: str | os.PathLike, subset: str = "all") -> list[str]:
     names = []
     for fname in sorted(os.listdir(folder)):
         if fname.endswith(".mat"):
-            n, m = _sizes(os.path.join(folder, fname))
+            try:
+                n, m = _sizes(os.path.join(folder, fname))
+            except ProblemError:
+                if unreadable is None:
+                    raise
+                unreadable.append(fname[:-4])
+                continue
             if in_subset(n, m, subset):
                 names.append(fname[:-4])
     return names
@@ -220,7 +230,8 @@ def load_problem(path: str | os.PathLike, split_bounds: bool = True, check_psd: 
         qp = QP(P=P, q=q, C=sp.csc_matrix(A), l=l, u=u, lb=lb, ub=ub, check_psd=check_psd)
     except ProblemError as exc:  # NaN data, l > u, a non-convex P: say which file
         raise type(exc)(f"{path!r}: {exc}") from None
-    return MarosMeszaros(name=os.path.basename(path)[:-4], qp=qp, r=r, n=n, m=m)
+    base = os.path.basename(path)
+    return MarosMeszaros(name=base[:-4] if base.endswith(".mat") else base, qp=qp, r=r, n=n, m=m)
 
 
 def iter_problems(folder: str | os.PathLike, subset: str = "all", names: list[str] | None = None,

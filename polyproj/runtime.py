@@ -112,8 +112,14 @@ def set_torch_threads(threads: int) -> None:
     breaks torch's batched LU). Builds without an OpenMP runtime found here fall back to
     ``torch.set_num_threads``.
     """
+    import numbers
+
     import torch
 
+    if not (isinstance(threads, numbers.Integral) and not isinstance(threads, bool) and threads >= 1):
+        from .errors import SettingsError  # 0 or -1 was ignored, 2.5 taken as 2
+
+        raise SettingsError(f"the torch thread count must be an integer >= 1, got {threads!r}")
     threads = int(threads)
     pools = _torch_openmp_pools()
     if not pools:

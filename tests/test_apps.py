@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import polyproj as pp  # noqa: E402
 from polyproj.cli import main  # noqa: E402
 
 ROW_KEYS = {"method", "max_violation", "train_loss", "test_metric", "time_s", "peak_mem_mb"}
@@ -208,3 +209,74 @@ def test_portfolio_sets_refuse_unknown_variants_and_empty_caps():
             f("capped", cfg, 3)
     w = portfolio.anchor("capped", cfg, 20)
     assert np.isclose(w.sum(), 1.0) and w.max() < cfg.cap
+
+
+def test_non_finite_outputs_are_not_hidden_by_the_reports():
+    """A probe: Python's max dropped a NaN violation after a finite one (mHC reported 0.0 for NaN matrices), and the
+    summary's spreads over finite values counted a diverged seed as ok and left it out of every column."""
+    import math
+
+    from polyproj.apps import mhc
+    from polyproj.apps.records import RunRecord, summarise, worst
+
+    assert math.isnan(worst([0.0, math.nan, 1.0])) and math.isnan(worst([math.nan, 0.0]))
+    assert worst([0.5, 2.0]) == 2.0 and worst([]) == 0.0
+    net = mhc.Net(mhc.config(True), "sinkhorn20").double()
+    for b in net.blocks:
+        b.last_res = torch.full((1, 4, 4), float("nan"), dtype=torch.float64)
+    assert math.isnan(net.doubly_stochastic_violation())
+    s = summarise([RunRecord("m", 0, max_violation=1e-3, test_metric=0.9),
+                   RunRecord("m", 1, max_violation=math.inf, test_metric=math.nan)])[0]
+    assert (s.runs, s.failed) == (2, 1) and s.spreads["max_violation"].n == 1
+
+
+def test_sinkhorn_survives_rows_far_below_the_others():
+    from polyproj.apps.peers import sinkhorn
+
+    out = sinkhorn(torch.tensor([[0.0, 0.0], [-800.0, -800.0]], dtype=torch.float64), 20)
+    torch.testing.assert_close(out, torch.full((2, 2), 0.5, dtype=torch.float64))
+
+
+def test_app_settings_are_checked_by_name_before_training():
+    """train = 0 ended in an empty StopIteration, epochs = 0 in an IndexError, inliers = 10.5 in a TypeError,
+    horizon = 1 in "x contains NaN"; min_preferred = 1 passed its check and the radial map raised ValueError."""
+    from dataclasses import replace
+
+    from polyproj.apps import matching, mhc, portfolio
+    from polyproj.apps.measure import Session
+    from polyproj.runtime import set_torch_threads
+
+    cfg = matching.config(True)
+    for field, value in (("train", 0), ("epochs", 0), ("inliers", 10.5), ("lr", float("nan")), ("batch", True)):
+        with pytest.raises(pp.ProblemError, match=f"Config.{field} must be"):
+            matching.run("polyproj", "", 0, replace(cfg, **{field: value}), Session())
+    with pytest.raises(pp.ProblemError, match="Config.epochs must be an integer >= 1"):
+        mhc.run("sinkhorn20", "", 0, replace(mhc.config(True), epochs=0), Session())
+    with pytest.raises(pp.ProblemError, match="Config.horizon must be an integer >= 2"):
+        portfolio.run("polyproj", "simplex", 0, replace(portfolio.config(True), horizon=1), Session())
+    with pytest.raises(pp.ProblemError, match="unknown mHC method"):
+        mhc.Net(mhc.config(True), "nope")
+    with pytest.raises(pp.ProblemError, match="min_preferred = 1 leaves no strictly feasible portfolio"):
+        portfolio.anchor("preference", replace(portfolio.config(True), min_preferred=1.0), 20)
+    for bad in (0, -1, 2.5):
+        with pytest.raises(pp.SettingsError, match="thread count must be an integer >= 1"):
+            set_torch_threads(bad)
+
+
+def test_portfolio_dates_outside_the_data_are_named():
+    pytest.importorskip("skfolio")
+    from dataclasses import replace
+
+    from polyproj.apps import portfolio
+
+    with pytest.raises(pp.ProblemError, match="the validation period holds no day"):
+        portfolio.load(replace(portfolio.config(True), train_end="2030-01-01", val_end="2031-01-01"))
+
+
+def test_bench_apps_without_torch_is_a_clear_message(tmp_path):
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from polyproj.cli import main\n"
+            f"sys.exit(main(['bench', 'apps', 'mhc', '--quick', '--no-plot', '--out', {str(tmp_path / 'x.json')!r}]))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "needs 'torch'" in run.stderr

@@ -248,6 +248,43 @@ def test_an_unreadable_problem_file_is_named(tmp_path):
 
 
 @pytest.mark.core
+def test_an_unreadable_neighbour_does_not_stop_the_benchmark(mm_dir, tmp_path, capsys):
+    """One unreadable .mat in the folder ended `bench solvers` (rc 2, nothing solved) even when --problems named
+    only readable ones; without --problems it is run and recorded as a load error. A size of inf raised
+    OverflowError; a file not named .mat lost its last 4 characters; a list as subset raised TypeError."""
+    import shutil
+
+    from polyproj.cli import main
+
+    data = tmp_path / "mm"
+    data.mkdir()
+    shutil.copy(os.path.join(mm_dir, "HS21.mat"), data / "HS21.mat")
+    (data / "BROKEN.mat").write_bytes(b"")
+    bad: list[str] = []
+    assert list_problems(data, "all", unreadable=bad) == ["HS21"] and bad == ["BROKEN"]
+    with pytest.raises(pp.ProblemError, match="BROKEN.mat"):
+        list_problems(data, "all")
+    out = tmp_path / "one.json"
+    assert main(["bench", "solvers", "--data", str(data), "--subset", "all", "--problems", "HS21",
+                 "--backends", "ipm", "--out", str(out)]) == 0
+    assert [(r["problem"], r["status"]) for r in json.loads(out.read_text())["records"]] == [("HS21", "solved")]
+    out = tmp_path / "all.json"
+    main(["bench", "solvers", "--data", str(data), "--subset", "all", "--backends", "ipm", "--out", str(out)])
+    got = {r["problem"]: r["status"] for r in json.loads(out.read_text())["records"]}
+    assert got == {"HS21": "solved", "BROKEN": "load_error"}
+    capsys.readouterr()
+    d = scipy.io.loadmat(os.path.join(mm_dir, "HS21.mat"))
+    d["n"] = np.array([[np.inf]])
+    scipy.io.savemat(tmp_path / "INF.mat", {k: v for k, v in d.items() if not k.startswith("__")})
+    with pytest.raises(pp.ProblemError, match="n must be a non-negative integer"):
+        load_problem(tmp_path / "INF.mat")
+    shutil.copy(os.path.join(mm_dir, "HS21.mat"), tmp_path / "hs21_copy")
+    assert load_problem(tmp_path / "hs21_copy").name == "hs21_copy"
+    with pytest.raises(pp.PolyprojError, match="unknown subset"):
+        list_problems(data, ["dense"])
+
+
+@pytest.mark.core
 def test_bench_refuses_a_problem_named_twice(mm_dir, tmp_path, capsys):
     """--problems HS21 HS21 ran it twice and counted 2 problems, 2 solved (--backends already refused repeats)."""
     from polyproj.cli import main

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import ProblemError
 from ..sets.birkhoff import Birkhoff
 from .measure import Session
 from .peers import sinkhorn
-from .records import RunRecord
-from .training import fit
+from .records import RunRecord, worst
+from .training import check_config, fit
 
 __all__ = ["METHODS", "METRIC", "TITLE", "Config", "config", "run", "variants"]
 
@@ -92,7 +93,7 @@ class Mixing(torch.nn.Module):
 
             self.map = ProjectionLayer(Birkhoff(n))
         elif method not in SINKHORN:
-            raise ValueError(f"unknown mHC method {method!r}")
+            raise ProblemError(f"unknown mHC method {method!r}")
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """Doubly stochastic (to the method's accuracy) ``(batch, n, n)`` matrices."""
@@ -159,16 +160,14 @@ class Net(torch.nn.Module):
 
     def doubly_stochastic_violation(self) -> float:
         """Largest violation of the last call's ``H_res``: negative entries, row and column sums off 1."""
-        worst = 0.0
-        for b in self.blocks:
-            H = b.last_res
-            worst = max(worst, float((-H).max()), float((H.sum(-1) - 1).abs().max()),
-                        float((H.sum(-2) - 1).abs().max()))
-        return worst
+        return worst(v for b in self.blocks for v in (float((-b.last_res).max()),
+                                                        float((b.last_res.sum(-1) - 1).abs().max()),
+                                                        float((b.last_res.sum(-2) - 1).abs().max())))
 
 
 def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> RunRecord:
     """Train one method with one seed; accuracy and violation on every split."""
+    check_config(cfg, positive=("streams", "width", "heads", "blocks", "epochs", "batch"))
     data = load()
     torch.manual_seed(seed)
     model = Net(cfg, method).double()
@@ -193,6 +192,6 @@ def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> 
               f"{method} seed {seed}", steps)
     res = {k: accuracy(k) for k in ("train", "val", "test")}
     details = {"val_accuracy": out.best_val, "best_epoch": out.best_epoch, "train_accuracy": res["train"][0]}
-    return RunRecord(method, seed, variant, max_violation=max(v for _, v in res.values()),
+    return RunRecord(method, seed, variant, max_violation=worst(v for _, v in res.values()),
                      train_loss=out.curve[-1].train_loss, test_metric=res["test"][0], time_s=out.time_s,
                      peak_mem_mb=out.peak_mem_mb, curve=out.curve, details=details)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ProblemError
 from ..problem import Polyhedron
 
 __all__ = ["LinSAT", "QPLayer", "RadialMap", "Rows", "sinkhorn"]
@@ -33,7 +34,9 @@ def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     ``logits`` is ``(..., k, k)``; the result has unit column sums and row sums within the method's
     error (reported by the applications as the violation of double stochasticity).
     """
-    M = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))
+    # each row's own maximum: the first row normalisation cancels any per-row factor, and no row underflows to
+    # zeros (the matrix's maximum made a row of logits −800 below another all 0 / 0)
+    M = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
     for _ in range(iters):
         M = M / M.sum(dim=-1, keepdim=True)
         M = M / M.sum(dim=-2, keepdim=True)
@@ -108,7 +111,7 @@ class RadialMap(torch.nn.Module):
         z0 = np.asarray(anchor, float)
         slack = rows.h - rows.G @ z0
         if slack.min() <= 0 or (rows.B.size and np.abs(rows.B @ z0 - rows.b).max() > 1e-12):
-            raise ValueError("the anchor must be strictly inside the set")
+            raise ProblemError("the anchor must be strictly inside the set")
         n = z0.size
         N = np.eye(n) if not rows.B.size else np.eye(n) - np.linalg.pinv(rows.B) @ rows.B
         self.register_buffer("z0", torch.tensor(z0))
@@ -149,7 +152,7 @@ class QPLayer(torch.nn.Module):
             self.layer = CvxpyLayer(cp.Problem(cp.Minimize(0.5 * cp.sum_squares(y - xp)), cons), parameters=[xp],
                                     variables=[y])
         elif library not in ("qpth", "moreau"):
-            raise ValueError(f"unknown library {library!r}")
+            raise ProblemError(f"unknown library {library!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The library's projection of ``x`` (batch, n)."""

@@ -34,8 +34,8 @@ from ..problem import Polyhedron
 from ..sets.simplex import CappedSimplex, Simplex
 from .measure import Session
 from .peers import LinSAT, QPLayer, RadialMap, Rows
-from .records import RunRecord
-from .training import fit
+from .records import RunRecord, worst
+from .training import check_config, fit
 
 __all__ = ["METHODS", "METRIC", "TITLE", "Config", "config", "run", "variants"]
 
@@ -111,6 +111,12 @@ def load(cfg: Config) -> Data:
     train = days[days + H <= tr_end]  # the training targets stay inside the training period
     val = days[(days >= tr_end) & (days < va_end)]
     test = days[days >= va_end]
+    for name, split in (("training", train), ("validation", val), ("test", test)):
+        if split.size == 0:
+            span = f"{dates[0].date()} to {dates[-1].date()}" if len(dates) else "none"
+            raise ProblemError(f"the {name} period holds no day with a full window ({L}) and horizon ({H}): "
+                               f"start {cfg.start}, train_end {cfg.train_end}, val_end {cfg.val_end}; the data "
+                               f"cover {span}")
     mu, sd = R[:tr_end].mean(0), R[:tr_end].std(0)
     Z = (R - mu) / sd
     return Data(tuple(returns.columns), torch.tensor(Z), torch.tensor(R), train, val, test)
@@ -161,6 +167,9 @@ def anchor(variant: str, cfg: Config, n: int) -> np.ndarray:
     if variant in ("capped", "simplex"):
         return np.full(n, 1.0 / n)
     _check_preference(cfg, n)
+    if cfg.min_preferred >= 1.0:  # the set is a face of the simplex then: no point strictly inside it
+        raise ProblemError("min_preferred = 1 leaves no strictly feasible portfolio (every unpreferred weight 0); "
+                           "the radial map and the fixed reference need one: take min_preferred < 1")
     k = cfg.preferred
     share = 0.5 * (cfg.min_preferred + 1.0)  # halfway between the preference floor and all-in
     return np.r_[np.full(k, share / k), np.full(n - k, (1.0 - share) / (n - k))]
@@ -295,6 +304,8 @@ class Saturation:
 
 def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> RunRecord:
     """Train one method on one constraint set with one seed; evaluate on validation and test."""
+    # a horizon of one day has no standard deviation: its Sharpe ratio (the loss) is NaN
+    check_config(cfg, positive=("window", "hidden", "epochs", "batch", "linsat_iter"), at_least={"horizon": 2})
     data = load(cfg)
     n = len(data.names)
     if method == "fixed":
@@ -322,7 +333,7 @@ def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> 
     steps = math.ceil(len(data.train) / cfg.batch)
     out = fit(model, opt, cfg.epochs, batches, loss, validate, session, f"{variant}/{method} seed {seed}", steps)
     W = {k: weights(model, data, getattr(data, k), cfg) for k in ("train", "val", "test")}
-    viol = max(float(model.head.rows.violation(W[k].numpy()).max()) for k in W)
+    viol = worst(float(model.head.rows.violation(W[k].numpy()).max()) for k in W)
     support = float((W["test"] > 1e-9).double().sum(-1).mean())
     details = {"val_sharpe": out.best_val, "best_epoch": out.best_epoch, "support_test": support,
                "dead_grad_share": float(np.mean(sat.dead)) if sat.dead else math.nan,

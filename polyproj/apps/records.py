@@ -7,10 +7,18 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["METRICS", "EpochPoint", "MethodSummary", "RunRecord", "Spread", "summarise"]
+__all__ = ["METRICS", "EpochPoint", "MethodSummary", "RunRecord", "Spread", "summarise", "worst"]
 
 #: the numbers every run reports, in table order
 METRICS = ("max_violation", "train_loss", "test_metric", "time_s", "peak_mem_mb")
+#: the numbers a finished run must have finite: a run whose outputs or metric are NaN / inf counts as failed
+MUST_BE_FINITE = ("max_violation", "test_metric")
+
+
+def worst(values) -> float:
+    """The largest of ``values``, NaN if any is NaN (Python's ``max`` keeps or drops a NaN by its position)."""
+    vs = [float(v) for v in values]
+    return math.nan if any(math.isnan(v) for v in vs) else max(vs, default=0.0)
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,11 @@ class MethodSummary:
 
 
 def summarise(records: list[RunRecord]) -> list[MethodSummary]:
-    """One summary per method, in the order the methods first appear."""
+    """One summary per method, in the order the methods first appear.
+
+    A run counts as failed when its status is not ``"ok"`` or one of :data:`MUST_BE_FINITE` is NaN or inf
+    (outputs that diverged: their spread, over finite values only, would hide them).
+    """
     order: list[str] = []
     for r in records:
         if r.method not in order:
@@ -113,7 +125,7 @@ def summarise(records: list[RunRecord]) -> list[MethodSummary]:
     out = []
     for m in order:
         rs = [r for r in records if r.method == m]
-        ok = [r for r in rs if r.status == "ok"]
+        ok = [r for r in rs if r.status == "ok" and all(math.isfinite(getattr(r, k)) for k in MUST_BE_FINITE)]
         out.append(MethodSummary(m, len(rs), len(rs) - len(ok),
                                  {k: Spread.of([getattr(r, k) for r in ok]) for k in METRICS}))
     return out

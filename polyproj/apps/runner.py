@@ -134,7 +134,11 @@ def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecor
     """Run every (variant, method, seed) of ``args``; returns the JSON path, the records, the module, the config."""
     from ..bench import machine_description
 
-    mod = importlib.import_module(APPS[args.app])
+    try:  # the apps train torch models (this module imports no torch: the CLI's own guard never saw it)
+        mod = importlib.import_module(APPS[args.app])
+    except ModuleNotFoundError as exc:
+        raise SystemExit(f"polyproj: bench apps {args.app} needs {exc.name!r}, which is not installed ({exc}); "
+                         "pip install 'polyproj[bench]'") from None
     cfg = mod.config(args.quick)
     if args.epochs is not None:
         cfg = dataclasses.replace(cfg, epochs=int(args.epochs))

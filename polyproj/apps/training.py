@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -13,7 +13,7 @@ import torch
 from .measure import Session
 from .records import EpochPoint
 
-__all__ = ["Fit", "fit", "set_threads"]
+__all__ = ["Fit", "check_config", "fit", "set_threads"]
 
 
 def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -25,7 +25,7 @@ def set_threads(threads: int) -> None:
     """``threads`` torch intra-op threads and one inter-op thread (where it can still be set)."""
     from ..runtime import set_torch_threads
 
-    set_torch_threads(int(threads))  # not torch.set_num_threads: see polyproj.runtime
+    set_torch_threads(threads)  # not torch.set_num_threads: see polyproj.runtime
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already used in this process: it keeps its setting
@@ -91,3 +91,26 @@ def fit(model: torch.nn.Module, optimiser: torch.optim.Optimizer, epochs: int,
     model.load_state_dict(best[2], strict=False)
     model.eval()
     return Fit(tuple(curve), best[1], best[0], elapsed, peak)
+
+
+def check_config(cfg: Any, positive: tuple[str, ...] = (), at_least: dict[str, int] | None = None) -> None:
+    """Refuse an application's settings that would fail deep in training, by name (a ProblemError).
+
+    Every ``int`` field must be an integer >= 0 (>= 1 for the names in ``positive``, >= the given value for
+    those of ``at_least``), every ``float`` field a finite number: ``train = 0`` ended in an empty
+    ``StopIteration``, ``epochs = 0`` in an IndexError, ``inliers = 10.5`` in a TypeError.
+    """
+    import numbers
+
+    from ..errors import ProblemError
+
+    floors = {**dict.fromkeys(positive, 1), **(at_least or {})}
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        if kind == "int":
+            low = floors.get(f.name, 0)
+            if not (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= low):
+                raise ProblemError(f"{type(cfg).__name__}.{f.name} must be an integer >= {low}, got {v!r}")
+        elif kind == "float" and not (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)):
+            raise ProblemError(f"{type(cfg).__name__}.{f.name} must be a finite number, got {v!r}")

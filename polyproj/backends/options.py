@@ -115,8 +115,10 @@ def one_of(*values: Any) -> Check:
 
 
 def check_options(backend: str, given: dict[str, Any], checks: dict[str, Check]) -> dict[str, Any]:
-    """The options as the solver takes them: each checked and converted (``convert``), ``None`` left out (the
-    solver's own default); SettingsError for the first given option whose check fails."""
+    """The options as the solver takes them: each checked and converted (``convert``).
+
+    ``None`` is left out (the solver's own default); SettingsError for the first given option whose check fails.
+    """
     from ..errors import SettingsError
 
     out = {}
