@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .errors import PolyprojError, ProblemError
+from .errors import PolyprojError, ProblemError, SettingsError
 
 __all__ = [
     "LARGE_WORK",
@@ -117,8 +117,7 @@ def set_torch_threads(threads: int) -> None:
     import torch
 
     if not (isinstance(threads, numbers.Integral) and not isinstance(threads, bool) and threads >= 1):
-        from .errors import SettingsError  # 0 or -1 was ignored, 2.5 taken as 2
-
+        # 0 or -1 was ignored, 2.5 taken as 2
         raise SettingsError(f"the torch thread count must be an integer >= 1, got {threads!r}")
     threads = int(threads)
     pools = _torch_openmp_pools()
@@ -402,12 +401,29 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
              bar_from: int, description: str) -> list[Any]:
     """``[fn(i) for i in items]`` in order, on ``executor`` or here.
 
-    With an executor: ``executor.map`` (threads, processes, a Dask ``Client.get_executor()``). Here: a
-    transient progress bar when ``progress`` is True or, with ``progress=None``, from ``bar_from`` items.
+    With an executor: ``executor.map`` (threads, processes, a Dask ``Client.get_executor()``), else here. A
+    transient progress bar (over the results as they arrive, in order) when ``progress`` is True or, with
+    ``progress=None``, from ``bar_from`` items.
     """
+    bar = progress or (progress is None and len(items) >= bar_from)
+
+    def tracked(results):
+        if not bar:
+            return list(results)
+        from rich.progress import track
+
+        return list(track(results, total=len(items), description=description, transient=True))
+
     if executor is not None:
         try:
-            return list(executor.map(_Job(fn), items))
+            submitted = executor.map(_Job(fn), items)
+        except Exception as exc:  # a pool shut down, a closed Dask client: it takes no jobs (a user's error)
+            if isinstance(exc, PolyprojError):
+                raise
+            raise ProblemError(f"{description}: the executor refused the jobs ({type(exc).__name__}: {exc}); "
+                               "is it shut down (or its client closed)?") from exc
+        try:
+            return tracked(submitted)
         except Exception as exc:
             if "pickle" not in str(exc).lower() or isinstance(exc, PolyprojError):
                 raise
@@ -416,11 +432,7 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
                                "a process pool needs the problem's functions defined at module level (not "
                                "lambdas or local functions): use them, a thread pool, or a Dask executor "
                                "(cloudpickle)") from exc
-    if progress or (progress is None and len(items) >= bar_from):
-        from rich.progress import track
-
-        return [fn(i) for i in track(items, description=description, transient=True)]
-    return [fn(i) for i in items]
+    return tracked(fn(i) for i in items)
 
 
 def is_vmapped(t: Any) -> bool:

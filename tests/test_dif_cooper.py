@@ -77,3 +77,39 @@ def test_from_cooper_names_must_match(trained):
                                                                      name="grup")])
     with pytest.raises(pp.ProblemError, match="Did you mean 'grup'"):
         KKTPoint.from_cooper(other, cmp, model)
+
+
+def test_a_diverged_or_implicit_cooper_multiplier_is_named():
+    """A probe: a NaN multiplier (a diverged Cooper run) was reported as a missing constraint; a multiplier model
+    (ImplicitMultiplier) with a parameter named weight had that parameter read as λ (7.0 for a true 1.33)."""
+    torch.manual_seed(0)
+    X = torch.randn(40, 3, dtype=torch.float64)
+    y = X.sum(1) + 1.0
+    prob = ConstrainedProblem(torch.zeros(3, dtype=torch.float64), Loss(lambda th, b: (b[0] @ th - b[1]) ** 2, (X, y)),
+                              [Constraint(lambda th: th[0], None, tau=0.5, name="group")])
+    theta = solve(prob).theta
+
+    class MultModel(cooper.multipliers.ImplicitMultiplier):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((1,), 7.0, dtype=torch.float64))
+
+        def forward(self):
+            return torch.nn.functional.softplus(self.weight).mean()
+
+        def post_step_(self):
+            pass
+
+    class CMP(cooper.ConstrainedMinimizationProblem):
+        def __init__(self, multiplier):
+            super().__init__()
+            self.group = cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=multiplier)
+
+        def compute_cmp_state(self):
+            pass
+
+    nan = cooper.multipliers.DenseMultiplier(init=torch.tensor([float("nan")], dtype=torch.float64))
+    with pytest.raises(pp.ProblemError, match="multiplier.*'group' are not finite.*diverged"):
+        KKTPoint.from_cooper(prob, CMP(nan), theta)
+    with pytest.raises(pp.ProblemError, match="'group' has no explicit multiplier"):
+        KKTPoint.from_cooper(prob, CMP(MultModel()), theta)

@@ -133,6 +133,28 @@ def test_progress_bar_on_every_path(setup, bars, method):
     assert bars == ["DIF scores"] * 2 + ["DIF parameter changes"]
 
 
+def test_progress_bar_and_a_shut_down_executor(setup, bars):
+    """A probe: progress=True was ignored with an executor (its map returned before the bar), and a pool already
+    shut down raised the pool's RuntimeError."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prob, kkt, X, y = setup
+    dif = DIF(prob, kkt, method="dense")
+
+    def F(th):
+        return sq(th, (X[:5], y[:5])).mean()
+
+    ref = dif.influence(F, progress=False).numpy()
+    with ThreadPoolExecutor(2) as ex:
+        np.testing.assert_allclose(dif.influence(F, executor=ex, chunk_size=10, progress=True).numpy(), ref,
+                                   rtol=1e-9, atol=1e-13)
+        assert bars == ["DIF scores"]
+        dif.influence(F, executor=ex, chunk_size=10, progress=False)
+        assert bars == ["DIF scores"]
+    with pytest.raises(pp.ProblemError, match="executor refused the jobs.*shut down"):
+        dif.influence(F, executor=ex)
+
+
 # ----------------------------------------------------------------------------- bad inputs
 def test_constraints_argument(setup):
     """One Constraint is a list of one, None no constraints; anything else names ``constraints``."""

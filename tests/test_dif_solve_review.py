@@ -230,6 +230,8 @@ def test_infeasible_constraint_under_the_sqp_ends_with_the_infeasibility_hint():
     with pytest.raises(pp.SolverError, match=hint) as err:
         solve(prob, method="sqp")
     assert "raise max_iter" not in str(err.value)
+    # the violation alone cannot tell an infeasible problem from one not solved yet: the hint says both
+    assert "or the method has not reached one yet" in str(err.value)
     with pytest.raises(pp.SolverError, match=hint) as err:  # auto: the fallback fails too, and says so
         solve(prob)
     assert "did not converge either" in str(err.value)

@@ -35,13 +35,21 @@ def cooper_multipliers(problem: ConstrainedProblem, cmp: Any) -> np.ndarray:
     """
     if not hasattr(cmp, "named_constraints"):
         raise ProblemError(f"cmp must be a cooper.ConstrainedMinimizationProblem, got {type(cmp).__name__}")
+    import cooper
+
     names = [c.name for c in problem.constraints]
-    lam = np.full(problem.m, np.nan)
+    lam = np.zeros(problem.m)
+    seen = np.zeros(problem.m, dtype=bool)
+    explicit = getattr(cooper.multipliers, "ExplicitMultiplier", None)
     for cname, constraint in cmp.named_constraints():
         mult = getattr(constraint, "multiplier", None)
-        if mult is None or not hasattr(mult, "weight"):
+        # a multiplier model (ImplicitMultiplier) may have a parameter named weight: not the multipliers
+        if mult is None or not hasattr(mult, "weight") or (explicit is not None and not isinstance(mult, explicit)):
             raise ProblemError(f"Cooper constraint {cname!r} has no explicit multiplier (weight) to read")
         values = mult.weight.detach().cpu().double().reshape(-1).numpy()
+        if not np.all(np.isfinite(values)):  # a diverged run: not a missing constraint
+            raise ProblemError(f"the multiplier(s) of Cooper constraint {cname!r} are not finite ({values.tolist()}): "
+                               "the Cooper run diverged; retrain it, or solve the problem with dif.solve")
         keys = [cname] if values.size == 1 else [f"{cname}[{i}]" for i in range(values.size)]
         is_eq = "EQUALITY" in str(constraint.constraint_type).upper() and \
             "INEQUALITY" not in str(constraint.constraint_type).upper()
@@ -53,8 +61,8 @@ def cooper_multipliers(problem: ConstrainedProblem, cmp: Any) -> np.ndarray:
             if (problem.constraints[j].kind == "eq") != is_eq:
                 raise ProblemError(f"constraint {key!r}: Cooper says {constraint.constraint_type}, the problem "
                                    f"says kind={problem.constraints[j].kind!r}")
-            lam[j] = v
-    missing = [n for n, v in zip(names, lam, strict=True) if np.isnan(v)]
+            lam[j], seen[j] = v, True
+    missing = [n for n, s in zip(names, seen, strict=True) if not s]
     if missing:
         raise ProblemError(f"the Cooper problem has no multiplier for the constraints {missing}")
     return lam

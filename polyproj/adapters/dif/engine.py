@@ -648,7 +648,7 @@ class DIF:
             formed one chunk at a time, so memory is ``chunk_size × d`` floats plus one chunk's
             activations.
         progress : bool, optional
-            Progress bar over chunks, on every path (default: for 8 or more chunks without an executor).
+            Progress bar over chunks, on every path, an executor's too (default: for 8 or more chunks).
         order : {1, 2}
             1 (default): the first-order scores ∇F(θ̄)ᵀω. 2: F(θ̄ + ω₂) − F(θ̄) with ω₂ the
             second-order prediction (:meth:`result`), one pass over the data and one solve with H

@@ -449,9 +449,11 @@ def _violation_hint(problem: ConstrainedProblem, g: np.ndarray | None, tol: floa
     if not np.all(np.isfinite(viol)) or float(viol.max()) <= max(1e3 * tol, 1e-6):
         return ""
     j = int(np.argmax(viol))
+    # "may ... or not yet": a feasible problem the method has not converged on ends here too (a tanh MLP whose
+    # equality any bias meets stalled at a violation of 3e-5), and the violation alone cannot tell the two apart
     return (f"the constraints are still violated by {float(viol.max()):.3e} (constraint "
-            f"{problem.constraints[j].name!r}): they may have no common feasible point; check the τ's (and the "
-            "starting point)")
+            f"{problem.constraints[j].name!r}): they may have no common feasible point (check the τ's and the "
+            "starting point), or the method has not reached one yet")
 
 
 def _stall_hint(problem: ConstrainedProblem, g: np.ndarray | None, tol: float) -> str:
