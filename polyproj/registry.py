@@ -167,11 +167,12 @@ def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False)
     overwrite : bool
         Replace an existing registration of the same name (built-ins included).
     """
-    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name) or ":" in name:
-        raise PolyprojError(f"a backend name must be a non-empty string without spaces or ':' "
-                            f"(reserved for 'module:Class'), got {name!r}")
+    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name) or ":" in name \
+            or not name.isprintable() or name.startswith("-"):  # '\u200b', 'a\x00b', '--help' (no CLI could name it)
+        raise PolyprojError(f"a backend name must be a non-empty string of printable characters without spaces or "
+                            f"':' (reserved for 'module:Class'), not starting with '-', got {name!r}")
     _check_class(cls, name)
-    if not overwrite and (name in _RUNTIME or name in _BUILTIN):
+    if not overwrite and (name in _RUNTIME or name in _BUILTIN or name in _all_names()):  # entry points too
         raise PolyprojError(f"backend {name!r} is already registered; pass overwrite=True to replace it")
     _RUNTIME[name] = cls
 
@@ -234,12 +235,16 @@ def get_backend(backend: str | QPSolver | type[QPSolver] | None = None, **settin
 def _construct(cls: type[QPSolver], settings: dict[str, Any]) -> QPSolver:
     """``cls(**settings)``; a constructor that raises something other than a PolyprojError names the backend."""
     try:
-        return cls(**settings)
+        obj = cls(**settings)
     except PolyprojError:
         raise
     except (Exception, SystemExit) as exc:  # SystemExit too: a constructor that exits does not end the caller
         raise SolverError(f"backend {cls.name!r} could not be set up: its constructor raised {type(exc).__name__}: "
                           f"{exc}") from exc
+    if not hasattr(obj, "settings"):  # the guards and the check read them (an AttributeError deep inside before)
+        raise SolverError(f"backend {cls.name!r} could not be set up: its __init__ did not call QPSolver.__init__ "
+                          "(super().__init__(**settings))")
+    return obj
 
 
 def backend_info() -> list[BackendInfo]:

@@ -543,7 +543,7 @@ class _Exits(ProxSuiteSolver):
 
 
 class _ExitsOutsideTheGuard(ProxSuiteSolver):
-    """Calls exit() in its own solve_projections, which the guard does not wrap."""
+    """Calls exit() in its own solve_projections (guarded too: its exit is a SolverError naming the backend)."""
 
     name = "exits_outside"
 
@@ -567,7 +567,7 @@ def test_a_backend_calling_sys_exit_gives_error_rows_and_a_nonzero_exit(capsys, 
     outside = check_backend(_ExitsOutsideTheGuard, max_examples=1, properties=["projection", "nonlicq_example"],
                             conformance=False)
     assert [r.status for r in outside.results] == ["error", "error"]
-    assert all("called sys.exit()" in r.message for r in outside.results)
+    assert all("backend 'exits_outside' raised SystemExit" in r.message for r in outside.results)
 
 
 # ----------------------------------------------------------------------------- infeasibility on every side (a review)
@@ -613,3 +613,126 @@ def test_proxsuite_looks_for_certificates_after_its_first_budget():
     # the same run (ProxQP's own answers differ in the last bits between calls: the first call builds its matrices)
     np.testing.assert_allclose(staged.x, plain.x, rtol=0, atol=1e-13)
     np.testing.assert_allclose(batch.x, np.stack([plain.x, plain.x]), rtol=0, atol=1e-13)
+
+
+# ----------------------------------------------------------------------------- a third party's mistakes (a probe)
+class _NoSuper(pp.QPSolver):
+    name = "nosuper"
+
+    def __init__(self, **settings):  # forgot super().__init__(**settings)
+        pass
+
+    def solve(self, qp, warm_start=None):
+        return pp.get_backend("ipm").solve(qp)
+
+
+class _InfoNone(pp.QPSolver):
+    name = "infonone"
+
+    def solve(self, qp, warm_start=None):
+        from dataclasses import replace
+
+        return replace(pp.get_backend("ipm").solve(qp), info=None)
+
+
+class _ProjectionsRaise(pp.QPSolver):
+    name = "projraise"
+
+    def solve(self, qp, warm_start=None):
+        return pp.get_backend("ipm").solve(qp)
+
+    def solve_projections(self, X, data, *, rough=False):
+        raise ValueError("proj boom")
+
+
+def test_a_backend_that_skips_qpsolver_init_or_returns_bad_info_is_named():
+    """A constructor without super().__init__ gave AttributeError tracebacks (also from `polyproj check`); info=None
+    a TypeError inside the guard; a raising solve_projections a bare ValueError from pp.project."""
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], lb=0.0, ub=1.0)
+    with pytest.raises(pp.SolverError, match="'nosuper'.*did not call QPSolver.__init__"):
+        pp.get_backend(_NoSuper)
+    with pytest.raises(pp.SolverError, match="'nosuper'.*did not call QPSolver.__init__"):
+        _NoSuper().solve(qp)
+    with pytest.raises(pp.SolverError, match="'infonone' returned info of type NoneType"):
+        _InfoNone().solve(qp)
+    with pytest.raises(pp.SolverError, match="backend 'projraise' raised ValueError: proj boom"):
+        pp.project(np.array([[2.0, 2.0]]), pp.Polyhedron(A=[[1.0, 1.0]], a=[1.0]), backend=_ProjectionsRaise(),
+                   structured=False)
+
+
+class _SwallowsAlarms(pp.QPSolver):
+    name = "swallows"
+
+    def solve(self, qp, warm_start=None):
+        import time
+
+        try:
+            time.sleep(5)
+        except BaseException:  # a catch-all around a slow call swallows the kit's alarm
+            pass
+        return pp.get_backend("ipm").solve(qp)
+
+
+def test_a_swallowed_timeout_still_ends_the_property_and_large_timeouts_and_numpy_seeds_work():
+    """The one-shot alarm was swallowed and the property ran on without a limit, then PASSED; a timeout of 1e12 s
+    raised OverflowError from setitimer; seed=np.int64(0) made hypothesis refuse the seed (an error row)."""
+    from polyproj.testing.check import _time_limit
+
+    rep = check_backend(_SwallowsAlarms, max_examples=2, properties=["qp_contract"], conformance=False, timeout=1)
+    row = {r.name: r for r in rep.results}["qp_contract"]
+    assert row.status == "error" and "timed out after 1 s" in row.message
+    with _time_limit(1e12):
+        pass
+    assert run_property("qp_contract", "ipm", max_examples=2, seed=np.int64(0)).status == "passed"
+    with pytest.raises(pp.PolyprojError, match="properties must be a sequence of names"):
+        check_backend("ipm", properties=5)
+
+
+def test_false_claims_are_reported_as_claims():
+    """A false PRIMAL_INFEASIBLE on a feasible QP was reported as a NUMERICAL_ERROR "status" the backend never
+    returned; a backend without the infeasibility capability passed while claiming SOLVED on unbounded QPs."""
+    from dataclasses import replace
+
+    from polyproj.testing import conformance
+
+    class FalseInfeasible(pp.QPSolver):
+        name = "falseinf"
+
+        def solve(self, qp, warm_start=None):
+            return replace(pp.get_backend("ipm").solve(qp), status=pp.Status.PRIMAL_INFEASIBLE)
+
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -1.0], lb=0.0, ub=1.0)
+    with pytest.raises(AssertionError, match="the backend claimed PRIMAL_INFEASIBLE on a feasible, bounded QP"):
+        pr.check_solution_kkt(qp, FalseInfeasible().solve(qp), 1e-6)
+
+    class SolvedWhenUnbounded(pp.QPSolver):
+        name = "unbsolved"
+        capabilities = pp.Capabilities(infeasibility=False)
+
+        def solve(self, qp, warm_start=None):
+            sol = pp.get_backend("ipm").solve(qp)
+            if sol.status is pp.Status.DUAL_INFEASIBLE:
+                return replace(sol, x=np.zeros(qp.n), z=np.zeros(qp.m), z_box=np.zeros(qp.n), status=pp.Status.SOLVED)
+            return sol
+
+    with pytest.raises(AssertionError, match="the backend claimed SOLVED"):
+        conformance.check_dual_infeasible(SolvedWhenUnbounded(), np.random.default_rng(0))
+
+
+def test_falsifying_text_drops_every_line_of_hypothesis_explanation():
+    from polyproj.testing.check import _falsifying_text
+
+    exc = AssertionError("x")
+    for note in ("Falsifying example: prop(case=1)", "Explanation:",
+                 "    These lines were always and only run by failing test cases:",
+                 "        /some/file.py:298", "You can add @seed(1) to this test"):
+        exc.add_note(note)
+    assert _falsifying_text(exc) == "Falsifying example: prop(case=1)"
+
+
+def test_registration_refuses_names_no_command_line_could_give():
+    from tests.toy_backend import ToyKKTSolver
+
+    for bad in ("\u200b", "a\x00b", "--help"):
+        with pytest.raises(pp.PolyprojError, match="printable characters"):
+            pp.register_backend(bad, ToyKKTSolver)

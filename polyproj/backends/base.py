@@ -101,7 +101,7 @@ class Capabilities:
 
 
 #: the methods every backend class gets wrapped with :func:`~polyproj.backends.validation.guard`
-GUARDED = ("solve", "solve_batch")
+GUARDED = ("solve", "solve_batch", "solve_projections")
 
 
 class QPSolver(abc.ABC):
@@ -145,7 +145,7 @@ class QPSolver(abc.ABC):
 
     @classmethod
     def _guard_methods(cls) -> None:
-        """Wrap what ``solve`` / ``solve_batch`` resolve to now, where it is not guarded yet.
+        """Wrap what ``solve`` / ``solve_batch`` / ``solve_projections`` resolve to now, where not guarded yet.
 
         Run when the class is made and again when an instance is (a method assigned to the class after it
         was made, ``Cls.solve = f``, is guarded from the next instance on).

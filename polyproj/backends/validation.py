@@ -529,6 +529,9 @@ def _unchanged(a: np.ndarray, before: bytes | int) -> bool:
 
 def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     name = solver.name or type(solver).__name__
+    if not hasattr(solver, "settings"):  # every guard reads them; an AttributeError from deep inside said nothing
+        raise SolverError(f"backend {name!r} was not set up: its __init__ did not call QPSolver.__init__ "
+                          "(super().__init__(**settings))")
     given = _inputs(args, kw)
     before = {k: _fingerprint(v) for k, v in given.items() if v.flags.writeable}
     token = _INSIDE.set(_INSIDE.get() | {id(solver)})
@@ -548,6 +551,8 @@ def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     if changed:
         raise SolverError(f"backend {name!r} wrote into the problem it was given ({', '.join(changed)} changed in "
                           "place): a backend must not modify its input; copy an array before changing it")
+    if isinstance(out, (Solution, BatchSolution)) and not isinstance(out.info, dict):  # the guards add to it
+        raise SolverError(f"backend {name!r} returned info of type {type(out.info).__name__}; expected a dict")
     return out
 
 
@@ -697,7 +702,28 @@ def _guard_solve_batch(fn: Callable) -> Callable:
 
 
 def guard(name: str, fn: Callable) -> Callable:
-    """``fn`` (a ``solve`` or ``solve_batch`` method) wrapped with the checks of this module."""
+    """``fn`` (a ``solve``, ``solve_batch`` or ``solve_projections`` method) wrapped with the checks of this module.
+
+    ``solve_projections`` answers are verified by the projection pipeline (the exact polish); its guard only makes
+    a backend's own exception a SolverError naming the backend, as for the other two.
+    """
     if getattr(fn, "_polyproj_guarded", False):
         return fn
+    if name == "solve_projections":
+        return _guard_raises(fn)
     return _guard_solve(fn) if name == "solve" else _guard_solve_batch(fn)
+
+
+def _guard_raises(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(self, *args, **kw)
+        except PolyprojError:
+            raise
+        except (Exception, SystemExit) as exc:  # as in _call: a backend's exception (or exit) names the backend
+            raise SolverError(f"backend {self.name or type(self).__name__!r} raised {type(exc).__name__}: "
+                              f"{exc}") from exc
+
+    call._polyproj_guarded = True  # type: ignore[attr-defined]
+    return call

@@ -211,6 +211,10 @@ def check_arguments(**given: Any) -> None:
                                     f"got {v!r}")
 
 
+#: the longest alarm set (seconds, ~3 years): a longer timeout is no limit in practice
+MAX_ALARM = 1e8
+
+
 class _TimedOut(BaseException):
     """Raised by the alarm of :func:`_time_limit`: a BaseException, so that hypothesis does not shrink it."""
 
@@ -225,13 +229,21 @@ def _time_limit(seconds: float | None):
         yield
         return
 
+    fired = [False]
+
     def alarm(signum: int, frame: Any) -> None:
+        fired[0] = True
         raise _TimedOut()
 
     previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, float(seconds))
+    # then again every second: an alarm swallowed on its way (a backend's bare except, hypothesis's gc callback,
+    # which only prints what it raises) would otherwise leave the block without a limit; at most MAX_ALARM s
+    # (setitimer overflows the platform's time_t beyond ~1e10 s)
+    signal.setitimer(signal.ITIMER_REAL, min(float(seconds), MAX_ALARM), 1.0)
     try:
         yield
+        if fired[0]:  # the block ran past its time, every alarm swallowed: timed out all the same
+            raise _TimedOut()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0.0)
         signal.signal(signal.SIGALRM, previous)
@@ -255,8 +267,18 @@ def _exited(exc: SystemExit) -> str:
 def _falsifying_text(exc: BaseException) -> str:
     notes = [str(n) for n in getattr(exc, "__notes__", [])]
     # hypothesis's seed hint and its "Explanation" of the lines only failing cases ran (the kit's own lines:
-    # nothing a backend's author can use)
-    return "\n".join(n for n in notes if not n.startswith(("You can add @seed", "Explanation:")))
+    # nothing a backend's author can use): the block's heading and every line of it (one note each)
+    out, explaining = [], False
+    for n in notes:
+        if n.startswith("Explanation:"):
+            explaining = True
+            continue
+        if explaining and (n.startswith((" ", "\t")) or "were always and only run by failing" in n):
+            continue
+        explaining = False
+        if not n.startswith("You can add @seed"):
+            out.append(n)
+    return "\n".join(out)
 
 
 def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0,
@@ -302,7 +324,7 @@ def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = D
     failing: set[str] = set()
     first_failure = [0.0]
 
-    @hseed(seed)
+    @hseed(int(seed))  # a NumPy integer (accepted by check_arguments) is refused by hypothesis
     @settings(max_examples=n_examples, deadline=None, database=None, derandomize=False, print_blob=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
     @given(case=spec.strategy(solver))
@@ -473,6 +495,8 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
     if isinstance(properties, str):
         raise PolyprojError(f"properties must be a sequence of names, e.g. [{properties!r}], got the string "
                             f"{properties!r}")
+    if properties is not None and not hasattr(properties, "__iter__"):  # 5 raised TypeError (not iterable)
+        raise PolyprojError(f"properties must be a sequence of names (or None for all), got {properties!r}")
     solver = get_backend(name_or_solver, **settings)  # a constructor that fails (or exits): a SolverError naming it
     label = name_or_solver if isinstance(name_or_solver, str) else (solver.name or type(solver).__name__)
     names = list(PROPERTIES if properties is None else properties)

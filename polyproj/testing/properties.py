@@ -207,7 +207,11 @@ def check_solution_kkt(qp: QP, sol: Solution, tol: float = 1e-6, what: str = "",
     qd = qp.dense()
     scale = _scale(qd.P, qd.q, qd.C, qd.l, qd.u, qd.lb, qd.ub)
     lim = tol * scale
-    demoted = sol.info.get("claimed_status") == Status.SOLVED.name  # polyproj's output check changed it
+    claimed = sol.info.get("claimed_status")  # what the backend said, where polyproj's output check changed it
+    demoted = claimed == Status.SOLVED.name
+    if claimed is not None and not demoted and claimed != sol.status.name:  # e.g. a false PRIMAL_INFEASIBLE
+        raise AssertionError(f"the backend claimed {claimed} on a feasible, bounded QP{where}; polyproj's output "
+                             f"check made it {sol.status.name}: {sol.info.get('validation')}")
     if sol.status is not Status.SOLVED and not demoted:
         raise AssertionError(f"status {sol.status.name} on a feasible, bounded QP{where}; expected SOLVED")
     x = np.asarray(sol.x, float)
