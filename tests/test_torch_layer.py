@@ -1319,3 +1319,118 @@ def test_a_recognised_layer_passes_gradients_to_its_data_and_forward_mode_in_x_w
     torch.testing.assert_close(torch.func.jacfwd(learned)(x0), torch.func.jacrev(fixed)(x0))
     H = torch.func.hessian(lambda z: (learned(z) ** 3).sum())(x0)
     assert H.shape == (n, n) and torch.isfinite(H).all()
+
+
+# ------------------------------------------------------------------ a probe: second order, threads, odd layers
+def test_torch_func_second_derivatives_through_the_data_are_refused_not_zero():
+    """jacrev(jacrev(f)) in the constraint data returned zeros (the backward's products, a Function of the output
+    gradient alone, looked constant in the data); an inner torch.func.grad in x then an eager backward to A gave a
+    gradient without J's own dependence on A. Eager create_graph refused both: now every path does. A derivative
+    in x alone of a layer with learned data is not such a derivative: it is given (eager double backward refused
+    it because the data require grad)."""
+    from torch.func import grad, jacrev
+
+    A = torch.tensor([[1.0, 2.0, 0.5], [0.3, -1.0, 1.0]], dtype=torch.float64)
+    a0 = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    x = torch.tensor([[0.9, 0.8, -0.3], [1.2, -0.5, 0.9]], dtype=torch.float64)
+
+    def f(a):
+        return (project(x, A, a) ** 2).sum()
+
+    with pytest.raises(pp.ProblemError, match="second derivatives through the constraint data"):
+        jacrev(jacrev(f))(a0)
+    with pytest.raises(pp.ProblemError, match="second derivatives through the constraint data"):
+        jacrev(jacrev(lambda t: (project(x[:1], pp.sets.Simplex(3, t)) ** 2).sum()))(
+            torch.tensor([2.0], dtype=torch.float64))
+    A_ = A.clone().requires_grad_()
+    gx = grad(lambda xx: (project(xx, A_, a0) ** 3).sum())(x)
+    with pytest.raises(pp.ProblemError, match="second derivatives through the constraint data"):
+        (gx * torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)).sum().backward()
+    # first derivatives in the data are unchanged: jacrev(f) equals the eager gradient
+    a = a0.clone().requires_grad_()
+    f(a).backward()
+    torch.testing.assert_close(jacrev(f)(a0), a.grad)
+    # a Hessian-vector product in x with learned data, eager and torch.func alike
+    w = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    xs = x.clone().requires_grad_()
+    hv = {}
+    for learn in ((), ("a",)):
+        layer = ProjectionLayer(A=A, a=a0, lb=[-1.0] * 3, learn=learn)
+        g, = torch.autograd.grad((layer(xs) ** 3).sum(), xs, create_graph=True)
+        hv[learn], = torch.autograd.grad((g * w).sum(), xs)
+    torch.testing.assert_close(hv[()], hv[("a",)])
+
+
+def test_silenced_stdout_of_interleaved_threads_is_restored():
+    """Two threads' silenced blocks interleaved (OSQP / HiGHS solves from a thread pool): each saved the other's
+    redirection and restored it last, leaving fd 1 at /dev/null and sys.stdout a discarded buffer for good."""
+    import os
+    import sys
+    import threading
+
+    from polyproj.backends.quiet import c_stdout_silenced
+
+    before, out = os.fstat(1), sys.stdout
+    entered, leave = threading.Event(), threading.Event()
+
+    def first():
+        with c_stdout_silenced():
+            entered.set()
+            leave.wait(5)
+
+    t = threading.Thread(target=first)
+    t.start()
+    entered.wait(5)
+    with c_stdout_silenced():  # enters while the first is open, leaves after it
+        leave.set()
+        t.join(5)
+    after = os.fstat(1)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino) and sys.stdout is out
+
+
+def test_layers_of_meta_or_bfloat16_data_are_refused_by_name():
+    kw = dict(A=[[1.0, 2.0, 0.0]], a=[1.0], lb=[0.0] * 3)
+    x = torch.randn(4, 3, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):
+            layer = ProjectionLayer(**kw)
+    with pytest.raises(pp.ProblemError, match="'meta' device"):
+        layer(x.double())
+    with pytest.raises(pp.ProblemError, match="has dtype torch.bfloat16"):
+        ProjectionLayer(**kw).bfloat16()(x)
+
+
+def test_the_conversion_cache_is_safe_across_threads():
+    """An entry evicted by one thread between another's lookup and its move_to_end raised KeyError there."""
+    import sys
+    import threading
+
+    from polyproj.backends.cache import converted
+
+    class Obj:
+        pass
+
+    errors: list[str] = []
+
+    def worker():
+        keep = [Obj() for _ in range(6)]
+        try:
+            for it in range(30000):
+                converted("race", (keep[it % 6],), None, lambda: 1)
+                if it % 50 == 0:
+                    keep[it % 6] = Obj()
+        except Exception as exc:  # what the race raised is the finding
+            errors.append(repr(exc))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []

@@ -164,8 +164,9 @@ class _Project(torch.autograd.Function):
         # for a graph of the backward (create_graph); not under torch.func transforms, whose backward is a
         # Function of gy alone (:class:`_VJP`), also when it runs after them (torch.func.vjp's function)
         ctx.graph_inputs = not torch._C._are_functorch_transforms_active()
-        if ctx.graph_inputs:
-            ctx.save_for_backward(inputs[0], *inputs[3:])
+        # x and the data: the graph's inputs (create_graph), and under torch.func the data, which the backward's
+        # product J g and the data gradients depend on (an outer level that differentiates them is refused)
+        ctx.save_for_backward(inputs[0], *inputs[3:])
 
     @staticmethod
     def backward(ctx, gy, *_):
@@ -181,7 +182,7 @@ class _Project(torch.autograd.Function):
         # the product is a Function of gy only for a graph of the backward (create_graph, torch.func); with
         # create_graph it also depends on x and the data (:class:`_VJPGraph`)
         if torch._C._are_functorch_transforms_active() or (torch.is_grad_enabled() and not ctx.graph_inputs):
-            out = _VJP.apply(*args)
+            out = _VJP.apply(*args, *ctx.saved_tensors[1:])
         elif torch.is_grad_enabled():
             out = _VJPGraph.apply(*args, *ctx.saved_tensors)
         else:
@@ -344,26 +345,39 @@ def _vjp_outputs(gy: torch.Tensor, S: Projector, res: Any, wanted: tuple[str, ..
 
 
 class _VJP(torch.autograd.Function):
-    """The backward of :class:`_Project` as a function of the output gradient (so that it can be vmapped)."""
+    """The backward of :class:`_Project` as a function of the output gradient (so that it can be vmapped).
+
+    ``params``: the set's differentiable data, inputs so that a transform (or eager autograd) outside the one
+    that ran the backward sees that ``J g`` and the data gradients depend on them: differentiating them there
+    (a second derivative through the data) is refused, as with ``create_graph`` (:class:`_VJPGraph`); without
+    them as inputs ``jacrev(jacrev(f))`` in the data returned zeros.
+    """
 
     @staticmethod
-    def forward(gy, S, res, wanted, need_x):
+    def forward(gy, S, res, wanted, need_x, *params):
         return _vjp_outputs(gy, S, res, wanted, need_x)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.set, ctx.result, ctx.wanted, ctx.need_x = inputs[1:5]
+        ctx.save_for_backward(*inputs[5:])
+        ctx.set_materialize_grads(False)  # an output that takes no part comes as None: only used ones are judged
 
     @staticmethod
     def backward(ctx, *grads):  # J is symmetric: the derivative of g -> J g is J
-        return _jvp_again(ctx, grads[0]), None, None, None, None
+        _refuse_second_order_in_data(ctx.needs_input_grad[5:], grads[1:])
+        params = ctx.saved_tensors
+        gx = None if grads[0] is None else _jvp_again(ctx, grads[0], params)
+        return (gx, None, None, None, None, *([None] * len(params)))
 
     @staticmethod
-    def jvp(ctx, gy_t, *_):  # every output is linear in gy: its tangent is the same product of gy's tangent
+    def jvp(ctx, gy_t, *tangents):  # every output is linear in gy: its tangent is the same product of gy's tangent
+        if any(t is not None for t in tangents[4:]):
+            raise ProblemError(_SECOND_ORDER_IN_DATA)
         return _VJP.apply(gy_t, ctx.set, ctx.result, ctx.wanted, ctx.need_x)
 
     @staticmethod
-    def vmap(info, in_dims, gy, S, res, wanted, need_x):
+    def vmap(info, in_dims, gy, S, res, wanted, need_x, *params):
         """Map the backward over one vmap level.
 
         A level the forward folded into the batch (per-sample gradients: ``vmap(grad(f))``) is folded the
@@ -376,23 +390,23 @@ class _VJP(torch.autograd.Function):
             V, N, rest = res.size, res.rows, res.inner
             flat = gb.reshape(V * N, *gb.shape[2:])
             if not wanted:  # J is block diagonal over the samples: one product for all of them
-                out = _VJP.apply(flat, S, rest, wanted, need_x)
+                out = _VJP.apply(flat, S, rest, wanted, need_x, *params)
                 return (out[0].reshape(gb.shape),), (0,)
             if isinstance(S, Polyhedral):  # shared data: each slice's gradient summed over its own rows
-                out = _GroupedVJP.apply(flat, S, rest, wanted, need_x, V)
+                out = _GroupedVJP.apply(flat, S, rest, wanted, need_x, V, *params)
                 return (out[0].reshape(gb.shape), *out[1:]), tuple(0 for _ in out)
             outs = []  # other sets: each slice alone (the others' cotangent zero)
             for v in range(V):
                 part = torch.zeros_like(flat)
                 part[v * N:(v + 1) * N] = gb[v]
-                o = _VJP.apply(part, S, rest, wanted, need_x)
+                o = _VJP.apply(part, S, rest, wanted, need_x, *params)
                 outs.append((o[0].reshape(gb.shape)[v], *o[1:]))
         elif gb.shape[0] == 0:  # no cotangents (jacrev of an empty output): empty products of the right shapes
-            one = _VJP.apply(gb.new_zeros(gb.shape[1:]), S, res, wanted, need_x)
+            one = _VJP.apply(gb.new_zeros(gb.shape[1:]), S, res, wanted, need_x, *params)
             stacked = tuple(o.new_zeros((0, *o.shape)) for o in one)
             return stacked, tuple(0 for _ in stacked)
         else:
-            outs = [_VJP.apply(gb[v], S, res, wanted, need_x) for v in range(gb.shape[0])]
+            outs = [_VJP.apply(gb[v], S, res, wanted, need_x, *params) for v in range(gb.shape[0])]
         stacked = tuple(torch.stack(parts) for parts in zip(*outs, strict=True))
         return stacked, tuple(0 for _ in stacked)
 
@@ -406,26 +420,47 @@ class _GroupedVJP(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(gy, S, res, wanted, need_x, groups):
+    def forward(gy, S, res, wanted, need_x, groups, *params):
         return _vjp_outputs(gy, S, res, wanted, need_x, groups)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.set, ctx.result = inputs[1], inputs[2]
+        ctx.save_for_backward(*inputs[6:])
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, *grads):
-        return _jvp_again(ctx, grads[0]), None, None, None, None, None
+        _refuse_second_order_in_data(ctx.needs_input_grad[6:], grads[1:])
+        params = ctx.saved_tensors
+        gx = None if grads[0] is None else _jvp_again(ctx, grads[0], params)
+        return (gx, None, None, None, None, None, *([None] * len(params)))
 
 
-def _jvp_again(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+_SECOND_ORDER_IN_DATA = (
+    "second derivatives through the constraint data (the derivative of J v with respect to them, or of their "
+    "gradient) are not supported: detach the learned constraint data in the part of the loss that is "
+    "differentiated twice")
+
+
+def _refuse_second_order_in_data(need_params: tuple[bool, ...], data_grads: tuple[Any, ...]) -> None:
+    """Refuse a backward's products differentiated with respect to the data, or its data gradients differentiated.
+
+    Neither derivative is implemented; leaving them out would be silently wrong (a ProblemError instead).
+    """
+    if any(need_params) or any(g is not None for g in data_grads):
+        raise ProblemError(_SECOND_ORDER_IN_DATA)
+
+
+def _jvp_again(ctx: Any, g: torch.Tensor, params: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """``J g``: the derivative of ``v -> J v`` (J symmetric), itself a Function under torch.func transforms.
 
     Under ``jacrev(jacrev(f))`` or ``hessian`` the cotangent carries the outer transforms' levels (a batched
-    or grad-tracking tensor): the product goes through :class:`_VJP`, whose vmap rule maps it.
+    or grad-tracking tensor): the product goes through :class:`_VJP`, whose vmap rule maps it (with the data
+    ``params``, whose derivative an outer level may not take).
     """
     if torch._C._are_functorch_transforms_active():
-        return _VJP.apply(g, ctx.set, ctx.result, (), True)[0]
+        return _VJP.apply(g, ctx.set, ctx.result, (), True, *params)[0]
     return _vjp_x(ctx.set, ctx.result, g)
 
 
@@ -446,6 +481,7 @@ class _VJPGraph(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         ctx.set, ctx.result, ctx.x_shape = inputs[1], inputs[2], tuple(inputs[5].shape)
         ctx.x_dtype, ctx.x_device = inputs[5].dtype, inputs[5].device
+        ctx.save_for_backward(*inputs[6:])
 
     @staticmethod
     def backward(ctx, *grads):
@@ -455,13 +491,21 @@ class _VJPGraph(torch.autograd.Function):
     def _backward(ctx, *grads):
         need = ctx.needs_input_grad
         data_grads = [g for g in grads[1:] if g is not None and bool((g != 0).any())]
-        if any(need[6:]) or data_grads:
-            raise ProblemError("second derivatives through the constraint data (the derivative of J v with respect "
-                               "to them, or of their gradient) are not supported: detach the learned constraint "
-                               "data in the part of the loss that is differentiated twice")
+        # data that require grad but that this backward does not reach (torch.autograd.grad(..., x): a
+        # derivative in x alone) take no part: only a pass that reaches them is refused
+        reached = tuple(nd and _reached(p) for nd, p in zip(need[6:], ctx.saved_tensors, strict=True))
+        _refuse_second_order_in_data(reached, tuple(data_grads))
         gx = _vjp_x(ctx.set, ctx.result, grads[0]) if need[0] else None
         zx = torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=ctx.x_device) if need[5] else None
         return (gx, None, None, None, None, zx, *([None] * (len(need) - 6)))
+
+
+def _reached(t: torch.Tensor) -> bool:
+    """Whether the running backward pass will execute ``t``'s gradient node (True where torch cannot say)."""
+    try:
+        return bool(torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(t).node))
+    except (AttributeError, RuntimeError):  # an older torch, or a pass it cannot judge: taken as reached
+        return True
 
 
 def _flatten(x: torch.Tensor, S: Projector) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
@@ -870,9 +914,18 @@ class ProjectionLayer(nn.Module):
 
     def _recognised(self) -> Projector | None:
         """The structured set of the buffers as they are now (recognised again after they changed)."""
-        if getattr(self, "_recognising", False) and self._changed():
-            _refuse_meta({f"the layer's {k}": getattr(self, k, None) for k in PARTS})  # read to the host next
-            host = {k: None if getattr(self, k) is None else getattr(self, k).detach().cpu().numpy() for k in PARTS}
+        if not getattr(self, "_recognising", False):
+            return self.set
+        # read to the host next (and compared with torch.equal first, which raised on meta tensors: a layer built
+        # under `with torch.device("meta")`); bfloat16 has no NumPy type (a TypeError from .numpy())
+        parts = {k: getattr(self, k, None) for k in PARTS}
+        _refuse_meta({f"the layer's {k}": v for k, v in parts.items()})
+        for k, v in parts.items():
+            if v is not None and v.dtype not in (torch.float32, torch.float64):
+                raise ProblemError(f"the layer's {k} has dtype {v.dtype}: a layer's constraint data are float32 or "
+                                   "float64 (.float() or .double())")
+        if self._changed():
+            host = {k: None if v is None else v.detach().cpu().numpy() for k, v in parts.items()}
             self.set = recognise(Polyhedron(**host, allow_dependent_rows=self._dependent))
             self._seen, self._last = self._buffer_state(), None
         return self.set

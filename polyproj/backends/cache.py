@@ -8,6 +8,7 @@ weak references to the source arrays and are dropped once those are collected (L
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -18,21 +19,26 @@ __all__ = ["converted"]
 T = TypeVar("T")
 _SIZE = 16
 _CACHE: OrderedDict[tuple, tuple[tuple[weakref.ref, ...], Any]] = OrderedDict()
+#: solves from several threads share the cache: a key evicted by one between another's lookup and its
+#: move_to_end raised KeyError there (the build itself runs outside the lock)
+_LOCK = threading.Lock()
 
 
 def converted(tag: str, sources: Sequence[Any], extra: Hashable, build: Callable[[], T]) -> T:
     """Return ``build()``, reusing the value from an earlier call with the same sources and ``extra``."""
     key = (tag, *(id(s) for s in sources), extra)
-    hit = _CACHE.get(key)
-    if hit is not None and all(ref() is src for ref, src in zip(hit[0], sources)):
-        _CACHE.move_to_end(key)
-        return hit[1]
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and all(ref() is src for ref, src in zip(hit[0], sources)):
+            _CACHE.move_to_end(key)
+            return hit[1]
     value = build()
     try:
         refs = tuple(weakref.ref(s) for s in sources)
     except TypeError:  # an object without weak references: no caching
         return value
-    _CACHE[key] = (refs, value)
-    while len(_CACHE) > _SIZE:
-        _CACHE.popitem(last=False)
+    with _LOCK:
+        _CACHE[key] = (refs, value)
+        while len(_CACHE) > _SIZE:
+            _CACHE.popitem(last=False)
     return value
