@@ -908,23 +908,21 @@ class ProjectionLayer(nn.Module):
             if (now is None) != (copy is None):
                 return True
             if now is not None and ((id(now), _version(now)) != (ident, version) or now.shape != copy.shape
-                                    or not torch.equal(now.detach(), copy)):
+                                    or now.is_meta or not torch.equal(now.detach(), copy)):
                 return True
         return False
 
     def _recognised(self) -> Projector | None:
         """The structured set of the buffers as they are now (recognised again after they changed)."""
-        if not getattr(self, "_recognising", False):
-            return self.set
-        # read to the host next (and compared with torch.equal first, which raised on meta tensors: a layer built
-        # under `with torch.device("meta")`); bfloat16 has no NumPy type (a TypeError from .numpy())
-        parts = {k: getattr(self, k, None) for k in PARTS}
-        _refuse_meta({f"the layer's {k}": v for k, v in parts.items()})
-        for k, v in parts.items():
-            if v is not None and v.dtype not in (torch.float32, torch.float64):
-                raise ProblemError(f"the layer's {k} has dtype {v.dtype}: a layer's constraint data are float32 or "
-                                   "float64 (.float() or .double())")
-        if self._changed():
+        if getattr(self, "_recognising", False) and self._changed():  # (a meta tensor counts as changed)
+            # read to the host next: not a meta tensor (a layer built under `with torch.device("meta")`), not
+            # bfloat16 (no NumPy type: a TypeError from .numpy())
+            parts = {k: getattr(self, k, None) for k in PARTS}
+            _refuse_meta({f"the layer's {k}": v for k, v in parts.items()})
+            for k, v in parts.items():
+                if v is not None and v.dtype not in (torch.float32, torch.float64):
+                    raise ProblemError(f"the layer's {k} has dtype {v.dtype}: a layer's constraint data are float32 "
+                                       "or float64 (.float() or .double())")
             host = {k: None if v is None else v.detach().cpu().numpy() for k, v in parts.items()}
             self.set = recognise(Polyhedron(**host, allow_dependent_rows=self._dependent))
             self._seen, self._last = self._buffer_state(), None
