@@ -93,8 +93,8 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True, one
         arr = _asarray(M, name)  # a torch tensor given to the NumPy-level API: on the host
         _check_numeric(arr, name)
         M = np.array(arr, dtype=np.float64)  # copy: the problem must not alias user data
-        if M.ndim == 1 and one_row and cols is not None and M.size == cols:
-            M = M[None, :]
+        if M.ndim == 1 and cols is not None and M.size == cols and (one_row or cols == 1):
+            M = M[None, :]  # (a 1-D P of one variable, [2.0], is its 1 x 1 matrix)
         vals = M
     if M.ndim != 2:
         raise ProblemError(f"{name} must be a 2-D matrix, got shape {M.shape}")
@@ -373,7 +373,9 @@ class QP:
     check_psd: bool = field(default=True, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.check_psd, (bool, np.bool_)):  # None or "" silently skipped the check
+        if not (isinstance(self.check_psd, (bool, np.bool_)) or (isinstance(self.check_psd, (int, np.integer))
+                                                                  and self.check_psd in (0, 1))):
+            # None or "" silently skipped the check (0 and 1 are flags, as in the backends' options)
             raise ProblemError(f"check_psd must be True or False, got {self.check_psd!r}")
         q = _vector(self.q, "q", int(np.prod(np.shape(self.q), dtype=np.int64)))
         n = q.shape[0]

@@ -172,7 +172,8 @@ def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False)
         raise PolyprojError(f"a backend name must be a non-empty string of printable characters without spaces or "
                             f"':' (reserved for 'module:Class'), not starting with '-', got {name!r}")
     _check_class(cls, name)
-    if not overwrite and (name in _RUNTIME or name in _BUILTIN or name in _all_names()):  # entry points too
+    # an entry point's name is not refused: its own module may register it (so that it works uninstalled too)
+    if not overwrite and (name in _RUNTIME or name in _BUILTIN):
         raise PolyprojError(f"backend {name!r} is already registered; pass overwrite=True to replace it")
     _RUNTIME[name] = cls
 

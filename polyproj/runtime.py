@@ -407,12 +407,12 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
     """
     bar = progress or (progress is None and len(items) >= bar_from)
 
-    def tracked(results):
+    def tracked(seq):  # (a list comprehension over it: a job's StopIteration is the job's, not the loop's end)
         if not bar:
-            return list(results)
+            return seq
         from rich.progress import track
 
-        return list(track(results, total=len(items), description=description, transient=True))
+        return track(seq, total=len(items), description=description, transient=True)
 
     if executor is not None:
         try:
@@ -423,7 +423,7 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
             raise ProblemError(f"{description}: the executor refused the jobs ({type(exc).__name__}: {exc}); "
                                "is it shut down (or its client closed)?") from exc
         try:
-            return tracked(submitted)
+            return list(tracked(submitted))
         except Exception as exc:
             if "pickle" not in str(exc).lower() or isinstance(exc, PolyprojError):
                 raise
@@ -432,7 +432,7 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
                                "a process pool needs the problem's functions defined at module level (not "
                                "lambdas or local functions): use them, a thread pool, or a Dask executor "
                                "(cloudpickle)") from exc
-    return tracked(fn(i) for i in items)
+    return [fn(i) for i in tracked(items)]
 
 
 def is_vmapped(t: Any) -> bool:

@@ -736,3 +736,22 @@ def test_registration_refuses_names_no_command_line_could_give():
     for bad in ("\u200b", "a\x00b", "--help"):
         with pytest.raises(pp.PolyprojError, match="printable characters"):
             pp.register_backend(bad, ToyKKTSolver)
+
+
+def test_a_backend_without_infeasibility_detection_may_raise_on_infeasible_problems():
+    """Raising is no claim of an answer: the infeasibility rows stay skipped (a review: they became errors)."""
+    from polyproj.testing import conformance
+
+    class Strict(pp.QPSolver):
+        name = "strict"
+        capabilities = pp.Capabilities(infeasibility=False)
+
+        def solve(self, qp, warm_start=None):
+            sol = pp.get_backend("ipm").solve(qp)
+            if not sol.status.ok:
+                raise RuntimeError(f"could not solve ({sol.status.name})")
+            return sol
+
+    for check in (conformance.check_primal_infeasible, conformance.check_dual_infeasible):
+        with pytest.raises(conformance.CheckSkipped, match="does not declare the 'infeasibility' capability"):
+            check(Strict(), np.random.default_rng(0))

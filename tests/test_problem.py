@@ -348,9 +348,11 @@ def test_input_formats_read_as_their_values_or_refused_by_name():
         pp.QP(P=np.eye(2), q=np.ma.masked_array([1.0, 1.0], mask=[True, False]))
     np.testing.assert_array_equal(pp.QP(P=np.eye(2), q=np.ma.masked_array([1.0, 2.0])).q, [1.0, 2.0])
     # check_psd is a flag: None skipped the check
-    for bad in (None, "", 0):
+    for bad in (None, "", 2, 0.5):
         with pytest.raises(pp.ProblemError, match="check_psd must be True or False"):
             pp.QP(P=np.eye(2), q=[1.0, 1.0], check_psd=bad)
+    assert pp.QP(P=np.eye(2), q=[1.0, 1.0], check_psd=0).n == 2  # 0 and 1 are flags
+    np.testing.assert_array_equal(pp.QP(P=[2.0], q=[1.0]).P, [[2.0]])  # one variable: its 1 x 1 P
     # a scalar bound in with_vectors, as in QP(lb=0)
     qp = pp.QP(P=np.eye(2), q=[1.0, 1.0], lb=0.0)
     np.testing.assert_array_equal(qp.with_vectors(lb=-1.0, ub=2.0).ub, [2.0, 2.0])

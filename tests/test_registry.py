@@ -415,3 +415,19 @@ def test_an_availability_check_that_exits_is_unavailable():
             pp.get_backend("avail_exits_test")
     finally:
         pp.unregister_backend(AvailExits.name)
+
+
+def test_a_plugin_may_register_its_own_entry_point_name(monkeypatch):
+    """A plugin whose module registers its class under its entry point's name (so that it works uninstalled too)
+    failed to load once entry-point names needed overwrite=True (a review of the change): they do not."""
+    import polyproj.registry as registry
+
+    def load():
+        pp.register_backend("selfreg", ToyKKTSolver)
+        return ToyKKTSolver
+
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"selfreg": _EntryPoint("selfreg", load)})
+    try:
+        assert isinstance(pp.get_backend("selfreg"), ToyKKTSolver)
+    finally:
+        pp.unregister_backend("selfreg", missing_ok=True)

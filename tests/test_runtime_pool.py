@@ -122,3 +122,19 @@ def test_a_forked_child_gets_a_pool_of_its_own():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
+
+
+def test_map_jobs_passes_a_jobs_own_stop_iteration():
+    """The in-process path ran the jobs in a generator: a job's StopIteration became 'generator raised
+    StopIteration' (a review); it reaches the caller as it was raised, with or without a bar."""
+    from polyproj.runtime import map_jobs
+
+    def job(i):
+        if i == 2:
+            raise StopIteration("mine")
+        return i
+
+    for progress in (False, True):
+        with pytest.raises(StopIteration, match="mine"):
+            map_jobs(job, [0, 1, 2], progress=progress, bar_from=8, description="jobs")
+    assert map_jobs(lambda i: i * i, [1, 2, 3], bar_from=8, description="jobs") == [1, 4, 9]

@@ -1434,3 +1434,65 @@ def test_the_conversion_cache_is_safe_across_threads():
     finally:
         sys.setswitchinterval(old)
     assert errors == []
+
+
+def test_derivatives_in_x_alone_after_torch_func_with_learned_data():
+    """torch.func.grad in x, then an eager derivative in x only; the double-vjp trick on a learned layer: both were
+    refused once the backward took the data as inputs (a review): only a pass that reaches the data is."""
+    from torch.func import grad, vjp
+
+    A = torch.tensor([[1.0, 2.0, 0.5], [0.3, -1.0, 1.0]], dtype=torch.float64)
+    a0 = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    x = torch.tensor([[0.9, 0.8, -0.3], [1.2, -0.5, 0.9]], dtype=torch.float64)
+    hv = {}
+    for learned in (False, True):
+        A_ = A.clone().requires_grad_(learned)
+        x_ = x.clone().requires_grad_()
+        gx = grad(lambda xx, A_=A_: (project(xx, A_, a0) ** 3).sum())(x_)
+        hv[learned], = torch.autograd.grad(gx.sum(), x_)
+    torch.testing.assert_close(hv[True], hv[False])
+    jv = {}
+    v = torch.tensor([[1.0, -1.0, 0.5], [0.2, 0.3, -0.4]], dtype=torch.float64)
+    for learn in ((), ("a",)):
+        layer = ProjectionLayer(A=A, a=a0, lb=[-1.0] * 3, learn=learn)
+        y, f = vjp(layer, x)
+        u = torch.zeros_like(y, requires_grad=True)
+        g, = f(u)
+        jv[learn], = torch.autograd.grad(g, u, grad_outputs=v)
+    torch.testing.assert_close(jv[()], jv[("a",)])
+
+
+def test_a_forked_child_is_not_held_by_another_threads_silenced_block():
+    """A fork while another thread held the silencing lock left the child's first silenced block waiting forever."""
+    import os
+    import signal
+    import threading
+
+    from polyproj.backends.quiet import c_stdout_silenced
+
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            with c_stdout_silenced():
+                pass
+
+    threads = [threading.Thread(target=hammer, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    hung = 0
+    try:
+        for _ in range(10):
+            pid = os.fork()
+            if pid == 0:  # the child: one silenced block, a watchdog for a hang
+                signal.alarm(5)
+                with c_stdout_silenced():
+                    pass
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            hung += os.WIFSIGNALED(status)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert hung == 0

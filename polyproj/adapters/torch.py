@@ -365,7 +365,7 @@ class _VJP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):  # J is symmetric: the derivative of g -> J g is J
-        _refuse_second_order_in_data(ctx.needs_input_grad[5:], grads[1:])
+        _refuse_second_order_in_data(_data_reached(ctx, 5), grads[1:])
         params = ctx.saved_tensors
         gx = None if grads[0] is None else _jvp_again(ctx, grads[0], params)
         return (gx, None, None, None, None, *([None] * len(params)))
@@ -431,7 +431,7 @@ class _GroupedVJP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        _refuse_second_order_in_data(ctx.needs_input_grad[6:], grads[1:])
+        _refuse_second_order_in_data(_data_reached(ctx, 6), grads[1:])
         params = ctx.saved_tensors
         gx = None if grads[0] is None else _jvp_again(ctx, grads[0], params)
         return (gx, None, None, None, None, None, *([None] * len(params)))
@@ -450,6 +450,19 @@ def _refuse_second_order_in_data(need_params: tuple[bool, ...], data_grads: tupl
     """
     if any(need_params) or any(g is not None for g in data_grads):
         raise ProblemError(_SECOND_ORDER_IN_DATA)
+
+
+def _data_reached(ctx: Any, first: int) -> tuple[bool, ...]:
+    """Which of the data (inputs ``first`` on, saved as ``ctx.saved_tensors``) this backward pass differentiates.
+
+    Eager: the data that need a gradient and whose gradient node the running pass executes (a derivative in x
+    alone of a layer with learned data, ``torch.autograd.grad(g, x)``, reaches none); under a torch.func
+    transform: those the transform's level tracks (``needs_input_grad``).
+    """
+    need = ctx.needs_input_grad[first:]
+    if torch._C._are_functorch_transforms_active():
+        return tuple(need)
+    return tuple(nd and _reached(p) for nd, p in zip(need, ctx.saved_tensors, strict=True))
 
 
 def _jvp_again(ctx: Any, g: torch.Tensor, params: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
@@ -493,8 +506,7 @@ class _VJPGraph(torch.autograd.Function):
         data_grads = [g for g in grads[1:] if g is not None and bool((g != 0).any())]
         # data that require grad but that this backward does not reach (torch.autograd.grad(..., x): a
         # derivative in x alone) take no part: only a pass that reaches them is refused
-        reached = tuple(nd and _reached(p) for nd, p in zip(need[6:], ctx.saved_tensors, strict=True))
-        _refuse_second_order_in_data(reached, tuple(data_grads))
+        _refuse_second_order_in_data(_data_reached(ctx, 6), tuple(data_grads))
         gx = _vjp_x(ctx.set, ctx.result, grads[0]) if need[0] else None
         zx = torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=ctx.x_device) if need[5] else None
         return (gx, None, None, None, None, zx, *([None] * (len(need) - 6)))

@@ -8,6 +8,7 @@ weak references to the source arrays and are dropped once those are collected (L
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -22,6 +23,15 @@ _CACHE: OrderedDict[tuple, tuple[tuple[weakref.ref, ...], Any]] = OrderedDict()
 #: solves from several threads share the cache: a key evicted by one between another's lookup and its
 #: move_to_end raised KeyError there (the build itself runs outside the lock)
 _LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # one held by another thread at the fork is never released in the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def converted(tag: str, sources: Sequence[Any], extra: Hashable, build: Callable[[], T]) -> T:

@@ -45,6 +45,29 @@ _LOCK = threading.Lock()
 _OPEN = {"depth": 0, "fd": None, "devnull": None, "stdout": None}
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has only the forking thread: the others' open blocks (and a lock one held) are gone.
+
+    Fresh lock; stdout given back if the fork came inside blocks, which no thread of the child will leave (the
+    child's first silenced block waited forever on the inherited lock, or its output stayed at /dev/null).
+    """
+    global _LOCK
+    _LOCK = threading.Lock()
+    if _OPEN["fd"] is not None:  # best effort: a fork in the middle of a restore may find an fd closed already
+        with contextlib.suppress(OSError):
+            os.dup2(_OPEN["fd"], 1)
+        for fd in (_OPEN["fd"], _OPEN["devnull"]):
+            with contextlib.suppress(OSError, TypeError):
+                os.close(fd)
+        if _OPEN["stdout"] is not None:
+            sys.stdout = _OPEN["stdout"]
+    _OPEN.update(depth=0, fd=None, devnull=None, stdout=None)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @contextlib.contextmanager
 def c_stdout_silenced(enabled: bool = True) -> Iterator[None]:
     """Redirect file descriptor 1 to ``/dev/null`` inside the block (a no-op when not ``enabled``)."""

@@ -719,9 +719,11 @@ def _guard_raises(fn: Callable) -> Callable:
     def call(self: Any, *args: Any, **kw: Any) -> Any:
         try:
             return fn(self, *args, **kw)
-        except PolyprojError:
+        except (PolyprojError, MemoryError):
             raise
         except (Exception, SystemExit) as exc:  # as in _call: a backend's exception (or exit) names the backend
+            if type(exc).__name__ == "OutOfMemoryError":  # torch's (a RuntimeError): the caller may shrink the batch
+                raise
             raise SolverError(f"backend {self.name or type(self).__name__!r} raised {type(exc).__name__}: "
                               f"{exc}") from exc
 

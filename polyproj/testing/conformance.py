@@ -35,6 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backends.base import QPSolver
+from ..errors import SolverError
 from ..problem import QP
 from ..solution import Solution, Status
 
@@ -398,13 +399,17 @@ def _expect_status(solver: QPSolver, rng: np.random.Generator, make: Callable[..
     detects = solver.capabilities.infeasibility
     for n, m in ((5, 3), (10, 6)):
         qp = make(rng, n, m)
-        sol = solver.solve(qp)
         if not detects:
+            try:
+                sol = solver.solve(qp)
+            except SolverError:  # an error is no claim of an answer
+                continue
             claimed = sol.info.get("claimed_status", sol.status.name)
             assert claimed not in (Status.SOLVED.name, Status.SOLVED_INACCURATE.name), (
                 f"[{solver.name}] {what} {_describe(qp)}: the backend claimed {claimed}; polyproj's output check "
                 f"made it {sol.status.name}: {sol.info.get('validation', '')}")
             continue
+        sol = solver.solve(qp)
         _assert_not_demoted(solver, sol, what)
         assert sol.status is expected, (
             f"[{solver.name}] {what} {_describe(qp)}: got {sol.status.name}, expected {expected.name}")
