@@ -91,7 +91,8 @@ def test_a_failing_run_is_a_row_not_the_end():
     from polyproj.apps.runner import _isolated
 
     rec = _isolated("mhc", "nope", "", 0, mhc.config(True), 1, 120.0)
-    assert rec.status.startswith("ValueError") and "nope" in rec.status and rec.method == "nope"
+    # (a ProblemError, as for the portfolio's unknown methods; it was a bare ValueError)
+    assert rec.status.startswith("ProblemError") and "nope" in rec.status and rec.method == "nope"
 
 
 def test_unknown_method_is_a_clear_error(tmp_path):

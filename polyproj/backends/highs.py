@@ -332,6 +332,13 @@ class HiGHSSolver(QPSolver):
                                       info={"error": "HiGHS rejected the model"})
         t1 = time.perf_counter()
         run_status = h.run()
+        if run_status == highspy.HighsStatus.kError and self.backend_options.get("threads") is not None and \
+                h.getModelStatus() == highspy.HighsModelStatus.kNotset:
+            # HiGHS's thread pool is the process's, sized at its first run: a run asking for another count fails
+            # before it starts ("Not Set"); the pool is made again at the count asked for (other HiGHS solves
+            # running in other threads at that moment would be disturbed: give them one count)
+            highspy.Highs.resetGlobalScheduler(True)
+            run_status = h.run()
         solve_time = time.perf_counter() - t1
         return self._collect(h, qp, run_status, solve_time, setup)
 
