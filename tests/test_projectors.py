@@ -289,6 +289,10 @@ class _Box01(pp.Projector):
             Y = Y * float("nan")
         if self.broken == "1e-10 off outside numpy" and not is_numpy_array(X):
             Y = Y + 1e-10
+        if self.broken == "float64 for float32":
+            Y = xp.astype(Y, xp.float64)
+        if self.broken == "1e-3 off in float32" and Y.dtype == xp.float32:
+            Y = Y + 1e-3
         active = xp.concat([X <= 0, X >= 1], axis=1)
         mult = xp.concat([xp.clip(-X, 0.0, None), xp.clip(X - 1, 0.0, None)], axis=1)
         return self.result(X, Y, active=active, multipliers=mult)
@@ -298,6 +302,12 @@ class _Box01(pp.Projector):
             return None
         if self.broken == "vjp nan":
             return G * float("nan")
+        from array_api_compat import is_numpy_array
+
+        if self.broken == "vjp wrong on torch" and not is_numpy_array(G):
+            return G
+        if self.broken == "vjp numpy for torch" and not is_numpy_array(G):
+            return np.asarray(G)
         xp = array_namespace(G)
         act = result.active[:, : self._n] | result.active[:, self._n:]
         return xp.where(act, xp.zeros_like(G), G)
@@ -316,10 +326,18 @@ class _Box01(pp.Projector):
     ("raises", "set-up", "kaboom"),
     ("none", "set-up", "ProjectionResult"),
     ("wrong n", "set-up", "has 4 variables but S.n is 3"),
+    # the layer's backward calls vjp on torch: a NumPy-only check passed these (silently wrong gradients), and
+    # float32 was never tried (a probe)
+    ("vjp wrong on torch", "torch vjp", "S.vjp on torch differs from S.vjp on NumPy"),
+    ("vjp numpy for torch", "torch vjp", "expected a tensor"),
+    ("float64 for float32", "float32", "expected float32"),
+    ("1e-3 off in float32", "float32", "differs from the float64 one"),
 ])
 def test_check_projector_fails_broken_sets_in_its_report(broken, row, what):
     """NaN compared False against the tolerances (a NaN vjp or a NaN torch answer passed), and a set that raised
     escaped check_projector as a raw exception."""
+    if row == "torch vjp":
+        pytest.importorskip("torch")
     assert check_projector(_Box01(3), examples=8, seed=0).passed
     report = check_projector(_Box01(3, broken), examples=8, seed=0)
     assert not report.passed
@@ -364,3 +382,28 @@ def test_check_projector_samples_far_points():
     assert check_projector(HalfSpace([1.0, -2.0], 0.5), examples=20, seed=0).passed
     report = check_projector(WrongFar([1.0, -2.0], 0.5), examples=20, seed=0)
     assert not report.passed and report["agreement"].status == "failed"
+
+
+def test_a_sets_result_of_the_wrong_shape_or_kind_is_named():
+    """pp.project returned a custom set's y of the wrong shape (or a NumPy y for a torch input) as it was, and the
+    torch layer failed on it with torch's RuntimeError / AttributeError (a probe)."""
+    from dataclasses import replace
+
+    class WrongWidth(_Box01):
+        def project_batch(self, X):
+            res = super().project_batch(X)
+            return replace(res, y=res.y[:, :2])
+
+    class NumpyOut(_Box01):
+        def project_batch(self, X):
+            return super().project_batch(np.asarray(X))
+
+    X = np.full((5, 3), 3.0)
+    with pytest.raises(pp.SolverError, match=r"WrongWidth.project_batch returned y as ndarray of shape \(5, 2\)"):
+        pp.project(X, WrongWidth(3))
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    for S in (WrongWidth(3), NumpyOut(3)):
+        with pytest.raises(pp.SolverError, match="y must be an array of X's kind and shape"):
+            project(torch.tensor(X), S)

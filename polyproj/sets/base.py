@@ -134,6 +134,22 @@ class Projector(abc.ABC):
         return {}
 
     # ------------------------------------------------------------------ shared entry point
+    def checked_result(self, res: Any, X: Any) -> ProjectionResult:
+        """``res`` (what :meth:`project_batch` returned for the batch ``X``) when it is of the right kind.
+
+        A SolverError naming the set unless it is a ProjectionResult whose ``y`` is an array of ``X``'s kind and
+        shape (a set's y of another shape or namespace was returned as it was, or failed deep in the torch layer).
+        """
+        name = type(self).__name__
+        if not isinstance(res, ProjectionResult):
+            raise SolverError(f"{name}.project_batch returned {type(res).__name__}, not a ProjectionResult (build it "
+                              "with self.result(X, Y, active=..., multipliers=...))")
+        if type(res.y) is not type(X) or tuple(res.y.shape) != tuple(X.shape):
+            raise SolverError(f"{name}.project_batch returned y as {type(res.y).__name__} of shape "
+                              f"{tuple(getattr(res.y, 'shape', ()))} for X as {type(X).__name__} of shape "
+                              f"{tuple(X.shape)}; y must be an array of X's kind and shape")
+        return res
+
     def project(self, X: Any) -> ProjectionResult:
         """Project ``X``: one point of shape :attr:`event_shape` (or ``(n,)``), or a batch of them.
 
@@ -159,10 +175,7 @@ class Projector(abc.ABC):
             bad = xp.nonzero(~xp.all(xp.isfinite(X2), axis=1))[0]
             first = int(bad[0])
             raise ProblemError(f"X contains NaN or inf (first in {'the point' if single else f'sample {first}'})")
-        res = self.project_batch(X2) if X2.shape[0] else self.empty_result(X2)
-        if not isinstance(res, ProjectionResult):
-            raise SolverError(f"{type(self).__name__}.project_batch returned {type(res).__name__}, not a "
-                              "ProjectionResult (build it with self.result(X, Y, active=..., multipliers=...))")
+        res = self.checked_result(self.project_batch(X2), X2) if X2.shape[0] else self.empty_result(X2)
         from dataclasses import replace
 
         if low is not None:  # returned in X's dtype, with the violation of the rounded points

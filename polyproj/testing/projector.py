@@ -17,6 +17,10 @@ conservativity         along segments through degenerate points: the path integr
                        the kinks equals the chord, and ``d/dt Π(x(t)) = J d`` a.e., for every HS element
 namespaces             torch (when installed) and ``array_api_strict`` give the NumPy answer (to
                        rounding where it is exact, to ``tol`` within the polish's tolerance of a face)
+torch vjp              ``S.vjp`` of a torch result and cotangent (what the layer's backward calls) is a
+                       tensor equal to the NumPy product where the two active sets agree
+float32                float32 inputs (NumPy, torch) give float32 answers within :data:`FLOAT32_TOL`
+                       (relative) of the float64 ones
 =====================  ===========================================================================
 """
 
@@ -264,6 +268,72 @@ def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float) -> dict[str, int]:
     return counts
 
 
+def _torch_vjp(S: Any, X: np.ndarray, rng: np.random.Generator, tol: float) -> dict[str, int] | str:
+    """``S.vjp`` on torch (what the layer's backward calls) is a tensor equal to the NumPy product.
+
+    A NumPy-only check passed a set whose torch branch returned the cotangent unchanged (silently wrong gradients
+    through the layer).
+    """
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    G = rng.standard_normal(X.shape)
+    res = S.project_batch(X)
+    ref = np.asarray(S.vjp(res, G.copy()), dtype=float)
+    res_t = S.project_batch(torch.tensor(X))
+    out = S.vjp(res_t, torch.tensor(G))
+    if not isinstance(out, torch.Tensor):
+        raise AssertionError(f"S.vjp returned {type(out).__name__} for a torch result and cotangent; expected a "
+                             "tensor (the layer's backward calls it so)")
+    if tuple(out.shape) != G.shape:
+        raise AssertionError(f"S.vjp returned shape {tuple(out.shape)} for a torch cotangent of shape {G.shape}")
+    same = np.all(np.asarray(res.active).reshape(X.shape[0], -1)
+                  == np.asarray(_host(res_t.active)).reshape(X.shape[0], -1), axis=1)
+    err = np.abs(out.detach().cpu().numpy() - ref).max(axis=1)
+    bad = same & ~(err <= tol * (1.0 + np.abs(G).max(axis=1)))  # NaN fails
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise AssertionError(f"S.vjp on torch differs from S.vjp on NumPy by {err[i]:.3g} at x = {X[i].tolist()} "
+                             "(same active set)")
+    return {"points": int(same.sum())}
+
+
+#: relative agreement of float32 answers with the float64 ones (float32's eps is 1.2e-7)
+FLOAT32_TOL = 1e-4
+
+
+def _host(v: Any) -> Any:
+    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+
+
+def _float32(S: Any, X: np.ndarray) -> dict[str, int]:
+    """float32 inputs give float32 answers, close to the float64 ones.
+
+    A set that computed in float64 and returned it, or was off only in float32, passed every float64 check.
+    """
+    ref = np.asarray(S.project(X).y, dtype=float)
+    allowed = FLOAT32_TOL * (1.0 + np.abs(X).max(axis=1))
+    inputs = [("NumPy", X.astype(np.float32))]
+    try:
+        import torch
+
+        inputs.append(("torch", torch.tensor(X, dtype=torch.float32)))
+    except ImportError:
+        pass
+    for what, x32 in inputs:
+        y = S.project(x32).y
+        dtype = str(getattr(y, "dtype", type(y)))
+        if "float32" not in dtype:
+            raise AssertionError(f"a float32 {what} input gave {dtype}; expected float32 (the input's dtype)")
+        err = np.abs(_host(y).astype(float) - ref).max(axis=1)
+        if not np.all(err <= allowed):  # NaN fails
+            i = int(np.argmax(np.nan_to_num(err - allowed, nan=np.inf)))
+            raise AssertionError(f"a float32 {what} input's answer differs from the float64 one by {err[i]:.3g} at "
+                                 f"x = {X[i].tolist()} (bound {allowed[i]:.3g})")
+    return {"points": int(X.shape[0])}
+
+
 def check_projector(S: Any, *, examples: int = 20, seed: int = 0, backend: Any = "proxsuite",
                     tol: float = 1e-9) -> CheckReport:
     """Run the property suites on a Projector (see the module docstring); never raises for a failure.
@@ -309,5 +379,7 @@ def check_projector(S: Any, *, examples: int = 20, seed: int = 0, backend: Any =
              np.random.default_rng([seed, 1])),
         _run("conservativity", "hs-jacobian", _conservativity, S, P, Xd.copy(), rng),
         _run("namespaces", "projection", _namespaces, S, P, X_all.copy(), tol),
+        _run("torch vjp", "hs-jacobian", _torch_vjp, S, np.vstack([X, Xd]), np.random.default_rng([seed, 2]), tol),
+        _run("float32", "projection", _float32, S, X.copy()),
     )
     return CheckReport(repr(S), results, seed, examples)
