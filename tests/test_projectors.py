@@ -407,3 +407,19 @@ def test_a_sets_result_of_the_wrong_shape_or_kind_is_named():
     for S in (WrongWidth(3), NumpyOut(3)):
         with pytest.raises(pp.SolverError, match="y must be an array of X's kind and shape"):
             project(torch.tensor(X), S)
+
+
+def test_a_set_of_matrix_points_gets_its_cotangent_as_batch_by_n():
+    """S.vjp at the result of points of shape (k, k) handed the set's vjp G of that shape, not (batch, n) as
+    project_batch takes X: a set written for (batch, n) failed with NumPy's broadcast error (a probe)."""
+
+    class MatBox(_Box01):
+        @property
+        def event_shape(self):
+            return (2, 2)
+
+    S = MatBox(4)
+    X = np.random.default_rng(0).standard_normal((3, 2, 2)) * 2.0
+    ref = S.vjp(pp.project(X.reshape(3, 4), S), np.ones((3, 4)))
+    np.testing.assert_array_equal(S.vjp(pp.project(X, S), np.ones((3, 2, 2))), ref)  # a batch's J g: (batch, n)
+    np.testing.assert_array_equal(S.vjp(pp.project(X[0], S), np.ones((2, 2))), ref[0].reshape(2, 2))

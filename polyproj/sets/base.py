@@ -274,10 +274,15 @@ def _checked_vjp(fn: Any) -> Any:
                                                 or gs[0] == ys[0]))):
             raise ProblemError(f"G must have one entry per entry of the result's y, shape {tuple(ys)} (or its "
                                f"points flattened); got {tuple(gs)}")
+        # the set's vjp takes G as (batch, n), as project_batch takes X: points with a shape (Birkhoff's k x k)
+        # are flattened for it (a set written for (batch, n) failed on (1, 3, 3)); J g of a batch comes as
+        # (batch, n), that of a single point in the point's shape
         one = getattr(result, "batch_of_one", None)
         if one is not None and not getattr(result, "batched", True):  # a single point: its batch of one, J g
-            out = fn(self, one, array_namespace(G).reshape(G, (1, *one.y.shape[1:])))  # in the point's shape
+            out = fn(self, one, array_namespace(G).reshape(G, (1, -1)))
             return array_namespace(out).reshape(out, tuple(ys))
+        if gs is not None and len(gs) > 2:
+            return fn(self, result, array_namespace(G).reshape(G, (gs[0], -1)))
         return fn(self, result, G)
 
     vjp._cotangent_checked = True  # type: ignore[attr-defined]
