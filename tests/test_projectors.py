@@ -165,6 +165,21 @@ def test_property_suite_catches_a_set_that_writes_into_its_input_and_takes_a_pol
 
     report = check_projector(Writes([1.0, 1.0, 0.0], 0.2), examples=8)
     assert not report.passed and report["input kept"].status == "failed"
+    # pp.project and the torch layer hand a third party's set a copy: the caller's points stay (they were zeroed,
+    # the layer's leaf tensor too; a probe)
+    X = np.full((2, 3), 3.0)
+    y = pp.project(X, Writes([1.0, 1.0, 0.0], 0.2)).y
+    assert np.all(X == 3.0) and np.all(np.isfinite(y))
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        from polyproj.adapters.torch import project
+
+        x = torch.full((2, 3), 3.0, dtype=torch.float64, requires_grad=True)
+        project(x, Writes([1.0, 1.0, 0.0], 0.2))
+        assert bool((x == 3.0).all())
     assert check_projector(random_polytope(rng, 4, 6, 1), examples=6).passed  # the generic path of pp.project
     with pytest.raises(pp.ProblemError, match="Projector or a pp.Polyhedron"):
         check_projector("simplex")

@@ -148,7 +148,7 @@ class _Project(torch.autograd.Function):
             if isinstance(Sx, Polyhedral):
                 res = _usable(Sx.project_batch(xd, record=True, warm_start=cfg.warm), Sx.data)
             else:  # a structured set: its answers too are checked before they are returned
-                res = _usable(Sx.checked_result(Sx.project_batch(xd), xd))
+                res = _usable(Sx.checked_result(Sx.project_batch(Sx.own_copy(xd)), xd))
         # a copy: the output must not be the tensor the result (kept by ctx) holds, or ctx -> result -> y ->
         # grad_fn -> ctx is a reference cycle through autograd that Python's gc cannot free (graphs leak)
         return res.y.to(x.dtype, copy=True), res, Sx

@@ -150,6 +150,15 @@ class Projector(abc.ABC):
                               f"{tuple(X.shape)}; y must be an array of X's kind and shape")
         return res
 
+    def own_copy(self, X: Any) -> Any:
+        """``X`` for :meth:`project_batch`: itself for polyproj's sets, a copy for a third party's.
+
+        A set that wrote into its input changed the caller's array, or the torch layer's leaf tensor, silently.
+        """
+        if type(self).__module__.startswith("polyproj."):
+            return X
+        return array_namespace(X).asarray(X, copy=True)
+
     def project(self, X: Any) -> ProjectionResult:
         """Project ``X``: one point of shape :attr:`event_shape` (or ``(n,)``), or a batch of them.
 
@@ -175,7 +184,7 @@ class Projector(abc.ABC):
             bad = xp.nonzero(~xp.all(xp.isfinite(X2), axis=1))[0]
             first = int(bad[0])
             raise ProblemError(f"X contains NaN or inf (first in {'the point' if single else f'sample {first}'})")
-        res = self.checked_result(self.project_batch(X2), X2) if X2.shape[0] else self.empty_result(X2)
+        res = self.checked_result(self.project_batch(self.own_copy(X2)), X2) if X2.shape[0] else self.empty_result(X2)
         from dataclasses import replace
 
         if low is not None:  # returned in X's dtype, with the violation of the rounded points
