@@ -273,6 +273,26 @@ def cached_study(cache_dir: str, wd: float):
     return S, kkt, frozen, removals_for(S, sargs), float(S.test_loss(S.problem.wrap(kkt.theta))), sargs, truth
 
 
+def probe_removals(args):
+    """The removal probes' common part: the cached study (:func:`cached_study`), a matrix-free DIF preconditioned
+    by H̄, and per removal of ``args.removals`` (all by default) its key, the removed problem, DIF's first-order
+    result and the time it was started. Returns ``(study, rows)``: ``study`` holds ``prob``, ``F`` (the test loss),
+    ``F0``, ``kkt``, ``frozen``, ``sargs``, ``truth`` and ``dif``; ``rows`` is the generator of the removals."""
+    from types import SimpleNamespace
+
+    S, kkt, frozen, removals, F0, sargs, truth = cached_study(args.cache, args.wd)
+    dif = DIF(S.problem, kkt, method="matrix-free", rtol=1e-8, preconditioner=frozen.solve)
+    ctx = SimpleNamespace(prob=S.problem, F=S.test_loss, F0=F0, kkt=kkt, frozen=frozen, sargs=sargs, truth=truth,
+                          dif=dif)
+
+    def rows():
+        for i in (args.removals if args.removals is not None else range(len(removals))):
+            t0 = time.perf_counter()
+            yield KEYS[i], S.problem.remove(removals[i]), dif.result(removals[i]), t0
+
+    return ctx, rows()
+
+
 #: the keys of the default 80 singles and 20 groups, in :func:`removals_for`'s order
 KEYS = [f"s{k}" for k in range(80)] + [f"g{k}" for k in range(20)]
 

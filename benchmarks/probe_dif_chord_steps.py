@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dif_fairness as study
 
-from polyproj.adapters.dif import DIF
 from polyproj.adapters.dif.second_order import correction, step_length
 
 
@@ -39,13 +38,9 @@ def main(argv=None) -> int:
     ap = study.probe_parser(__doc__)
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args(argv)
-    S, kkt, frozen, removals, F0, _, truth = study.cached_study(args.cache, args.wd)
-    prob, F, keys = S.problem, S.test_loss, study.KEYS
-    dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, preconditioner=frozen.solve)
-    for i in (args.removals if args.removals is not None else range(len(removals))):
-        t0 = time.perf_counter()
-        removed = prob.remove(removals[i])
-        first = dif.result(removals[i])
+    st, rows = study.probe_removals(args)
+    prob, F, F0, kkt, dif = st.prob, st.F, st.F0, st.kkt, st.dif
+    for key, removed, first, t0 in rows:
         omega, dlam = first.omega.numpy(), first.multipliers
         changes, lengths = [float(F(prob.wrap(kkt.theta + first.omega))) - F0], []
         for _ in range(args.steps):
@@ -57,7 +52,7 @@ def main(argv=None) -> int:
             lam = step.start + t * (step.lambdas - step.start)
             omega, dlam = omega + t * step.delta, lam - dif.lin.lam
             changes.append(float(F(prob.wrap(kkt.theta + torch.as_tensor(omega)))) - F0)
-        print(json.dumps({"removal": keys[i], "retrained": truth[keys[i]]["dF"], "after_each_step": changes,
+        print(json.dumps({"removal": key, "retrained": st.truth[key]["dF"], "after_each_step": changes,
                           "step_lengths": lengths, "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
     return 0
 

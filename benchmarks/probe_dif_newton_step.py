@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dif_fairness as study
 
-from polyproj.adapters.dif import DIF
 from polyproj.adapters.dif.newton import newton_kkt
 
 
@@ -35,21 +34,16 @@ def main(argv=None) -> int:
     ap = study.probe_parser(__doc__)
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args(argv)
-    S, kkt, frozen, removals, F0, sargs, truth = study.cached_study(args.cache, args.wd)
-    prob, F, keys = S.problem, S.test_loss, study.KEYS
-    dif = DIF(prob, kkt, method="matrix-free", rtol=1e-8, preconditioner=frozen.solve)
-    for i in (args.removals if args.removals is not None else range(len(removals))):
-        t0 = time.perf_counter()
-        removed = prob.remove(removals[i])
-        first = dif.result(removals[i])
-        th, lam = kkt.theta + first.omega, dif.lin.lam + first.multipliers
-        changes, residuals = [float(F(prob.wrap(th))) - F0], []
+    st, rows = study.probe_removals(args)
+    for key, removed, first, t0 in rows:
+        th, lam = st.kkt.theta + first.omega, st.dif.lin.lam + first.multipliers
+        changes, residuals = [float(st.F(st.prob.wrap(th))) - st.F0], []
         for _ in range(args.steps):
-            th, lam, info = newton_kkt(removed, th, lam, tol=sargs.tol, preconditioner=frozen, chunk_size=sargs.chunk,
-                                       max_iter=1, rtol=1e-8)
-            changes.append(float(F(prob.wrap(th))) - F0)
+            th, lam, info = newton_kkt(removed, th, lam, tol=st.sargs.tol, preconditioner=st.frozen,
+                                       chunk_size=st.sargs.chunk, max_iter=1, rtol=1e-8)
+            changes.append(float(st.F(st.prob.wrap(th))) - st.F0)
             residuals.append(info.residuals[-1])
-        print(json.dumps({"removal": keys[i], "retrained": truth[keys[i]]["dF"], "after_each_step": changes,
+        print(json.dumps({"removal": key, "retrained": st.truth[key]["dF"], "after_each_step": changes,
                           "kkt_residuals": residuals, "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
     return 0
 
