@@ -47,6 +47,7 @@ for a batch), with the status the backend claimed.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import time
@@ -536,11 +537,8 @@ def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     before = {k: _fingerprint(v) for k, v in given.items() if v.flags.writeable}
     token = _INSIDE.set(_INSIDE.get() | {id(solver)})
     try:
-        out = fn(solver, *args, **kw)
-    except PolyprojError:
-        raise
-    except (Exception, SystemExit) as exc:  # a backend calling sys.exit() must not end the caller's process
-        raise SolverError(f"backend {name!r} raised {type(exc).__name__}: {exc}") from exc
+        with _named_errors(name):
+            out = fn(solver, *args, **kw)
     finally:
         _INSIDE.reset(token)
     changed = [k for k, v in before.items() if not _unchanged(given[k], v)]
@@ -714,18 +712,28 @@ def guard(name: str, fn: Callable) -> Callable:
     return _guard_solve(fn) if name == "solve" else _guard_solve_batch(fn)
 
 
+@contextlib.contextmanager
+def _named_errors(name: str):
+    """A backend's own exception as a SolverError naming it (``sys.exit()`` too: it must not end the caller).
+
+    PolyprojErrors and out-of-memory errors (MemoryError, torch's OutOfMemoryError, a RuntimeError: the caller
+    may shrink the batch) pass as they are.
+    """
+    try:
+        yield
+    except (PolyprojError, MemoryError):
+        raise
+    except (Exception, SystemExit) as exc:
+        if type(exc).__name__ == "OutOfMemoryError":
+            raise
+        raise SolverError(f"backend {name!r} raised {type(exc).__name__}: {exc}") from exc
+
+
 def _guard_raises(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def call(self: Any, *args: Any, **kw: Any) -> Any:
-        try:
+        with _named_errors(self.name or type(self).__name__):
             return fn(self, *args, **kw)
-        except (PolyprojError, MemoryError):
-            raise
-        except (Exception, SystemExit) as exc:  # as in _call: a backend's exception (or exit) names the backend
-            if type(exc).__name__ == "OutOfMemoryError":  # torch's (a RuntimeError): the caller may shrink the batch
-                raise
-            raise SolverError(f"backend {self.name or type(self).__name__!r} raised {type(exc).__name__}: "
-                              f"{exc}") from exc
 
     call._polyproj_guarded = True  # type: ignore[attr-defined]
     return call

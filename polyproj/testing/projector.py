@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.projection import to_host
 from .check import CheckReport, PropertyResult, check_arguments
 
 __all__ = ["BOUNDARY_DISTANCES", "boundary_points", "check_projector", "projector_points"]
@@ -293,8 +294,8 @@ def _torch_vjp(S: Any, X: np.ndarray, rng: np.random.Generator, tol: float) -> d
     if tuple(out.shape) != G.shape:
         raise AssertionError(f"S.vjp returned shape {tuple(out.shape)} for a torch cotangent of shape {G.shape}")
     same = np.all(np.asarray(res.active).reshape(X.shape[0], -1)
-                  == np.asarray(_host(res_t.active)).reshape(X.shape[0], -1), axis=1)
-    err = np.abs(out.detach().cpu().numpy() - ref).max(axis=1)
+                  == to_host(res_t.active).reshape(X.shape[0], -1), axis=1)
+    err = np.abs(to_host(out) - ref).max(axis=1)
     bad = same & ~(err <= tol * (1.0 + np.abs(G).max(axis=1)))  # NaN fails
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
@@ -305,10 +306,6 @@ def _torch_vjp(S: Any, X: np.ndarray, rng: np.random.Generator, tol: float) -> d
 
 #: relative agreement of float32 answers with the float64 ones (float32's eps is 1.2e-7)
 FLOAT32_TOL = 1e-4
-
-
-def _host(v: Any) -> Any:
-    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
 
 
 def _float32(S: Any, X: np.ndarray) -> dict[str, int]:
@@ -330,7 +327,7 @@ def _float32(S: Any, X: np.ndarray) -> dict[str, int]:
         dtype = str(getattr(y, "dtype", type(y)))
         if "float32" not in dtype:
             raise AssertionError(f"a float32 {what} input gave {dtype}; expected float32 (the input's dtype)")
-        err = np.abs(_host(y).astype(float) - ref).max(axis=1)
+        err = np.abs(to_host(y) - ref).max(axis=1)
         if not np.all(err <= allowed):  # NaN fails
             i = int(np.argmax(np.nan_to_num(err - allowed, nan=np.inf)))
             raise AssertionError(f"a float32 {what} input's answer differs from the float64 one by {err[i]:.3g} at "
