@@ -263,6 +263,66 @@ def test_layer_keeps_leading_dims_for_a_set(rng):
     np.testing.assert_allclose(y.sum(-1).numpy(), 1.0, atol=1e-12)
 
 
+class _WithWeight(HalfSpace):
+    """HalfSpace with a differentiable offset ``c`` (a tensor), its vjp and parameter_vjp broken as ``broken`` says."""
+
+    def __init__(self, w, c, broken=""):
+        super().__init__(w, 0.0)
+        self.c_t, self.broken = c, broken
+        self.c = float(c.detach())
+
+    def vjp(self, result, G):
+        out = super().vjp(result, G)
+        return {"none": None, "short": out[:, :-1], "list": None if out is None else out.tolist(),
+                "numpy": np.asarray(out)}.get(self.broken, out)
+
+    def parameters(self):
+        return {"c": self.c_t}
+
+    def with_parameters(self, **values):
+        return _WithWeight(self.w, values["c"], self.broken)
+
+    def parameter_vjp(self, result, G, names):
+        import torch
+
+        w = torch.as_tensor(self.w, dtype=G.dtype)
+        grad = (torch.where(result.face[:, 0], G @ w, torch.zeros(())) / float(self.w @ self.w)).sum()
+        return {"none": None, "missing": {}, "shape": {"c": grad.reshape(1, 1)}}.get(self.broken, {"c": grad})
+
+
+@pytest.mark.parametrize(("broken", "match"), [
+    ("none", "vjp returned NoneType"), ("short", r"vjp returned shape \(4, 2\)"), ("list", "vjp returned list"),
+    ("numpy", "vjp returned ndarray"), ("missing", "no gradient for 'c'"),
+    ("shape", r"shape \(1, 1\) for 'c'; the parameter has shape \(\)"),
+    ("none param", None)])
+def test_layer_checks_what_a_third_party_backward_returns(rng, broken, match):
+    """A custom set's vjp returning None was read by autograd as a zero gradient (silently); a wrong shape, a
+    list or a NumPy array failed inside autograd without naming the set."""
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    c = torch.tensor(0.2, dtype=torch.float64, requires_grad=True)
+    S = _WithWeight([1.0, -1.0, 2.0], c, "none" if broken == "none param" else broken)
+    x = torch.tensor(rng.normal(size=(4, 3)) + 1.0, requires_grad=broken != "none param")
+    y = project(x, S)
+    if match is None:  # x needs no gradient, so vjp is not called; the parameter's gradient is still checked
+        with pytest.raises(pp.ProblemError, match="parameter_vjp returned NoneType, not a dict"):
+            y.sum().backward()
+        return
+    if broken in ("missing", "shape"):
+        x = x.detach()
+        y = project(x, S)
+    with pytest.raises(pp.ProblemError, match=match):
+        y.sum().backward()
+    ok = _WithWeight([1.0, -1.0, 2.0], c)
+    X = rng.normal(size=(4, 3)) + 1.0
+    V = np.arange(12.0).reshape(4, 3)
+    (project(torch.tensor(X), ok) * torch.tensor(V)).sum().backward()
+    w = np.array([1.0, -1.0, 2.0])  # y = x − max(wᵀx − c, 0) w / |w|²: dy/dc = w / |w|² where wᵀx > c
+    assert c.grad is not None
+    np.testing.assert_allclose(c.grad.item(), ((X @ w > 0.2) * (V @ w)).sum() / (w @ w), rtol=1e-12)
+
+
 # ----------------------------------------------------------------------------- errors
 def test_bad_input_is_a_clear_error(rng):
     S = pp.sets.Simplex(3)

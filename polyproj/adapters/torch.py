@@ -11,6 +11,7 @@ is conversion and autograd glue only: it holds no solver.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -314,10 +315,53 @@ def _backward_parts(S: Projector, res: Any, g: torch.Tensor, wanted: tuple[str, 
         gin = g.clone()  # a third party's vjp may write into its input: the autograd graph's gradient, not its own
     gx = S.vjp(res, gin) if need_x else None
     gp = {} if not wanted else S.parameter_vjp(res, gin, wanted, **({} if groups is None else {"groups": groups}))
+    if not type(S).__module__.startswith("polyproj."):
+        gx, gp = _third_party_parts(S, gx, gp, g, wanted, need_x, groups, np.ndarray if host else torch.Tensor)
     if host:
         params = S.parameters()
         gx = None if gx is None else torch.from_numpy(np.asarray(gx)).to(g.dtype)
         gp = {k: torch.from_numpy(np.asarray(v)).to(params[k].dtype) for k, v in gp.items()}
+    return gx, gp
+
+
+def _third_party_parts(S: Projector, gx: Any, gp: Any, g: torch.Tensor, wanted: tuple[str, ...], need_x: bool,
+                       groups: int | None, kind: type) -> tuple[Any, dict[str, Any]]:
+    """A third party's ``vjp`` / ``parameter_vjp`` outputs checked before autograd takes them.
+
+    A ``None`` from ``vjp`` would be read by autograd as a zero gradient (silently), a list, an array of
+    another namespace or a wrong shape fails inside autograd with a message that names neither the set nor
+    the method. ``J g`` of the points' size in another shape (a set flattening (batch, k, k)) is taken in
+    ``g``'s shape. ``kind``: the array type the set was given its cotangent in.
+    """
+    name = type(S).__name__
+    if need_x:
+        shape = getattr(gx, "shape", None)
+        if not isinstance(gx, kind):
+            raise ProblemError(f"{name}.vjp returned {type(gx).__name__}; it was given its cotangent as "
+                               f"{kind.__module__}.{kind.__name__} and must return J g as one, shape {tuple(g.shape)}")
+        if math.prod(shape) != g.numel():
+            raise ProblemError(f"{name}.vjp returned shape {tuple(shape)}; the cotangent has shape {tuple(g.shape)}")
+        if tuple(shape) != tuple(g.shape):
+            gx = gx.reshape(tuple(g.shape))
+    if wanted:
+        if not isinstance(gp, dict):
+            raise ProblemError(f"{name}.parameter_vjp returned {type(gp).__name__}, not a dict of gradients by "
+                               f"parameter name")
+        params = S.parameters()
+        lead = () if groups is None else (groups,)
+        for k in wanted:
+            v = gp.get(k)
+            want = (*lead, *params[k].shape)
+            if k not in gp:
+                raise ProblemError(f"{name}.parameter_vjp returned no gradient for {k!r} (asked for {wanted})")
+            if not isinstance(v, kind):
+                raise ProblemError(f"{name}.parameter_vjp returned {type(v).__name__} for {k!r} (asked for "
+                                   f"{wanted}); it was given its cotangent as {kind.__module__}.{kind.__name__} "
+                                   f"and must return the gradients as such")
+            if tuple(v.shape) != want:
+                raise ProblemError(f"{name}.parameter_vjp returned shape {tuple(v.shape)} for {k!r}; the "
+                                   f"parameter has shape {tuple(params[k].shape)}"
+                                   + (f" ({groups} groups: {want})" if groups is not None else ""))
     return gx, gp
 
 
