@@ -498,3 +498,22 @@ def test_a_set_of_matrix_points_gets_its_cotangent_as_batch_by_n():
     ref = S.vjp(pp.project(X.reshape(3, 4), S), np.ones((3, 4)))
     np.testing.assert_array_equal(S.vjp(pp.project(X, S), np.ones((3, 2, 2))), ref)  # a batch's J g: (batch, n)
     np.testing.assert_array_equal(S.vjp(pp.project(X[0], S), np.ones((2, 2))), ref[0].reshape(2, 2))
+
+
+def test_an_event_shape_that_is_not_n_entries_is_named():
+    """A set whose event_shape does not flatten to n entries is named (NumPy's reshape error came out of
+    pp.project; the layer took a (5, 3) batch by n and its reshape back failed later)."""
+
+    class Odd(HalfSpace):
+        @property
+        def event_shape(self):
+            return (2, 2)
+
+    S = Odd([1.0, 2.0, 3.0], 0.5)
+    with pytest.raises(pp.ProblemError, match=r"event_shape \(2, 2\) has 4 entries, but its n is 3"):
+        pp.project(np.zeros((2, 2)), S)
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    with pytest.raises(pp.ProblemError, match="event_shape"):
+        project(torch.zeros(5, 3, dtype=torch.float64), S)

@@ -566,7 +566,7 @@ def _reached(t: torch.Tensor) -> bool:
 
 def _flatten(x: torch.Tensor, S: Projector) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
     """``x`` as (batch, n): returns it with the batch shape and the event shape to restore."""
-    ev = tuple(S.event_shape)
+    ev = S.checked_event_shape()
     if tuple(x.shape[-len(ev):]) == ev:
         bshape, tail = tuple(x.shape[: x.ndim - len(ev)]), ev
     elif x.shape[-1] == S.n:

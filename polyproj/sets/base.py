@@ -196,9 +196,17 @@ class Projector(abc.ABC):
             res = replace(res, y=xp.reshape(res.y, (X2.shape[0], *shape)))
         return res.single() if single else res
 
+    def checked_event_shape(self) -> tuple[int, ...]:
+        """:attr:`event_shape` as a tuple, refused (:class:`ProblemError`) unless its entries number :attr:`n`."""
+        ev = tuple(self.event_shape)
+        if math.prod(ev) != self.n:
+            raise ProblemError(f"{type(self).__name__}.event_shape {ev} has {math.prod(ev)} entries, but its n is "
+                               f"{self.n}: a point of shape event_shape must flatten to n entries")
+        return ev
+
     def _as_batch(self, X: Any) -> tuple[Any, bool, tuple[int, ...]]:
         xp = array_namespace(X)
-        n, ev = self.n, tuple(self.event_shape)
+        n, ev = self.n, self.checked_event_shape()
         shp = tuple(X.shape)
         if shp == ev or shp == (n,):
             return xp.reshape(X, (1, n)), True, shp
