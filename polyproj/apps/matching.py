@@ -56,7 +56,9 @@ class Config:
     batch: int = 32
     lr: float = 3e-3
     linsat_tau: float = 0.05
-    f1_target: float = 0.8
+    #: validation F1 whose first epoch is reported as the time to target (the README's column; at this preset
+    #: the best validation F1 of every method stays near 0.66-0.72, so 0.8 was never reached)
+    f1_target: float = 0.65
 
 
 def config(quick: bool) -> Config:
