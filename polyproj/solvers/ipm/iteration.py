@@ -70,15 +70,18 @@ def init(xp: Any, qp: BatchQP, settings: Settings, resume: ResumeState | None = 
 
 
 def start(s: Setup) -> Iterate:
-    """Mehrotra's starting point: one Newton step from ``x = 0`` (or the warm start), ``s = z = 1``.
+    """Mehrotra's starting point: one Newton step from ``x = 0``, ``s = z = 1``.
 
     The slacks and multipliers of the step's end are floored at 1 (multipliers of absent sides 0);
-    an element whose step is not finite starts at ``x = 0``.
+    an element whose step is not finite starts at ``x = 0``. The step's end does not depend on the x it
+    starts from (the KKT residuals of a QP are affine in x, s and z held at 1), so a warm start's ``x0``
+    is not used: from 0 the step is the same point, without the rounding of a far x0 (1e12 cost 11-17
+    iterations more and 4e-10 of accuracy).
     """
     xp, num, r, qp = s.xp, s.num, s.rows, s.qp
     b, n, M = qp.b, qp.n, r.L.shape[1]
     dtype, dev, one, zero = num.dtype, num.device, num.one, num.zero
-    x = xp.zeros((b, n), dtype=dtype, device=dev) if qp.x0 is None else qp.x0 / s.sqp.scaling.D
+    x = xp.zeros((b, n), dtype=dtype, device=dev)
     ones_M = xp.ones((b, M), dtype=dtype, device=dev)
     it = Iterate(x, ones_M, r.ml * 1.0, ones_M, r.mu * 1.0, xp.zeros((b, s.sqp.p), dtype=dtype, device=dev))
     fac = s.kkt.factorize_start(r.ml + r.mu, xp.ones((b,), dtype=xp.bool, device=dev))

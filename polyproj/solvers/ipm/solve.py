@@ -49,7 +49,9 @@ def solve_qp_batch(
         they are floored at ``1000 · eps(float32)`` times (1 + the size of each residual's terms at the point).
     max_iter : int
     warm_start : object or dict with ``x`` ((b, n) array), optional
-        Starting primal point (the interior-point start heuristic is applied from it).
+        Checked and accepted, but it cannot start the method closer: Mehrotra's start is one Newton step
+        from (x, s = z = 1), and for a QP (KKT residuals affine in x) the step's end is the same point from
+        every x. A primal point alone is no warm start for an interior-point method.
     time_limit : float, optional
         Seconds; elements still running get code TIME_LIMIT.
     ruiz_iter : int
