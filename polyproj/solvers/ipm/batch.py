@@ -120,9 +120,9 @@ def solve_compacted(xp: Any, qp: BatchQP, settings: Settings, resume: ResumeStat
     b = qp.b
     # float32 iterates of elements at their limits overflow to inf / NaN in NumPy's elementwise kernels (their
     # status records it; the step rules mask them): no RuntimeWarning, which -W error turns into a failure.
-    # Per call, in this thread (errstate is thread-local: parts run on worker threads)
-    quiet = np.errstate(over="ignore", invalid="ignore") if is_numpy_namespace(xp) else contextlib.nullcontext()
-    with quiet:
+    # Per call, in this thread (errstate is thread-local: parts run on worker threads); for every namespace, as
+    # array_api_strict (and others wrapping NumPy) run NumPy's kernels underneath; torch's ignore it
+    with np.errstate(over="ignore", invalid="ignore"):
         out = iteration.run(xp, qp, settings, resume=resume, stop_frac=COMPACT_FRAC if b >= COMPACT_MIN else None)
     if isinstance(out, IPMResult):
         return out
