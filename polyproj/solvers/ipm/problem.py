@@ -162,6 +162,8 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
         xp = array_namespace(*arrays)
     except TypeError as exc:  # NumPy beside torch, say: one namespace per batch
         raise ProblemError(f"the arrays must come from one array library (and device): {exc}") from None
+    if any(getattr(a, "is_meta", False) for a in arrays):  # torch's own error came from a .item() deep inside
+        raise ProblemError("the arrays are on torch's 'meta' device: they have shapes but no values to solve with")
     devices = {str(_device(a)) for a in arrays if hasattr(a, "shape")}
     if len(devices) > 1:  # the namespace's own error came from deep inside (array_api_strict's ValueError)
         raise ProblemError(f"the arrays must be on one device, got {sorted(devices)}")
@@ -186,6 +188,8 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
 
     q, P = conv(q), conv(P)
     C = conv(C) if C is not None else xp.zeros((0, n), dtype=dtype, device=dev)
+    if C.ndim == 1:  # one row, as polyproj.QP reads a 1-D C (its shape[-2] was an IndexError)
+        C = C[None, :]
     m = C.shape[-2]
     p_n = P.shape[-1] if getattr(P, "ndim", 0) >= 2 else None
     if p_n is not None and p_n != n:  # name the vector: q's width is what disagrees with P
