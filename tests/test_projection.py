@@ -1183,3 +1183,19 @@ def test_nearly_parallel_rows_at_a_cone_apex():
     assert res.status is pp.Status.SOLVED and np.abs(res.y - c).max() < 1e-6
     res = pp.project(np.array([1.0, -1.0]), pp.Polyhedron(A=A, a=[0.0], B=B, b=[0.0]))
     assert not (res.status is pp.Status.SOLVED and np.abs(res.y).max() > 1e-6), (res.status, res.y)
+
+
+@pytest.mark.parametrize("backend", ["auto", "admm", "ipm"])
+def test_array_api_strict_points_on_another_device_stay_there(backend):
+    """The ADMM start read its status codes with np.asarray, which array_api_strict refuses off its CPU device:
+    pp.project's default failed there with a SolverError while backend='ipm' worked (a probe)."""
+    xs = pytest.importorskip("array_api_strict")
+    dev = xs.__array_namespace_info__().devices()[1]
+    rng = np.random.default_rng(0)
+    C, u = rng.standard_normal((6, 5)), rng.random(6) + 0.1
+    S = pp.Polyhedron(A=C[1:], a=u[1:], B=C[:1], b=u[:1])
+    X = rng.standard_normal((10, 5))
+    res = pp.project(xs.asarray(X, device=dev), S, backend=backend)
+    assert res.y.device == dev
+    ref = pp.project(X, S, backend=backend)
+    np.testing.assert_allclose(np.asarray(xs.asarray(res.y, device=xs.Device("CPU_DEVICE"))), ref.y, atol=1e-12)

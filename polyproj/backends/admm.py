@@ -169,9 +169,10 @@ def _start_dtype(xp: Any, name: Any) -> Any:
 
 
 def _host_codes(code: Any) -> list[int]:
-    if hasattr(code, "tolist"):
-        return [int(c) for c in code.tolist()]
-    return [int(c) for c in np.asarray(code)]
+    """Status codes on the host, from any namespace and device (np.asarray refused array_api_strict's device1)."""
+    from ..solvers.ipm.result import host_list
+
+    return [int(c) for c in host_list(code)]
 
 
 def _row_bounds(xp: Any, l: Any, u: Any, lb: Any, ub: Any, N: int, m: int, n: int):

@@ -51,7 +51,7 @@ class StatusCodes:
         return self.xp.where(mask, self._arrays[CODES[name]], status)
 
 
-def _host_list(a: Any) -> list:
+def host_list(a: Any) -> list:
     """Small array -> Python list (one device sync)."""
     if hasattr(a, "tolist"):
         return a.tolist()
@@ -89,7 +89,7 @@ class IPMResult:
 
     def statuses(self) -> tuple[Status, ...]:
         """The statuses as :class:`polyproj.Status` (one host transfer of the code array)."""
-        return tuple(code_to_status(c) for c in _host_list(self.status))
+        return tuple(code_to_status(c) for c in host_list(self.status))
 
 
 #: the array fields of :class:`IPMResult`, in order
