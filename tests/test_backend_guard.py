@@ -628,6 +628,40 @@ def test_replan_per_element_repeated_and_normalised(backend):
     assert abs(sol.x[0] - ub) <= 1e-6 * ub
 
 
+@pytest.mark.timeout(120)
+def test_a_batch_of_far_apart_sizes_is_normalised_in_groups(backend):
+    """One normalisation for a whole batch took its largest |q|: beside |q| = 1e8 an element with |q| = 1 had a
+    dual tolerance 1e8 times its own scale (SOLVED at x = 0.33 for x* = 1 from four backends). Each element now
+    gets what its own solve gets (x* = -1e-9 to the absolute tolerance, as alone: the box sets its scale)."""
+    qp = pp.QP([[1.0]], [0.0], lb=[-10.0], ub=[10.0])
+    Q = [[-1e8], [-1.0], [0.0], [1e-9], [-2.0]]
+    bs = pp.get_backend(backend).solve_batch(qp, q=Q)
+    for i, want in enumerate([10.0, 1.0, 0.0, -1e-9, 2.0]):
+        alone = pp.solve_qp(qp.with_vectors(q=Q[i]), backend=backend)
+        assert bs.status[i] is alone.status, (i, bs.status, alone.status)
+        if alone.status.ok:
+            np.testing.assert_allclose(bs.x[i], [want], rtol=1e-6, atol=1e-8)
+    assert sorted(map(sorted, bs.info["groups"])) == [[0], [1, 4], [2], [3]]
+    # a batch of like sizes is one solve, as before
+    assert "groups" not in pp.get_backend(backend).solve_batch(qp, q=[[-1e8], [-3e7]]).info
+
+
+@pytest.mark.timeout(120)
+def test_an_infeasible_problem_is_not_kept_solved_at_a_loose_scale(backend):
+    """σ from |q| / |P| (3e8) while the constraints hold x near 0.1: an infeasible problem's point 0.24 outside
+    its bound passed the normalised tolerances, its re-solve at x's size said PRIMAL_INFEASIBLE, and the first
+    answer was kept as SOLVED_INACCURATE (every backend); in a batch likewise (a probe)."""
+    qp = pp.QP([[3.7e-8]], [11.7], [[0.16], [-1.0]], l=[-0.14, 0.1], u=[np.inf, 0.1], ub=[-0.34])  # x = -0.1 <= -0.34
+    assert pp.solve_qp(qp, backend=backend).status is pp.Status.PRIMAL_INFEASIBLE
+    # element 1: 0.16 x >= 0.34 needs x >= 2.1, but x <= -0.17
+    L, U = np.array([[-np.inf, -1.74], [0.34, -0.43]]), np.array([[1.08, -1.74], [np.inf, 0.32]])
+    bs = pp.get_backend(backend).solve_batch(pp.QP([[3.7e-8]], [0.0], [[0.16], [-1.0]], L[1], U[1]), q=[[-6.4], [4.1]],
+                                             l=L, u=U, lb=[[0.12], [-1.14]], ub=[[np.inf], [-0.17]])
+    assert not bs.status[1].ok, (bs.status, bs.x[1])
+    if bs.status[0].ok:
+        np.testing.assert_allclose(bs.x[0], [1.74], rtol=1e-6)
+
+
 @pytest.mark.parametrize("R", [1e8, 1e10, 1e13])
 @pytest.mark.parametrize("zero_row", [False, True])
 def test_a_loose_or_zero_row_does_not_set_the_scale(R, zero_row):

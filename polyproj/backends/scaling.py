@@ -37,7 +37,8 @@ from ..problem import QP
 from ..solution import BatchSolution, Solution
 from .cache import converted
 
-__all__ = ["HIGH", "IGNORE", "LOOSE", "LOW", "REPLAN", "REPLAN_ROUNDS", "Scaling", "needs_replan", "plan", "replan"]
+__all__ = ["HIGH", "IGNORE", "LOOSE", "LOW", "REPLAN", "REPLAN_ROUNDS", "SPREAD", "Scaling", "groups", "needs_replan",
+           "plan", "replan"]
 
 HIGH = 1e7
 LOW = 1e-7
@@ -247,6 +248,61 @@ def _unit_floor(inside: Any) -> Any:
     SOLVED_INACCURATE).
     """
     return np.where(inside > 0, np.minimum(inside, 1.0), 1.0)
+
+
+#: a batch whose elements' sizes (``|q|``, and the sizes of x their sides suggest) spread more than this factor is
+#: normalised in groups (:func:`groups`)
+SPREAD = 1e2
+
+
+def groups(qp: QP, scale: Scaling | None, size: int, **batched: np.ndarray) -> list[np.ndarray] | None:
+    """The groups of a batch's elements to normalise separately (index arrays), or None for one normalisation.
+
+    :func:`plan` of a batch takes its largest sizes: beside an element with ``|q| = 1e8`` one with ``|q| = 1``
+    had its objective multiplied by 1e-8 with the rest, its dual tolerance 1e8 times its own scale, and four
+    backends returned it SOLVED at x = 0.33 for x* = 1. Elements are grouped by ``|q|`` and by the sizes of
+    x their sides suggest, each within a factor :data:`SPREAD` (zero a group of its own), where the batch is
+    normalised or an element's sizes lie below ``LOW`` (its own solve would be normalised); else None.
+    """
+    if not batched or size < 2:
+        return None
+    _, norms, rows, _ = converted("scaling", (qp.P, qp.C), None, lambda: _matrix_part(qp))
+    rows_out, rows_in, bounds_out, bounds_in = _sides(qp, norms, rows, **batched)  # each () or (size,)
+    side = np.broadcast_to(np.maximum(np.maximum(rows_out, rows_in), np.maximum(bounds_out, bounds_in)), (size,))
+    q = batched.get("q")
+    mags = [side] + ([np.max(np.abs(q), axis=1, initial=0.0)] if q is not None else [])
+    spread = [m for m in mags if _spread(m)]
+    if not spread:
+        return None
+    positive = np.concatenate([m[m > 0] for m in mags])
+    if scale is None and (positive.size == 0 or float(positive.min()) >= LOW):
+        return None
+    keys = np.stack([_classes(m) for m in spread], axis=1)
+    _, label = np.unique(keys, axis=0, return_inverse=True)
+    label = label.reshape(-1)
+    return [np.flatnonzero(label == k) for k in range(int(label.max()) + 1)]
+
+
+def _spread(m: np.ndarray) -> bool:
+    """Whether sizes ``m`` mix zero with nonzero or spread more than :data:`SPREAD`."""
+    pos = m[m > 0]
+    return bool(pos.size and (pos.size < m.size or float(pos.max()) > SPREAD * float(pos.min())))
+
+
+def _classes(m: np.ndarray) -> np.ndarray:
+    """Class labels of sizes ``m``: ascending runs each within a factor :data:`SPREAD` of its smallest; 0 alone."""
+    order = np.argsort(m, kind="stable")
+    out = np.empty(m.size, dtype=np.int64)
+    label, start = -1, None
+    for j in order.tolist():
+        v = float(m[j])
+        if v <= 0:
+            out[j] = -1
+            continue
+        if start is None or v > SPREAD * start:
+            label, start = label + 1, v
+        out[j] = label
+    return out
 
 
 def _box(lb: np.ndarray, ub: np.ndarray) -> float:

@@ -587,6 +587,17 @@ def _unconfirmed(sol: Solution, again: Any) -> Solution:
                    info={**sol.info, "validation": note, "claimed_status": sol.status.name})
 
 
+def _infeasible_at_own_size(qp: QP, again: Any) -> bool:
+    """Whether a re-solve at the answer's own size found ``qp`` PRIMAL_INFEASIBLE, and an LP agrees.
+
+    σ from ``|q| / |P|`` (3e8) on constraints that hold x near 0.1 made tolerances so loose that an infeasible
+    problem's point, 0.24 outside a bound, passed as solved; its re-solve at x's size said PRIMAL_INFEASIBLE,
+    and the first answer was kept as SOLVED_INACCURATE.
+    """
+    return (isinstance(again, Solution) and again.status is Status.PRIMAL_INFEASIBLE
+            and _infeasibility_verdict(qp)[0] is Status.PRIMAL_INFEASIBLE)
+
+
 def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, scale: scaling.Scaling,
                      bs: BatchSolution) -> BatchSolution:
     """The elements of a batch whose answers lie far below σ, solved again at their own size.
@@ -607,9 +618,14 @@ def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, s
         if not isinstance(sub, BatchSolution) or len(sub) != idx.size:
             return bs
         good = np.array([s.ok for s in sub.status], dtype=bool)
-        if not good.all():  # not confirmed at their own size: the first answers, SOLVED_INACCURATE
+        # an element the re-solve at its own size finds PRIMAL_INFEASIBLE takes that answer (check_batch
+        # verifies the claim by an LP, as any other), not the first one's loose-tolerance point
+        empty = np.array([s is Status.PRIMAL_INFEASIBLE for s in sub.status], dtype=bool)
+        if empty.any():
+            bs = bs.put(idx[empty], sub.take(np.flatnonzero(empty)))
+        if not (good | empty).all():  # not confirmed at their own size: the first answers, SOLVED_INACCURATE
             status = list(bs.status)
-            for i in idx[~good]:
+            for i in idx[~(good | empty)]:
                 status[i] = Status.SOLVED_INACCURATE if status[i] is Status.SOLVED else status[i]
             bs = replace(bs, status=tuple(status))
         if not good.any():
@@ -658,6 +674,9 @@ def _guard_solve(fn: Callable) -> Callable:
                 break
             better = scaling.replan(qp, x_max, scale.sigma)
             again = _scaled_solve(self, fn, qp, warm_start, better)
+            if _infeasible_at_own_size(qp, again):
+                scale, sol = better, again
+                break
             if not (isinstance(again, Solution) and again.status.ok):  # not confirmed at its own size
                 sol = _unconfirmed(sol, again)
                 break
@@ -689,6 +708,9 @@ def _guard_solve_batch(fn: Callable) -> Callable:
             return BatchSolution.stack([self._nan_solution(qp, Status.NON_CONVEX, name)] * size, backend=name)
         t0 = time.perf_counter()
         scale = scaling.plan(qp, **vecs)
+        parts = scaling.groups(qp, scale, size, **vecs)
+        if parts is not None:  # elements of far apart sizes: each group normalised (and checked) on its own
+            return _grouped_batch(self, qp, vecs, size, warm_start, parts, name, t0)
         bs = _scaled_batch(self, fn, qp, vecs, size, warm_start, scale)
         if scale is not None and isinstance(bs, BatchSolution):
             bs = _replanned_batch(self, fn, qp, vecs, size, scale, bs)
@@ -697,6 +719,29 @@ def _guard_solve_batch(fn: Callable) -> Callable:
 
     solve_batch._polyproj_guarded = True  # type: ignore[attr-defined]
     return solve_batch
+
+
+def _grouped_batch(solver: Any, qp: QP, vecs: dict, size: int, warm_start: Any, parts: list[np.ndarray], name: str,
+                   t0: float) -> BatchSolution:
+    """A batch solved as the groups ``parts`` (:func:`.scaling.groups`), each through the guard, put back in order."""
+    x, z, zb = np.full((size, qp.n), np.nan), np.full((size, qp.m), np.nan), np.full((size, qp.n), np.nan)
+    its, status = np.zeros(size, dtype=np.int64), [Status.NUMERICAL_ERROR] * size
+    elements: list[dict] = [{} for _ in range(size)]
+    for idx in parts:
+        ws = None if warm_start is None else warm_start.take(idx)
+        part = solver.solve_batch(qp, warm_start=ws, **{k: v[idx] for k, v in vecs.items()})
+        x[idx], z[idx], zb[idx], its[idx] = part.x, part.z, part.z_box, part.iterations
+        per = part.info.get("elements") if isinstance(part.info, dict) else None
+        for k, i in enumerate(idx.tolist()):
+            status[i] = part.status[k]
+            if isinstance(per, (list, tuple)) and len(per) == len(idx) and isinstance(per[k], dict):
+                elements[i] = per[k]
+    info: dict[str, Any] = {"groups": [idx.tolist() for idx in parts],
+                            "note": "elements of far apart sizes: each group normalised and solved on its own"}
+    if any(elements):
+        info["elements"] = elements
+    return BatchSolution(x, z, zb, tuple(status), its, solve_time=time.perf_counter() - t0, backend=name,
+                         qps=ElementQPs(qp, vecs, size), info=info)
 
 
 def guard(name: str, fn: Callable) -> Callable:
