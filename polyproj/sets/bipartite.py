@@ -349,11 +349,16 @@ def _project(xp: Any, y: Dual, S: Sums) -> Dual:
 
 
 def start(xp: Any, C: Any, S: Sums) -> Dual:
-    """A first dual point: the multipliers of the affine projection (Birkhoff), else zero (``X = C₊``)."""
+    """A first dual point: the multipliers of the affine projection (Birkhoff), else ``u = (max_j C_ij − 1)₊``.
+
+    With inequalities, ``u`` brings each row's largest entry down to 1 at most, where every entry of X
+    lies in the end (from zero, ``X = C₊``: one entry at 1e8 made the first steps' multipliers ~1e5-1e8 on
+    every row, and Newton had not come back to the solution's after its 60 steps).
+    """
     b, r, c = C.shape
     if not S.equality:
-        z = xp.zeros((b, r), dtype=C.dtype, device=_device(C))
-        return Dual(z, xp.zeros((b, c), dtype=C.dtype, device=_device(C)), z[:, :1])
+        u = xp.maximum(xp.max(C, axis=2) - 1.0, xp.zeros((b, r), dtype=C.dtype, device=_device(C)))
+        return Dual(u, xp.zeros((b, c), dtype=C.dtype, device=_device(C)), xp.zeros_like(u[:, :1]))
     rs, cs = line_sums(xp, C)
     half = (xp.sum(rs, axis=1, keepdims=True) - r) / (2.0 * r)  # Σu = Σv (square: r = c)
     u, v = (rs - 1.0 - half) / c, (cs - 1.0 - half) / r
@@ -390,10 +395,22 @@ def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions, y0: Dual | None = N
             it = _Iterate(it.y.take(xp, keep), xp.take(it.X, keep, axis=0), xp.take(it.phi, keep, axis=0))
             Cs, sc, X = xp.take(Cs, keep, axis=0), xp.take(sc, keep, axis=0), it.X
             g, res = tuple(xp.take(t, keep, axis=0) for t in g), xp.take(res, keep, axis=0)
-        it = _step(xp, Cs, S, it, X, g, res, sc, opts)
+            done = None
+        new = _step(xp, Cs, S, it, X, g, res, sc, opts)
+        # samples already within tolerance keep their point: a sample is the same answer in any batch (further
+        # regularised steps moved a degenerate sample's multipliers by ~1e-9 while others iterated)
+        it = new if done is None or not bool(xp.any(done)) else _frozen(xp, done, it, new)
     else:
         out_y = it.y if idx is None else out_y.put(xp, idx, it.y)
     return out_y, done_all, steps
+
+
+def _frozen(xp: Any, done: Any, old: _Iterate, new: _Iterate) -> _Iterate:
+    """``new``, with the samples ``done`` (b,) kept at ``old``."""
+    d = done[:, None]
+    y = Dual(*(xp.where(d, a, b) for a, b in zip((old.y.u, old.y.v, old.y.w), (new.y.u, new.y.v, new.y.w),
+                                                     strict=True)))
+    return _Iterate(y, xp.where(done[:, None, None], old.X, new.X), xp.where(d, old.phi, new.phi))
 
 
 def _step(xp: Any, C: Any, S: Sums, it: _Iterate, X: Any, g, res: Any, sc: Any, opts: NewtonOptions) -> _Iterate:
@@ -544,13 +561,13 @@ def _verify(xp: Any, S: Sums, X: Any, Z: Any, y1: Dual, omega: Any, masks, tol: 
     that correction, and went to the generic path.
     """
     bad_in = (omega > 0) & (X < -rounding[:, :, None])
-    bad_out = (omega == 0) & (Z > tol[:, :, None])
+    bad_out = (omega == 0) & (Z > rows_tol[:, :, None])
     g = slacks(xp, X, S)
     changed = xp.any(xp.reshape(bad_in | bad_out, (X.shape[0], -1)), axis=1)
     ok = ~changed & (_miss(xp, g, masks)[:, 0] <= rows_tol[:, 0])
     new_masks = masks
     if masks is not None:
-        wrong = [(m > 0) & (yv < -tol) for m, yv in zip(masks, (y1.u, y1.v, y1.w), strict=True)]
+        wrong = [(m > 0) & (yv < -rows_tol) for m, yv in zip(masks, (y1.u, y1.v, y1.w), strict=True)]
         viol = [(m == 0) & (gv < -rounding) for m, gv in zip(masks, g, strict=True)]
         for wv in (*wrong, *viol):
             changed = changed | xp.any(wv, axis=1)

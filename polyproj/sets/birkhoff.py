@@ -116,8 +116,12 @@ class SumsProjector(Projector):
         C = xp.reshape(X, (b, S.r, S.c))
         scale = 1.0 + xp.max(xp.abs(X), axis=1, keepdims=True)
         t_newton, t_kkt, t_round = self._tols(xp, X.dtype)
+        # Newton's residual is in the units of X's line sums (at most 1 here), not of C: its tolerance is t_newton
+        # at that size plus the rounding of C. At C's size (one entry at 1e8: 1.5 where a line sums to 1) Newton
+        # stopped at its start, the face from there was inconsistent, and the point went to the generic path
+        nscale = 1.0 + (t_round / t_newton) * (scale - 1.0)
         first = min(self._first_steps(), self.max_iter)
-        y, _, _ = newton(C, S, scale, NewtonOptions(t_newton, first))
+        y, _, _ = newton(C, S, nscale, NewtonOptions(t_newton, first))
         last = self._last_rounds()
         face = polish(C, S, y, scale, t_kkt, t_round, rounds=6 if first < self.max_iter else last)
         if first < self.max_iter and not bool(xp.all(face.accepted)):
@@ -125,7 +129,8 @@ class SumsProjector(Projector):
             # the face again
             idx = xp.nonzero(~face.accepted)[0]
             Ci, si = xp.take(C, idx, axis=0), xp.take(scale, idx, axis=0)
-            yi, _, _ = newton(Ci, S, si, NewtonOptions(t_newton, self.max_iter - first), y0=y.take(xp, idx))
+            yi, _, _ = newton(Ci, S, xp.take(nscale, idx, axis=0), NewtonOptions(t_newton, self.max_iter - first),
+                              y0=y.take(xp, idx))
             face = _put_face(xp, face, idx, polish(Ci, S, yi, si, t_kkt, t_round, rounds=last))
         face = finish(xp, S, self._final(xp, C, face, scale * t_round), t_round)
         Y = xp.reshape(face.X, (b, self.n)) + 0.0  # Z ⊙ Ω leaves −0.0 off the support: +0.0 there
