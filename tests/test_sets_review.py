@@ -302,3 +302,90 @@ def test_one_far_entry_leaves_the_rest_of_a_matrix_set_exact(kind, big):
             assert res.status is pp.Status.SOLVED
             np.testing.assert_allclose(res.y, ref, atol=1e-9, err_msg=f"{kind} k={k} seed={seed}")
 
+
+
+def test_a_per_sample_total_is_checked_at_every_projection():
+    """The caller's total array changed after construction (or a learned total stepped past n·upper) gave
+    points outside the set with status SOLVED (a probe)."""
+    t = np.array([1.0, 2.0])
+    S = pp.sets.Simplex(3, t)
+    t[0] = -5.0
+    with pytest.raises(pp.ProblemError, match="every total must be"):
+        pp.project(np.zeros((2, 3)), S)
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    total = torch.tensor([1.0, 10.8], dtype=torch.float64, requires_grad=True)  # n·upper = 1.5
+    with pytest.raises(pp.ProblemError, match="every total must be"):
+        project(torch.zeros(2, 3, dtype=torch.float64), pp.sets.CappedSimplex(3, total.detach() * 0 + 1.0, 0.5)
+                .with_parameters(total=total))
+
+
+@pytest.mark.parametrize("bad", [np.array([1 + 1j, 2.0]), np.array([True, False])])
+def test_complex_and_bool_totals_are_refused(bad):
+    with pytest.raises(pp.ProblemError, match="real numbers"):
+        pp.sets.Simplex(3, bad)
+
+
+def test_the_total_gradient_at_a_kink_is_a_clarke_element():
+    """At total = k·upper no coordinate is free and d(Σy)/dt is 1 on both sides; 0 was reported (a learned total
+    started there never moved). Now the mean of the one-sided derivatives."""
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    x = torch.tensor([[3.0, 0.1, 2.0, -0.3]], dtype=torch.float64)
+    for t0, want in ((2.0, [0.0, 0.5, 0.5, 0.0]), (4.0, [0.0, 0.0, 0.0, 1.0]), (0.0, [1.0, 0.0, 0.0, 0.0])):
+        total = torch.tensor([t0], dtype=torch.float64, requires_grad=True)
+        S = pp.sets.CappedSimplex(4, total.detach(), 1.0).with_parameters(total=total)
+        V = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
+        (project(x, S) * V).sum().backward()
+        assert abs(float(total.grad[0]) - float(V[0] @ torch.tensor(want, dtype=torch.float64))) <= 1e-12, t0
+        # one-sided differences bracket it; Σy = t makes every element sum to 1
+        h = 1e-6
+        sides = []
+        for s in (h, -h):
+            if 0.0 <= t0 + s <= 4.0:
+                yp = pp.project(x.numpy(), pp.sets.CappedSimplex(4, np.array([t0 + s]), 1.0)).y
+                y0 = pp.project(x.numpy(), pp.sets.CappedSimplex(4, np.array([t0]), 1.0)).y
+                sides.append((yp - y0)[0] / s)
+        np.testing.assert_allclose(np.mean(sides, axis=0), want, atol=1e-9)
+
+
+def test_the_full_capped_simplex_is_its_one_point_with_every_cap_active():
+    """total = n·upper: y missed u by rounding and a cap row was reported inactive (306 of 2,000 random rows)."""
+    rng = np.random.default_rng(5)
+    for u in (0.6, 0.725714634548927):
+        for _ in range(50):
+            x = rng.normal(size=5) * rng.choice([1.0, 1e3])
+            r = pp.project(x, pp.sets.CappedSimplex(5, 5 * u, u))
+            np.testing.assert_array_equal(r.y, np.full(5, u))
+            assert r.active[5:].all() and not r.active[:5].any() and r.degenerate.dependent
+
+
+def test_an_implied_max_matches_is_not_solved_and_gives_the_same_answers():
+    """max_matches >= min(rows, cols) is implied; solved as a row it made faces dependent: 15x slower, and
+    SOLVED_INACCURATE / NUMERICAL_ERROR statuses at answers equal to those without it (a probe)."""
+    rng = np.random.default_rng(2)
+    X = 1e4 * rng.normal(size=(60, 5, 7))
+    a = pp.project(X, pp.sets.PartialMatching(5, 7))
+    for alpha in (5.0, 12.5):
+        b = pp.project(X, pp.sets.PartialMatching(5, 7, max_matches=alpha))
+        assert all(s is pp.Status.SOLVED for s in b.status)
+        np.testing.assert_array_equal(b.y, a.y)
+        assert b.active.shape == (60, 5 + 7 + 1 + 35) and b.multipliers.shape == (60, 5 + 7 + 1 + 35)
+        full = np.abs(a.y.reshape(60, -1).sum(axis=1) - alpha) <= 1e-12 * alpha
+        assert not (b.active[:, 12] & ~full).any()  # active only where the sum reaches α (weakly: either way there)
+        P = pp.sets.PartialMatching(5, 7, max_matches=alpha).as_polyhedron()
+        for i in range(60):  # multipliers in the polyhedron's numbering, the total's included
+            r = kkt_residuals(P, X[i].ravel(), b.y[i].ravel(), b.multipliers[i])
+            assert max(r.values()) <= 1e-10 * (1 + np.abs(X[i]).max()) ** 2, (alpha, i, r)
+
+
+@pytest.mark.parametrize("make", [lambda: (pp.sets.Simplex(3), (0, 3)),
+                                  lambda: (pp.sets.CappedSimplex(3, 1.0, 0.5), (0, 3)),
+                                  lambda: (pp.sets.Birkhoff(3), (0, 3, 3)),
+                                  lambda: (pp.sets.PartialMatching(2, 3), (0, 2, 3))])
+def test_vjp_of_an_empty_batch_is_empty(make):
+    S, shape = make()
+    res = pp.project(np.zeros(shape), S)
+    assert S.vjp(res, np.zeros(shape)).shape == shape

@@ -294,6 +294,8 @@ def _checked_vjp(fn: Any) -> Any:
         # the set's vjp takes G as (batch, n), as project_batch takes X: points with a shape (Birkhoff's k x k)
         # are flattened for it (a set written for (batch, n) failed on (1, 3, 3)); J g of a batch comes as
         # (batch, n), that of a single point in the point's shape
+        if gs is not None and len(gs) >= 1 and gs[0] == 0 and getattr(result, "batched", True):
+            return array_namespace(G).zeros_like(G)  # an empty batch: J g is empty (the sets' faces are None there)
         one = getattr(result, "batch_of_one", None)
         if one is not None and not getattr(result, "batched", True):  # a single point: its batch of one, J g
             out = fn(self, one, array_namespace(G).reshape(G, (1, -1)))

@@ -365,11 +365,13 @@ def start(xp: Any, C: Any, S: Sums) -> Dual:
     return Dual(u + v[:, -1:], v - v[:, -1:], xp.zeros_like(u[:, :1]))  # v_c = 0
 
 
-def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions, y0: Dual | None = None) -> tuple[Dual, Any, int]:
-    """Newton steps on the dual of every sample until its residual is below ``opts.tol · scale``.
+def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions, y0: Dual | None = None, stop: Any = None
+           ) -> tuple[Dual, Any, int]:
+    """Newton steps on the dual of every sample until its residual is below ``opts.tol · stop``.
 
-    From ``y0`` (default :func:`start`). Returns the dual point, ``done`` (b,) and the steps taken. Open
-    samples are compacted once they are at most half of those still iterating.
+    From ``y0`` (default :func:`start`). ``scale`` (b, 1) sizes the regularisation, ``stop`` the test (default
+    ``scale``). Returns the dual point, ``done`` (b,) and the steps taken. Open samples are compacted once
+    they are at most half of those still iterating.
     """
     xp = array_namespace(C)
     it = _iterate(xp, C, start(xp, C, S) if y0 is None else y0, S)
@@ -377,13 +379,13 @@ def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions, y0: Dual | None = N
     idx = None
     out_y = it.y
     done_all = xp.zeros((b,), dtype=xp.bool, device=_device(C))
-    Cs, sc = C, scale
+    Cs, sc, st = C, scale, scale if stop is None else stop
     steps = 0
     for steps in range(1, opts.max_iter + 1):  # noqa: B007 - reported
         X = it.X
         g = slacks(xp, X, S)
         res = _residual(xp, it.y, g, S)
-        done = res[:, 0] <= opts.tol * sc[:, 0]
+        done = res[:, 0] <= opts.tol * st[:, 0]
         out_y = it.y if idx is None else out_y.put(xp, idx, it.y)
         done_all = done if idx is None else put_rows(xp, done_all, idx, done)
         left = int(xp.sum(xp.astype(~done, xp.int64)))
@@ -393,7 +395,7 @@ def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions, y0: Dual | None = N
             keep = xp.nonzero(~done)[0]
             idx = keep if idx is None else xp.take(idx, keep, axis=0)
             it = _Iterate(it.y.take(xp, keep), xp.take(it.X, keep, axis=0), xp.take(it.phi, keep, axis=0))
-            Cs, sc, X = xp.take(Cs, keep, axis=0), xp.take(sc, keep, axis=0), it.X
+            Cs, sc, st, X = xp.take(Cs, keep, axis=0), xp.take(sc, keep, axis=0), xp.take(st, keep, axis=0), it.X
             g, res = tuple(xp.take(t, keep, axis=0) for t in g), xp.take(res, keep, axis=0)
             done = None
         new = _step(xp, Cs, S, it, X, g, res, sc, opts)

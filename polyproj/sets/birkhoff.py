@@ -50,6 +50,10 @@ class SumsFace:
     fallback: Any  # (set, result) of the generic projection, or None
 
 
+#: the largest dual residual (line sums of X, each at most 1) at which Newton hands a sample to its face solve
+FACE_RESIDUAL = 1e-4
+
+
 class SumsProjector(Projector):
     """Sets of ``r × c`` matrices given by ``X >= 0`` and row / column / total sums (see the subclasses).
 
@@ -116,12 +120,14 @@ class SumsProjector(Projector):
         C = xp.reshape(X, (b, S.r, S.c))
         scale = 1.0 + xp.max(xp.abs(X), axis=1, keepdims=True)
         t_newton, t_kkt, t_round = self._tols(xp, X.dtype)
-        # Newton's residual is in the units of X's line sums (at most 1 here), not of C: its tolerance is t_newton
-        # at that size plus the rounding of C. At C's size (one entry at 1e8: 1.5 where a line sums to 1) Newton
-        # stopped at its start, the face from there was inconsistent, and the point went to the generic path
-        nscale = 1.0 + (t_round / t_newton) * (scale - 1.0)
+        # Newton only finds the face (the face solve is exact), so it stops at t_newton at C's size — but its
+        # residual is in the units of X's line sums (at most 1), so never above FACE_RESIDUAL there, nor below C's
+        # rounding. At C's size alone (one entry at 1e8: 1.5 where a line sums to 1) Newton stopped at its start,
+        # the face from there was inconsistent, and the point went to the generic path. (Its regularisation keeps
+        # C's size: sized by the stop, it slowed points at 1e4 five-fold.)
+        stop = xp.maximum(xp.minimum(t_newton * scale, xp.full_like(scale, FACE_RESIDUAL)), t_round * scale) / t_newton
         first = min(self._first_steps(), self.max_iter)
-        y, _, _ = newton(C, S, nscale, NewtonOptions(t_newton, first))
+        y, _, _ = newton(C, S, scale, NewtonOptions(t_newton, first), stop=stop)
         last = self._last_rounds()
         face = polish(C, S, y, scale, t_kkt, t_round, rounds=6 if first < self.max_iter else last)
         if first < self.max_iter and not bool(xp.all(face.accepted)):
@@ -129,8 +135,8 @@ class SumsProjector(Projector):
             # the face again
             idx = xp.nonzero(~face.accepted)[0]
             Ci, si = xp.take(C, idx, axis=0), xp.take(scale, idx, axis=0)
-            yi, _, _ = newton(Ci, S, xp.take(nscale, idx, axis=0), NewtonOptions(t_newton, self.max_iter - first),
-                              y0=y.take(xp, idx))
+            yi, _, _ = newton(Ci, S, si, NewtonOptions(t_newton, self.max_iter - first), y0=y.take(xp, idx),
+                              stop=xp.take(stop, idx, axis=0))
             face = _put_face(xp, face, idx, polish(Ci, S, yi, si, t_kkt, t_round, rounds=last))
         face = finish(xp, S, self._final(xp, C, face, scale * t_round), t_round)
         Y = xp.reshape(face.X, (b, self.n)) + 0.0  # Z ⊙ Ω leaves −0.0 off the support: +0.0 there

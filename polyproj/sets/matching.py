@@ -51,7 +51,13 @@ class PartialMatching(SumsProjector):
                     or not (np.isfinite(max_matches) and max_matches >= 0):
                 raise ProblemError(f"max_matches must be a finite number >= 0 or None, got {max_matches!r}")
             max_matches = float(max_matches)
-        super().__init__(Sums(int(rows), int(cols), False, max_matches), tol=tol, max_iter=max_iter)
+        # α >= min(rows, cols) is implied by the line sums: the row stays in the set's rows (its results keep the
+        # shape of as_polyhedron; active where the sum reaches α, multiplier 0) but not in the solve, whose
+        # faces it made dependent (15x slower, and statuses SOLVED_INACCURATE / NUMERICAL_ERROR at answers equal
+        # to the ones without it)
+        implied = max_matches is not None and max_matches >= min(int(rows), int(cols))
+        super().__init__(Sums(int(rows), int(cols), False, None if implied else max_matches), tol=tol,
+                         max_iter=max_iter)
         self.rows, self.cols, self.max_matches = int(rows), int(cols), max_matches
 
     @property
