@@ -1496,3 +1496,20 @@ def test_a_forked_child_is_not_held_by_another_threads_silenced_block():
         for t in threads:
             t.join()
     assert hung == 0
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.trace's own
+def test_a_given_twice_is_refused_and_tracing_is_named():
+    """A positionally and as A=: the keyword was dropped silently; torch.jit.trace and torch.export failed with
+    torch's own internal errors (a probe)."""
+    A1, A2 = np.ones((1, 3)), 2.0 * np.ones((1, 3))
+    x = torch.zeros(2, 3, dtype=torch.float64)
+    with pytest.raises(pp.ProblemError, match="A is given twice"):
+        project(x, A1, [1.0], A=A2)
+    with pytest.raises(pp.ProblemError, match="A is given twice"):
+        ProjectionLayer(A1, [1.0], A=A2)
+    layer = ProjectionLayer(A=A1, a=[1.0], lb=np.zeros(3))
+    with pytest.raises(pp.ProblemError, match="torch.compile works"):
+        torch.jit.trace(layer, x, check_trace=False)
+    with pytest.raises(pp.ProblemError, match="torch.compile works"):
+        torch.export.export(layer, (x,))

@@ -588,6 +588,11 @@ def _refuse_meta(tensors: dict[str, Any]) -> None:
 def _check_x(x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise ProblemError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    fake = type(x).__name__ in ("FakeTensor", "FunctionalTensor")  # torch.export's tracing tensors
+    if torch.jit.is_tracing() or exporting() or fake:  # their own errors came from inside autograd.Function
+        raise ProblemError("torch.jit.trace and torch.export cannot record the projection layer (its forward runs "
+                           "solvers outside torch); torch.compile works (the layer is a graph break)")
     _refuse_meta({"x": x})
     if x.dtype not in (torch.float32, torch.float64):
         raise ProblemError(f"x must be float32 or float64, got {x.dtype}")
@@ -762,6 +767,8 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
         # Function, whose jvp refuses them, rather than read as constants (a silent zero tangent)
         forward = tuple(k for k, v in S.parameters().items() if isinstance(v, torch.Tensor) and _differentiated(v))
     else:
+        if S is not None and A is not None:  # A given twice (positionally and as A=): one was silently dropped
+            raise ProblemError("A is given twice, positionally and as A=: give it once")
         A = S if S is not None else A
         lb, ub = (_scalar_bound(v, x) for v in (lb, ub))
         parts = {k: _dense(v) for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub).items()}
@@ -906,6 +913,8 @@ class ProjectionLayer(nn.Module):
             vals = dict(zip(PARTS, (S.A_dense, S.a, S.B_dense, S.b, S.lb, S.ub), strict=True))
             vals = {k: v for k, v in vals.items() if (k not in ("A", "a", "B", "b") or np.size(v))}
         else:
+            if S is not None and A is not None:
+                raise ProblemError("A is given twice, positionally and as A=: give it once")
             vals = dict(zip(PARTS, (S if S is not None else A, a, B, b, lb, ub), strict=True))
         self.set = None
         P = self._store(vals, learn, dtype)
@@ -987,6 +996,7 @@ class ProjectionLayer(nn.Module):
     @_eager_under_compile
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Project ``x`` (..., n); with ``warm_start`` the previous call's active sets start the polish."""
+        x = _check_x(x)
         parts = {k: getattr(self, k, None) for k in PARTS}  # (a layer of a structured set holds none)
         # data that a gradient is taken of (a buffer made to require grad, a parameter swapped in by
         # torch.func.functional_call) go the general way: the recognised set holds host copies, which cut their

@@ -424,7 +424,8 @@ def _as_like(v: Any, name: str, like: Any) -> Any:
                            "the device of x (ProjectionLayer.to(device) does it for its buffers)")
     if v.dtype != like.dtype:
         raise ProblemError(f"{name} has dtype {v.dtype} but x has {like.dtype}: use one dtype "
-                           "(float32 or float64) for x and the constraint data")
+                           "(float32 or float64) for x and the constraint data (a ProjectionLayer: "
+                           "ProjectionLayer(..., dtype=...) or layer.float() / layer.double())")
     return v
 
 
