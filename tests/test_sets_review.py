@@ -389,3 +389,21 @@ def test_vjp_of_an_empty_batch_is_empty(make):
     S, shape = make()
     res = pp.project(np.zeros(shape), S)
     assert S.vjp(res, np.zeros(shape)).shape == shape
+
+
+def test_half_precision_points_onto_per_sample_totals_and_totals_beyond_the_dtype():
+    """float16 / bfloat16 points onto a set with per-sample totals failed (their violation went through
+    as_polyhedron, which such a set has not); a total beyond float32's range raised a raw OverflowError; an
+    answer beyond float16's range came back as inf (a probe)."""
+    S = pp.sets.Simplex(3, np.array([1.0, 2.0]))
+    y = pp.project(np.ones((2, 3), np.float16), S).y
+    assert y.dtype == np.float16
+    np.testing.assert_allclose(y.astype(float).sum(axis=1), [1.0, 2.0], rtol=2e-3)
+    r = pp.project(np.ones(3, np.float32), pp.sets.CappedSimplex(3, 1e39, 1e39))
+    assert r.y.dtype == np.float32 and np.all(np.isfinite(r.y))
+    np.testing.assert_allclose(r.y, np.full(3, 1e39 / 3), rtol=1e-6)
+    with pytest.raises(pp.ProblemError, match="beyond the range of float16"):
+        pp.project(np.ones(3, np.float16), pp.sets.Simplex(3, 1e20))
+    torch = pytest.importorskip("torch")
+    yt = pp.project(torch.ones((2, 3), dtype=torch.bfloat16), S).y
+    assert yt.dtype == torch.bfloat16

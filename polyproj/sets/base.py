@@ -188,7 +188,11 @@ class Projector(abc.ABC):
         from dataclasses import replace
 
         if low is not None:  # returned in X's dtype, with the violation of the rounded points
-            y = xp.astype(res.y, low)
+            with np.errstate(over="ignore"):
+                y = xp.astype(res.y, low)
+            if X2.shape[0] and bool(xp.all(xp.isfinite(res.y))) and not bool(xp.all(xp.isfinite(y))):
+                raise ProblemError(f"the projection has entries beyond the range of {low} (largest "
+                                   f"{float(xp.max(xp.abs(res.y))):.3g}): project in float32 or float64")
             viol = self.violation(xp.astype(y, xp.float32))
             res = replace(res, y=y, multipliers=xp.astype(res.multipliers, low), violation=xp.astype(viol, low),
                           max_violation=float(xp.max(viol)) if X2.shape[0] else 0.0)
