@@ -286,11 +286,27 @@ class DenseInverse:
     def __init__(self, H: np.ndarray) -> None:
         import scipy.linalg
 
+        from .krylov import SINGULAR_CURVATURE
+
         self.H = H
+        #: H singular to rounding: its reciprocal condition number (LAPACK's estimate) at most SINGULAR_CURVATURE.
+        #: Cholesky succeeds on such an H (a pivot at rounding), and its solves carry an arbitrary component
+        #: along the null space (a multiclass model's free biases: +0.64 there where the answer has none)
+        self.singular, self._lu = False, None
+        norm1 = float(np.abs(H).sum(axis=0).max()) if H.size else 0.0
         try:
             self._chol = scipy.linalg.cho_factor(H)
-        except np.linalg.LinAlgError:
+            factor, lower = self._chol
+            rcond = scipy.linalg.lapack.dpocon(factor, norm1, uplo="L" if lower else "U")[0] if H.size else 1.0
+        except np.linalg.LinAlgError:  # not positive definite: LU (an indefinite H + δI clear of zero)
+            import warnings
+
             self._chol = None
+            with warnings.catch_warnings():  # an exactly singular H: rcond 0 below says so
+                warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
+                self._lu = scipy.linalg.lu_factor(H, check_finite=False)
+            rcond = scipy.linalg.lapack.dgecon(self._lu[0], norm1, norm="1")[0] if H.size else 1.0
+        self.singular = not rcond > SINGULAR_CURVATURE
         self.log: list = []
 
     def solve(self, b: np.ndarray, what: str) -> np.ndarray:
@@ -300,10 +316,12 @@ class DenseInverse:
         if not np.all(np.isfinite(b)):
             raise ProblemError(f"the right-hand side of H x = b for {what} is not finite (NaN or inf): a gradient of "
                                "the loss, a constraint or the test function is not finite at θ̄")
-        if self._chol is not None:
-            return scipy.linalg.cho_solve(self._chol, b)
         try:
-            return np.linalg.solve(self.H, b)
+            if self.singular:
+                raise np.linalg.LinAlgError("singular to rounding")
+            if self._chol is not None:
+                return scipy.linalg.cho_solve(self._chol, b)
+            return scipy.linalg.lu_solve(self._lu, b)
         except np.linalg.LinAlgError as exc:
             raise ProblemError(
                 f"H is singular at θ̄, and {what} needs H⁻¹ (the paths through the Schur complement: an executor, "

@@ -305,7 +305,10 @@ class _FunctionalModule:
         Their ``requires_grad`` is True as in the user's module (frozen ones: False), also where the engine
         evaluates values without gradients (``torch.no_grad``): a weight decay written
         ``sum(p.pow(2).sum() for p in m.parameters() if p.requires_grad)`` must count in the objective's
-        value as in its gradient (it was left out of the values, and ``solve`` stalled).
+        value as in its gradient (it was left out of the values, and ``solve`` stalled). A plain θ is
+        evaluated without gradients for the same reason (:meth:`ConstrainedProblem.per_sample`). Under
+        ``torch.func.vmap`` alone (no gradient transform) the flags cannot be set: there such a filter sees
+        False; filter by name (``named_parameters``) instead.
         """
         for k, p in self._model.named_parameters(recurse=recurse, remove_duplicate=remove_duplicate):
             t = self._params.get(k)
@@ -374,8 +377,8 @@ class _FunctionalModule:
 def _takes_batch(fn: Callable[..., Any]) -> bool:
     try:
         sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return True
+    except (TypeError, ValueError):  # builtins (torch.linalg.vector_norm, a partial of torch.dot): fn(θ), the
+        return False  # documented form (read as fn(θ, None) they raised a TypeError on their second argument)
     # required positional parameters only: ``lambda th, j=j: th[j]`` (a loop variable captured as a default) is
     # a function of θ alone
     pos = [p for p in sig.parameters.values()
@@ -573,6 +576,13 @@ class ConstrainedProblem:
 
     def per_sample(self, loss: Loss, theta: torch.Tensor, data: Any = "all") -> torch.Tensor:
         """Per-sample losses of ``loss`` at θ (1-D; one value for a data-free constraint)."""
+        if (torch.is_grad_enabled() and isinstance(theta, torch.Tensor) and not theta.requires_grad
+                and not torch._C._functorch.is_functorch_wrapped_tensor(theta)):
+            # a plain θ carries no gradient: evaluated without one, where the module's parameters report
+            # requires_grad as the user's module does (in grad mode they said False, and a weight decay written
+            # ``... for p in m.parameters() if p.requires_grad`` was left out of the values)
+            with torch.no_grad():
+                return self.per_sample(loss, theta, data)
         p = self.wrap(theta)
         if loss.data is None:
             out = loss.fn(p, None) if self._free_call.get(loss.name, False) else loss.fn(p)
@@ -655,7 +665,9 @@ class ConstrainedProblem:
 
         ``renormalize=True`` keeps every loss a mean over what remains, with its own normaliser (``Σwℓ / Σw``;
         for a loss with ``renormalize=False``, ``Σwℓ / (N − t|Z|)``): ``t = 0`` is this problem, ``t = 1``
-        :meth:`remove`. ``False`` is the paper's plain form ``Σwℓ / N`` (a τ-shifted problem).
+        :meth:`remove`. ``False`` is the paper's plain form, every loss over its normaliser at ``t = 0``
+        (``Σwℓ / N``, or ``Σwℓ / Σw̄`` with the original weights w̄ for a loss normalised by them: a τ-shifted
+        problem, ``t = 0`` still this one, as ``DIF(renormalize=False)`` differentiates it).
         """
         try:
             tf = float(t) if not isinstance(t, (bool, str)) and np.ndim(t) == 0 else None
@@ -674,6 +686,11 @@ class ConstrainedProblem:
                 # the normaliser N (a count) falls to N − t|Z|: the weights scaled by N / (N − t|Z|), over N
                 n = loss.n_samples
                 mapping[name] = replace(loss, weights=w * (n / (n - float(t) * idx.size)))
+            elif not renormalize and loss.renormalize and loss.weights is not None:
+                # plain form of a loss normalised by Σw̄: Σwℓ / Σw̄ is Σ(w N / Σw̄)ℓ / N (over N, Σw̄ was lost: at
+                # t = 0 a constraint normalised by Σw̄ = 12.8 read Σwℓ / 10 and was violated)
+                n = loss.n_samples
+                mapping[name] = replace(loss, weights=w * (n / float(loss.weights.sum())), renormalize=False)
             else:
                 mapping[name] = replace(loss, weights=w, renormalize=renormalize)
         return self._with_losses(mapping)
