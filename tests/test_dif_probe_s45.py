@@ -14,6 +14,11 @@ from polyproj.adapters.dif.matfree import DenseInverse  # noqa: E402
 from polyproj.errors import ProblemError  # noqa: E402
 
 
+def _spd(n, cond):
+    Q = np.linalg.qr(np.random.default_rng(n).standard_normal((n, n)))[0]
+    return (Q * np.logspace(0, -np.log10(cond), n)) @ Q.T
+
+
 def test_a_hessian_singular_to_rounding_is_refused_where_h_inverse_is_needed():
     """Cholesky succeeds on a rank-deficient H with a pivot at rounding; its solves carried an arbitrary
     null-space component (a softmax model's free biases: +0.64 there, a test score 0.32 against 0.004)."""
@@ -24,6 +29,12 @@ def test_a_hessian_singular_to_rounding_is_refused_where_h_inverse_is_needed():
         assert inv.singular
         with pytest.raises(ProblemError, match="H is singular"):
             inv.solve(np.ones(6), "a test")
+    # badly scaled or ill-conditioned but not singular: solved (the test is on H equilibrated, D^-½ H D^-½)
+    for H in (np.diag([1e7, 1e-7]), _spd(200, 1e10)):
+        inv = DenseInverse(H)
+        assert not inv.singular
+        b = H @ np.ones(H.shape[0])
+        np.testing.assert_allclose(inv.solve(b, "a test"), np.ones(H.shape[0]), rtol=1e-4)
     # an indefinite H clear of zero is solved (LU), exactly
     H = np.diag([3.0, -1.0, 2.0])
     np.testing.assert_allclose(DenseInverse(H).solve(np.array([3.0, 1.0, 4.0]), "a test"), [1.0, -1.0, 2.0])

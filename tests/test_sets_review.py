@@ -362,6 +362,25 @@ def test_the_full_capped_simplex_is_its_one_point_with_every_cap_active():
             assert r.active[5:].all() and not r.active[:5].any() and r.degenerate.dependent
 
 
+def test_a_total_just_below_n_upper_is_not_the_full_point():
+    """The full point's band was n times too wide: at n = 1e5 a total 6.7e-6 below n·u was set to u·1 (a review)."""
+    n = 100_000
+    t = n - 6.66e-6
+    x = np.random.default_rng(0).normal(size=n)
+    r = pp.project(x, pp.sets.CappedSimplex(n, t, 1.0))
+    assert abs(r.y.sum() - t) <= 1e-9 and r.max_violation <= 1e-9
+    assert int(r.active[n:].sum()) == n - 1
+
+
+def test_a_per_sample_total_beyond_float32_is_solved_in_float64():
+    X = np.array([[0.5, -1.0, 2.0]], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = pp.sets.CappedSimplex(3, np.array([1e39]), 1e39).project(X).y
+        np.testing.assert_allclose(y, np.full((1, 3), 1e39 / 3), rtol=1e-6)
+        np.testing.assert_array_equal(pp.sets.CappedSimplex(3, np.array([1.0]), 1e39).project(X).y, [[0.0, 0.0, 1.0]])
+
+
 def test_an_implied_max_matches_is_not_solved_and_gives_the_same_answers():
     """max_matches >= min(rows, cols) is implied; solved as a row it made faces dependent: 15x slower, and
     SOLVED_INACCURATE / NUMERICAL_ERROR statuses at answers equal to those without it (a probe)."""

@@ -258,11 +258,10 @@ SPREAD = 1e2
 def groups(qp: QP, scale: Scaling | None, size: int, **batched: np.ndarray) -> list[np.ndarray] | None:
     """The groups of a batch's elements to normalise separately (index arrays), or None for one normalisation.
 
-    :func:`plan` of a batch takes its largest sizes: beside an element with ``|q| = 1e8`` one with ``|q| = 1``
-    had its objective multiplied by 1e-8 with the rest, its dual tolerance 1e8 times its own scale, and four
-    backends returned it SOLVED at x = 0.33 for x* = 1. Elements are grouped by ``|q|`` and by the sizes of
-    x their sides suggest, each within a factor :data:`SPREAD` (zero a group of its own), where the batch is
-    normalised or an element's sizes lie below ``LOW`` (its own solve would be normalised); else None.
+    :func:`plan` of a batch takes its largest sizes, so an element far smaller than the largest would be held
+    to tolerances relative to the largest. Elements are grouped by ``|q|`` and by the sizes of x their sides
+    suggest, each within a factor :data:`SPREAD` (zero a group of its own), where the batch is normalised or
+    an element's sizes lie below ``LOW`` (its own solve would be normalised); else None.
     """
     if not batched or size < 2:
         return None
@@ -277,8 +276,11 @@ def groups(qp: QP, scale: Scaling | None, size: int, **batched: np.ndarray) -> l
     positive = np.concatenate([m[m > 0] for m in mags])
     if scale is None and (positive.size == 0 or float(positive.min()) >= LOW):
         return None
-    keys = np.stack([_classes(m) for m in spread], axis=1)
-    _, label = np.unique(keys, axis=0, return_inverse=True)
+    key = np.zeros(size, dtype=np.int64)
+    for m in spread:  # one integer key per element (each class count is at most ~660: log_SPREAD of the range)
+        c = _classes(m)
+        key = key * (int(c.max()) + 2) + (c + 1)
+    _, label = np.unique(key, return_inverse=True)
     label = label.reshape(-1)
     return [np.flatnonzero(label == k) for k in range(int(label.max()) + 1)]
 
@@ -290,18 +292,15 @@ def _spread(m: np.ndarray) -> bool:
 
 
 def _classes(m: np.ndarray) -> np.ndarray:
-    """Class labels of sizes ``m``: ascending runs each within a factor :data:`SPREAD` of its smallest; 0 alone."""
+    """Class labels of sizes ``m``: ascending runs each within a factor :data:`SPREAD` of its smallest; 0 is −1."""
     order = np.argsort(m, kind="stable")
-    out = np.empty(m.size, dtype=np.int64)
-    label, start = -1, None
-    for j in order.tolist():
-        v = float(m[j])
-        if v <= 0:
-            out[j] = -1
-            continue
-        if start is None or v > SPREAD * start:
-            label, start = label + 1, v
-        out[j] = label
+    v = m[order]
+    out = np.full(m.size, -1, dtype=np.int64)
+    i, label = int(np.searchsorted(v, 0.0, side="right")), 0
+    while i < v.size:  # one pass per class
+        j = int(np.searchsorted(v, SPREAD * v[i], side="right"))
+        out[order[i:j]] = label
+        i, label = j, label + 1
     return out
 
 

@@ -590,9 +590,8 @@ def _unconfirmed(sol: Solution, again: Any) -> Solution:
 def _infeasible_at_own_size(qp: QP, again: Any) -> bool:
     """Whether a re-solve at the answer's own size found ``qp`` PRIMAL_INFEASIBLE, and an LP agrees.
 
-    σ from ``|q| / |P|`` (3e8) on constraints that hold x near 0.1 made tolerances so loose that an infeasible
-    problem's point, 0.24 outside a bound, passed as solved; its re-solve at x's size said PRIMAL_INFEASIBLE,
-    and the first answer was kept as SOLVED_INACCURATE.
+    Then that is the answer: the first one, normalised by a σ far above x's size, met loose tolerances only
+    (σ from ``|q| / |P|`` can exceed by far the size at which the constraints hold x).
     """
     return (isinstance(again, Solution) and again.status is Status.PRIMAL_INFEASIBLE
             and _infeasibility_verdict(qp)[0] is Status.PRIMAL_INFEASIBLE)
@@ -618,9 +617,13 @@ def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, s
         if not isinstance(sub, BatchSolution) or len(sub) != idx.size:
             return bs
         good = np.array([s.ok for s in sub.status], dtype=bool)
-        # an element the re-solve at its own size finds PRIMAL_INFEASIBLE takes that answer (check_batch
-        # verifies the claim by an LP, as any other), not the first one's loose-tolerance point
-        empty = np.array([s is Status.PRIMAL_INFEASIBLE for s in sub.status], dtype=bool)
+        # an element the re-solve at its own size finds PRIMAL_INFEASIBLE, an LP agreeing, takes that answer (as
+        # a single solve does), not the first one's loose-tolerance point
+        qps = ElementQPs(qp, vecs, size)
+        shared = not (vecs.keys() & {"l", "u", "lb", "ub"})
+        empty = np.array([sub.status[k] is Status.PRIMAL_INFEASIBLE
+                          and _infeasible_at_own_size(qp if shared else qps[int(i)], sub.solution(k))
+                          for k, i in enumerate(idx)], dtype=bool)
         if empty.any():
             bs = bs.put(idx[empty], sub.take(np.flatnonzero(empty)))
         if not (good | empty).all():  # not confirmed at their own size: the first answers, SOLVED_INACCURATE
@@ -723,25 +726,40 @@ def _guard_solve_batch(fn: Callable) -> Callable:
 
 def _grouped_batch(solver: Any, qp: QP, vecs: dict, size: int, warm_start: Any, parts: list[np.ndarray], name: str,
                    t0: float) -> BatchSolution:
-    """A batch solved as the groups ``parts`` (:func:`.scaling.groups`), each through the guard, put back in order."""
+    """A batch solved as the groups ``parts`` (:func:`.scaling.groups`), each through the guard, put back in order.
+
+    ``time_limit`` bounds the whole call: an answer that came after it is TIME_LIMIT, and the groups not started
+    by then are TIME_LIMIT without an answer. The groups' own ``info`` is kept under ``group_info``.
+    """
     x, z, zb = np.full((size, qp.n), np.nan), np.full((size, qp.m), np.nan), np.full((size, qp.n), np.nan)
-    its, status = np.zeros(size, dtype=np.int64), [Status.NUMERICAL_ERROR] * size
+    its, status = np.zeros(size, dtype=np.int64), [Status.TIME_LIMIT] * size
     elements: list[dict] = [{} for _ in range(size)]
+    group_info, setup = [], 0.0
+    limit = solver.settings.get("time_limit")
     for idx in parts:
+        if limit is not None and time.perf_counter() - t0 > float(limit):
+            for i in idx.tolist():
+                elements[i] = {"note": "not started: the batch reached time_limit"}
+            continue
         ws = None if warm_start is None else warm_start.take(idx)
         part = solver.solve_batch(qp, warm_start=ws, **{k: v[idx] for k, v in vecs.items()})
+        elapsed = time.perf_counter() - t0
         x[idx], z[idx], zb[idx], its[idx] = part.x, part.z, part.z_box, part.iterations
-        per = part.info.get("elements") if isinstance(part.info, dict) else None
+        info = part.info if isinstance(part.info, dict) else {}
+        per = info.get("elements")
+        group_info.append({k: v for k, v in info.items() if k != "elements"})
+        setup += float(part.setup_time)
         for k, i in enumerate(idx.tolist()):
-            status[i] = part.status[k]
-            if isinstance(per, (list, tuple)) and len(per) == len(idx) and isinstance(per[k], dict):
-                elements[i] = per[k]
-    info: dict[str, Any] = {"groups": [idx.tolist() for idx in parts],
+            st = part.status[k]
+            el = per[k] if isinstance(per, (list, tuple)) and len(per) == len(idx) and isinstance(per[k], dict) else {}
+            status[i], note = _time_verdict(st, el.get("validation", ""), solver.settings, elapsed)
+            elements[i] = {**el, "validation": note, "claimed_status": st.name} if status[i] is not st else el
+    info: dict[str, Any] = {"groups": [idx.tolist() for idx in parts], "group_info": group_info,
                             "note": "elements of far apart sizes: each group normalised and solved on its own"}
     if any(elements):
         info["elements"] = elements
-    return BatchSolution(x, z, zb, tuple(status), its, solve_time=time.perf_counter() - t0, backend=name,
-                         qps=ElementQPs(qp, vecs, size), info=info)
+    return BatchSolution(x, z, zb, tuple(status), its, solve_time=time.perf_counter() - t0, setup_time=setup,
+                         backend=name, qps=ElementQPs(qp, vecs, size), info=info)
 
 
 def guard(name: str, fn: Callable) -> Callable:

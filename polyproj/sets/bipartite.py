@@ -352,8 +352,8 @@ def start(xp: Any, C: Any, S: Sums) -> Dual:
     """A first dual point: the multipliers of the affine projection (Birkhoff), else ``u = (max_j C_ij − 1)₊``.
 
     With inequalities, ``u`` brings each row's largest entry down to 1 at most, where every entry of X
-    lies in the end (from zero, ``X = C₊``: one entry at 1e8 made the first steps' multipliers ~1e5-1e8 on
-    every row, and Newton had not come back to the solution's after its 60 steps).
+    lies in the end: from zero (``X = C₊``) one far entry sends the first steps' multipliers to its size on
+    every row it meets, far from the solution's.
     """
     b, r, c = C.shape
     if not S.equality:
@@ -399,8 +399,8 @@ def newton(C: Any, S: Sums, scale: Any, opts: NewtonOptions, y0: Dual | None = N
             g, res = tuple(xp.take(t, keep, axis=0) for t in g), xp.take(res, keep, axis=0)
             done = None
         new = _step(xp, Cs, S, it, X, g, res, sc, opts)
-        # samples already within tolerance keep their point: a sample is the same answer in any batch (further
-        # regularised steps moved a degenerate sample's multipliers by ~1e-9 while others iterated)
+        # samples already within tolerance keep their point, so a sample's answer does not depend on its batch
+        # (further regularised steps move a degenerate sample's multipliers while others iterate)
         it = new if done is None or not bool(xp.any(done)) else _frozen(xp, done, it, new)
     else:
         out_y = it.y if idx is None else out_y.put(xp, idx, it.y)

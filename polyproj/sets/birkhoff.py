@@ -121,10 +121,9 @@ class SumsProjector(Projector):
         scale = 1.0 + xp.max(xp.abs(X), axis=1, keepdims=True)
         t_newton, t_kkt, t_round = self._tols(xp, X.dtype)
         # Newton only finds the face (the face solve is exact), so it stops at t_newton at C's size — but its
-        # residual is in the units of X's line sums (at most 1), so never above FACE_RESIDUAL there, nor below C's
-        # rounding. At C's size alone (one entry at 1e8: 1.5 where a line sums to 1) Newton stopped at its start,
-        # the face from there was inconsistent, and the point went to the generic path. (Its regularisation keeps
-        # C's size: sized by the stop, it slowed points at 1e4 five-fold.)
+        # residual is in the units of X's line sums (at most 1), so never above FACE_RESIDUAL there (at C's size
+        # alone one entry at 1e8 would let it stop at 1.5, on no face), nor below C's rounding. Its
+        # regularisation stays at C's size: a step damped at the stop's size converges slowly on far points.
         stop = xp.maximum(xp.minimum(t_newton * scale, xp.full_like(scale, FACE_RESIDUAL)), t_round * scale) / t_newton
         first = min(self._first_steps(), self.max_iter)
         y, _, _ = newton(C, S, scale, NewtonOptions(t_newton, first), stop=stop)

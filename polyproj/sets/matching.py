@@ -53,8 +53,7 @@ class PartialMatching(SumsProjector):
             max_matches = float(max_matches)
         # α >= min(rows, cols) is implied by the line sums: the row stays in the set's rows (its results keep the
         # shape of as_polyhedron; active where the sum reaches α, multiplier 0) but not in the solve, whose
-        # faces it made dependent (15x slower, and statuses SOLVED_INACCURATE / NUMERICAL_ERROR at answers equal
-        # to the ones without it)
+        # faces it would make dependent (slower, and harder to verify, for the same answers)
         implied = max_matches is not None and max_matches >= min(int(rows), int(cols))
         super().__init__(Sums(int(rows), int(cols), False, None if implied else max_matches), tol=tol,
                          max_iter=max_iter)

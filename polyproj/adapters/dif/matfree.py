@@ -280,6 +280,11 @@ class KrylovInverse:
             np.zeros((self.op.dim, 0))
 
 
+def _norm1(H: np.ndarray, d: np.ndarray) -> float:
+    """The 1-norm of ``D^-½ H D^-½`` (``d`` the square roots of D)."""
+    return float(np.abs(H / np.outer(d, d)).sum(axis=0).max()) if H.size else 0.0
+
+
 class DenseInverse:
     """x = H⁻¹b with H formed (the exact path's Hessian; Cholesky when positive definite)."""
 
@@ -289,24 +294,32 @@ class DenseInverse:
         from .krylov import SINGULAR_CURVATURE
 
         self.H = H
-        #: H singular to rounding: its reciprocal condition number (LAPACK's estimate) at most SINGULAR_CURVATURE.
-        #: Cholesky succeeds on such an H (a pivot at rounding), and its solves carry an arbitrary component
-        #: along the null space (a multiclass model's free biases: +0.64 there where the answer has none)
+        #: H singular to rounding: the reciprocal condition number (LAPACK's 1-norm estimate) of H equilibrated
+        #: symmetrically, D^-½ H D^-½, at most SINGULAR_CURVATURE / n (the estimate is within n of the 2-norm's).
+        #: Cholesky succeeds on such an H (a pivot at rounding) and its solves carry an arbitrary component along
+        #: the null space; a badly scaled but well-conditioned H (diag(1e7, 1e-7)) is not singular
         self.singular, self._lu = False, None
-        norm1 = float(np.abs(H).sum(axis=0).max()) if H.size else 0.0
+        n = H.shape[0]
         try:
             self._chol = scipy.linalg.cho_factor(H)
             factor, lower = self._chol
-            rcond = scipy.linalg.lapack.dpocon(factor, norm1, uplo="L" if lower else "U")[0] if H.size else 1.0
+            d = np.sqrt(np.diag(H))  # positive: H is positive definite here
+            # the factor of D^-½ H D^-½ is D^-½ L (rows of L, columns of U scaled)
+            eq = factor / d[:, None] if lower else factor / d[None, :]
+            rcond = scipy.linalg.lapack.dpocon(eq, _norm1(H, d), uplo="L" if lower else "U")[0] if n else 1.0
         except np.linalg.LinAlgError:  # not positive definite: LU (an indefinite H + δI clear of zero)
             import warnings
 
             self._chol = None
-            with warnings.catch_warnings():  # an exactly singular H: rcond 0 below says so
+            with warnings.catch_warnings():  # an exactly singular H: its rcond of 0 below says so
                 warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
                 self._lu = scipy.linalg.lu_factor(H, check_finite=False)
-            rcond = scipy.linalg.lapack.dgecon(self._lu[0], norm1, norm="1")[0] if H.size else 1.0
-        self.singular = not rcond > SINGULAR_CURVATURE
+                d = np.sqrt(np.max(np.abs(H), axis=1, initial=0.0)) if n else np.ones(0)
+                d = np.where(d > 0, d, 1.0)
+                Heq = H / np.outer(d, d)
+                rcond = scipy.linalg.lapack.dgecon(scipy.linalg.lu_factor(Heq, check_finite=False)[0],
+                                                   _norm1(H, d), norm="1")[0] if n else 1.0
+        self.singular = not rcond > SINGULAR_CURVATURE / max(n, 1)
         self.log: list = []
 
     def solve(self, b: np.ndarray, what: str) -> np.ndarray:
