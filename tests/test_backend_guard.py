@@ -646,6 +646,41 @@ def test_a_batch_of_far_apart_sizes_is_normalised_in_groups(backend):
     assert "groups" not in pp.get_backend(backend).solve_batch(qp, q=[[-1e8], [-3e7]]).info
 
 
+@pytest.mark.filterwarnings("ignore::polyproj.PolyprojWarning")
+def test_admm_step_size_is_bounded_and_its_tests_have_a_rounding_floor():
+    """From a probe of the ADMM: its adaptive ρ had no bounds (inf: NaN iterates and MAX_ITER on an infeasible
+    QP; 1e-185: no certificate on an unbounded LP); an exact answer at |x| 1e4-1e6 ran to MAX_ITER (an absolute
+    1e-8 on a gap whose terms are 1e12); the last iterate was never tested when check > max_iter."""
+    qp = pp.QP(P=np.eye(2), q=[1.0, 1.0], C=[[0.0, 0.0], [1.0, 0.0]], l=[0.5, 0.0], u=[1.0, 1.0])  # 0·x >= 0.5
+    assert pp.solve_qp(qp, backend="admm").status is pp.Status.PRIMAL_INFEASIBLE
+    inf = np.inf
+    lp = pp.QP(P=np.zeros((5, 5)), q=[-1.6676, -0.583, -0.5277, 0.4797, -3.4374],
+               C=[[-0.1272, 0.123, -0.6333, -0.7213, 0.3083]], l=[-0.4244], u=[0.2801],
+               lb=[-0.08, -inf, -0.7394, -0.7861, -inf], ub=[inf, inf, 0.4242, inf, 0.6782])
+    assert lp.is_dual_infeasibility_certificate(np.array([1.0, 0.1272 / 0.123, 0, 0, 0]))
+    assert pp.solve_qp(lp, backend="admm").status is pp.Status.DUAL_INFEASIBLE
+    for s in (1e4, 1e6):
+        sol = pp.solve_qp(pp.QP(P=np.eye(2), q=[-s, -s], C=[[1.0, 1.0]], l=[-np.inf], u=[s]), backend="admm")
+        assert sol.status is pp.Status.SOLVED, (s, sol.status)
+        np.testing.assert_allclose(sol.x, [s / 2, s / 2], rtol=1e-12)
+    P = np.array([[4.0, 1.0], [1.0, 2.0]])
+    sol = pp.solve_qp(pp.QP(P, [1.0, 1.0], [[1.0, 1.0]], [1.0], [1.0], lb=[0.0, 0.0], ub=[0.7, 0.7]), backend="admm",
+                      check=5000)
+    assert sol.status is pp.Status.SOLVED, sol.status
+
+
+def test_grouped_batches_keep_the_time_limit_of_the_whole_call_and_the_groups_info():
+    """The groups went through the guard one by one, each with the whole time_limit and its own clock; their
+    info was dropped (a review)."""
+    qp = pp.QP([[1.0]], [0.0], lb=[-10.0], ub=[10.0])
+    Q = np.r_[np.full((3, 1), -1e8), np.full((3, 1), -1.0)]
+    bs = pp.get_backend("ipm").solve_batch(qp, q=Q)
+    assert len(bs.info["groups"]) == 2 and len(bs.info["group_info"]) == 2
+    assert any("scaling" in g for g in bs.info["group_info"])
+    timed = pp.get_backend("ipm", time_limit=1e-9).solve_batch(qp, q=Q)  # spent before the first group ends
+    assert all(s is pp.Status.TIME_LIMIT for s in timed.status), timed.status
+
+
 @pytest.mark.timeout(120)
 def test_an_infeasible_problem_is_not_kept_solved_at_a_loose_scale(backend):
     """σ from |q| / |P| (3e8) while the constraints hold x near 0.1: an infeasible problem's point 0.24 outside

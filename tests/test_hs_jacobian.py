@@ -170,3 +170,12 @@ def test_malformed_arguments_are_problem_errors():
         warnings.simplefilter("ignore", PendingDeprecationWarning)  # np.matrix itself
         res = pp.project(np.matrix([[3.0, 3.0]]), P, backend="ipm")
     np.testing.assert_allclose(res.y, [[0.5, 0.5]], atol=1e-9)
+
+
+def test_an_empty_mask_and_an_empty_batch_of_cotangents():
+    """[] (float64 to NumPy) was refused as a mask of no rows; one mask against V of no samples was refused."""
+    P = pp.Polyhedron(B=[[1.0, 1.0, 1.0]], b=[1.0])
+    J = pp.hs_jacobian(P, [])
+    np.testing.assert_allclose(J, np.eye(3) - np.ones((3, 3)) / 3, atol=1e-15)
+    S = pp.Polyhedron(B=[[1.0, 1.0, 1.0]], b=[1.0], lb=np.zeros(3))
+    assert pp.hs_vjp(S, np.zeros(3, dtype=bool), np.zeros((0, 3))).shape == (0, 3)

@@ -1199,3 +1199,19 @@ def test_array_api_strict_points_on_another_device_stay_there(backend):
     assert res.y.device == dev
     ref = pp.project(X, S, backend=backend)
     np.testing.assert_allclose(np.asarray(xs.asarray(res.y, device=xs.Device("CPU_DEVICE"))), ref.y, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::polyproj.PolyprojWarning")
+def test_an_empty_per_sample_polyhedron_is_named_in_the_callers_numbering():
+    """The emptiness verdict ran inside the fallback's run on the refused samples: it named the sample by its
+    place there ("sample 0" for the caller's 2) and carried that sub-batch's answer (a probe)."""
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    A = np.tile(np.array([[1.0, 1.0], [-1.0, -1.0]]), (4, 1, 1))
+    a = np.tile(np.array([1.0, 0.0]), (4, 1))
+    a[2, 1] = -1.0 - 1e-6  # sample 2 only: 1 + 1e-6 <= y0 + y1 <= 1
+    x = np.array([[0.3, 0.2], [2.0, 2.0], [0.1, 0.1], [-1.0, 0.5]])
+    with pytest.raises(pp.InfeasibleError, match="sample 2's polyhedron") as err:
+        project(torch.tensor(x), torch.tensor(A), torch.tensor(a))
+    assert len(err.value.solution.status) == 4 and err.value.solution.status[2] is pp.Status.PRIMAL_INFEASIBLE

@@ -169,7 +169,7 @@ def _start_dtype(xp: Any, name: Any) -> Any:
 
 
 def _host_codes(code: Any) -> list[int]:
-    """Status codes on the host, from any namespace and device (np.asarray refused array_api_strict's device1)."""
+    """Status codes on the host, from any namespace and device (np.asarray reads host arrays only)."""
     from ..solvers.ipm.result import host_list
 
     return [int(c) for c in host_list(code)]

@@ -29,6 +29,8 @@ def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool,
         raise ProblemError(f"the HS-Jacobian functions take a Polyhedron, got {type(polyhedron).__name__}; for a "
                            "set use S.as_polyhedron() (or S.vjp on its projection result)")
     raw = _asarray(active.detach().cpu() if hasattr(active, "detach") else active, "active")
+    if raw.size == 0 and raw.dtype.kind == "f":  # [] reads as float64: an empty mask of no rows
+        raw = raw.astype(bool)
     if raw.dtype != bool and not (raw.dtype.kind in "iu" and np.isin(raw, (0, 1)).all()):
         raise ProblemError(f"active must be a boolean mask (or 0/1 integers), got dtype {raw.dtype}")
     act = raw.astype(bool)
@@ -40,7 +42,7 @@ def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool,
     if act.shape[-1] != layout.n_compact:
         raise ProblemError(f"active must have {layout.n_compact} entries per sample (rows of A, then finite lb, "
                            f"then finite ub), got shape {np.shape(active)}")
-    if batch is not None and act.shape[0] == 1 and batch > 1:
+    if batch is not None and act.shape[0] == 1 and batch != 1:  # one mask for every sample (none: batch 0)
         act = np.broadcast_to(act, (batch, act.shape[1]))
     if batch is not None and act.shape[0] != batch:
         raise ProblemError(f"active has {act.shape[0]} samples but V has {batch}")

@@ -43,7 +43,7 @@ from ..backends.projection import ProjectionStart
 from ..errors import InfeasibleError, PolyprojWarning
 from ..polydata import PolyData, ineq_slack
 from ..runtime import batch_parts, parallel_map, small_blas
-from ..solution import Status
+from ..solution import BatchSolution, Status
 from .faces import scatter_rows
 from .polish import FaceRecord, PolishResult, polish
 
@@ -72,6 +72,9 @@ class PolishOptions:
     fallback: str = "auto"
     record: bool = False
     tried: tuple[str, ...] = ()
+    #: a run on some samples of another run (:func:`_resolve`, :func:`_run_by`): the emptiness verdict is the
+    #: outer run's, which names the samples in the caller's numbering and reports the whole batch
+    nested: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,8 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
             warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
                           + (f", {by_retry} by other backends" if by_retry else "")
                           + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
-    if opts.polish and not opts.tried and report is None and not bool(array_namespace(X).all(out.polished)):
+    if opts.polish and not opts.tried and not opts.nested and report is None \
+            and not bool(array_namespace(X).all(out.polished)):
         # no backend reported the set empty, and the polish verified not every sample (a backend's MAX_ITER, an
         # inaccurate point): unless a point in hand is in the set, its LP tells an empty one from a hard projection
         if data.batched:
@@ -213,7 +217,7 @@ def _raise_if_empty_samples(solver, data: PolyData, start, out, X) -> None:
         gap = least_violation(one, reach)
         if gap is not None and gap > limit:
             raise _empty(solver, data, start, f" or fails; sample {i}'s polyhedron is empty: every point misses "
-                                              f"some row by {gap:.2e} or more")
+                                              f"some row by {gap:.2e} or more", sample=i)
 
 
 #: the data's size (largest distance of a hyperplane from the origin, else largest |x|) within
@@ -528,7 +532,7 @@ def _resolve(X, data: PolyData, solver, opts: PolishOptions, idx) -> PipelineOut
     """
     if not solver.capabilities.start_only:
         xp = array_namespace(X)
-        return run(xp.take(X, idx, axis=0), data.take(idx), solver, opts, rough=False)
+        return run(xp.take(X, idx, axis=0), data.take(idx), solver, replace(opts, nested=True), rough=False)
     return _run_by(_fallback_name(X, solver, opts.fallback, int(idx.shape[0])), X, data, solver, opts, idx)
 
 
@@ -548,7 +552,7 @@ def _run_by(name: str, X, data: PolyData, solver, opts: PolishOptions, idx) -> P
 
     xp = array_namespace(X)
     return run(xp.take(X, idx, axis=0), data.take(idx), get_backend(name, **_unified(solver.settings)),
-               replace(opts, fallback="auto"))
+               replace(opts, fallback="auto", nested=True))
 
 
 def _unified(settings: dict) -> dict:
@@ -755,7 +759,6 @@ def _as_solution(start: ProjectionStart, data: PolyData, name: str) -> Any:
     """
     from ..backends.projection import to_host
     from ..polydata import rows_to_qp_multipliers
-    from ..solution import BatchSolution
 
     y, mult, mu = (np.asarray(to_host(v), dtype=np.float64) for v in (start.y, start.mult, start.mu))
     z, z_box = rows_to_qp_multipliers(np, mult, mu, data.m)
@@ -777,12 +780,18 @@ def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
     return start, good
 
 
-def _empty(solver, data: PolyData, start, why: str = "") -> InfeasibleError:
-    """The InfeasibleError of an empty polyhedron, carrying ``solver``'s answer (``why``: what else says so)."""
+def _empty(solver, data: PolyData, start, why: str = "", sample: int | None = None) -> InfeasibleError:
+    """The InfeasibleError of an empty polyhedron, carrying ``solver``'s answer (``why``: what else says so).
+
+    ``sample``: the per-sample polyhedron found empty, PRIMAL_INFEASIBLE in the answer carried.
+    """
+    sol = start.solution if start.solution is not None else _as_solution(start, data, solver.name)
+    if sample is not None and isinstance(sol, BatchSolution) and 0 <= sample < len(sol.status):
+        status = list(sol.status)
+        status[sample] = Status.PRIMAL_INFEASIBLE
+        sol = replace(sol, status=tuple(status))
     return InfeasibleError(f"the polyhedron is empty (backend {solver.name!r} reports PRIMAL_INFEASIBLE{why}): "
-                           f"{Status.PRIMAL_INFEASIBLE.message}",
-                           solution=start.solution if start.solution is not None else _as_solution(start, data,
-                                                                                                 solver.name))
+                           f"{Status.PRIMAL_INFEASIBLE.message}", solution=sol)
 
 
 #: a polyhedron whose least uniform violation (:func:`~polyproj.projection.emptiness.least_violation`) exceeds this

@@ -35,6 +35,11 @@ __all__ = ["ADMMResult", "ADMMSetup", "Stop", "setup", "solve"]
 
 #: ADMM codes (mapped to :class:`polyproj.Status` by the backend)
 SOLVED, MAX_ITER, PRIMAL_INFEASIBLE, DUAL_INFEASIBLE, TIME_LIMIT, INACCURATE = 0, 1, 2, 3, 4, 5
+#: the adaptive step size of the inequality rows stays within these (as OSQP's): unbounded, its product ran to
+#: inf (NaN iterates) or to 1e-185 (no certificate of unboundedness found)
+RHO_MIN, RHO_MAX = 1e-6, 1e6
+#: the relative floor of the stopping tests, in units of the dtype's eps: the rounding of the tests' own terms
+ROUNDING = 100.0
 
 
 @dataclass(frozen=True)
@@ -327,13 +332,18 @@ def solve(S: ADMMSetup, q: Any, stop: Stop, *, z0: Any = None) -> ADMMResult:
         count = min(stop.check - i % stop.check, stop.max_iter - i)
         _steps(S, k, Kq, it, buf, count)
         i += count
-        if i % stop.check == 0:
+        if i % stop.check == 0 or i == stop.max_iter:  # and the last iterate, whatever check's period
             if watch.update(it, qT, Kq, i):
                 done_at = i
                 break
             factor = watch.rho_factor() if stop.rule == "residuals" else 1.0
-            if factor != 1.0:  # OSQP's adaptive step size: balance the relative residuals
+            if factor != 1.0:  # OSQP's adaptive step size: balance the relative residuals, ρ within [RHO_MIN, RHO_MAX]
+                rho = float(xp.min(S.rho))  # the inequality rows' (equality rows: 1e3 times it)
+                factor = min(max(factor, RHO_MIN / rho), RHO_MAX / rho)
+            if factor != 1.0:
                 it.s = it.s / factor  # keeps the multipliers w = ρ s
+                if watch.prev_s is not None:  # the certificates' last window in the same units
+                    watch.prev_s = watch.prev_s / factor
                 S = rescaled(S, factor)
                 Kq = -xp.matmul(S.Kinv, qT)
                 watch.S = S
@@ -412,7 +422,9 @@ class _Watch:
         scale_p = xp.maximum(_colmax(xp, xp.abs(Cx) * rn), _colmax(xp, xp.abs(it.z) * rn))
         scale_d = xp.maximum(xp.maximum(_colmax(xp, xp.abs(Px)), _colmax(xp, xp.abs(Cw))), _colmax(xp, xp.abs(qT)))
         gap, scale_g = _gap(xp, S, xt, Px, qT, w)
-        eps_a, eps_r = self.stop.eps_abs, self.stop.eps_rel
+        # every test has the rounding of its own terms as a floor: at |x| 1e6 the gap's terms are ~1e12, and an
+        # absolute 1e-8 lies below their rounding (an exact answer ran to MAX_ITER)
+        eps_a, eps_r = self.stop.eps_abs, max(self.stop.eps_rel, ROUNDING * float(xp.finfo(xt.dtype).eps))
         ok = (prim <= eps_a + eps_r * scale_p) & (dual <= eps_a + eps_r * scale_d) & (gap <= eps_a + eps_r * scale_g)
         tiny = 1e-30
         self.ratio = xp.sqrt((prim / (scale_p + tiny)) / (dual / (scale_d + tiny) + tiny))
