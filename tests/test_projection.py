@@ -1215,3 +1215,23 @@ def test_an_empty_per_sample_polyhedron_is_named_in_the_callers_numbering():
     with pytest.raises(pp.InfeasibleError, match="sample 2's polyhedron") as err:
         project(torch.tensor(x), torch.tensor(A), torch.tensor(a))
     assert len(err.value.solution.status) == 4 and err.value.solution.status[2] is pp.Status.PRIMAL_INFEASIBLE
+
+
+@pytest.mark.filterwarnings("ignore::polyproj.PolyprojWarning")
+@pytest.mark.parametrize("backend", ["admm", "auto", "ipm"])
+def test_an_empty_sample_found_by_the_fallback_is_the_callers(backend):
+    """Shared A, per-sample a, one empty sample: after the ADMM's rough start the fallback's own run raised with its
+    one-sample answer and no sample named (a review)."""
+    torch = pytest.importorskip("torch")
+    from polyproj.adapters.torch import project
+
+    n, batch = 4, 8
+    rng = np.random.default_rng(0)
+    A = np.r_[np.ones((1, n)), -np.ones((1, n)), rng.standard_normal((6, n))]
+    a = np.tile(np.r_[1.0, 0.0, np.full(6, 5.0)], (batch, 1))
+    a[5, 1] = -2.0  # sample 5: 2 <= sum(y) <= 1
+    X = rng.standard_normal((batch, n)) * 3
+    with pytest.raises(pp.InfeasibleError) as err:
+        project(torch.tensor(X), torch.tensor(A), torch.tensor(a), backend=backend)
+    status = err.value.solution.status
+    assert len(status) == batch and status[5] is pp.Status.PRIMAL_INFEASIBLE

@@ -154,12 +154,13 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
             warnings.warn(report + (f", {by_polish} by the exact polish from x" if by_polish else "")
                           + (f", {by_retry} by other backends" if by_retry else "")
                           + (f", {nan} returned as NaN" if nan else ""), PolyprojWarning, stacklevel=4)
-    if opts.polish and not opts.tried and not opts.nested and report is None \
+    if opts.polish and not opts.tried and not opts.nested and (report is None or data.batched) \
             and not bool(array_namespace(X).all(out.polished)):
         # no backend reported the set empty, and the polish verified not every sample (a backend's MAX_ITER, an
         # inaccurate point): unless a point in hand is in the set, its LP tells an empty one from a hard projection
+        # (per-sample data: every sample not already reported, whatever was reported of the others)
         if data.batched:
-            _raise_if_empty_samples(solver, data, start, out, X)
+            _raise_if_empty_samples(solver, data, start, out, X, skip=None if report is None else flagged)
         else:
             _raise_if_empty(solver, data, start, out.Y, X)
     return out
@@ -191,7 +192,7 @@ def _raise_if_empty(solver, data: PolyData, start, Y, X) -> None:
 EMPTY_LP_SAMPLES = 64
 
 
-def _raise_if_empty_samples(solver, data: PolyData, start, out, X) -> None:
+def _raise_if_empty_samples(solver, data: PolyData, start, out, X, skip=None) -> None:
     """:func:`_raise_if_empty` for per-sample polyhedra: each unverified sample without a witness, by its own LP.
 
     A sample whose point lies within the threshold of its own polyhedron is a witness for itself only. The
@@ -201,7 +202,7 @@ def _raise_if_empty_samples(solver, data: PolyData, start, out, X) -> None:
     from .emptiness import least_violation
 
     xp = array_namespace(out.Y)
-    unverified = _host_ints(xp.nonzero(~out.polished)[0])
+    unverified = _host_ints(xp.nonzero(~out.polished if skip is None else ~out.polished & ~skip)[0])
     for i in unverified[:EMPTY_LP_SAMPLES]:
         sel = xp.asarray([i], device=_device(X))
         # sample i's polyhedron as shared data (the batch axis of its per-sample parts dropped)
@@ -432,7 +433,10 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
         return out
     if start.rough:
         idx = xp.nonzero(refused)[0]
-        return _merge(xp, out, idx, _resolve(X, data, solver, opts, idx))
+        try:
+            return _merge(xp, out, idx, _resolve(X, data, solver, opts, idx))
+        except InfeasibleError as err:  # its samples renumbered as the caller's, with this batch's answer
+            raise _renumbered(err, solver, data, start, _host_ints(idx)) from None
     out = _backed_retry(X, data, solver, opts, start, out, refused)
     refused = ~out.polished & ~flagged
     if not bool(xp.any(refused)):
@@ -778,6 +782,18 @@ def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
             start = _patch_start(xp, start, sel, again)
             good += 1
     return start, good
+
+
+def _renumbered(err: InfeasibleError, solver, data: PolyData, start, idx: list) -> InfeasibleError:
+    """``err`` of a run on the samples ``idx`` as this batch's: the first empty one named in its numbering."""
+    sol = getattr(err, "solution", None)
+    status = getattr(sol, "status", ())
+    if not isinstance(status, (tuple, list)):
+        status = (status,)
+    hit = [k for k, s in enumerate(status) if s is Status.PRIMAL_INFEASIBLE and k < len(idx)]
+    sample = idx[hit[0]] if hit else (idx[0] if len(idx) == 1 else None)
+    where = f"; sample {sample}'s polyhedron is empty" if sample is not None and data.batched else ""
+    return _empty(solver, data, start, f" or fails{where}", sample=sample)
 
 
 def _empty(solver, data: PolyData, start, why: str = "", sample: int | None = None) -> InfeasibleError:

@@ -35,11 +35,13 @@ __all__ = ["ADMMResult", "ADMMSetup", "Stop", "setup", "solve"]
 
 #: ADMM codes (mapped to :class:`polyproj.Status` by the backend)
 SOLVED, MAX_ITER, PRIMAL_INFEASIBLE, DUAL_INFEASIBLE, TIME_LIMIT, INACCURATE = 0, 1, 2, 3, 4, 5
-#: the adaptive step size of the inequality rows stays within these (as OSQP's): unbounded, its product ran to
-#: inf (NaN iterates) or to 1e-185 (no certificate of unboundedness found)
+#: the adaptive step size of the inequality rows stays within these, as OSQP's: unbounded, its product can run to
+#: inf (NaN iterates) or underflow (no certificate of unboundedness found). Like OSQP's they assume data near unit
+#: scale, which the backend guard's normalisation provides (polyproj.backends.scaling); the raw solver on a
+#: problem whose scale needs a step beyond them ends at MAX_ITER
 RHO_MIN, RHO_MAX = 1e-6, 1e6
-#: the relative floor of the stopping tests, in units of the dtype's eps: the rounding of the tests' own terms
-ROUNDING = 100.0
+#: the relative floor of the duality-gap test, in units of the dtype's eps: the rounding of the gap's own terms
+ROUNDING = 16.0
 
 
 @dataclass(frozen=True)
@@ -422,10 +424,11 @@ class _Watch:
         scale_p = xp.maximum(_colmax(xp, xp.abs(Cx) * rn), _colmax(xp, xp.abs(it.z) * rn))
         scale_d = xp.maximum(xp.maximum(_colmax(xp, xp.abs(Px)), _colmax(xp, xp.abs(Cw))), _colmax(xp, xp.abs(qT)))
         gap, scale_g = _gap(xp, S, xt, Px, qT, w)
-        # every test has the rounding of its own terms as a floor: at |x| 1e6 the gap's terms are ~1e12, and an
-        # absolute 1e-8 lies below their rounding (an exact answer ran to MAX_ITER)
-        eps_a, eps_r = self.stop.eps_abs, max(self.stop.eps_rel, ROUNDING * float(xp.finfo(xt.dtype).eps))
-        ok = (prim <= eps_a + eps_r * scale_p) & (dual <= eps_a + eps_r * scale_d) & (gap <= eps_a + eps_r * scale_g)
+        # the gap test has the rounding of its own terms as a floor: at |x| 1e6 they are ~1e12, and an absolute 1e-8
+        # lies below their rounding (an exact answer ran to MAX_ITER)
+        eps_a, eps_r = self.stop.eps_abs, self.stop.eps_rel
+        eps_g = max(eps_r, ROUNDING * float(xp.finfo(xt.dtype).eps))
+        ok = (prim <= eps_a + eps_r * scale_p) & (dual <= eps_a + eps_r * scale_d) & (gap <= eps_a + eps_g * scale_g)
         tiny = 1e-30
         self.ratio = xp.sqrt((prim / (scale_p + tiny)) / (dual / (scale_d + tiny) + tiny))
         running = self.code == MAX_ITER
