@@ -410,9 +410,14 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
     def tracked(seq):  # (a list comprehension over it: a job's StopIteration is the job's, not the loop's end)
         if not bar:
             return seq
+        from rich.console import Console
         from rich.progress import track
 
-        return track(seq, total=len(items), description=description, transient=True)
+        # on stderr, and only where it is a terminal: a transient bar left a blank line in a redirected stdout
+        console = Console(stderr=True)
+        if not console.is_terminal:
+            return seq
+        return track(seq, total=len(items), description=description, transient=True, console=console)
 
     if executor is not None:
         try:
@@ -425,7 +430,13 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
         try:
             return list(tracked(submitted))
         except Exception as exc:
-            if "pickle" not in str(exc).lower() or isinstance(exc, PolyprojError):
+            import pickle
+            from concurrent.futures import ThreadPoolExecutor
+
+            # a pickling failure of the jobs themselves (not a user's function that mentions "pickle", nor on a
+            # thread pool, which pickles nothing)
+            sent = isinstance(exc, (pickle.PicklingError, AttributeError, TypeError)) and "pickle" in str(exc).lower()
+            if not sent or isinstance(exc, PolyprojError) or isinstance(executor, ThreadPoolExecutor):
                 raise
             # a process pool pickles each job: its functions and data (a lambda or a local function does not)
             raise ProblemError(f"{description}: the executor could not send the jobs to its workers ({exc}); "

@@ -99,9 +99,12 @@ def test_parameter_changes_on_threads_use_one_damping():
 # ----------------------------------------------------------------------------- progress on the dense path
 @pytest.fixture
 def bars(monkeypatch):
-    """The descriptions of the progress bars drawn (``rich.progress.track``, as polyproj.runtime draws them)."""
+    """The descriptions of the progress bars drawn (``rich.progress.track``, as polyproj.runtime draws them), with
+    stderr taken for a terminal (bars are drawn only there)."""
+    import rich.console
     import rich.progress
 
+    monkeypatch.setattr(rich.console.Console, "is_terminal", property(lambda self: True))
     drawn: list[str] = []
     track = rich.progress.track
 

@@ -141,3 +141,58 @@ def test_a_builtin_is_a_data_free_constraint_of_theta():
     th = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     torch.testing.assert_close(p.constraint_values(th),
                                torch.stack([th.norm() - 1.0, a @ th - 0.5]), rtol=1e-14, atol=1e-15)
+
+
+def test_a_test_function_cannot_change_the_problems_module():
+    """A test function's ``m.eval(); ...; m.train()`` switched the problem's own copy to training mode for good
+    (dropout live: later scores random, silently); ``m.float()`` crashed the interpreter (a probe)."""
+    torch.manual_seed(0)
+    X = torch.randn(60, 3, dtype=torch.float64)
+    y = torch.sin(X[:, 0])
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Dropout(0.5),
+                              torch.nn.Linear(4, 1)).double().eval()
+
+    def loss(m, b):
+        return (m(b[0]).squeeze(-1) - b[1]) ** 2 + 1e-2 * sum((p * p).sum() for p in m.parameters())
+
+    prob = ConstrainedProblem(net, Loss(loss, (X, y)))
+    kkt = solve(prob)
+    dif = DIF(prob, kkt, method="dense", damping="auto")
+
+    def F(m):
+        return ((m(X[:10]).squeeze(-1) - y[:10]) ** 2).mean()
+
+    def evaluate(m):
+        m.eval()
+        out = F(m)
+        m.train()
+        return out
+
+    a = dif.influence(F)
+    torch.testing.assert_close(dif.influence(evaluate), a, rtol=0, atol=0)
+    torch.testing.assert_close(dif.influence(F), a, rtol=0, atol=0)
+    assert not prob.wrap(kkt.theta).training
+    with pytest.raises(ProblemError, match=r"m.float\(...\) would convert"):
+        dif.influence(lambda m: (m.float()(X[:5].float()) ** 2).mean(), [{"objective": [0]}])
+
+
+def test_progress_bars_stay_off_a_redirected_stdout(capsys):
+    """The transient bar wrote a blank line into stdout when it was not a terminal (a CSV got empty rows)."""
+    from polyproj.runtime import map_jobs
+
+    assert map_jobs(lambda i: i * i, list(range(10)), progress=True, bar_from=1, description="x") == [
+        i * i for i in range(10)]
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""
+
+
+def test_a_users_error_on_a_thread_pool_is_not_called_a_pickling_failure():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from polyproj.runtime import map_jobs
+
+    def job(i):
+        raise RuntimeError("could not unpickle embeddings.pkl")
+
+    with ThreadPoolExecutor(1) as pool, pytest.raises(RuntimeError, match="embeddings.pkl"):
+        map_jobs(job, [1, 2], executor=pool, bar_from=100, description="x")

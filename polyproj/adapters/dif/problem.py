@@ -270,6 +270,12 @@ def _as_float64_input(a: Any) -> Any:
 _SWAP_LOCK = threading.RLock()
 
 
+#: nn.Module methods that convert or modify a module in place: refused on the problem's copy
+_MUTATORS = frozenset({"float", "double", "half", "bfloat16", "to", "cuda", "cpu", "type", "apply", "requires_grad_",
+                       "load_state_dict", "register_buffer", "register_parameter", "add_module", "zero_grad",
+                       "share_memory", "to_empty", "set_extra_state", "register_module"})
+
+
 class _FunctionalModule:
     """Calls ``model`` with the parameters taken from a flat vector (``torch.func.functional_call``).
 
@@ -295,6 +301,12 @@ class _FunctionalModule:
         sub = {k[len(name) + 1:]: v for k, v in params.items() if k.startswith(name + ".")}
         if sub:
             return _FunctionalModule(getattr(self._model, name), sub)
+        if name in ("train", "eval"):  # the problem's copy stays as built (checked deterministic): a test function's
+            return lambda *a, **k: self  # ``m.eval(); ...; m.train()`` would switch dropout on for later calls
+        if name in _MUTATORS:
+            raise ProblemError(f"the module given to losses, constraints and test functions must not be changed: "
+                               f"m.{name}(...) would convert or modify the problem's own copy of it (inputs are cast "
+                               "to float64 for you; compute in another dtype on a copy of your own)")
         return getattr(self._model, name)
 
     # the module's own accessors would hand out its frozen copy of the parameters, not θ's tensors: a
