@@ -26,7 +26,7 @@ from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
 from ..projection.pipeline import UNVERIFIED_VIOLATION, violates
 from ..runtime import is_vmapped, small_work
-from ..sets.base import Projector, as_namespace
+from ..sets.base import Projector, as_namespace, third_party
 from ..sets.detect import recognise
 from ..sets.polyhedral import PARTS, Polyhedral, polydata_from_arrays
 
@@ -311,11 +311,11 @@ def _backward_parts(S: Projector, res: Any, g: torch.Tensor, wanted: tuple[str, 
     """
     host = _is_host(res)
     gin = g.detach().numpy().astype(np.float64) if host else g  # astype copies
-    if not host and not type(S).__module__.startswith("polyproj."):
+    if not host and third_party(S):
         gin = g.clone()  # a third party's vjp may write into its input: the autograd graph's gradient, not its own
     gx = S.vjp(res, gin) if need_x else None
     gp = {} if not wanted else S.parameter_vjp(res, gin, wanted, **({} if groups is None else {"groups": groups}))
-    if not type(S).__module__.startswith("polyproj."):
+    if third_party(S):
         gx, gp = _third_party_parts(S, gx, gp, g, wanted, need_x, groups, np.ndarray if host else torch.Tensor)
     if host:
         params = S.parameters()
@@ -745,6 +745,7 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
 
 
 _SET_AND_DATA = "give either a set S or the constraint data A, a, B, b, lb, ub, not both"
+_A_TWICE = "A is given twice, positionally and as A=: give it once"
 
 
 def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: Any,
@@ -768,7 +769,7 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
         forward = tuple(k for k, v in S.parameters().items() if isinstance(v, torch.Tensor) and _differentiated(v))
     else:
         if S is not None and A is not None:  # A given twice (positionally and as A=): one was silently dropped
-            raise ProblemError("A is given twice, positionally and as A=: give it once")
+            raise ProblemError(_A_TWICE)
         A = S if S is not None else A
         lb, ub = (_scalar_bound(v, x) for v in (lb, ub))
         parts = {k: _dense(v) for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub).items()}
@@ -914,7 +915,7 @@ class ProjectionLayer(nn.Module):
             vals = {k: v for k, v in vals.items() if (k not in ("A", "a", "B", "b") or np.size(v))}
         else:
             if S is not None and A is not None:
-                raise ProblemError("A is given twice, positionally and as A=: give it once")
+                raise ProblemError(_A_TWICE)
             vals = dict(zip(PARTS, (S if S is not None else A, a, B, b, lb, ub), strict=True))
         self.set = None
         P = self._store(vals, learn, dtype)

@@ -383,7 +383,7 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
             if note:
                 notes[int(i)] = note
     qps = bs.qps if bs.qps is not None and len(bs.qps) == size else ElementQPs(qp, vecs, size)
-    shared = not (vecs.keys() & {"l", "u", "lb", "ub"})  # the elements' constraints are qp's: one verdict for all
+    shared = _constraints_shared(vecs)  # the elements' constraints are qp's: one verdict for all
     checked = 0
     for i in range(size):
         if statuses[i] is Status.PRIMAL_INFEASIBLE and (shared or checked < INFEASIBILITY_LPS):
@@ -587,6 +587,11 @@ def _unconfirmed(sol: Solution, again: Any) -> Solution:
                    info={**sol.info, "validation": note, "claimed_status": sol.status.name})
 
 
+def _constraints_shared(vecs: dict) -> bool:
+    """Whether a batch's elements share ``qp``'s constraints (only ``q`` batched)."""
+    return not (vecs.keys() & {"l", "u", "lb", "ub"})
+
+
 def _infeasible_at_own_size(qp: QP, again: Any) -> bool:
     """Whether a re-solve at the answer's own size found ``qp`` PRIMAL_INFEASIBLE, and an LP agrees.
 
@@ -604,6 +609,8 @@ def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, s
     Per element: one element's legitimately large x must not keep another's σ.
     """
     sigma = np.full(size, scale.sigma)
+    qps = ElementQPs(qp, vecs, size)
+    shared = _constraints_shared(vecs)
     for _ in range(scaling.REPLAN_ROUNDS):
         x = np.asarray(bs.x, dtype=np.float64)
         ok = np.array([s.ok for s in bs.status], dtype=bool) & np.isfinite(x).all(axis=1)
@@ -619,8 +626,6 @@ def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, s
         good = np.array([s.ok for s in sub.status], dtype=bool)
         # an element the re-solve at its own size finds PRIMAL_INFEASIBLE, an LP agreeing, takes that answer (as
         # a single solve does), not the first one's loose-tolerance point
-        qps = ElementQPs(qp, vecs, size)
-        shared = not (vecs.keys() & {"l", "u", "lb", "ub"})
         empty = np.array([sub.status[k] is Status.PRIMAL_INFEASIBLE
                           and _infeasible_at_own_size(qp if shared else qps[int(i)], sub.solution(k))
                           for k, i in enumerate(idx)], dtype=bool)

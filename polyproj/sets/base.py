@@ -155,7 +155,7 @@ class Projector(abc.ABC):
 
         A set that wrote into its input changed the caller's array, or the torch layer's leaf tensor, silently.
         """
-        if type(self).__module__.startswith("polyproj."):
+        if not third_party(self):
             return X
         return array_namespace(X).asarray(X, copy=True)
 
@@ -267,6 +267,11 @@ class Projector(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n})"
+
+
+def third_party(S: Any) -> bool:
+    """Whether ``S`` is a set defined outside polyproj (its outputs are checked, its inputs copied)."""
+    return not type(S).__module__.startswith("polyproj.")
 
 
 def _checked_vjp(fn: Any) -> Any:

@@ -311,14 +311,13 @@ class DenseInverse:
             import warnings
 
             self._chol = None
+            d = np.sqrt(np.max(np.abs(H), axis=1, initial=0.0)) if n else np.ones(0)
+            d = np.where(d > 0, d, 1.0)
             with warnings.catch_warnings():  # an exactly singular H: its rcond of 0 below says so
                 warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
-                self._lu = scipy.linalg.lu_factor(H, check_finite=False)
-                d = np.sqrt(np.max(np.abs(H), axis=1, initial=0.0)) if n else np.ones(0)
-                d = np.where(d > 0, d, 1.0)
-                Heq = H / np.outer(d, d)
-                rcond = scipy.linalg.lapack.dgecon(scipy.linalg.lu_factor(Heq, check_finite=False)[0],
-                                                   _norm1(H, d), norm="1")[0] if n else 1.0
+                # one LU, of D^-½ H D^-½: its rcond, and the solves (H⁻¹b = D^-½ (D^-½ H D^-½)⁻¹ D^-½ b)
+                self._lu = (scipy.linalg.lu_factor(H / np.outer(d, d), check_finite=False), d)
+            rcond = scipy.linalg.lapack.dgecon(self._lu[0][0], _norm1(H, d), norm="1")[0] if n else 1.0
         self.singular = not rcond > SINGULAR_CURVATURE / max(n, 1)
         self.log: list = []
 
@@ -334,7 +333,9 @@ class DenseInverse:
                 raise np.linalg.LinAlgError("singular to rounding")
             if self._chol is not None:
                 return scipy.linalg.cho_solve(self._chol, b)
-            return scipy.linalg.lu_solve(self._lu, b)
+            lu, d = self._lu
+            dd = d.reshape(-1, *([1] * (np.ndim(b) - 1)))
+            return scipy.linalg.lu_solve(lu, b / dd) / dd
         except np.linalg.LinAlgError as exc:
             raise ProblemError(
                 f"H is singular at θ̄, and {what} needs H⁻¹ (the paths through the Schur complement: an executor, "
