@@ -319,6 +319,8 @@ class DenseInverse:
                 self._lu = (scipy.linalg.lu_factor(H / np.outer(d, d), check_finite=False), d)
             rcond = scipy.linalg.lapack.dgecon(self._lu[0][0], _norm1(H, d), norm="1")[0] if n else 1.0
         self.singular = not rcond > SINGULAR_CURVATURE / max(n, 1)
+        #: Cholesky succeeded and H is not singular to rounding
+        self.positive_definite = self._chol is not None and not self.singular
         self.log: list = []
 
     def solve(self, b: np.ndarray, what: str) -> np.ndarray:
