@@ -59,10 +59,10 @@ SETTINGS: dict[str, Any] = {
 
 
 def report_batch(name: str, statuses: Any, iterations: Any, seconds: float, residuals: Any = None) -> None:
-    """The ``verbose`` report of polyproj's own batched solvers (the IPM, the ADMM): one line a call.
+    """The ``verbose`` report of polyproj's own batched solvers (the IPM, the ADMM) and of DAQP: one line a call.
 
-    External solvers print their own logs when ``verbose``; these print what a batch needs: its size, the
-    statuses by count, the iterations (largest), the wall time and, when known, the largest residuals.
+    External solvers print their own logs when ``verbose`` (DAQP has none); this line is what a batch needs: its
+    size, the statuses by count, the iterations (largest), the wall time and, when known, the largest residuals.
     """
     from collections import Counter
 

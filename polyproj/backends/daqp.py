@@ -24,7 +24,7 @@ import numpy as np
 from ..problem import QP
 from ..runtime import cpu_count, parallel_map
 from ..solution import Solution, Status
-from .base import Capabilities, QPSolver
+from .base import Capabilities, QPSolver, report_batch
 from .options import nonnegative, positive, positive_int
 from .presolve import solve_without_fixed
 
@@ -220,8 +220,10 @@ class DAQPSolver(QPSolver):
             z, zb = get("z"), get("z_box")
             if z is not None and zb is not None and np.all(np.isfinite(z)) and np.all(np.isfinite(zb)):
                 kw["dual_start"] = np.concatenate([np.asarray(zb, dtype=np.float64), np.asarray(z, dtype=np.float64)])
-        setup = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        setup = t1 - t0
         x, _, flag, info = daqp.solve(H, np.ascontiguousarray(qp.q), A, upper, lower, sense.copy(), **kw)
+        wall = time.perf_counter() - t1  # around the call (DAQP's info["solve_time"] leaves its own set-up out)
         if int(flag) == -6:  # dependent equality rows: DAQP cannot start from them
             answer = self._dependent_equalities(qp)
             if answer is not None:
@@ -229,8 +231,10 @@ class DAQPSolver(QPSolver):
         (status,), X, L = _answers(np.array([int(flag)]), np.array(x, dtype=np.float64)[None, :],
                                    np.array(info["lam"], dtype=np.float64)[None, :])
         x, lam = X[0], L[0]
+        if self.settings["verbose"]:  # DAQP prints no log of its own
+            report_batch(self.name, [status], [int(info["iterations"])], wall)
         return Solution(x=x, z=lam[qp.n:], z_box=lam[:qp.n], status=status, iterations=int(info["iterations"]),
-                        solve_time=float(info["solve_time"]), setup_time=setup, backend=self.name, qp=qp,
+                        solve_time=wall, setup_time=setup, backend=self.name, qp=qp,
                         info={"raw_status": _NAMES.get(int(flag), str(flag))})
 
 

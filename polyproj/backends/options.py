@@ -13,6 +13,7 @@ may carry ``convert``, the type the solver is handed: what passes ``positive_int
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,12 @@ Check = Callable[[Any], "str | None"]
 
 
 def _real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and bool(np.isfinite(v))
+    if not isinstance(v, numbers.Real) or isinstance(v, (bool, np.bool_)):
+        return False
+    try:  # a Python int past float's range (10**400) overflows; one past int64's made np.isfinite raise
+        return math.isfinite(float(v))
+    except (OverflowError, ValueError, TypeError):
+        return False
 
 
 def _integral(v: Any) -> bool:

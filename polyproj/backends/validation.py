@@ -91,17 +91,30 @@ def _finite_bound_max(*arrays: np.ndarray) -> np.ndarray:
     return out
 
 
+def _bounded(bound: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The sides that count as bounds in the multipliers' tests: finite below 1e15, or finite with ``v`` at them.
+
+    Finite means below 1e20 (the QP's "no bound"); at them, to 1e-6 relative.
+
+    A side at 1e15 or more is most often a finite stand-in for infinity (9.99e19) that ``v`` is far from: its
+    multiplier is then judged as on a side without a bound (a rounding-level z times a distance of 1e19 would fail
+    complementarity); but an answer at x = 1e16 on a bound of 1e16 has its multiplier there.
+    """
+    a = np.abs(bound)
+    return np.isfinite(bound) & ((a < _HUGE) | (np.abs(bound - v) <= 1e-6 * a))
+
+
 def _sides(z: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: Any = 1.0
            ) -> tuple[np.ndarray, np.ndarray]:
     """``(sign, comp)`` of multipliers ``z`` on values ``v`` between ``lo`` and ``hi``, the last axis reduced.
 
-    ``sign``: the largest multiplier on a side without a bound (|bound| >= 1e15 counts as none), times its
+    ``sign``: the largest multiplier on a side without a bound (:func:`_bounded`), times its
     row's ``weight`` (:func:`_force`); ``comp``: the largest ``|z| · distance`` to the bound of its side
     (complementarity, invariant to a row's scale).
     """
     pos, neg = np.maximum(z, 0.0), np.maximum(-z, 0.0)
-    up, down = np.isfinite(hi) & (np.abs(hi) < _HUGE), np.isfinite(lo) & (np.abs(lo) < _HUGE)
     with np.errstate(invalid="ignore"):
+        up, down = _bounded(hi, v), _bounded(lo, v)
         sign = np.maximum(np.where(up, 0.0, pos), np.where(down, 0.0, neg)) * weight
         comp = np.maximum(np.where(up, pos * np.abs(np.where(up, hi, 0.0) - v), 0.0),
                           np.where(down, neg * np.abs(v - np.where(down, lo, 0.0)), 0.0))
@@ -186,8 +199,9 @@ def _single_residuals(qp: QP, x: np.ndarray, z: np.ndarray, zb: np.ndarray, dual
 def _single_sides(qp: QP, z: np.ndarray, v: np.ndarray) -> tuple[float, float]:
     """:func:`_sides` of one answer over the rows of C then the bounds, the QP's side masks kept in ``qp.memo``.
 
-    Every finite side is one entry of (index, sign, bound): ``max(sign z, 0) |bound − v|`` is its
-    complementarity; every missing side one of (index, sign): ``max(sign z, 0)`` its sign test.
+    Every side that is a bound (:func:`_bounded`) is one entry of (index, sign, bound): ``max(sign z, 0) |bound −
+    v|`` is its complementarity; every other side one of (index, sign): ``max(sign z, 0)`` its sign test. Sides at
+    1e15 or more are decided per answer (v at them or not).
     """
     hit = qp.memo.get("validation_sides")
     if hit is None:
@@ -199,10 +213,22 @@ def _single_sides(qp: QP, z: np.ndarray, v: np.ndarray) -> tuple[float, float]:
         free_signs = np.concatenate((np.ones(int((~up).sum())), -np.ones(int((~down).sum()))))
         weight = np.concatenate((_force(qp), np.ones(qp.n)))
         free_weight = np.concatenate((weight[~up], weight[~down]))
+        # the free sides' bounds: ±inf, or finite at 1e15 and more (:func:`_bounded`: a bound where v meets it)
+        free_bounds = np.concatenate((hi[~up], lo[~down]))
+        huge = np.flatnonzero(np.isfinite(free_bounds))
         hit = qp.memo["validation_sides"] = (sides, signs, np.concatenate((hi[up], lo[down])), free,
-                                             free_signs * free_weight)
-    sides, signs, bounds, free, free_signs = hit
-    sign = float(np.max(z[free] * free_signs, initial=0.0))
+                                             free_signs * free_weight, huge, free_bounds[huge])
+    sides, signs, bounds, free, free_signs, huge, huge_bounds = hit
+    zf = z[free] * free_signs
+    if huge.size:  # a side at 1e15 or more that v meets is a bound: its multiplier is judged by complementarity
+        near = _bounded(huge_bounds, v[free[huge]])
+        if near.any():
+            at = huge[near]
+            sides = np.concatenate((sides, free[at]))
+            signs = np.concatenate((signs, np.sign(free_signs[at])))
+            bounds = np.concatenate((bounds, huge_bounds[near]))
+            zf[at] = 0.0
+    sign = float(np.max(zf, initial=0.0))
     comp = float(np.max(np.maximum(z[sides] * signs, 0.0) * np.abs(bounds - v[sides]), initial=0.0))
     return max(sign, 0.0), comp
 

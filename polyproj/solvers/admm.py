@@ -338,6 +338,11 @@ def solve(S: ADMMSetup, q: Any, stop: Stop, *, z0: Any = None) -> ADMMResult:
             if watch.update(it, qT, Kq, i):
                 done_at = i
                 break
+            # before a step-size update: its re-factorisation can take longer than the limit
+            if stop.deadline is not None and time.perf_counter() > stop.deadline:
+                watch.code = xp.where(watch.code == MAX_ITER, xp.full_like(watch.code, TIME_LIMIT), watch.code)
+                done_at = i
+                break
             factor = watch.rho_factor() if stop.rule == "residuals" else 1.0
             if factor != 1.0:  # OSQP's adaptive step size: balance the relative residuals, ρ within [RHO_MIN, RHO_MAX]
                 rho = float(xp.min(S.rho))  # the inequality rows' (equality rows: 1e3 times it)
@@ -349,10 +354,6 @@ def solve(S: ADMMSetup, q: Any, stop: Stop, *, z0: Any = None) -> ADMMResult:
                 S = rescaled(S, factor)
                 Kq = -xp.matmul(S.Kinv, qT)
                 watch.S = S
-            if stop.deadline is not None and time.perf_counter() > stop.deadline:
-                watch.code = xp.where(watch.code == MAX_ITER, xp.full_like(watch.code, TIME_LIMIT), watch.code)
-                done_at = i
-                break
     return watch.result(it, qT, Kq, done_at)
 
 
