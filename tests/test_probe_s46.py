@@ -22,15 +22,35 @@ def test_an_active_bound_past_1e15_is_a_bound(backend):
     assert sol.x[0] == pytest.approx(1e16, rel=1e-6)
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=pytest.mark.xfail(
-    strict=True, reason="PIQP 0.7 itself stops at its iteration limit with a duality gap ~1e-17 of the box (9e-8 "
-    "at a box of 1e10, its answer right): a known limit, README")) if b == "piqp" else b
-    for b in pp.available_backends()])
+@pytest.mark.parametrize("backend", pp.available_backends())
 def test_a_finite_stand_in_for_infinity_far_from_x_is_a_side_without_a_bound(backend):
     far = pp.QP(P=np.eye(2), q=[-1.0, 1.0], lb=[-9.99e19, -9.99e19], ub=[9.99e19, 9.99e19])
     sol = pp.solve_qp(far, backend=backend)
     assert sol.status is pp.Status.SOLVED
     np.testing.assert_allclose(sol.x, [1.0, -1.0], atol=1e-5)
+
+
+@pytest.mark.parametrize("box", [1e10, 1e14, 9.99e19])
+def test_piqp_drops_big_m_bounds_it_stalls_on(box):
+    """PIQP stopped at its iteration limit on a ±1e10 box around a unit-scale QP (its gap stalls near 1e-17 of the
+    box); the far bounds are dropped at its limit and the QP solved again. A bound x meets stays."""
+    qp = pp.QP(P=np.eye(3), q=[-1.0, 1.0, -5.0], C=[[1.0, 1.0, 1.0]], l=[-np.inf], u=[2.0],
+               lb=[-box, -box, -box], ub=[box, box, 0.5])
+    sol = pp.solve_qp(qp, backend="piqp")
+    assert sol.status is pp.Status.SOLVED
+    ref = pp.solve_qp(pp.QP(P=qp.P, q=qp.q, C=qp.C, l=qp.l, u=qp.u, ub=[np.inf, np.inf, 0.5]), backend="clarabel",
+                      eps_abs=1e-10)  # the same QP without its far bounds
+    assert ref.status is pp.Status.SOLVED
+    np.testing.assert_allclose(sol.x, ref.x, atol=1e-6)
+    assert sol.info.get("far_bounds_dropped") == 5 and sol.z_box[2] > 0.1  # x₃ on its bound of 0.5
+    # a max_iter of the user's own bounds the whole call: no second solve
+    assert pp.solve_qp(qp, backend="piqp", max_iter=250).status is pp.Status.MAX_ITER
+    # far bounds that x lies beyond when dropped (an unbounded direction they close) keep PIQP's own answer
+    lp = pp.QP(P=np.zeros((2, 2)), q=[-1.0, 0.0], lb=[-box, -1.0], ub=[box, 1.0])
+    sol = pp.solve_qp(lp, backend="piqp")
+    assert sol.status in (pp.Status.SOLVED, pp.Status.MAX_ITER)
+    if sol.status is pp.Status.SOLVED:
+        assert sol.x[0] == pytest.approx(box, rel=1e-6)
 
 
 def test_an_active_bound_past_1e15_in_a_batch():

@@ -10,6 +10,7 @@ start: ``time_limit`` is held by polyproj's check after the solve (an answer pas
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any, ClassVar
@@ -22,6 +23,7 @@ from ..problem import QP
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver
 from .options import boolean, nonnegative_int, positive, within
+from .scaling import HIGH
 
 __all__ = ["PIQPSolver"]
 
@@ -91,7 +93,31 @@ class PIQPSolver(QPSolver):
         return P, A, qp.u[eq], G, qp.l[ineq], qp.u[ineq], eq, ineq
 
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
-        """Solve one QP with PIQP (its dense solver for dense data, the sparse one otherwise)."""
+        """Solve one QP with PIQP (its dense solver for dense data, the sparse one otherwise).
+
+        PIQP stalls on variable bounds that are big-M stand-ins for "no bound" (a box of ±1e10 around a unit-scale
+        QP: its duality gap stops near 1e-17 of the box, MAX_ITER with x right). At its default iteration limit (and
+        within ``time_limit``), the bounds
+        beyond :data:`~polyproj.backends.scaling.HIGH` that x is far from (:func:`_far_bounds`) are dropped and the
+        QP solved again; that answer stands when it is SOLVED and within the dropped bounds (a convex QP's minimiser
+        over the larger set that lies in the smaller one is its minimiser there; their multipliers are 0).
+        """
+        sol = self._solve(qp, qp.lb, qp.ub)
+        limit = self.settings["time_limit"]
+        if sol.status is not Status.MAX_ITER or self.settings["max_iter"] is not None or \
+                (limit is not None and sol.solve_time + sol.setup_time > limit):
+            return sol  # (a max_iter of the user's own is a limit on the whole call)
+        far = _far_bounds(qp, sol.x)
+        if far is None:
+            return sol
+        again = self._solve(qp, far[0], far[1])
+        if again.status is not Status.SOLVED or not (np.all(again.x >= qp.lb) and np.all(again.x <= qp.ub)):
+            return sol
+        return dataclasses.replace(again, iterations=sol.iterations + again.iterations,
+                                   solve_time=sol.solve_time + sol.setup_time + again.solve_time,
+                                   info={**again.info, "far_bounds_dropped": far[2]})
+
+    def _solve(self, qp: QP, lb: np.ndarray, ub: np.ndarray) -> Solution:
         import piqp
 
         t0 = time.perf_counter()
@@ -99,7 +125,7 @@ class PIQPSolver(QPSolver):
         solver = piqp.SparseSolver() if qp.is_sparse else piqp.DenseSolver()
         self._configure(solver)
         solver.setup(P, qp.q, A if eq.size else None, b if eq.size else None, G if ineq.size else None,
-                     h_l if ineq.size else None, h_u if ineq.size else None, qp.lb, qp.ub)
+                     h_l if ineq.size else None, h_u if ineq.size else None, lb, ub)
         setup = time.perf_counter() - t0
         raw = solver.solve()
         if raw == piqp.Status.PIQP_INVALID_SETTINGS:
@@ -118,3 +144,19 @@ class PIQPSolver(QPSolver):
                         solve_time=time.perf_counter() - t0 - setup, setup_time=setup, backend=self.name, qp=qp,
                         info={"raw_status": str(raw), "pri_res": float(info.primal_res),
                               "dua_res": float(info.dual_res), "duality_gap": float(info.duality_gap)})
+
+
+def _far_bounds(qp: QP, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """``(lb, ub, count)``: the bounds beyond HIGH that ``x`` is far from (by half their size) made infinite.
+
+    None if there is none (or x is not finite).
+    """
+    if not np.all(np.isfinite(x)):
+        return None
+    with np.errstate(invalid="ignore"):
+        drop_lb = np.isfinite(qp.lb) & (np.abs(qp.lb) > HIGH) & (np.abs(x - qp.lb) > 0.5 * np.abs(qp.lb))
+        drop_ub = np.isfinite(qp.ub) & (np.abs(qp.ub) > HIGH) & (np.abs(qp.ub - x) > 0.5 * np.abs(qp.ub))
+    count = int(drop_lb.sum() + drop_ub.sum())
+    if not count:
+        return None
+    return np.where(drop_lb, -np.inf, qp.lb), np.where(drop_ub, np.inf, qp.ub), count
