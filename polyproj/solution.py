@@ -89,6 +89,9 @@ class Solution:
         Multipliers of ``lb <= x <= ub``.
     status : Status
     iterations : int
+        The backend's own count, summed over its solves in one call (a retry, a second phase): ProxSuite counts
+        its inner iterations (``max_iter`` bounds the outer ones), HiGHS its QP and simplex iterations together,
+        so ``iterations`` may exceed ``max_iter``.
     solve_time, setup_time : float
         Seconds, as measured around the solver call.
     backend : str
