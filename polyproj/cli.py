@@ -24,9 +24,9 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     table = Table(title="polyproj backends")
     for col in ("name", "available", "version", "capabilities", "source"):
         table.add_column(col)
-    for row in backend_info():
+    for row in backend_info():  # names and versions are third parties' text: escaped, never read as markup
         avail = "[green]yes[/green]" if row.available else f"[red]no[/red]: {escape(row.reason)}"
-        table.add_row(row.name, avail, row.version, ", ".join(row.capabilities), row.source)
+        table.add_row(escape(row.name), avail, escape(row.version), ", ".join(row.capabilities), escape(row.source))
     Console().print(table)
     return 0
 

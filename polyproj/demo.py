@@ -21,6 +21,12 @@ SECTIONS: list[tuple[str, str]] = [
     ("Training a network through the exact projection layer (torch)", "polyproj.adapters.torch_demo:training_section"),
 ]
 
+#: the extra that installs what a section's module imports (a section whose module cannot import is skipped, named)
+EXTRAS: dict[str, str] = {
+    "polyproj.adapters.dif.demo:dif_section": "dif",
+    "polyproj.adapters.torch_demo:training_section": "torch",
+}
+
 
 def random_polytope(n: int, m: int, p: int, rng: np.random.Generator):
     """A random bounded polytope with an interior point (used by the demo and benchmarks)."""
@@ -76,8 +82,9 @@ def projection_section(console, quick: bool, seed: int) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run every section of the demo."""
+    """Run every section of the demo; a section whose optional packages are not installed is skipped with a note."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.rule import Rule
 
     console = Console()
@@ -85,6 +92,14 @@ def main(args: argparse.Namespace) -> int:
         console.print(Rule(title))
         mod_name, _, fn = path.partition(":")
         t0 = time.perf_counter()
-        getattr(importlib.import_module(mod_name), fn)(console, bool(args.quick), int(args.seed))
+        try:  # the sections import their optional packages at import or when they run
+            getattr(importlib.import_module(mod_name), fn)(console, bool(args.quick), int(args.seed))
+        except ModuleNotFoundError as exc:
+            if not exc.name or exc.name.partition(".")[0] == "polyproj":  # polyproj's own module: a bug, not skipped
+                raise
+            extra = EXTRAS.get(path, "all")
+            console.print("[yellow]skipped[/yellow]: " + escape(f"this section needs {exc.name!r}, which is not "
+                                                                f"installed (pip install 'polyproj[{extra}]')"))
+            continue
         console.print(f"[dim]({time.perf_counter() - t0:.1f} s)[/dim]")
     return 0

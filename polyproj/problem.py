@@ -352,6 +352,19 @@ def _check_consistent(B, b: np.ndarray, dep: list[int]) -> None:
 
 
 # --------------------------------------------------------------------------- QP
+def _read_only(v: Any) -> Any:
+    """A dense array the problem owns, made read-only (:func:`~polyproj.polydata.writable` for libraries).
+
+    The problem is frozen, and what is computed from it once (the backends' conversions, the guard's side masks, a
+    set's faces) is reused. An edit in place (``qp.q[:] = ...``) mixed old and new data; it now raises, and a changed
+    problem is a new one (``QP(...)``, ``qp.with_vectors(q=...)``). Sparse matrices are left as they are (SciPy
+    sorts their indices in place).
+    """
+    if isinstance(v, np.ndarray):
+        v.setflags(write=False)
+    return v
+
+
 @dataclass(frozen=True, eq=False)
 class QP:
     """Convex quadratic program ``min ½ xᵀPx + qᵀx  s.t.  l <= Cx <= u,  lb <= x <= ub``.
@@ -415,7 +428,7 @@ class QP:
         # then runs the Lanczos check, as for check_psd=False; an indefinite sparse P of n 3,001 was SOLVED)
         object.__setattr__(self, "psd_known", bool(self.check_psd and _check_psd(P)))
         for k, v in dict(P=P, q=q, C=C, l=l, u=u, lb=lb, ub=ub).items():
-            object.__setattr__(self, k, v)
+            object.__setattr__(self, k, _read_only(v))
 
     # -- construction without re-validating P and C (hot paths: batches of projections)
     def with_vectors(self, *, validate: bool = True, **vectors: Any) -> QP:
@@ -432,7 +445,7 @@ class QP:
         if validate:
             spec = {"q": (self.n, 0), "l": (self.m, -1), "u": (self.m, 1), "lb": (self.n, -1), "ub": (self.n, 1)}
             for k, v in vectors.items():  # a number stands for every bound, as in QP(lb=0)
-                vals[k] = _vector(v, k, spec[k][0], allow_inf=spec[k][1], scalar=k in ("lb", "ub"))
+                vals[k] = _read_only(_vector(v, k, spec[k][0], allow_inf=spec[k][1], scalar=k in ("lb", "ub")))
             check_order(vals["l"], vals["u"], "l", "u")
             check_order(vals["lb"], vals["ub"], "lb", "ub")
         else:
@@ -686,7 +699,7 @@ class Polyhedron:
                 _check_consistent(B, b, dep)
             rank -= len(dep)
         for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub, n=n, eq_rank=rank).items():
-            object.__setattr__(self, k, v)
+            object.__setattr__(self, k, _read_only(v))
 
     # -- sizes
     @property

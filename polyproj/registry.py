@@ -19,9 +19,19 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+import numpy as np
+
 from .backends.base import Capabilities, QPSolver
 from .backends.defaults import QP_DEFAULT
-from .errors import BackendNotFound, BackendUnavailable, PolyprojError, PolyprojWarning, SolverError, close_matches
+from .errors import (
+    BackendNotFound,
+    BackendUnavailable,
+    PolyprojError,
+    PolyprojWarning,
+    SettingsError,
+    SolverError,
+    close_matches,
+)
 
 __all__ = [
     "DEFAULT_BACKEND",
@@ -30,6 +40,7 @@ __all__ = [
     "backend_info",
     "get_backend",
     "register_backend",
+    "registry_generation",
     "unregister_backend",
 ]
 
@@ -55,6 +66,30 @@ _BUILTIN: dict[str, tuple[str, str]] = {
 
 _RUNTIME: dict[str, type[QPSolver]] = {}
 
+#: names that are not backends: ``"auto"`` is :func:`polyproj.project`'s choice per call
+RESERVED = frozenset({"auto"})
+
+#: counts the changes of the run-time registrations (every :func:`register_backend` and
+#: :func:`unregister_backend`): whatever keeps an object built for a backend *name* compares it to know that the name
+#: may now stand for another class. Read it as ``registry.generation`` or :func:`registry_generation`.
+generation = 0
+
+#: entry-point and ``module:Class`` names resolved already, per ``sys.path``: (name, sys.path) -> (class, source).
+#: Finding an entry point lists every installed distribution (milliseconds a call); emptied on every change of the
+#: run-time registrations, which come first
+_RESOLVED: dict[tuple[str, tuple[str, ...]], tuple[type[QPSolver], str]] = {}
+
+
+def registry_generation() -> int:
+    """:data:`generation`: a number that changes whenever a backend is registered or unregistered."""
+    return generation
+
+
+def _changed() -> None:
+    global generation
+    generation += 1
+    _RESOLVED.clear()
+
 
 @dataclass(frozen=True)
 class BackendInfo:
@@ -79,10 +114,24 @@ _EP_NAMES: dict[tuple[str, ...], dict[str, str]] = {}
 _WARNED_HIDDEN: set[str] = set()
 
 
-def _warn_if_hiding(name: str, kind: str, path: str) -> None:
+def _loaded_target(value: str) -> Any:
+    """The object an entry point's ``module:attr.sub`` names, if its module is imported already (else None).
+
+    Nothing is imported: a plugin that registers its own class has imported its module.
+    """
+    mod_name, _, attr = value.replace(" ", "").partition(":")
+    obj = sys.modules.get(mod_name)
+    for part in attr.partition("[")[0].split(".") if attr else ():  # "[extra]" names extras, not the object
+        obj = getattr(obj, part, None)
+    return obj if attr else None
+
+
+def _warn_if_hiding(name: str, kind: str, cls: type) -> None:
     """Warn once when a backend hides an installed entry point of its name that points elsewhere.
 
-    ``kind``: "built-in" or "run-time"; ``path``: the hiding backend's ``module:Class``.
+    ``kind``: "built-in" or "run-time"; ``cls``: the hiding backend. The entry point points at the same backend
+    when its ``module:Class`` is the class's own, or names the class object itself (a re-export: a plugin that
+    registers its class under its entry point's name).
     """
     if name in _WARNED_HIDDEN:
         return
@@ -90,7 +139,8 @@ def _warn_if_hiding(name: str, kind: str, path: str) -> None:
     if key not in _EP_NAMES:  # the listing costs milliseconds: once per sys.path, names and targets
         _EP_NAMES[key] = {n: ep.value for n, ep in _entry_points().items()}
     value = _EP_NAMES[key].get(name)
-    if value is not None and value.replace(" ", "") != path:
+    if value is not None and value.replace(" ", "") != f"{cls.__module__}:{cls.__qualname__}" \
+            and _loaded_target(value) is not cls:
         _WARNED_HIDDEN.add(name)
         warnings.warn(f"backend name {name!r} is a {kind} backend; the installed entry point {name!r} "
                       f"({value}) of group {ENTRY_POINT_GROUP!r} is not used. Its package "
@@ -136,11 +186,16 @@ def _resolve(name: str) -> tuple[type[QPSolver], str]:
     """Return (class, source) for a backend name; raise BackendNotFound."""
     if name in _RUNTIME:
         cls = _RUNTIME[name]
-        _warn_if_hiding(name, "run-time", f"{cls.__module__}:{cls.__qualname__}")
+        _warn_if_hiding(name, "run-time", cls)
         return cls, "runtime"
     if name in _BUILTIN:
-        _warn_if_hiding(name, "built-in", _BUILTIN[name][0])
-        return _check_class(_import_path(_BUILTIN[name][0]), name), "builtin"
+        cls = _check_class(_import_path(_BUILTIN[name][0]), name)
+        _warn_if_hiding(name, "built-in", cls)
+        return cls, "builtin"
+    key = (name, tuple(sys.path))
+    hit = _RESOLVED.get(key)
+    if hit is not None:
+        return hit
     eps = _entry_points()
     if name in eps:
         try:
@@ -148,13 +203,16 @@ def _resolve(name: str) -> tuple[type[QPSolver], str]:
         except (Exception, SystemExit) as exc:  # a plugin calling sys.exit() at import must not end the caller
             what = f"{type(exc).__name__}({exc})" if isinstance(exc, SystemExit) else str(exc)
             raise BackendUnavailable(f"entry point {name!r} ({eps[name].value}) failed to load: {what}") from exc
-        return _check_class(cls, name), "entry point"
-    if ":" in name:
-        return _check_class(_import_path(name), name), "path"
-    raise BackendNotFound(
-        f"no backend named {name!r}.{close_matches(name, _all_names())} "
-        f"Known backends: {', '.join(_all_names())}"
-    )
+        hit = _check_class(cls, name), "entry point"
+    elif ":" in name:
+        hit = _check_class(_import_path(name), name), "path"
+    else:
+        raise BackendNotFound(
+            f"no backend named {name!r}.{close_matches(name, _all_names())} "
+            f"Known backends: {', '.join(_all_names())}"
+        )
+    _RESOLVED[key] = hit
+    return hit
 
 
 def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False) -> None:
@@ -166,16 +224,24 @@ def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False)
     cls : subclass of :class:`QPSolver`
     overwrite : bool
         Replace an existing registration of the same name (built-ins included).
+
+    ``"auto"`` is reserved (:func:`polyproj.project`'s choice per call) and cannot be registered.
     """
     if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name) or ":" in name \
             or not name.isprintable() or name.startswith("-"):  # '\u200b', 'a\x00b', '--help' (no CLI could name it)
         raise PolyprojError(f"a backend name must be a non-empty string of printable characters without spaces or "
                             f"':' (reserved for 'module:Class'), not starting with '-', got {name!r}")
+    if name in RESERVED:
+        raise PolyprojError(f"backend name {name!r} is reserved: polyproj.project(backend={name!r}) chooses a "
+                            "backend per call; register yours under another name")
+    if not isinstance(overwrite, (bool, np.bool_)):  # overwrite="no" is truthy: it replaced the built-in
+        raise SettingsError(f"overwrite must be True or False, got {overwrite!r}")
     _check_class(cls, name)
     # an entry point's name is not refused: its own module may register it (so that it works uninstalled too)
     if not overwrite and (name in _RUNTIME or name in _BUILTIN):
         raise PolyprojError(f"backend {name!r} is already registered; pass overwrite=True to replace it")
     _RUNTIME[name] = cls
+    _changed()
 
 
 def unregister_backend(name: str, *, missing_ok: bool = False) -> None:
@@ -185,7 +251,11 @@ def unregister_backend(name: str, *, missing_ok: bool = False) -> None:
     """
     if not isinstance(name, str):
         raise PolyprojError(f"unregister_backend takes a backend name (a string), got {type(name).__name__} {name!r}")
-    if _RUNTIME.pop(name, None) is None and not missing_ok:
+    if not isinstance(missing_ok, (bool, np.bool_)):  # missing_ok="no" is truthy: a missing name passed
+        raise SettingsError(f"missing_ok must be True or False, got {missing_ok!r}")
+    if _RUNTIME.pop(name, None) is not None:
+        _changed()
+    elif not missing_ok:
         where = " (a built-in or entry-point backend: those cannot be unregistered)" if name in _all_names() else ""
         raise BackendNotFound(f"no run-time registration named {name!r}{where}; registered at run time: "
                               f"{sorted(_RUNTIME) or 'none'}")
@@ -265,7 +335,7 @@ def backend_info() -> list[BackendInfo]:
         version = ""
         if reason is None:
             try:
-                version = cls.version()
+                version = str(cls.version() or "")  # a third party's None, or a number, is shown as text
             except Exception:  # version lookup is cosmetic
                 version = ""
         rows.append(

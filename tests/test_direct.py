@@ -415,19 +415,12 @@ def test_direct_structures(monkeypatch, variant):
 
 
 def test_without_daqp_the_pipeline_projects(monkeypatch):
-    from polyproj import registry
-    from polyproj.errors import BackendUnavailable
+    from polyproj.backends.daqp import DAQPSolver
 
     d, X, _ = problem(10, 20, 2, 11)
     S = Polyhedral(pp.Polyhedron(**d), "daqp")
-    real = registry.get_backend
-
-    def missing(name, **kw):
-        if name == "daqp":
-            raise BackendUnavailable("daqp is not installed")
-        return real(name, **kw)
-
-    monkeypatch.setattr(registry, "get_backend", missing)
+    # the direct path builds polyproj's own DAQP glue (not the registry's entry, which a user may replace)
+    monkeypatch.setattr(DAQPSolver, "unavailable_reason", classmethod(lambda cls: "daqp is not installed"))
     assert not taken(S, X).any()
     assert bool(np.all(S.project_batch(X).polished))
 

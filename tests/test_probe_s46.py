@@ -106,3 +106,50 @@ def test_daqp_verbose_prints_a_line_and_times_the_whole_call(capsys):
     assert "polyproj daqp: 1 QP(s)" in capsys.readouterr().out
     pp.solve_qp(qp, backend="daqp")
     assert capsys.readouterr().out == ""
+
+
+def test_a_problem_s_arrays_are_read_only():
+    """A QP, Polyhedron or Box edited in place mixed old cached data (solver-format copies, the guard's side masks,
+    a set's faces) with the new values: wrong statuses, a reused Polyhedral set's answers 1.8 off its constraints.
+    Their arrays are read-only; a changed problem is a new one."""
+    qp = pp.QP(P=2 * np.eye(3), q=[1.0, -1.0, 0.5], C=[[1.0, 1.0, 1.0]], l=[-1.0], u=[1.0], lb=-2.0, ub=2.0)
+    for k in ("P", "q", "C", "l", "u", "lb", "ub"):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(qp, k)[0] = 5.0
+    moved = qp.with_vectors(q=[5.0, -5.0, 5.0])
+    with pytest.raises(ValueError, match="read-only"):
+        moved.q[0] = 1.0
+    poly = pp.Polyhedron(A=[[1.0, 1.0]], a=[1.0], B=[[1.0, -1.0]], b=[0.0], lb=-1.0, ub=1.0)
+    for k in ("A", "a", "B", "b", "lb", "ub"):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(poly, k)[0] = 5.0
+    box = pp.sets.Box(np.zeros(2), np.ones(2))
+    with pytest.raises(ValueError, match="read-only"):
+        box.lb[:] = -1.0
+    given = np.array([1.0, -1.0, 0.5])  # the caller's own arrays stay writable (the problem holds copies)
+    pp.QP(P=np.eye(3), q=given)
+    given[0] = 2.0
+
+
+def test_the_conversion_cache_drops_an_entry_when_its_source_is_collected():
+    import gc
+
+    from polyproj.backends import cache
+
+    src = np.ones((50, 50))
+    cache.converted("probe", (src,), None, lambda: np.zeros(10))
+    key = ("probe", id(src), None)
+    assert key in cache._CACHE
+    del src
+    gc.collect()
+    assert key not in cache._CACHE
+    # a collection while the cache is busy (its lock held) drops the entry at the next call
+    src = np.ones(3)
+    cache.converted("probe", (src,), None, lambda: np.zeros(10))
+    key = ("probe", id(src), None)
+    with cache._LOCK:
+        del src
+        gc.collect()
+    assert key in cache._CACHE
+    cache.converted("other", (np.ones(2),), None, lambda: 0)
+    assert key not in cache._CACHE

@@ -31,6 +31,7 @@ after ``time_limit``.
 from __future__ import annotations
 
 import abc
+import functools
 import importlib
 import time
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import BackendUnavailable, SettingsError, close_matches
+from ..errors import BackendUnavailable, PolyprojError, SettingsError, SolverError, close_matches
 from ..problem import QP
 from ..solution import BatchSolution, Solution, Status
 from .options import Check, boolean, check_options, nonnegative, positive, positive_int
@@ -153,8 +154,14 @@ class QPSolver(abc.ABC):
         for meth in GUARDED:
             owner = next(k for k in cls.__mro__ if meth in k.__dict__)
             fn = owner.__dict__[meth]
-            if owner is not QPSolver and callable(fn) and not getattr(fn, "_polyproj_guarded", False):
-                setattr(cls, meth, guard(meth, fn))
+            if owner is QPSolver or getattr(fn, "_polyproj_guarded", False):
+                continue
+            if isinstance(fn, (staticmethod, classmethod)):  # guarded as the method it stands for
+                fn = _as_method(fn)
+            elif not callable(fn):  # a property, a value: what it returns would escape the guard
+                raise PolyprojError(f"backend {cls.__name__}.{meth} is a {type(fn).__name__}, not a method: write "
+                                    f"def {meth}(self, ...) (or a staticmethod / classmethod)")
+            setattr(cls, meth, guard(meth, fn))
 
     def __init__(self, **settings: Any) -> None:
         type(self)._guard_methods()
@@ -256,7 +263,11 @@ class QPSolver(abc.ABC):
                                                info={"note": "not started: the batch reached time_limit"}))
                 continue
             ws = warm_start.solution(i) if warm_start is not None else None
-            sols.append(self.solve(qpi, warm_start=ws))
+            sol = self.solve(qpi, warm_start=ws)
+            if not isinstance(sol, Solution):  # (inside the guard, solve's answer is not checked before stacking)
+                raise SolverError(f"backend {self.name or type(self).__name__!r} returned {type(sol).__name__} from "
+                                  "solve(); expected a polyproj.Solution")
+            sols.append(sol)
         return BatchSolution.stack(sols, backend=self.name, solve_time=time.perf_counter() - t0)
 
     def solve_projections(self, X: Any, data: Any, *, rough: bool = False) -> Any:
@@ -341,6 +352,22 @@ class QPSolver(abc.ABC):
         changed = {k: v for k, v in self.settings.items() if SETTINGS.get(k, object()) != v}
         args = ", ".join(f"{k}={v!r}" for k, v in changed.items())
         return f"{type(self).__name__}({args})"
+
+
+def _as_method(desc: staticmethod | classmethod) -> Any:
+    """A ``staticmethod`` / ``classmethod`` as a plain method of the instance (what :func:`guard` wraps)."""
+    fn = desc.__func__
+
+    if isinstance(desc, staticmethod):
+        @functools.wraps(fn)
+        def method(self: Any, *args: Any, **kw: Any) -> Any:
+            return fn(*args, **kw)
+    else:
+        @functools.wraps(fn)
+        def method(self: Any, *args: Any, **kw: Any) -> Any:
+            return fn(type(self), *args, **kw)
+
+    return method
 
 
 # the default batch loop is held to the same checks as a subclass's own solve_batch

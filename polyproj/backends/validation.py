@@ -303,13 +303,17 @@ def _unboundedness_verdict(qp: QP) -> tuple[Status, str]:
 
     PRIMAL_INFEASIBLE where no point meets the constraints (:func:`.feasibility.certainly_empty`: the IPM said
     DUAL_INFEASIBLE for ``x₁ <= 1, x₁ >= 2`` with a descent ray, and unbounded needs a feasible set); then
-    NUMERICAL_ERROR with P positive definite (the objective is bounded below).
+    NUMERICAL_ERROR where every variable has both bounds finite (a continuous objective on a compact set is bounded)
+    or P is positive definite (the objective is bounded below).
     """
     from . import feasibility
 
     why = feasibility.certainly_empty(qp)
     if why is not None:
         return Status.PRIMAL_INFEASIBLE, f"the backend said DUAL_INFEASIBLE (unbounded) but the set is empty: {why}"
+    if np.isfinite(qp.lb).all() and np.isfinite(qp.ub).all():
+        return Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but every variable has a finite "
+                                        "lower and upper bound: the feasible set is bounded, so is the objective")
     if is_strictly_convex(qp):
         return Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is positive definite: "
                                         "the objective is bounded below")
@@ -389,8 +393,12 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
     if not isinstance(bs, BatchSolution):
         raise SolverError(f"backend {backend!r} returned {type(bs).__name__} from solve_batch(); "
                           "expected a polyproj.BatchSolution")
-    if len(bs.status) != size or not all(isinstance(s, Status) for s in bs.status):
+    if len(bs.status) != size:
         raise SolverError(f"backend {backend!r} returned {len(bs.status)} statuses for a batch of {size}")
+    wrong = next((s for s in bs.status if not isinstance(s, Status)), None)
+    if wrong is not None:
+        raise SolverError(f"backend {backend!r} returned a batch status {wrong!r} of type {type(wrong).__name__}; "
+                          "expected polyproj.Status members")
     X = _as_float(bs.x, (size, qp.n), "batch x", backend)
     Z = _as_float(bs.z, (size, qp.m), "batch z", backend)
     ZB = _as_float(bs.z_box, (size, qp.n), "batch z_box", backend)
@@ -820,6 +828,10 @@ def _named_errors(name: str):
     except (Exception, SystemExit) as exc:
         if type(exc).__name__ == "OutOfMemoryError":
             raise
+        if isinstance(exc, ValueError) and "read-only" in str(exc):  # the QP's arrays are read-only (problem.py)
+            raise SolverError(f"backend {name!r} wrote into the problem it was given ({exc}): a backend must not "
+                              "modify its input; copy an array before changing it (or before handing it to a "
+                              "library that needs a writable buffer)") from exc
         raise SolverError(f"backend {name!r} raised {type(exc).__name__}: {exc}") from exc
 
 

@@ -18,7 +18,7 @@ from array_api_compat import device as _device
 
 from ..backends.options import positive
 from ..errors import InfeasibleError, PolyprojError, ProblemError
-from ..polydata import PolyData, RowLayout, empty_row
+from ..polydata import PolyData, RowLayout, empty_row, writable
 from ..problem import Polyhedron
 from ..projection import backward
 from ..projection.faces import Face, put_rows
@@ -152,7 +152,7 @@ class Polyhedral(Projector):
         if same:
             d = self.data.astype(xp.float64)
         else:
-            d = PolyData(*(xp.asarray(np.ascontiguousarray(_host(v)), dtype=xp.float64, device=_device(X))
+            d = PolyData(*(xp.asarray(writable(np.ascontiguousarray(_host(v))), dtype=xp.float64, device=_device(X))
                            for v in self.data.parts()))
         self._like[key] = d
         return d
@@ -202,21 +202,23 @@ class Polyhedral(Projector):
         batch of their own (the ``"auto"`` choice for that batch; their part of the warm start; DAQP's start
         from the direct path's solves when DAQP is that choice).
         """
+        from ..backends.daqp import DAQPSolver
         from ..backends.defaults import direct_points
         from ..projection import direct
         from ..projection.pipeline import _unit_exponent
 
+        # polyproj's own DAQP glue, not what the registry's "daqp" names: a backend registered over that name
+        # has none of the direct path's internals (and, named, is used as the backend it is)
         if not (isinstance(X, np.ndarray) and 0 < X.shape[0] <= direct.DIRECT_BATCH and X.shape[1]
                 and not data.batched and opts.polish and opts.max_rounds is None and not self.settings
-                and ((self.auto and X.shape[0] <= direct_points(X.shape[1])) or self.solver.name == "daqp")) \
+                and ((self.auto and X.shape[0] <= direct_points(X.shape[1])) or type(self.solver) is DAQPSolver)) \
                 or _unit_exponent(X, data):
             return None
         dd = self._like.get("direct")
         if dd is None:
-            from ..registry import get_backend
-
             try:
-                daqp = get_backend("daqp")
+                DAQPSolver.ensure_available()
+                daqp = DAQPSolver()
                 dd = (direct.DirectData.of(data, daqp), daqp)
             except PolyprojError:  # DAQP missing: the pipeline only
                 dd = False
@@ -418,7 +420,7 @@ def _as_like(v: Any, name: str, like: Any) -> Any:
             arr = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float64)
         except (TypeError, ValueError) as exc:
             raise ProblemError(f"{name} must be an array or tensor of numbers, got {type(v).__name__}: {exc}") from None
-        return xp.asarray(arr, dtype=like.dtype, device=_device(like))
+        return xp.asarray(writable(arr), dtype=like.dtype, device=_device(like))
     if str(_device(v)) != str(_device(like)):
         raise ProblemError(f"{name} is on {_device(v)} but x is on {_device(like)}: move the constraint data to "
                            "the device of x (ProjectionLayer.to(device) does it for its buffers)")

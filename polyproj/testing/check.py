@@ -124,15 +124,15 @@ class CheckReport:
         from rich.table import Table
 
         tol = "" if self.tol is None else f", contract tolerance {self.tol:g}"
-        t = Table(title=f"polyproj check {self.backend} (seed {self.seed}, {self.max_examples} examples per property"
-                        f"{tol})")
+        t = Table(title=f"polyproj check {escape(self.backend)} (seed {self.seed}, {self.max_examples} examples per "
+                        f"property{tol})")
         for col in ("property", "group", "result", "examples", "checked", "time [s]", "detail"):
             t.add_column(col, overflow="fold")
         style = {"passed": "[green]PASS[/green]", "failed": "[red]FAIL[/red]", "error": "[red]ERROR[/red]",
                  "skipped": "[yellow]SKIP[/yellow]"}
         for r in self.results:
             counts = ", ".join(f"{v} {k}" for k, v in r.counts.items())
-            t.add_row(r.name, r.group, style[r.status], str(r.examples), counts, f"{r.seconds:.1f}",
+            t.add_row(escape(r.name), escape(r.group), style[r.status], str(r.examples), counts, f"{r.seconds:.1f}",
                       escape(r.message.splitlines()[0][:160]) if r.message else "")
         return t
 
@@ -281,6 +281,15 @@ def _falsifying_text(exc: BaseException) -> str:
     return "\n".join(out)
 
 
+def _require_hypothesis() -> None:
+    """The properties are hypothesis tests: without it installed, a PolyprojError with the install hint."""
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError as exc:
+        raise PolyprojError(f"the properties are hypothesis tests, and hypothesis is not installed ({exc}); "
+                            "pip install 'polyproj[test]' (or pip install hypothesis)") from None
+
+
 def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0,
                  tol: float | None = None, shrink_budget: float = 30.0, timeout: float | None = None) -> PropertyResult:
     """Run one property of :data:`PROPERTIES` on a backend and return its result.
@@ -313,6 +322,7 @@ def run_property(name: str, backend: Any = "proxsuite", *, max_examples: int = D
     reason = spec.applies(solver)
     if reason:
         return PropertyResult(name, spec.group, "skipped", message=reason)
+    _require_hypothesis()
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hseed
 
@@ -505,17 +515,21 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
         raise PolyprojError(f"unknown properties {unknown}; known: {', '.join(PROPERTIES)}")
     if finished is not None and not isinstance(finished, list):
         raise PolyprojError(f"finished must be a list (it receives the results), got {type(finished).__name__}")
+    if any(n != "nonlicq_example" for n in names):  # before the run, not after the conformance checks
+        _require_hypothesis()
     results: list[PropertyResult] = [] if finished is None else finished  # appended as each one finishes
     if progress:
+        from rich.markup import escape
         from rich.progress import Progress
 
         with Progress(transient=True) as bar:
-            task = bar.add_task(f"checking {label}", total=len(names) + int(conformance))
+            shown = escape(str(label))  # a third party's name is text, never markup
+            task = bar.add_task(f"checking {shown}", total=len(names) + int(conformance))
             if conformance:
                 _conformance(solver, seed, timeout, results)
                 bar.advance(task)
             for n in names:
-                bar.update(task, description=f"{label}: {n}")
+                bar.update(task, description=f"{shown}: {n}")
                 results.append(run_property(n, solver, max_examples=max_examples, seed=seed, tol=tol,
                                             shrink_budget=shrink_budget, timeout=timeout))
                 bar.advance(task)
