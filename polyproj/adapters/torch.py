@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.autograd import forward_ad as _forward_ad
 
+from .. import registry
 from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
 from ..projection.pipeline import UNVERIFIED_VIOLATION, violates
@@ -182,7 +183,12 @@ class _Project(torch.autograd.Function):
         args = (gy, ctx.set, ctx.result, wanted, bool(need[0]))
         # the product is a Function of gy only for a graph of the backward (create_graph, torch.func); with
         # create_graph it also depends on x and the data (:class:`_VJPGraph`)
-        if torch._C._are_functorch_transforms_active() or (torch.is_grad_enabled() and not ctx.graph_inputs):
+        functorch = torch._C._are_functorch_transforms_active()
+        dual = not functorch and _forward_ad._current_level >= 0 and _has_tangent(gy, *ctx.saved_tensors)
+        if dual:  # eager forward-over-reverse: the product's tangent by _VJP's jvp rule (a direct call dropped it)
+            _refuse_forward_through_data(ctx.set, wanted, tuple(_tangent(p) for p in ctx.saved_tensors[1:]),
+                                         x_tangent=_tangent(ctx.saved_tensors[0]), gy_tangent=_tangent(gy))
+        if functorch or (torch.is_grad_enabled() and not ctx.graph_inputs) or (dual and not torch.is_grad_enabled()):
             out = _VJP.apply(*args, *ctx.saved_tensors[1:])
         elif torch.is_grad_enabled():
             out = _VJPGraph.apply(*args, *ctx.saved_tensors)
@@ -225,6 +231,15 @@ class _Project(torch.autograd.Function):
         return (y.reshape(V, N, xb.shape[-1]), _Folded(res, level, V, N), Sx), (0, None, None)
 
 
+
+
+def _tangent(t: Any) -> Any:
+    """The forward-mode tangent of ``t`` at the current dual level (None for none, or not a tensor)."""
+    return _forward_ad.unpack_dual(t).tangent if isinstance(t, torch.Tensor) else None
+
+
+def _has_tangent(*ts: Any) -> bool:
+    return any(_tangent(t) is not None for t in ts)
 
 
 def _legacy_batching_guard(ctx: Any, g: torch.Tensor | None, backward: Callable[..., Any], *args: Any) -> Any:
@@ -416,8 +431,7 @@ class _VJP(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, gy_t, *tangents):  # every output is linear in gy: its tangent is the same product of gy's tangent
-        if any(t is not None for t in tangents[4:]):
-            raise ProblemError(_SECOND_ORDER_IN_DATA)
+        _refuse_forward_through_data(ctx.set, ctx.wanted, tangents[4:])
         return _VJP.apply(gy_t, ctx.set, ctx.result, ctx.wanted, ctx.need_x)
 
     @staticmethod
@@ -487,6 +501,36 @@ _SECOND_ORDER_IN_DATA = (
     "differentiated twice")
 
 
+def _moving_with_x(S: Projector, wanted: tuple[str, ...]) -> tuple[str, ...]:
+    """The data gradients among ``wanted`` that depend on x beyond the active set.
+
+    J g and the gradients of the right-hand sides and bounds are linear in g with coefficients fixed by the active
+    set (piecewise constant in x); those of the matrices, ``−λ (J g)ᵀ − r yᵀ``, carry λ(x) and y(x); a third
+    party's are unknown. A forward-mode derivative in x of the former is the product of g's tangent; of the
+    latter it is not implemented.
+    """
+    if third_party(S):
+        return wanted
+    return tuple(k for k in wanted if k in ("A", "B"))
+
+
+def _refuse_forward_through_data(S: Projector, wanted: tuple[str, ...], data_tangents: tuple[Any, ...],
+                                 x_tangent: Any = None, gy_tangent: Any = True) -> None:
+    """Refuse a forward-mode derivative of the backward's outputs that is not the product of g's tangent.
+
+    Tangents on the data (a second derivative through them), and a tangent of g or x reaching a data gradient
+    that moves with x (:func:`_moving_with_x`: jacfwd in x of the gradient with respect to A was silently wrong).
+    """
+    if any(t is not None for t in data_tangents):
+        raise ProblemError(_SECOND_ORDER_IN_DATA)
+    moving = _moving_with_x(S, wanted)
+    if moving and (gy_tangent is not None or x_tangent is not None):
+        raise ProblemError(f"forward-mode derivatives (jacfwd, jvp, forward_ad) of the gradient with respect to "
+                           f"{', '.join(moving)} are not supported (it depends on x through the multipliers and the "
+                           "projection, not only through g): detach the learned constraint data in the part of the "
+                           "loss that is differentiated twice")
+
+
 def _refuse_second_order_in_data(need_params: tuple[bool, ...], data_grads: tuple[Any, ...]) -> None:
     """Refuse a backward's products differentiated with respect to the data, or its data gradients differentiated.
 
@@ -516,8 +560,8 @@ def _jvp_again(ctx: Any, g: torch.Tensor, params: tuple[torch.Tensor, ...] = ())
     or grad-tracking tensor): the product goes through :class:`_VJP`, whose vmap rule maps it (with the data
     ``params``, whose derivative an outer level may not take).
     """
-    if torch._C._are_functorch_transforms_active():
-        return _VJP.apply(g, ctx.set, ctx.result, (), True, *params)[0]
+    if torch._C._are_functorch_transforms_active() or (torch.is_grad_enabled() and g.requires_grad):
+        return _VJP.apply(g, ctx.set, ctx.result, (), True, *params)[0]  # (create_graph: in the graph too)
     return _vjp_x(ctx.set, ctx.result, g)
 
 
@@ -537,8 +581,16 @@ class _VJPGraph(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.set, ctx.result, ctx.x_shape = inputs[1], inputs[2], tuple(inputs[5].shape)
+        ctx.wanted, ctx.need_x = inputs[3], inputs[4]
         ctx.x_dtype, ctx.x_device = inputs[5].dtype, inputs[5].device
         ctx.save_for_backward(*inputs[6:])
+
+    @staticmethod
+    def jvp(ctx, gy_t, *tangents):  # J piecewise constant in x: the tangent is the product of gy's (or zero)
+        _refuse_forward_through_data(ctx.set, ctx.wanted, tangents[5:], x_tangent=tangents[4], gy_tangent=gy_t)
+        if gy_t is None:
+            gy_t = torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=ctx.x_device)
+        return _VJP.apply(gy_t, ctx.set, ctx.result, ctx.wanted, ctx.need_x)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -551,7 +603,10 @@ class _VJPGraph(torch.autograd.Function):
         # data that require grad but that this backward does not reach (torch.autograd.grad(..., x): a
         # derivative in x alone) take no part: only a pass that reaches them is refused
         _refuse_second_order_in_data(_data_reached(ctx, 6), tuple(data_grads))
-        gx = _vjp_x(ctx.set, ctx.result, grads[0]) if need[0] else None
+        # J grads[0]: a function of the cotangent in a graph (create_graph: the double-backward trick of
+        # torch.autograd.functional.hvp differentiates it with respect to grads[0]; under no_grad that read as 0)
+        gx = (_jvp_again(ctx, grads[0], ctx.saved_tensors) if need[0] and grads[0] is not None else
+              torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=ctx.x_device) if need[0] else None)
         zx = torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=ctx.x_device) if need[5] else None
         return (gx, None, None, None, None, zx, *([None] * (len(need) - 6)))
 
@@ -657,7 +712,9 @@ class _SetCache:
                 return None
             ids.append((id(v), tuple(v.shape), v.dtype, str(v.device)))
         try:
-            key = (tuple(ids), x.dtype, str(x.device), x.shape[-1], backend, tuple(sorted(settings.items())))
+            # the registry's generation: a name registered again or removed since stands for another backend
+            key = (tuple(ids), x.dtype, str(x.device), x.shape[-1], backend, registry.generation,
+                   tuple(sorted(settings.items())))
             hash(key)
         except TypeError:  # unhashable settings: no caching
             return None
