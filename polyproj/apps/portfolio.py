@@ -306,6 +306,14 @@ def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> 
     """Train one method on one constraint set with one seed; evaluate on validation and test."""
     # a horizon of one day has no standard deviation: its Sharpe ratio (the loss) is NaN
     check_config(cfg, positive=("window", "hidden", "epochs", "batch", "linsat_iter"), at_least={"horizon": 2})
+    for k in ("start", "train_end", "val_end"):  # dates, by name (pandas and NumPy raised their own errors)
+        v = getattr(cfg, k)
+        try:
+            ok = isinstance(v, str) and not np.isnat(np.datetime64(v, "D"))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ProblemError(f"{k} must be a date written YYYY-MM-DD, got {v!r}")
     data = load(cfg)
     n = len(data.names)
     if method == "fixed":

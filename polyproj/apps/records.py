@@ -75,10 +75,21 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunRecord:
-        """Inverse of :meth:`to_json`."""
-        d = dict(d)
-        d["curve"] = tuple(EpochPoint(**p) for p in d.get("curve", ()))
+        """Inverse of :meth:`to_json`, also of its JSON file, where NaN and inf are written as ``null``."""
+        d = {k: _number(v) if k in METRICS else v for k, v in d.items()}
+        d["curve"] = tuple(EpochPoint(**{k: _number(v) if k != "epoch" else v for k, v in p.items()})
+                           for p in d.get("curve", ()))
         return cls(**d)
+
+    @property
+    def failed(self) -> bool:
+        """Its status is not ``"ok"``, or one of :data:`MUST_BE_FINITE` is NaN or inf (outputs that diverged)."""
+        return self.status != "ok" or not all(math.isfinite(getattr(self, k)) for k in MUST_BE_FINITE)
+
+
+def _number(v: Any) -> Any:
+    """A metric read back from JSON: ``null`` (NaN or inf written out) is NaN."""
+    return math.nan if v is None else v
 
 
 @dataclass(frozen=True)
@@ -115,8 +126,8 @@ class MethodSummary:
 def summarise(records: list[RunRecord]) -> list[MethodSummary]:
     """One summary per method, in the order the methods first appear.
 
-    A run counts as failed when its status is not ``"ok"`` or one of :data:`MUST_BE_FINITE` is NaN or inf
-    (outputs that diverged: their spread, over finite values only, would hide them).
+    A run counts as failed by :attr:`RunRecord.failed` (outputs that diverged: their spread, over finite values
+    only, would hide them).
     """
     order: list[str] = []
     for r in records:
@@ -125,7 +136,7 @@ def summarise(records: list[RunRecord]) -> list[MethodSummary]:
     out = []
     for m in order:
         rs = [r for r in records if r.method == m]
-        ok = [r for r in rs if r.status == "ok" and all(math.isfinite(getattr(r, k)) for k in MUST_BE_FINITE)]
+        ok = [r for r in rs if not r.failed]
         out.append(MethodSummary(m, len(rs), len(rs) - len(ok),
                                  {k: Spread.of([getattr(r, k) for r in ok]) for k in METRICS}))
     return out
