@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
@@ -781,6 +782,8 @@ class DIF:
             F0 = float(F(theta))
             out = torch.as_tensor([float(gF @ r.omega) if r.order == 1 else float(F(theta + r.omega)) - F0
                                    for r in omegas], dtype=torch.float64)
+        if not bool(out.any()):
+            _check_test_depends(self.problem, test_fn, theta)  # all exactly 0: refuses a test_fn not computed from θ
         bad = torch.nonzero(~torch.isfinite(out)).flatten()
         if bad.numel():  # (order 1 refuses a non-finite gradient at θ̄; order 2 evaluates F at θ̄ + ω itself)
             raise ProblemError(f"test_fn is not finite at θ̄ + ω (second order) for removal #{int(bad[0])} "
@@ -982,8 +985,44 @@ def _qp_failure(status: Status) -> str:
     return f"the DIF QP returned {status.name}: {status.message}"
 
 
+_TEST_SIGNATURE = "test_fn(params_or_model) -> scalar (one argument: θ, or the module with θ's parameters)"
+
+
+def _check_test_signature(test_fn: Callable[[Any], Any]) -> None:
+    """A ``ProblemError`` for a test function that cannot be called with the one argument it is given."""
+    if not callable(test_fn):
+        raise ProblemError(f"test_fn must be callable, {_TEST_SIGNATURE}; got {type(test_fn).__name__}")
+    try:
+        sig = inspect.signature(test_fn)
+    except (TypeError, ValueError):  # builtins without a signature: left to the call
+        return
+    try:
+        sig.bind(object())
+    except TypeError as exc:
+        raise ProblemError(f"test_fn{sig} cannot be called as {_TEST_SIGNATURE} ({exc})") from None
+
+
+def _check_test_depends(problem: ConstrainedProblem, test_fn: Callable[[Any], Any], theta: torch.Tensor) -> None:
+    """A ``ProblemError`` for a test function whose value is not computed from θ.
+
+    The test is structural, as for the terms of the problem: θ must be in the value's autograd graph (a zero
+    gradient of a function of θ passes). A detached copy or the user's own module, called instead of the one
+    test_fn is given, makes every score exactly 0.
+    """
+    t = theta.detach().clone().to(torch.float64).requires_grad_(True)
+    with torch.enable_grad():
+        out = _test_scalar(problem, test_fn)(t)
+        uses = out.requires_grad and torch.autograd.grad(out, t, allow_unused=True)[0] is not None
+    if not uses:
+        raise ProblemError("test_fn's value does not depend on its argument (it is not computed from it: a detached "
+                           "copy, a NumPy or Python number, or the model used outside the function?); every score "
+                           f"would be 0. Expected {_TEST_SIGNATURE}")
+
+
 def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> Callable[[torch.Tensor], torch.Tensor]:
     """θ ↦ test_fn at θ as a 0-d tensor (a ``ProblemError`` when test_fn does not return a scalar)."""
+    _check_test_signature(test_fn)
+
     def f(t):
         try:
             raw = test_fn(problem.wrap(t))
@@ -1018,11 +1057,12 @@ def _test_grad(problem: ConstrainedProblem, test_fn: Callable[[Any], Any], theta
         raise ProblemError(f"the gradient of test_fn at θ̄ is not finite ({bad} of {g.numel()} entries NaN or inf): "
                            "check its data (a NaN feature or label) and that it is finite near θ̄")
     if not bool(g.any()):
+        _check_test_depends(problem, test_fn, theta)  # refuses a test_fn not computed from θ
         import warnings
 
         from ...errors import PolyprojWarning
 
-        warnings.warn("the gradient of test_fn at θ̄ is exactly zero, so every score is 0: does test_fn use its "
-                      "argument (not a detached copy, a Python float, or the model outside it)?",
+        warnings.warn("the gradient of test_fn at θ̄ is exactly zero, so every first-order score is 0 (test_fn is "
+                      "computed from θ, but is stationary at θ̄)",
                       PolyprojWarning, stacklevel=3)
     return g

@@ -150,11 +150,13 @@ class KKTPoint:
         eq = problem.eq_mask
         names = tuple(c.name for c in problem.constraints)
         _check_finite_derivatives(grad, gval, G, names)
+        # feasibility is a KKT condition at tol like the others; active_tol only classifies rows as active
         viol = np.where(eq, np.abs(gval), np.maximum(gval, 0.0))
-        if np.any(viol > max(active_tol, tol)):
+        if np.any(viol > tol):
             j = int(np.argmax(viol))
             raise ProblemError(f"not a KKT point: constraint {names[j]!r} is violated (g = {gval[j]:.3e} "
-                               f"{'!= 0' if eq[j] else '> 0'}); train to feasibility first (dif.solve)")
+                               f"{'!= 0' if eq[j] else '> 0'}: feasibility residual {viol[j]:.3e} exceeds tol = "
+                               f"{tol:g}); train to feasibility first (dif.solve) or pass a looser tol")
         active = eq | (gval >= -active_tol)
         lam, polished = None, False
         if lambdas is not None:
@@ -172,8 +174,9 @@ class KKTPoint:
         res = kkt_residuals(grad, G, gval, lam, eq)
         if max(res.values(), default=0.0) > tol:
             raise ProblemError(
-                f"not a KKT point: stationarity residual {res['stationarity']:.3e}, complementarity "
-                f"{res['complementarity']:.3e}, dual {res['dual']:.3e} exceed tol = {tol:g}"
+                f"not a KKT point: stationarity residual {res['stationarity']:.3e}, feasibility "
+                f"{res['feasibility']:.3e}, complementarity {res['complementarity']:.3e}, dual {res['dual']:.3e}: "
+                f"the largest exceeds tol = {tol:g}"
                 + (" even with the best non-negative multipliers" if polished else "")
                 + "; train further (polyproj.adapters.dif.solve) or pass a looser tol")
         if np.any(lam[~eq] < 0):  # within tol (checked above): λ >= 0 on inequalities is kept, not stored

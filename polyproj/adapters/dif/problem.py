@@ -522,14 +522,18 @@ class ConstrainedProblem:
         """A ``ProblemError`` for a term whose value is not computed from θ (on a few of its samples).
 
         A detached copy, a Python float, the model outside the function: the engine would see a constant
-        (a constraint dropped, or called infeasible). A term that depends on θ with a zero gradient at θ0
-        (e.g. ‖θ‖² at 0) passes.
+        (a constraint dropped, or called infeasible). The test is structural: θ must be in the value's autograd
+        graph. ``out.requires_grad`` alone is not enough (the user's own module, called instead of the one the
+        function is given, has parameters that require grad); a term that depends on θ with a zero gradient at
+        θ0 (e.g. ‖θ‖² at 0) passes.
         """
         t = theta.detach().clone().requires_grad_(True)
         data = loss.data if loss.data is None else _take(loss.data, torch.arange(min(4, loss.n_samples)))
         with torch.enable_grad():
             out = self.per_sample(loss, t, data if loss.data is not None else "all")
-        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            uses = (isinstance(out, torch.Tensor) and out.requires_grad
+                    and torch.autograd.grad(out.sum(), t, allow_unused=True)[0] is not None)
+        if not uses:
             what = "objective" if loss.name == "objective" else f"constraint {loss.name!r}"
             raise ProblemError(f"{what}: fn's value does not depend on its parameter argument (it is not computed "
                                "from it: a detached copy, a NumPy or Python number, or the model used outside the "
