@@ -41,6 +41,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError, SolverError
+from ..polydata import writable
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from ..solution import Status
@@ -78,7 +79,7 @@ def as_namespace(v: Any, like: Any) -> Any:
     if same and str(_device(v)) == str(_device(like)):
         return v if v.dtype == like.dtype else xp.astype(v, like.dtype)
     host = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
-    return xp.asarray(np.asarray(host, dtype=np.float64), dtype=like.dtype, device=_device(like))
+    return xp.asarray(writable(np.asarray(host, dtype=np.float64)), dtype=like.dtype, device=_device(like))
 
 
 class Projector(abc.ABC):
@@ -148,7 +149,29 @@ class Projector(abc.ABC):
             raise SolverError(f"{name}.project_batch returned y as {type(res.y).__name__} of shape "
                               f"{tuple(getattr(res.y, 'shape', ()))} for X as {type(X).__name__} of shape "
                               f"{tuple(X.shape)}; y must be an array of X's kind and shape")
+        if third_party(self):  # polyproj's sets build theirs right (and per-sample data number rows otherwise)
+            self._check_row_shapes(res, X)
         return res
+
+    def _check_row_shapes(self, res: ProjectionResult, X: Any) -> None:
+        """A SolverError unless ``active`` is (batch, n_ineq) and ``multipliers`` (batch, n_ineq + m_eq).
+
+        The rows are :meth:`as_polyhedron`'s; multipliers missing the rows of B were returned as they were, and the
+        property checks failed on them with a bare NumPy matmul error.
+        """
+        try:
+            ni, me = self.row_counts()
+        except NotImplementedError:  # a set without a polyhedral form: nothing to compare with
+            return
+        name, batch = type(self).__name__, int(X.shape[0])
+        for what, arr, cols, rows in (("active", res.active, ni, "one column per inequality row"),
+                                      ("multipliers", res.multipliers, ni + me,
+                                       "the inequality rows, then the rows of B")):
+            shape = tuple(getattr(arr, "shape", ()))
+            if shape != (batch, cols):
+                raise SolverError(f"{name}.project_batch returned {what} of shape {shape} for a batch of {batch}; "
+                                  f"expected ({batch}, {cols}): {rows} of as_polyhedron() ({ni} inequality rows: "
+                                  f"rows of A, finite lower bounds, finite upper bounds; {me} rows of B)")
 
     def own_copy(self, X: Any) -> Any:
         """``X`` for :meth:`project_batch`: itself for polyproj's sets, a copy for a third party's.

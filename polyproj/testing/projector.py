@@ -1,9 +1,9 @@
 """``check_projector``: the projection and HS-Jacobian property suites on any :class:`~polyproj.sets.Projector`.
 
-What runs on a set ``S`` (``P = S.as_polyhedron()`` gives the rows the checks use), on seeded random
-points at several scales, points on the set, points with tied coordinates, points just outside, just inside
-and on the boundary (1e-1 down to 1e-7 of the set's scale: :func:`boundary_points`), far points (1e2 and 1e4
-times the set's scale: :data:`FAR_SCALES`) and points whose
+What runs on a set ``S`` (``P = S.as_polyhedron()`` gives the rows the checks use), on seeded random points at
+several multiples of the set's scale (its extent: :func:`_center_scale`), points on the set, points with tied
+coordinates, points just outside, just inside and on the boundary (1e-1 down to 1e-7 of the set's scale:
+:func:`boundary_points`), far points (1e2 and 1e4 times the set's scale: :data:`FAR_SCALES`) and points whose
 projection has a weakly active row (degenerate: several HS elements nearby):
 
 =====================  ===========================================================================
@@ -38,10 +38,46 @@ from .check import CheckReport, PropertyResult, check_arguments
 __all__ = ["BOUNDARY_DISTANCES", "boundary_points", "check_projector", "projector_points"]
 
 
-def _center_scale(S: Any) -> tuple[np.ndarray, float]:
-    """A point of the set and a length scale (from the projection of 0)."""
+def _center_scale(S: Any, P: Any) -> tuple[np.ndarray, float]:
+    """A point of the set (``y0 = Π(0)``) and the set's length scale: how far its boundary lies from ``y0``.
+
+    The scale is the largest distance from ``y0`` of a row's hyperplane (``|h_i − G_i y0| / |G_i|`` over the
+    finite rows of ``P``), at most the farthest corner of the box from ``y0`` where every coordinate has both
+    bounds (a hyperplane beyond it does not meet the set). Where no row lies off ``y0`` (a cone with apex
+    ``y0``, an affine space), ``1 + |y0|``. The samples, the boundary points and the tolerances' floor follow
+    it: at ``1 + |Π(0)|`` a box of ±1e6 whose upper bound was never applied had no sample near its boundary, and
+    a box of ±1e-6 whose answers were 1e-9 off passed tolerances of ~1e-9 absolute.
+    """
+    from .properties import ineq_form
+
     y0 = np.asarray(S.project(np.zeros(S.n)).y, dtype=float).reshape(-1)
-    return y0, 1.0 + float(np.abs(y0).max(initial=0.0))
+    _finite_or_fail(np.zeros((1, S.n)), y0[None, :])
+    G, h = ineq_form(P)
+    norm = np.linalg.norm(G, axis=1) if G.size else np.zeros(0)
+    ok = np.isfinite(h) & (norm > 0)
+    reach = float(np.max(np.abs(h[ok] - G[ok] @ y0) / norm[ok], initial=0.0))
+    if P.n and np.all(np.isfinite(P.lb)) and np.all(np.isfinite(P.ub)):
+        corner = float(np.linalg.norm(np.maximum(np.abs(P.ub - y0), np.abs(y0 - P.lb))))
+        reach = min(reach, corner)
+    if not (np.isfinite(reach) and reach > 0):
+        reach = 1.0 + float(np.abs(y0).max(initial=0.0))
+    return y0, reach
+
+
+def _unit(sc: float) -> float:
+    """The absolute floor of the checks' tolerances (``tol · (unit + |x|)``): 1, or the set's scale when smaller.
+
+    A set of size 1e-6 held to ``tol · (1 + |x|)`` had a tolerance a million times its own rounding level.
+    """
+    return min(1.0, sc)
+
+
+def _finite_or_fail(X: np.ndarray, Y: np.ndarray) -> None:
+    """An AssertionError naming the first point whose projection is not finite (NaN answers are failures)."""
+    bad = ~np.all(np.isfinite(Y.reshape(Y.shape[0], -1)), axis=1)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise AssertionError(f"the set returned NaN (or inf) at x = {X[i].tolist()}: y = {Y[i].tolist()}")
 
 
 #: distances of the points near the boundary, relative to the set's scale (:func:`boundary_points`): down to
@@ -83,19 +119,20 @@ def boundary_points(S: Any, X: np.ndarray, sc: float, count: int, Y: np.ndarray 
     return np.vstack(pts).reshape(-1, S.n) if pts else np.zeros((0, S.n))
 
 
-def _sampled(S: Any, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The random points (several scales, on the set, tied coordinates) and the points near the boundary."""
-    y0, sc = _center_scale(S)
+def _sampled(S: Any, rng: np.random.Generator, count: int, P: Any = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """The random points (several scales, on the set, tied coordinates), the points near the boundary, the scale."""
+    y0, sc = _center_scale(S, S.as_polyhedron() if P is None else P)
     k = max(count // 4, 1)
     X = [y0 + sc * s * rng.standard_normal((k, S.n)) for s in (0.1, 1.0, 5.0)]
     outer = np.vstack(X[1:])
     Y_outer = np.asarray(S.project(outer).y, dtype=float).reshape(outer.shape)  # once, for both uses
-    ties = np.round(X[1] * 2) / 2  # halves: many equal coordinates
+    _finite_or_fail(outer, Y_outer)
+    ties = sc * np.round(X[1] / sc * 2) / 2  # multiples of half the scale: many equal coordinates
     near = boundary_points(S, outer, sc, max(count // 4, 2), Y=Y_outer)
     # far points (FAR_SCALES times the set's scale, along the unit-scale samples' directions, no new draws): a
     # set wrong only beyond |x| ~ 30 passed every check on samples that never left |x| < 16
     far = [y0 + s * (X[1][: max(k // 2, 1)] - y0) for s in FAR_SCALES]
-    return np.vstack([*X, Y_outer[:k], ties]), np.vstack([near, *far])
+    return np.vstack([*X, Y_outer[:k], ties]), np.vstack([near, *far]), sc
 
 
 def projector_points(S: Any, rng: np.random.Generator, count: int) -> np.ndarray:
@@ -103,7 +140,8 @@ def projector_points(S: Any, rng: np.random.Generator, count: int) -> np.ndarray
 
     And points just outside, just inside and on the boundary (:func:`boundary_points`).
     """
-    return np.vstack(_sampled(S, rng, count))
+    X, near, _ = _sampled(S, rng, count)
+    return np.vstack([X, near])
 
 
 def _degenerate(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -131,6 +169,10 @@ def _run(name: str, group: str, fn, *args) -> PropertyResult:
         counts = fn(*args)
     except AssertionError as exc:
         return PropertyResult(name, group, "failed", message=str(exc), seconds=time.perf_counter() - t0)
+    except SystemExit as exc:  # a set's sys.exit() would end the check (status 0 possible): its error row
+        from .check import _exited
+
+        return PropertyResult(name, group, "error", message=_exited(exc), seconds=time.perf_counter() - t0)
     except Exception as exc:  # the check crashed: report, do not hide
         return PropertyResult(name, group, "error", message=f"{type(exc).__name__}: {exc}",
                               seconds=time.perf_counter() - t0)
@@ -150,17 +192,18 @@ def _setup(S: Any, rng: np.random.Generator, examples: int) -> dict[str, Any]:
         raise AssertionError(f"S.as_polyhedron() returned {type(P).__name__}, not a pp.Polyhedron")
     if P.n != S.n:
         raise ProblemError(f"S.as_polyhedron() has {P.n} variables but S.n is {S.n}")
-    X, near = _sampled(S, rng, examples)
+    X, near, sc = _sampled(S, rng, examples, P)
     Xd = _degenerate(S, P, X.copy(), rng)  # from the random points: conservativity's segments as before
-    return {"points": X.shape[0] + near.shape[0], "_data": (P, X, near, Xd)}
+    return {"points": X.shape[0] + near.shape[0], "_data": (P, X, near, Xd, sc)}
 
 
-def _agreement(S: Any, P: Any, X: np.ndarray, backend: Any, tol: float) -> dict[str, int]:
+def _agreement(S: Any, P: Any, X: np.ndarray, backend: Any, tol: float, unit: float = 1.0) -> dict[str, int]:
     from ..api import project
 
-    ref = project(X, P, backend=backend, eps_abs=1e-10)
     got = np.asarray(S.project(X).y, dtype=float).reshape(X.shape)
-    scale = 1.0 + np.abs(X).max(axis=1)
+    _finite_or_fail(X, got)
+    ref = project(X, P, backend=backend, eps_abs=1e-10)
+    scale = unit + np.abs(X).max(axis=1)
     err = np.abs(got - ref.y).max(axis=1) / scale
     err = np.where(np.isfinite(err), err, np.inf)  # NaN in the answer is a failure, not a pass
     if np.any(err > tol):
@@ -197,14 +240,21 @@ def _vjp(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator, tol: float, ne
     return {"points": X.shape[0]}
 
 
-def _conservativity(S: Any, P: Any, Xd: np.ndarray, rng: np.random.Generator) -> dict[str, int] | str:
+def _conservativity(S: Any, P: Any, Xd: np.ndarray, rng: np.random.Generator,
+                    sc: float = 1.0) -> dict[str, int] | str:
+    """Conservativity along segments through the degenerate points, of the set's length (``sc``).
+
+    Segments of the set's scale cross its faces (unit segments never left a face of a box of ±1e6, and crossed
+    dozens of a 50-dimensional simplex's).
+    """
     from .properties import check_conservativity
 
     if Xd.shape[0] == 0:
-        return "no point with an active row of positive multiplier among the samples"
+        return ("NOT CHECKED (the HS-Jacobian's conservativity is untested): no sample had an active row with a "
+                "positive multiplier")
     total: dict[str, int] = {}
     for x in Xd[:4]:
-        D = rng.standard_normal((4, S.n))
+        D = sc * rng.standard_normal((4, S.n))
         s = rng.uniform(0.2, 0.8, size=4)
         case = SimpleNamespace(point=SimpleNamespace(polyhedron=P), directions=D, s=s,
                                x0=x[None, :] - s[:, None] * D)
@@ -228,7 +278,7 @@ def _input_kept(S: Any, X: np.ndarray) -> dict[str, int]:
     return {"points": int(X.shape[0])}
 
 
-def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float) -> dict[str, int]:
+def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float, unit: float = 1.0) -> dict[str, int]:
     """Inputs of torch and ``array_api_strict`` give the NumPy answer: to rounding (1e-12) where it is exact.
 
     Where the NumPy answer is an exact KKT point of ``P`` to rounding (:func:`~.properties.exact_certificate`:
@@ -241,9 +291,10 @@ def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float) -> dict[str, int]:
 
     res = S.project(X)
     ref = np.asarray(res.y, dtype=float)
+    _finite_or_fail(X, ref)
     act = np.asarray(res.active, dtype=bool).reshape(X.shape[0], -1)
     exact = np.array([exact_certificate(P, X[i], ref[i], act[i]) for i in range(X.shape[0])], dtype=bool)
-    allowed = np.where(exact, 1e-12, tol) * (1 + np.abs(X).max(axis=1))  # each point at its own scale
+    allowed = np.where(exact, 1e-12, tol) * (unit + np.abs(X).max(axis=1))  # each point at its own scale
     counts = {"namespaces": 0, "band_points": int((~exact).sum())}
 
     def compare(what: str, y: np.ndarray) -> None:
@@ -308,13 +359,14 @@ def _torch_vjp(S: Any, X: np.ndarray, rng: np.random.Generator, tol: float) -> d
 FLOAT32_TOL = 1e-4
 
 
-def _float32(S: Any, X: np.ndarray) -> dict[str, int]:
-    """float32 inputs give float32 answers, close to the float64 ones.
+def _float32(S: Any, X: np.ndarray, unit: float = 1.0) -> dict[str, int]:
+    """float32 inputs give float32 answers, close to the float64 ones (relative to ``unit + |x|``).
 
     A set that computed in float64 and returned it, or was off only in float32, passed every float64 check.
     """
     ref = np.asarray(S.project(X).y, dtype=float)
-    allowed = FLOAT32_TOL * (1.0 + np.abs(X).max(axis=1))
+    _finite_or_fail(X, ref)
+    allowed = FLOAT32_TOL * (unit + np.abs(X).max(axis=1))
     inputs = [("NumPy", X.astype(np.float32))]
     try:
         import torch
@@ -369,18 +421,19 @@ def check_projector(S: Any, *, examples: int = 20, seed: int = 0, backend: Any =
     setup = _run("set-up", "projection", _setup, S, rng, examples)
     if setup.status != "passed":
         return CheckReport(repr(S), (setup,), seed, examples)
-    P, X, near, Xd = setup.counts.pop("_data")
+    P, X, near, Xd, sc = setup.counts.pop("_data")
+    unit = _unit(sc)
     X_all = np.vstack([X, near])
     results = (
         # first, and every check on copies: a set that writes into its input would spoil the points
         _run("input kept", "projection", _input_kept, S, X_all.copy()),
-        _run("projection", "projection", check_projection, P, X_all.copy(), S),
-        _run("agreement", "projection", _agreement, S, P, X_all.copy(), backend, tol),
+        _run("projection", "projection", check_projection, P, X_all.copy(), S, 1e-8, None, unit),
+        _run("agreement", "projection", _agreement, S, P, X_all.copy(), backend, tol, unit),
         _run("vjp", "hs-jacobian", _vjp, S, P, np.vstack([X, Xd]), rng, tol, near.copy(),
              np.random.default_rng([seed, 1])),
-        _run("conservativity", "hs-jacobian", _conservativity, S, P, Xd.copy(), rng),
-        _run("namespaces", "projection", _namespaces, S, P, X_all.copy(), tol),
+        _run("conservativity", "hs-jacobian", _conservativity, S, P, Xd.copy(), rng, sc),
+        _run("namespaces", "projection", _namespaces, S, P, X_all.copy(), tol, unit),
         _run("torch vjp", "hs-jacobian", _torch_vjp, S, np.vstack([X, Xd]), np.random.default_rng([seed, 2]), tol),
-        _run("float32", "projection", _float32, S, X.copy()),
+        _run("float32", "projection", _float32, S, X.copy(), unit),
     )
     return CheckReport(repr(S), results, seed, examples)

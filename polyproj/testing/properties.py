@@ -83,11 +83,16 @@ def project_checked(X: np.ndarray, P: Polyhedron, backend: Any) -> ProjectionRes
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = backend.project(X2) if isinstance(backend, Projector) else project(X2, P, backend=backend)
+    Y = np.asarray(res.y, dtype=float).reshape(X2.shape[0], -1)
+    if isinstance(backend, Projector) and not np.all(np.isfinite(Y)):  # a set's NaN: its failure, named as such
+        bad = int(np.flatnonzero(~np.all(np.isfinite(Y), axis=1))[0])
+        raise AssertionError(f"the set returned NaN (or inf) at x = {_arr(X2[bad])}: y = {_arr(Y[bad])}")
     if not np.all(res.polished):
         bad = int(np.flatnonzero(~np.asarray(res.polished))[0])
+        got = Y[bad] if res.solution is None else res.solution.x[bad]  # a closed-form result has no solution
         raise AssertionError(
             f"the projection of x = {_arr(X2[bad])} could not be verified: polish refused "
-            f"(backend status {res.status[bad].name}, backend x = {_arr(res.solution.x[bad])}); "
+            f"(backend status {res.status[bad].name}, backend x = {_arr(got)}); "
             f"{'; '.join(str(w.message) for w in caught)[:300]}"
         )
     return res
@@ -114,35 +119,86 @@ class HSElement:
 
 
 def hs_set(P: Polyhedron, x: np.ndarray, y: np.ndarray, active: np.ndarray, *, tol: float = 1e-9,
-           max_active: int = 14) -> list[HSElement]:
+           max_active: int = 14, rng: np.random.Generator | None = None, samples: int = 64) -> list[HSElement]:
     """Enumerate the HS set at ``x`` (``y = Π_P(x)``, ``active`` = I(x)) from its definition.
 
-    Distinct index sets giving the same projector are merged (the first ``K`` is kept).
+    Distinct index sets giving the same projector are merged (the first ``K`` is kept). Every subset of the
+    active rows is tried where there are at most 8 of them. Beyond, under LICQ (``[G_I; B]`` independent: the
+    multiplier is unique) the sets between its support and ``I`` are all of them, tried where at most
+    ``max_active`` rows are weakly active (a 20-dimensional simplex has 16 active rows: 2^16 subsets per point
+    took minutes). Otherwise every subset up to ``max_active`` active rows; beyond that a ValueError without
+    ``rng``, and with it ``samples`` candidates (:func:`_index_sets`), each tested as above.
     """
     G, _ = ineq_form(P)
     B = _independent_rows(P.B_dense)  # a set's structure may imply dependent equalities (Birkhoff)
     I = np.flatnonzero(active)
-    if I.size > max_active:
-        raise ValueError(f"{I.size} active rows: enumerating 2^{I.size} subsets is too costly")
     r = np.asarray(x, float) - np.asarray(y, float)
     scale = 1.0 + float(np.abs(r).max(initial=0.0)) + float(np.abs(G).max(initial=0.0))
+    every = (K for size in range(I.size + 1) for K in itertools.combinations(I.tolist(), size))
+    candidates = None if I.size <= 8 else _index_sets(G, B, I, r, tol * scale, max_active, None, samples)
+    if candidates is None and I.size <= max_active:
+        candidates = every
+    elif candidates is None and rng is None:
+        raise ValueError(f"{I.size} active rows: enumerating 2^{I.size} subsets is too costly")
+    elif candidates is None:
+        candidates = _index_sets(G, B, I, r, tol * scale, max_active, rng, samples)
     out: list[HSElement] = []
-    for size in range(I.size + 1):
-        for K in itertools.combinations(I.tolist(), size):
-            M = np.vstack([G[list(K)], B]).reshape(-1, P.n)
-            if _rank(M) < M.shape[0]:
-                continue
-            nu = np.linalg.lstsq(M.T, r, rcond=None)[0] if M.shape[0] else np.zeros(0)
-            resid = float(np.abs(M.T @ nu - r).max(initial=0.0)) if M.shape[0] else float(np.abs(r).max(initial=0.0))
-            if resid > tol * scale or np.any(nu[:size] < -tol * scale):
-                continue
-            J = _null_projector(M, P.n)
-            if any(np.abs(J - e.J).max() < 1e-9 for e in out):
-                continue
-            lam = np.zeros(G.shape[0])
-            lam[list(K)] = nu[:size]
-            out.append(HSElement(tuple(K), J, lam))
+    for K in candidates:
+        size = len(K)
+        M = np.vstack([G[list(K)], B]).reshape(-1, P.n)
+        if _rank(M) < M.shape[0]:
+            continue
+        nu = np.linalg.lstsq(M.T, r, rcond=None)[0] if M.shape[0] else np.zeros(0)
+        resid = float(np.abs(M.T @ nu - r).max(initial=0.0)) if M.shape[0] else float(np.abs(r).max(initial=0.0))
+        if resid > tol * scale or np.any(nu[:size] < -tol * scale):
+            continue
+        J = _null_projector(M, P.n)
+        if any(np.abs(J - e.J).max() < 1e-9 for e in out):
+            continue
+        lam = np.zeros(G.shape[0])
+        lam[list(K)] = nu[:size]
+        out.append(HSElement(tuple(K), J, lam))
     return out
+
+
+def _index_sets(G: np.ndarray, B: np.ndarray, I: np.ndarray, r: np.ndarray, eps: float, max_active: int,
+                rng: np.random.Generator | None, samples: int) -> list[tuple[int, ...]] | None:
+    """Candidate index sets ``K ⊆ I`` of the HS set, in order of size, where ``I`` is too large for every subset.
+
+    Under LICQ (``[G_I; B]`` independent) the multiplier is unique and the ``K`` between its support and ``I``
+    are the ones that qualify: all of them where at most ``max_active`` rows are weakly active (multiplier
+    within ``eps`` of 0), else (with ``rng``) ``samples`` random ones. Without LICQ (with ``rng``): the support of
+    a non-negative least-squares multiplier (its columns independent) and ``samples`` random maximal independent
+    sets of active rows containing it. None where ``rng`` is needed and not given.
+    """
+    from scipy.optimize import nnls
+
+    M = np.vstack([G[I], B]).reshape(-1, G.shape[1])
+    out: list[tuple[int, ...]] = [tuple(I.tolist())]
+    if _rank(M) == M.shape[0]:
+        nu = np.linalg.lstsq(M.T, r, rcond=None)[0][: I.size]
+        strong, weak = I[nu > eps].tolist(), I[nu <= eps]
+        if weak.size <= max_active:
+            subsets = itertools.chain.from_iterable(itertools.combinations(weak.tolist(), k)
+                                                    for k in range(weak.size + 1))
+        elif rng is None:
+            return None
+        else:
+            subsets = (weak[rng.random(weak.size) < 0.5].tolist() for _ in range(samples))
+        return sorted(dict.fromkeys([tuple(sorted(strong + list(W))) for W in subsets] + out), key=len)
+    if rng is None:
+        return None
+    lam, _ = nnls(np.vstack([G[I], B, -B]).T, r)
+    base = I[lam[: I.size] > eps].tolist()
+    out.append(tuple(sorted(base)))
+    rest = [i for i in I.tolist() if i not in base]
+    for _ in range(samples):
+        K = list(base)
+        for i in rng.permutation(rest).tolist():
+            if _rank(np.vstack([G[[*K, i]], B])) == len(K) + 1 + B.shape[0]:
+                K.append(i)
+        out.append(tuple(sorted(K)))
+    return sorted(dict.fromkeys(out), key=len)
 
 
 def _independent_rows(B: np.ndarray) -> np.ndarray:
@@ -358,7 +414,7 @@ def _check_batch_elements(label: str, bs: Any, qps: list[QP], refs: list[Solutio
 
 # --------------------------------------------------------------------------- projection
 def check_projection(P: Polyhedron, X: np.ndarray, solver: Any, tol: float = 1e-8,
-                     feasible: np.ndarray | None = None) -> dict[str, int]:
+                     feasible: np.ndarray | None = None, unit: float = 1.0) -> dict[str, int]:
     """KKT optimality, idempotence, firm non-expansiveness and the variational inequality.
 
     - KKT: ``y − x + Gᵀλ + Bᵀμ = 0``, ``λ >= 0``, ``λ·(h − Gy) = 0``, ``y ∈ P``;
@@ -366,28 +422,50 @@ def check_projection(P: Polyhedron, X: np.ndarray, solver: Any, tol: float = 1e-
     - firm non-expansiveness: ``‖Π(x) − Π(x')‖² <= ⟨Π(x) − Π(x'), x − x'⟩``;
     - variational inequality: ``⟨x − Π(x), z − Π(x)⟩ <= 0`` for every feasible ``z`` (the other
       projections and ``feasible``).
+
+    Stationarity, the multipliers' signs and the violation are lengths, held per point to ``tol`` times that point's
+    own scale: ``unit`` plus the largest term of its sum, ``|y| + |x| + |G|ᵀ|λ| + |B|ᵀ|μ|`` (a multiplier's sign as
+    its row's term ``λ_i |G_i|``). One bound for the batch, ``tol`` times the square of its largest entry (far
+    samples included), allowed ~1 at unit scale: zero multipliers on rows active by 0.5 passed. ``unit`` (default 1)
+    is the floor of that scale: the set's size where smaller (the violation also allows ``tol`` times the largest
+    right-hand side). The other tests hold at ``tol · scale²``, ``scale`` the largest entry of the batch and the
+    data.
     """
     X = np.atleast_2d(np.asarray(X, float))
     res = project_checked(X, P, solver)
-    Y, mult = res.y, res.multipliers
+    Y, mult = np.asarray(res.y, float), np.asarray(res.multipliers, float)
     G, h = ineq_form(P)
+    ni = P.n_ineq
+    if mult.shape != (X.shape[0], ni + P.m_eq):
+        raise AssertionError(f"multipliers of shape {mult.shape} for {X.shape[0]} points; expected "
+                             f"({X.shape[0]}, {ni + P.m_eq}): the {ni} inequality rows, then the {P.m_eq} rows of B")
+    Bd = P.B_dense.reshape(-1, P.n)
     sc = _scale(X, G, np.where(np.isfinite(h), h, 0.0), P.B_dense, P.b)
     lim = tol * sc * sc
-    ni = P.n_ineq
+    g_size = np.abs(G).max(axis=1, initial=0.0)
+    # a row's violation |G_i y − h_i| rounds at |G_i| |y| + |h_i|
+    row_size = max(1.0, float(g_size.max(initial=0.0)), float(np.abs(P.B_dense).max(initial=0.0)))
+    rhs_size = float(np.abs(np.concatenate([h[np.isfinite(h)], P.b])).max(initial=0.0))
     for i in range(X.shape[0]):
         lam, mu = mult[i, :ni], mult[i, ni:]
-        stat = Y[i] - X[i] + G.T @ lam + (P.B_dense.T @ mu if P.m_eq else 0.0)
+        stat = Y[i] - X[i] + G.T @ lam + (Bd.T @ mu if P.m_eq else 0.0)
+        terms = np.abs(Y[i]) + np.abs(X[i]) + np.abs(G).T @ np.abs(lam) + (np.abs(Bd).T @ np.abs(mu) if P.m_eq else 0)
+        own = tol * (unit + float(np.nan_to_num(terms, nan=0.0).max(initial=0.0)))
         slack = np.where(np.isfinite(h), h - G @ Y[i], 0.0)
         checks = {
-            "stationarity |y − x + Gᵀλ + Bᵀμ|": float(np.abs(stat).max()),
-            "dual feasibility max(−λ)": float(max(0.0, -lam.min(initial=0.0))),
-            "complementarity |λ·slack|": float(np.abs(lam * slack).max(initial=0.0)),
-            "primal violation": float(P.violation(Y[i])),
+            "stationarity |y − x + Gᵀλ + Bᵀμ|": (float(np.abs(stat).max()), own),
+            "dual feasibility max(−λ_i |G_i|)": (float(max(0.0, (-lam * g_size).max(initial=0.0))), own),
+            "complementarity |λ·slack|": (float(np.abs(lam * slack).max(initial=0.0)), lim),
+            "primal violation": (float(P.violation(Y[i])), own * row_size + tol * rhs_size),
         }
-        for name, v in checks.items():
-            if not v <= lim:
-                raise AssertionError(f"projection KKT fails: {name} = {v:.3g} > {lim:.3g} for x = {_arr(X[i])}, "
-                                     f"y = {_arr(Y[i], 10)}, multipliers = {_arr(mult[i])}")
+        for name, (v, bound) in checks.items():
+            if not v <= bound:
+                flipped = Y[i] - X[i] - G.T @ lam - (Bd.T @ mu if P.m_eq else 0.0)
+                sign = (" (it holds with the multipliers negated: wrong sign; λ_i >= 0 on an active inequality "
+                        "row, y − x + Gᵀλ + Bᵀμ = 0)" if name.startswith(("stationarity", "dual"))
+                        and float(np.abs(flipped).max()) <= own else "")
+                raise AssertionError(f"projection KKT fails: {name} = {v:.3g} > {bound:.3g} for x = {_arr(X[i])}, "
+                                     f"y = {_arr(Y[i], 10)}, multipliers = {_arr(mult[i])}{sign}")
     Y2 = project_checked(Y, P, solver).y
     err = np.abs(Y2 - Y).max(axis=1)
     if np.any(err > lim):
@@ -426,6 +504,10 @@ def find_kinks(P: Polyhedron, x0: np.ndarray, D: np.ndarray, solver: Any, *, gri
     x0 = np.atleast_2d(x0)
     D = np.atleast_2d(D)
     S = x0.shape[0]
+    # each bracket holds a change of the active set: a segment crosses a few kinks per row (a 50-dimensional
+    # simplex's segments, dozens; a fixed 20 per segment called them "not reproducible"); more than that is
+    # the exponential growth of an active set that flips at random
+    cap = S * (20 + 2 * (P.n_ineq + P.m_eq)) + 50
     T = np.tile(np.linspace(0.0, 1.0, grid), (S, 1))
     if extra_t is not None:
         T = np.sort(np.hstack([T, np.asarray(extra_t, float).reshape(S, -1)]), axis=1)
@@ -451,9 +533,10 @@ def find_kinks(P: Polyhedron, x0: np.ndarray, D: np.ndarray, solver: Any, *, gri
                 brackets.append((b[0], b[1], tm, b[3], sm))
             if not np.array_equal(sm, b[4]):
                 brackets.append((b[0], tm, b[2], sm, b[4]))
-        if len(brackets) > 20 * S + 50:
-            raise AssertionError(f"the active set flips too often along the segments ({len(brackets)} brackets): "
-                                 "the backend's active sets are not reproducible")
+        if len(brackets) > cap:
+            raise AssertionError(f"the active set flips too often along the segments ({len(brackets)} brackets, "
+                                 f"more than {cap}: 20 + 2 per row of the polyhedron per segment): the backend's "
+                                 "active sets are not reproducible")
     else:
         done += [(b[0], 0.5 * (b[1] + b[2])) for b in brackets]
     out = []
@@ -542,7 +625,7 @@ def check_conservativity(case: Any, solver: Any, tol: float = 1e-7, rng: np.rand
                 f"d/dt Π(x(t)) = {_arr(fd[i], 8)} but J(x(t)) d = {_arr(Jr[i], 8)} "
                 f"(active set {np.flatnonzero(res.active[i]).tolist()})")
         if every_element:
-            els = hs_set(P, Xr[i], res.y[i], res.active[i])
+            els = hs_set(P, Xr[i], res.y[i], res.active[i], rng=rng)  # sampled beyond 14 active rows
             if not els:
                 act_i = np.flatnonzero(res.active[i]).tolist()
                 raise AssertionError(f"empty HS set at x = {_arr(Xr[i])} (active {act_i})")
@@ -572,6 +655,8 @@ def exact_certificate(P: Polyhedron, x: np.ndarray, y: np.ndarray, active: np.nd
     G, h = ineq_form(P)
     Bm = P.B_dense.reshape(-1, P.n)
     x, y = np.asarray(x, float), np.asarray(y, float)
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):  # a NaN answer certifies nothing
+        return False
     act = np.asarray(active, bool)
     scale = 1.0 + float(np.abs(x).max(initial=0.0)) + float(np.abs(y).max(initial=0.0)) + \
         float(np.abs(G).max(initial=0.0))

@@ -5,12 +5,12 @@ is meant to be active has slack exactly 0) and a shrunk falsifying example is sh
 
 Construction (docs/checking_a_backend.md)
 ------------------------
-*Polyhedron with LICQ at y*.*  Pick an integer point ``y*`` and ``k`` active inequality-form rows
-(rows of ``A`` or variable bounds) plus ``p`` equality rows.  Each active/equality row gets its own
-*pivot column* with entry ``±4`` and entries in ``{-1, 0, 1}`` elsewhere (bounds are ``±e_j``), so
-the pivot sub-matrix is strictly diagonally dominant and the active rows are linearly independent
-by construction.  Right-hand sides make them tight at ``y*``: ``a_i = A_i y*``, ``b = B y*``,
-``lb_j = y*_j``.  Inactive rows get ``a_i = A_i y* + s_i`` with ``s_i >= 1``.
+*Polyhedron with LICQ at y*.* Pick an integer point ``y*`` and ``k`` active inequality-form rows (rows of ``A`` or
+variable bounds) plus ``p`` equality rows. Each active/equality row gets its own *pivot column* with entry
+``±max(4, n)`` and entries in ``{-1, 0, 1}`` elsewhere (bounds are ``±e_j``), so the pivot sub-matrix is strictly
+diagonally dominant (at most ``n − 1`` off-diagonal entries of size 1) and the active rows are linearly independent by
+construction. Right-hand sides make them tight at ``y*``: ``a_i = A_i y*``, ``b = B y*``, ``lb_j = y*_j``. Inactive
+rows get ``a_i = A_i y* + s_i`` with ``s_i >= 1``.
 
 *Without LICQ.*  The same, plus redundant active rows: a duplicated row, a scaled row ``c·G_i``
 (``c ∈ {2, 3}``), or the sum of two active (or active + equality) rows, all tight at ``y*``.
@@ -241,7 +241,7 @@ def polyhedron_cases(min_n: int = 2, max_n: int = 4, licq: bool | None = True,
     Parameters
     ----------
     min_n, max_n : int
-        Range of the dimension (``max_n <= 5`` keeps the pivot construction valid).
+        Range of the dimension, at most 5 (the pivot is ``±max(4, n)``: strictly dominant).
     licq : bool or None
         True: the tight rows at ``y*`` are linearly independent; False: redundant tight rows are
         added (duplicated, scaled or dependent); None: either.
@@ -271,7 +271,8 @@ def polyhedron_cases(min_n: int = 2, max_n: int = 4, licq: bool | None = True,
 
         def dominant_row(col: int) -> np.ndarray:
             row = np.array(draw(st.lists(st.integers(-1, 1), min_size=n, max_size=n)), dtype=float)
-            row[col] = 4.0 * draw(st.sampled_from([1, -1]))
+            # strictly dominant: n − 1 other entries of size <= 1 (4 alone at n = 5 allowed the singular 5I − J)
+            row[col] = float(max(4, n)) * draw(st.sampled_from([1, -1]))
             return row
 
         for i in range(k):
