@@ -160,7 +160,7 @@ def _cho_solve_numpy(L: np.ndarray, R: np.ndarray) -> np.ndarray:
         # torch is loaded already (never imported for this): its batched triangular solves on the same
         # memory, one call each that releases the GIL (docs/performance.md)
         from_numpy = sys.modules["torch"].from_numpy
-        Lt, Rt = (from_numpy(_own_contiguous(a)) for a in (L, R))
+        Lt, Rt = (from_numpy(own_contiguous(a)) for a in (L, R))
         return solve_tri(Lt.mT, solve_tri(Lt, Rt, upper=False), upper=True).numpy()
     # forward then backward substitution, one row at a time for all elements
     Y = np.empty(np.broadcast_shapes(L.shape[:-2], R.shape[:-2]) + R.shape[-2:], dtype=R.dtype)
@@ -189,8 +189,13 @@ def batched_solves(b: int, n: int) -> bool:
     return b > _FEW and 0 < n and (n <= SUBSTITUTION_ROWS or _torch_solve_triangular() is not None)
 
 
-def _own_contiguous(a: np.ndarray) -> np.ndarray:
-    """``a`` C-contiguous and writeable (torch.from_numpy warns on read-only memory): copied if needed."""
+def own_contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous and writeable, copied if needed.
+
+    For a library that writes into or shares the buffer it is given: DAQP's typed memoryviews refuse read-only
+    memory, torch.from_numpy / torch.asarray warn on it; a problem's own arrays are read-only
+    (:func:`polyproj.problem._read_only`).
+    """
     a = np.ascontiguousarray(a)
     return a if a.flags.writeable else a.copy()
 

@@ -25,17 +25,9 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from .errors import ProblemError
+from .linalg import own_contiguous
 
-__all__ = ["PolyData", "RowLayout", "empty_row", "ineq_slack", "matvec", "writable"]
-
-
-def writable(v: Any) -> Any:
-    """``v``, or a copy of it where it is a read-only NumPy array (a problem's: :func:`polyproj.problem._read_only`).
-
-    For a library that writes into or shares the buffer it is given: DAQP's typed memoryviews refuse a read-only
-    one, torch.asarray / torch.from_numpy warn on it.
-    """
-    return v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v
+__all__ = ["PolyData", "RowLayout", "empty_row", "ineq_slack", "matvec"]
 
 
 def matvec(xp: Any, M: Any, Y: Any) -> Any:
@@ -324,7 +316,9 @@ class PolyData:
         xp = array_namespace(like)
         dt = like.dtype if dtype is None else dtype
         dev = _device(like)
-        return cls(*(xp.asarray(writable(np.ascontiguousarray(v)), dtype=dt, device=dev) for v in parts))
+        if isinstance(like, np.ndarray):  # (NumPy reads the problem's read-only arrays as they are)
+            return cls(*(np.asarray(v, dtype=dt) for v in parts))
+        return cls(*(xp.asarray(own_contiguous(v), dtype=dt, device=dev) for v in parts))
 
 
 @dataclass(frozen=True)

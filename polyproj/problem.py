@@ -352,17 +352,29 @@ def _check_consistent(B, b: np.ndarray, dep: list[int]) -> None:
 
 
 # --------------------------------------------------------------------------- QP
-def _read_only(v: Any) -> Any:
-    """A dense array the problem owns, made read-only (:func:`~polyproj.polydata.writable` for libraries).
+def _read_only(v: Any, own: bool = True) -> Any:
+    """A read-only view of a dense array the problem owns (:func:`~polyproj.linalg.own_contiguous` for libraries).
 
     The problem is frozen, and what is computed from it once (the backends' conversions, the guard's side masks, a
-    set's faces) is reused. An edit in place (``qp.q[:] = ...``) mixed old and new data; it now raises, and a changed
-    problem is a new one (``QP(...)``, ``qp.with_vectors(q=...)``). Sparse matrices are left as they are (SciPy
-    sorts their indices in place).
+    set's faces) is reused: an edit in place (``qp.q[:] = ...``) would mix old and new data, so it raises, and a
+    changed problem is a new one (``QP(...)``, ``qp.with_vectors(q=...)``). A view of a read-only base cannot be
+    made writable again (``setflags(write=True)`` raises). Sparse matrices are left as they are (SciPy sorts their
+    indices in place). ``own=False`` (an array the caller keeps: ``with_vectors(validate=False)``): the view alone
+    is read-only.
     """
-    if isinstance(v, np.ndarray):
+    if not isinstance(v, np.ndarray):
+        return v
+    if own:
         v.setflags(write=False)
-    return v
+    view = v.view()
+    view.setflags(write=False)
+    return view
+
+
+def _frozen_state(obj: Any, state: dict[str, Any]) -> None:
+    """Unpickling (and ``copy.deepcopy``) of a problem: its arrays read-only again, as at construction."""
+    for k, v in state.items():
+        object.__setattr__(obj, k, _read_only(v))
 
 
 @dataclass(frozen=True, eq=False)
@@ -449,7 +461,7 @@ class QP:
             check_order(vals["l"], vals["u"], "l", "u")
             check_order(vals["lb"], vals["ub"], "lb", "ub")
         else:
-            vals.update(vectors)
+            vals.update({k: _read_only(v, own=False) for k, v in vectors.items()})
         for k, v in dict(P=self.P, C=self.C, check_psd=self.check_psd, psd_known=getattr(self, "psd_known", False),
                          **vals).items():
             object.__setattr__(new, k, v)
@@ -498,6 +510,9 @@ class QP:
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "memo"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _frozen_state(self, state)
 
     # -- evaluation
     def _point(self, x: Any) -> np.ndarray:
@@ -700,6 +715,9 @@ class Polyhedron:
             rank -= len(dep)
         for k, v in dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub, n=n, eq_rank=rank).items():
             object.__setattr__(self, k, _read_only(v))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _frozen_state(self, state)
 
     # -- sizes
     @property

@@ -40,7 +40,6 @@ __all__ = [
     "backend_info",
     "get_backend",
     "register_backend",
-    "registry_generation",
     "unregister_backend",
 ]
 
@@ -71,18 +70,13 @@ RESERVED = frozenset({"auto"})
 
 #: counts the changes of the run-time registrations (every :func:`register_backend` and
 #: :func:`unregister_backend`): whatever keeps an object built for a backend *name* compares it to know that the name
-#: may now stand for another class. Read it as ``registry.generation`` or :func:`registry_generation`.
+#: may now stand for another class.
 generation = 0
 
 #: entry-point and ``module:Class`` names resolved already, per ``sys.path``: (name, sys.path) -> (class, source).
 #: Finding an entry point lists every installed distribution (milliseconds a call); emptied on every change of the
 #: run-time registrations, which come first
 _RESOLVED: dict[tuple[str, tuple[str, ...]], tuple[type[QPSolver], str]] = {}
-
-
-def registry_generation() -> int:
-    """:data:`generation`: a number that changes whenever a backend is registered or unregistered."""
-    return generation
 
 
 def _changed() -> None:

@@ -153,3 +153,26 @@ def test_the_conversion_cache_drops_an_entry_when_its_source_is_collected():
     assert key in cache._CACHE
     cache.converted("other", (np.ones(2),), None, lambda: 0)
     assert key not in cache._CACHE
+
+
+def test_a_problem_s_arrays_stay_read_only_through_copies():
+    """pickle and copy.deepcopy (a model's best-state snapshot, a process executor) gave writable arrays back, and
+    an owned read-only array can be made writable again: the arrays are read-only views, restored as such."""
+    import copy
+    import pickle
+
+    qp = pp.QP(P=2 * np.eye(2), q=[1.0, -1.0], C=[[1.0, 1.0]], l=[-1.0], u=[1.0])
+    poly = pp.Polyhedron(A=[[1.0, 1.0]], a=[1.0], lb=-1.0, ub=1.0)
+    box = pp.sets.Box(np.zeros(2), np.ones(2))
+    cases = ((qp, ("P", "q", "C", "l", "u", "lb", "ub")), (poly, ("A", "a", "lb", "ub")), (box, ("lb", "ub")))
+    for obj, names in cases:
+        for other in (pickle.loads(pickle.dumps(obj)), copy.deepcopy(obj)):
+            for k in names:
+                with pytest.raises(ValueError, match="read-only"):
+                    getattr(other, k)[0] = 5.0
+    with pytest.raises(ValueError):
+        qp.q.setflags(write=True)
+    part = qp.with_vectors(validate=False, q=np.array([3.0, 4.0]))
+    with pytest.raises(ValueError, match="read-only"):
+        part.q[0] = 1.0
+    assert pp.solve_qp(copy.deepcopy(qp)).status is pp.Status.SOLVED

@@ -185,7 +185,7 @@ class _Project(torch.autograd.Function):
         # create_graph it also depends on x and the data (:class:`_VJPGraph`)
         functorch = torch._C._are_functorch_transforms_active()
         dual = not functorch and _forward_ad._current_level >= 0 and _has_tangent(gy, *ctx.saved_tensors)
-        if dual:  # eager forward-over-reverse: the product's tangent by _VJP's jvp rule (a direct call dropped it)
+        if dual:  # eager forward-over-reverse: the product's tangent by _VJP's jvp rule (through apply)
             _refuse_forward_through_data(ctx.set, wanted, tuple(_tangent(p) for p in ctx.saved_tensors[1:]),
                                          x_tangent=_tangent(ctx.saved_tensors[0]), gy_tangent=_tangent(gy))
         if functorch or (torch.is_grad_enabled() and not ctx.graph_inputs) or (dual and not torch.is_grad_enabled()):
@@ -528,7 +528,8 @@ def _refuse_forward_through_data(S: Projector, wanted: tuple[str, ...], data_tan
         raise ProblemError(f"forward-mode derivatives (jacfwd, jvp, forward_ad) of the gradient with respect to "
                            f"{', '.join(moving)} are not supported (it depends on x through the multipliers and the "
                            "projection, not only through g): detach the learned constraint data in the part of the "
-                           "loss that is differentiated twice")
+                           "loss that is differentiated twice; for derivatives in x alone use torch.func (jvp or "
+                           "jacfwd of grad, hessian) or torch.autograd.functional.hvp, which leave the data out")
 
 
 def _refuse_second_order_in_data(need_params: tuple[bool, ...], data_grads: tuple[Any, ...]) -> None:
@@ -604,7 +605,7 @@ class _VJPGraph(torch.autograd.Function):
         # derivative in x alone) take no part: only a pass that reaches them is refused
         _refuse_second_order_in_data(_data_reached(ctx, 6), tuple(data_grads))
         # J grads[0]: a function of the cotangent in a graph (create_graph: the double-backward trick of
-        # torch.autograd.functional.hvp differentiates it with respect to grads[0]; under no_grad that read as 0)
+        # torch.autograd.functional.hvp differentiates it with respect to grads[0])
         gx = (_jvp_again(ctx, grads[0], ctx.saved_tensors) if need[0] and grads[0] is not None else
               torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=ctx.x_device) if need[0] else None)
         zx = torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=ctx.x_device) if need[5] else None

@@ -186,7 +186,7 @@ def violation(Y: torch.Tensor, alpha: float) -> torch.Tensor:
 def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> RunRecord:
     """Train one method with one seed (the seed draws the data set too: every method sees the same pairs)."""
     check_config(cfg, positive=("inliers", "train", "val", "test", "hidden", "layers", "epochs", "batch"))
-    if cfg.hidden % 4:  # the encoder's 4 heads (torch's own error is a bare AssertionError)
+    if cfg.hidden % 4:  # the encoder's 4 heads split the width (refused by name, before torch)
         raise ProblemError(f"hidden ({cfg.hidden}) must be a multiple of 4 (the encoder's attention heads)")
     rng = np.random.default_rng(seed)
     data = {k: make_pairs(getattr(cfg, k), cfg, rng) for k in ("train", "val", "test")}

@@ -168,7 +168,7 @@ class Net(torch.nn.Module):
 def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> RunRecord:
     """Train one method with one seed; accuracy and violation on every split."""
     check_config(cfg, positive=("streams", "width", "heads", "blocks", "epochs", "batch"))
-    if cfg.width % cfg.heads:  # the attention's rule, by name (torch's own is a bare AssertionError)
+    if cfg.width % cfg.heads:  # the attention's heads split the width (refused by name, before torch)
         raise ProblemError(f"width ({cfg.width}) must be a multiple of heads ({cfg.heads})")
     data = load()
     torch.manual_seed(seed)

@@ -121,8 +121,8 @@ class RadialMap(torch.nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """The interior point of ``u`` (batch, n)."""
         d = u @ self.N
-        # d at the rounding of u @ N (equal scores on a simplex) is zero: its noise, outside null(B) or along a
-        # direction with γ <= 0, divided by a gauge of 1e-300 gave points at 1e271 (the map tends to z0 there)
+        # d at the rounding of u @ N (equal scores on a simplex) is zero, and the map z0 there (its limit): that
+        # noise lies outside null(B) or along directions with γ <= 0, where no gauge bounds the step
         noise = 1e3 * torch.finfo(u.dtype).eps * torch.linalg.vector_norm(u, dim=-1, keepdim=True)
         d = torch.where(torch.linalg.vector_norm(d, dim=-1, keepdim=True) <= noise, torch.zeros_like(d), d)
         r = torch.linalg.vector_norm(d, dim=-1, keepdim=True)

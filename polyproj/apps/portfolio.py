@@ -306,7 +306,7 @@ def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> 
     """Train one method on one constraint set with one seed; evaluate on validation and test."""
     # a horizon of one day has no standard deviation: its Sharpe ratio (the loss) is NaN
     check_config(cfg, positive=("window", "hidden", "epochs", "batch", "linsat_iter"), at_least={"horizon": 2})
-    for k in ("start", "train_end", "val_end"):  # dates, by name (pandas and NumPy raised their own errors)
+    for k in ("start", "train_end", "val_end"):  # dates, refused by name before the data are read
         v = getattr(cfg, k)
         try:
             ok = isinstance(v, str) and not np.isnat(np.datetime64(v, "D"))

@@ -87,7 +87,7 @@ def fit(model: torch.nn.Module, optimiser: torch.optim.Optimizer, epochs: int,
             if val > best[0]:
                 best = (val, epoch, _snapshot(model))
             bar.update(f"loss {curve[-1].train_loss:.4g}  val {val:.4g}")
-    if epochs and best[1] == 0:  # no epoch validated to a finite metric: keeping the untrained model hid it
+    if epochs and best[1] == 0:  # no epoch validated to a finite metric: the run diverged, no model to keep
         from ..errors import SolverError
 
         raise SolverError(f"training diverged: no epoch has a finite validation metric (last: {curve[-1].val_metric}, "

@@ -32,12 +32,15 @@ _DEAD: deque[tuple] = deque()
 
 
 def _source_died(key: tuple) -> None:
+    if _CACHE is None or _DEAD is None or _LOCK is None:  # interpreter shutdown: the module's globals are gone
+        return
     _DEAD.append(key)
-    if _LOCK.acquire(blocking=False):
+    lock = _LOCK
+    if lock.acquire(blocking=False):
         try:
             _purge()
         finally:
-            _LOCK.release()
+            lock.release()
 
 
 def _purge() -> None:

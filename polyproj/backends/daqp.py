@@ -21,11 +21,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..polydata import writable
+from ..linalg import own_contiguous
 from ..problem import QP
 from ..runtime import cpu_count, parallel_map
 from ..solution import Solution, Status
 from .base import Capabilities, QPSolver, report_batch
+from .cache import converted
 from .options import nonnegative, positive, positive_int
 from .presolve import solve_without_fixed
 
@@ -86,8 +87,10 @@ class DAQPSolver(QPSolver):
             lower = np.concatenate([qp.lb, qp.l])
             sense = np.zeros(qp.n + qp.m, dtype=np.intc)
             sense[qp.n:][qp.eq_mask] = 5
-            # DAQP's buffers must be writable: the QP's own arrays are read-only
-            hit = qp.memo["daqp"] = (writable(np.ascontiguousarray(d.P)), writable(np.ascontiguousarray(d.C)),
+            # DAQP's buffers must be writable (the QP's own arrays are read-only): copies shared by the QPs of
+            # one P and C (a batch's with_vectors elements)
+            H, A = converted("daqp", (qp.P, qp.C), None, lambda: (own_contiguous(d.P), own_contiguous(d.C)))
+            hit = qp.memo["daqp"] = (H, A,
                                      np.where(np.isfinite(upper), upper, _INF),
                                      np.where(np.isfinite(lower), lower, -_INF), sense)
         return hit
@@ -224,7 +227,7 @@ class DAQPSolver(QPSolver):
                 kw["dual_start"] = np.concatenate([np.asarray(zb, dtype=np.float64), np.asarray(z, dtype=np.float64)])
         t1 = time.perf_counter()
         setup = t1 - t0
-        x, _, flag, info = daqp.solve(H, writable(np.ascontiguousarray(qp.q)), A, upper, lower, sense.copy(), **kw)
+        x, _, flag, info = daqp.solve(H, own_contiguous(qp.q), A, upper, lower, sense.copy(), **kw)
         wall = time.perf_counter() - t1  # around the call (DAQP's info["solve_time"] leaves its own set-up out)
         if int(flag) == -6:  # dependent equality rows: DAQP cannot start from them
             answer = self._dependent_equalities(qp)

@@ -17,7 +17,8 @@ import numpy as np
 import scipy.sparse as sp
 from array_api_compat import device as _device
 
-from ..polydata import PolyData, qp_multipliers_to_rows, writable
+from ..linalg import own_contiguous
+from ..polydata import PolyData, qp_multipliers_to_rows
 from ..problem import QP
 from ..runtime import small_blas
 from ..solution import BatchSolution, ElementQPs, Solution
@@ -65,7 +66,7 @@ class IPMSolver(QPSolver):
             return a
         import torch  # only when namespace='torch' is asked for
 
-        return torch.from_numpy(writable(np.ascontiguousarray(a)))
+        return torch.from_numpy(own_contiguous(a))
 
     @staticmethod
     def _back(a: Any) -> np.ndarray:

@@ -41,7 +41,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError, SolverError
-from ..polydata import writable
+from ..linalg import own_contiguous
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from ..solution import Status
@@ -79,7 +79,7 @@ def as_namespace(v: Any, like: Any) -> Any:
     if same and str(_device(v)) == str(_device(like)):
         return v if v.dtype == like.dtype else xp.astype(v, like.dtype)
     host = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
-    return xp.asarray(writable(np.asarray(host, dtype=np.float64)), dtype=like.dtype, device=_device(like))
+    return xp.asarray(own_contiguous(np.asarray(host, dtype=np.float64)), dtype=like.dtype, device=_device(like))
 
 
 class Projector(abc.ABC):

@@ -9,7 +9,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError
-from ..polydata import writable
+from ..linalg import own_contiguous
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector
@@ -52,8 +52,8 @@ class Box(Projector):
     def _bounds(self, X: Any):
         xp = array_namespace(X)
         host = isinstance(X, np.ndarray)  # (another namespace may share the buffer: the problem's is read-only)
-        return (xp.asarray(self.lb if host else writable(self.lb), dtype=X.dtype, device=_device(X)),
-                xp.asarray(self.ub if host else writable(self.ub), dtype=X.dtype, device=_device(X)))
+        return (xp.asarray(self.lb if host else own_contiguous(self.lb), dtype=X.dtype, device=_device(X)),
+                xp.asarray(self.ub if host else own_contiguous(self.ub), dtype=X.dtype, device=_device(X)))
 
     def project_batch(self, X: Any) -> ProjectionResult:
         """Clip; active rows and multipliers in the Polyhedron's numbering."""

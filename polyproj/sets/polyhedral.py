@@ -18,7 +18,8 @@ from array_api_compat import device as _device
 
 from ..backends.options import positive
 from ..errors import InfeasibleError, PolyprojError, ProblemError
-from ..polydata import PolyData, RowLayout, empty_row, writable
+from ..linalg import own_contiguous
+from ..polydata import PolyData, RowLayout, empty_row
 from ..problem import Polyhedron
 from ..projection import backward
 from ..projection.faces import Face, put_rows
@@ -152,7 +153,7 @@ class Polyhedral(Projector):
         if same:
             d = self.data.astype(xp.float64)
         else:
-            d = PolyData(*(xp.asarray(writable(np.ascontiguousarray(_host(v))), dtype=xp.float64, device=_device(X))
+            d = PolyData(*(xp.asarray(own_contiguous(_host(v)), dtype=xp.float64, device=_device(X))
                            for v in self.data.parts()))
         self._like[key] = d
         return d
@@ -420,7 +421,7 @@ def _as_like(v: Any, name: str, like: Any) -> Any:
             arr = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float64)
         except (TypeError, ValueError) as exc:
             raise ProblemError(f"{name} must be an array or tensor of numbers, got {type(v).__name__}: {exc}") from None
-        return xp.asarray(writable(arr), dtype=like.dtype, device=_device(like))
+        return xp.asarray(own_contiguous(arr), dtype=like.dtype, device=_device(like))
     if str(_device(v)) != str(_device(like)):
         raise ProblemError(f"{name} is on {_device(v)} but x is on {_device(like)}: move the constraint data to "
                            "the device of x (ProjectionLayer.to(device) does it for its buffers)")

@@ -241,7 +241,7 @@ def polyhedron_cases(min_n: int = 2, max_n: int = 4, licq: bool | None = True,
     Parameters
     ----------
     min_n, max_n : int
-        Range of the dimension, at most 5 (the pivot is ``±max(4, n)``: strictly dominant).
+        Range of the dimension, at most 5.
     licq : bool or None
         True: the tight rows at ``y*`` are linearly independent; False: redundant tight rows are
         added (duplicated, scaled or dependent); None: either.
@@ -271,7 +271,7 @@ def polyhedron_cases(min_n: int = 2, max_n: int = 4, licq: bool | None = True,
 
         def dominant_row(col: int) -> np.ndarray:
             row = np.array(draw(st.lists(st.integers(-1, 1), min_size=n, max_size=n)), dtype=float)
-            # strictly dominant: n − 1 other entries of size <= 1 (4 alone at n = 5 allowed the singular 5I − J)
+            # strictly dominant: n − 1 other entries of size <= 1 beside a pivot of max(4, n)
             row[col] = float(max(4, n)) * draw(st.sampled_from([1, -1]))
             return row
 

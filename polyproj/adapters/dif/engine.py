@@ -782,8 +782,6 @@ class DIF:
             F0 = float(F(theta))
             out = torch.as_tensor([float(gF @ r.omega) if r.order == 1 else float(F(theta + r.omega)) - F0
                                    for r in omegas], dtype=torch.float64)
-        if not bool(out.any()):
-            _check_test_depends(self.problem, test_fn, theta)  # all exactly 0: refuses a test_fn not computed from θ
         bad = torch.nonzero(~torch.isfinite(out)).flatten()
         if bad.numel():  # (order 1 refuses a non-finite gradient at θ̄; order 2 evaluates F at θ̄ + ω itself)
             raise ProblemError(f"test_fn is not finite at θ̄ + ω (second order) for removal #{int(bad[0])} "
@@ -1009,14 +1007,16 @@ def _check_test_depends(problem: ConstrainedProblem, test_fn: Callable[[Any], An
     gradient of a function of θ passes). A detached copy or the user's own module, called instead of the one
     test_fn is given, makes every score exactly 0.
     """
+    from .problem import computed_from
+
     t = theta.detach().clone().to(torch.float64).requires_grad_(True)
     with torch.enable_grad():
-        out = _test_scalar(problem, test_fn)(t)
-        uses = out.requires_grad and torch.autograd.grad(out, t, allow_unused=True)[0] is not None
+        uses = computed_from(_test_scalar(problem, test_fn)(t), t)
     if not uses:
-        raise ProblemError("test_fn's value does not depend on its argument (it is not computed from it: a detached "
-                           "copy, a NumPy or Python number, or the model used outside the function?); every score "
-                           f"would be 0. Expected {_TEST_SIGNATURE}")
+        raise ProblemError("test_fn's value is not differentiable in its argument (not computed from it: a detached "
+                           "copy, a NumPy or Python number, the model used outside the function; or only through "
+                           "non-differentiable operations: argmax, comparisons); every first-order score would be 0 "
+                           f"(order=2 scores by value). Expected {_TEST_SIGNATURE}")
 
 
 def _test_scalar(problem: ConstrainedProblem, test_fn: Callable[[Any], Any]) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -417,6 +417,16 @@ def _check_deterministic(model: nn.Module) -> None:
                            "full-batch objective)")
 
 
+
+def computed_from(out: Any, t: torch.Tensor) -> bool:
+    """Whether ``out`` is computed from ``t``: ``t`` is in its autograd graph (structural, not a non-zero gradient).
+
+    ``out.requires_grad`` alone is not enough: the user's own module, called instead of the one a function is given,
+    has parameters that require grad. A value of ``t`` with a zero gradient there (``‖t‖²`` at 0) is computed from it.
+    """
+    return (isinstance(out, torch.Tensor) and out.requires_grad
+            and torch.autograd.grad(out.sum(), t, allow_unused=True, retain_graph=True)[0] is not None)
+
 class ConstrainedProblem:
     """``min mean ℓ₀ s.t. mean ℓⱼ − τⱼ <= 0`` over a flat float64 parameter vector θ.
 
@@ -531,8 +541,7 @@ class ConstrainedProblem:
         data = loss.data if loss.data is None else _take(loss.data, torch.arange(min(4, loss.n_samples)))
         with torch.enable_grad():
             out = self.per_sample(loss, t, data if loss.data is not None else "all")
-            uses = (isinstance(out, torch.Tensor) and out.requires_grad
-                    and torch.autograd.grad(out.sum(), t, allow_unused=True)[0] is not None)
+            uses = computed_from(out, t)
         if not uses:
             what = "objective" if loss.name == "objective" else f"constraint {loss.name!r}"
             raise ProblemError(f"{what}: fn's value does not depend on its parameter argument (it is not computed "
