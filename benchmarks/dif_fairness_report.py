@@ -23,6 +23,9 @@ def main(argv=None) -> int:
     from dif_fairness import _plot, pearson, spearman
 
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     cache, truth = Path(argv[0]), Path(argv[1])
     singles, groups = int(argv[2]) if len(argv) > 2 else 80, int(argv[3]) if len(argv) > 3 else 20
     n = singles + groups

@@ -4,10 +4,16 @@ torch.linalg.eigh on CUDA batches of 7 x 7 matrices (float32, float64) of growin
 (s, 101, 50) float64 batches on the GPU against a copy to the host, LAPACK there and back.
 """
 # ruff: noqa: E702
+import sys
 import time
 
 import torch
 
+if any(a in ("-h", "--help") for a in sys.argv[1:]):
+    print(__doc__)
+    raise SystemExit(0)
+if not torch.cuda.is_available():
+    raise SystemExit("gpu_probe.py needs a CUDA GPU (torch.cuda.is_available() is False here)")
 dev = "cuda"
 for dt in (torch.float32, torch.float64):
     for m in (7,):

@@ -38,6 +38,11 @@ from polyproj.adapters.torch import project
 from polyproj.solvers.ipm import solve_qp_batch
 
 OUT = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+if any(a in ("-h", "--help") for a in sys.argv[1:]):
+    print(__doc__)
+    raise SystemExit(0)
+if os.environ.get("GPU_PROFILE_DEVICE", "cuda") == "cuda" and not torch.cuda.is_available():
+    raise SystemExit("gpu_profile.py needs a CUDA GPU (or GPU_PROFILE_DEVICE=cpu for a CPU run)")
 dev = torch.device(os.environ.get("GPU_PROFILE_DEVICE", "cuda"))
 BATCH = int(os.environ.get("GPU_PROFILE_BATCH", "8192"))
 sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
