@@ -176,3 +176,41 @@ def test_a_problem_s_arrays_stay_read_only_through_copies():
     with pytest.raises(ValueError, match="read-only"):
         part.q[0] = 1.0
     assert pp.solve_qp(copy.deepcopy(qp)).status is pp.Status.SOLVED
+
+
+def test_a_backend_writing_through_the_read_only_flag_is_caught_and_the_qp_restored():
+    """torch.from_numpy (or compiled code) writes through the read-only flag: the guard fingerprinted only writable
+    arrays, so the frozen QP changed silently under a SOLVED answer."""
+    torch = pytest.importorskip("torch")
+
+    class TorchInPlace(pp.QPSolver):
+        name = "probe_s46_inplace"
+        capabilities = pp.Capabilities(dense=True)
+
+        def solve(self, qp, warm_start=None):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                torch.from_numpy(qp.q).mul_(2.0)
+            x = np.clip(-qp.q, qp.lb, qp.ub)
+            return pp.Solution(x=x, z=np.zeros(0), z_box=-(x + qp.q), status=pp.Status.SOLVED)
+
+    qp = pp.QP(P=np.eye(3), q=[1.0, -2.0, 0.5], lb=-np.ones(3), ub=np.ones(3))
+    with pytest.raises(pp.SolverError, match=r"wrote into the problem it was given \(q changed in place"):
+        pp.solve_qp(qp, backend=TorchInPlace())
+    np.testing.assert_array_equal(qp.q, [1.0, -2.0, 0.5])
+    assert not qp.q.flags.writeable
+
+
+def test_admm_on_array_api_strict_without_the_polish():
+    xs = pytest.importorskip("array_api_strict")
+    rng = np.random.default_rng(0)
+    poly = pp.Polyhedron(A=rng.standard_normal((3, 5)), a=np.ones(3), lb=-np.ones(5), ub=np.ones(5))
+    X = rng.standard_normal((4, 5))
+    for backend in ("admm", "auto"):
+        got = pp.project(xs.asarray(X), poly, backend=backend, polish=False)
+        ref = pp.project(X, poly, backend=backend, polish=False)
+        np.testing.assert_allclose(np.asarray(got.y), ref.y, atol=1e-12)
+    exact = pp.project(X, poly)
+    np.testing.assert_allclose(ref.y, exact.y, atol=1e-4)

@@ -562,13 +562,28 @@ def _unchanged(a: np.ndarray, before: bytes | int) -> bool:
     return a.tobytes() == before if isinstance(before, bytes) else _checksum(a) == before
 
 
+def _restore(a: np.ndarray, old: np.ndarray) -> None:
+    """Write ``old`` back into ``a``; a problem's read-only view through the array that owns its memory."""
+    if a.flags.writeable:
+        a[...] = old
+        return
+    owner = a
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    if owner.flags.owndata and owner.shape == a.shape and owner.strides == a.strides:
+        owner.setflags(write=True)
+        owner[...] = old
+        owner.setflags(write=False)
+
+
 def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     name = solver.name or type(solver).__name__
     if not hasattr(solver, "settings"):  # every guard reads them; an AttributeError from deep inside said nothing
         raise SolverError(f"backend {name!r} was not set up: its __init__ did not call QPSolver.__init__ "
                           "(super().__init__(**settings))")
     given = _inputs(args, kw)
-    before = {k: _fingerprint(v) for k, v in given.items() if v.flags.writeable}
+    # read-only arrays too (a problem's): torch.from_numpy, ctypes or a cast in compiled code write through the flag
+    before = {k: _fingerprint(v) for k, v in given.items()}
     token = _INSIDE.set(_INSIDE.get() | {id(solver)})
     try:
         with _named_errors(name):
@@ -578,8 +593,7 @@ def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     changed = [k for k, v in before.items() if not _unchanged(given[k], v)]
     for k in changed:  # the caller's arrays back as they were, where a copy was kept
         if isinstance(before[k], bytes):
-            a = given[k]
-            a[...] = np.frombuffer(before[k], dtype=a.dtype).reshape(a.shape)
+            _restore(given[k], np.frombuffer(before[k], dtype=given[k].dtype).reshape(given[k].shape))
     if changed:
         raise SolverError(f"backend {name!r} wrote into the problem it was given ({', '.join(changed)} changed in "
                           "place): a backend must not modify its input; copy an array before changing it")

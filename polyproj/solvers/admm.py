@@ -417,9 +417,9 @@ class _Watch:
         w = it.s * S.rho[:, None]  # multipliers of the equilibrated rows
         rn = S.row_norm[:, None]
         prim = _colmax(xp, xp.abs(Cx - it.z) * rn)
-        Cw = xp.matmul(xp.matrix_transpose(S.C), w[: S.C.shape[0]])
+        Cw = xp.matmul(xp.matrix_transpose(S.C), w[: S.C.shape[0], ...])
         if S.nb:
-            Cw = Cw + w[S.C.shape[0]:]
+            Cw = Cw + w[S.C.shape[0]:, ...]
         Px = xp.matmul(S.P, xt)
         dual = _colmax(xp, xp.abs(Px + qT + Cw))
         scale_p = xp.maximum(_colmax(xp, xp.abs(Cx) * rn), _colmax(xp, xp.abs(it.z) * rn))
@@ -475,9 +475,9 @@ class _Watch:
         running = self.code == MAX_ITER
         dw = (s - prev_s) * S.rho[:, None]  # change of the equilibrated multipliers
         nw = _colmax(xp, xp.abs(dw))
-        Ctdw = xp.matmul(xp.matrix_transpose(S.C), dw[: S.C.shape[0]])
+        Ctdw = xp.matmul(xp.matrix_transpose(S.C), dw[: S.C.shape[0], ...])
         if S.nb:
-            Ctdw = Ctdw + dw[S.C.shape[0]:]
+            Ctdw = Ctdw + dw[S.C.shape[0]:, ...]
         pos, neg = xp.where(dw > 0, dw, xp.zeros_like(dw)), xp.where(dw < 0, dw, xp.zeros_like(dw))
         hi = xp.where(xp.isfinite(S.hi), S.hi, xp.zeros_like(S.hi))
         lo = xp.where(xp.isfinite(S.lo), S.lo, xp.zeros_like(S.lo))
@@ -490,8 +490,8 @@ class _Watch:
         dx = xt - prev_x
         nx = _colmax(xp, xp.abs(dx))
         Cdx = _rows_product(S, dx)
-        rec = xp.all((xp.isfinite(S.hi) & (Cdx > eps * nx)) == 0, axis=0) & \
-              xp.all((xp.isfinite(S.lo) & (Cdx < -eps * nx)) == 0, axis=0)
+        rec = xp.all(~(xp.isfinite(S.hi) & (Cdx > eps * nx)), axis=0) & \
+              xp.all(~(xp.isfinite(S.lo) & (Cdx < -eps * nx)), axis=0)
         dinf = (nx > 0) & (_colmax(xp, xp.abs(xp.matmul(S.P, dx))) <= eps * nx) & \
                (xp.sum(qT * dx, axis=0) < -eps * nx) & rec
         running = self.code == MAX_ITER

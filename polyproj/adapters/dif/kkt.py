@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ...errors import BackendUnavailable, PolyprojWarning, ProblemError, SolverError, close_matches
+from ...linalg import own_contiguous
 from ...solution import Status
 from .calculus import constraint_jacobian, lagrangian_hessian, objective_grad
 from .hvp import DEFAULT_CHUNK, chunk_size_arg
@@ -298,7 +299,7 @@ def _flat_theta(problem: ConstrainedProblem, theta: Any) -> torch.Tensor:
         theta = torch.cat([p.detach().reshape(-1) for p in ps])
     if not isinstance(theta, torch.Tensor):  # a list or array: float64 (torch.as_tensor of floats is float32)
         try:
-            theta = torch.as_tensor(np.asarray(theta, dtype=np.float64))
+            theta = torch.from_numpy(own_contiguous(np.asarray(theta, dtype=np.float64)))  # (a read-only array too)
         except (TypeError, ValueError) as exc:
             raise ProblemError(f"theta must be a 1-D tensor, array or nn.Module, got {type(theta).__name__}: "
                                f"{exc}") from None
