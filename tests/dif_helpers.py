@@ -57,3 +57,25 @@ def untrained_tanh(n: int, width: int):
     net = torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Tanh(), torch.nn.Linear(width, 1)).double()
     prob = ConstrainedProblem(net, Loss(net_sq, (X, y)), [Constraint(net_sq, (X[:10], y[:10]), tau=100.0, name="cap")])
     return prob, KKTPoint.from_params(prob, net, tol=10.0), X, y
+
+
+def _linear_first(th, b):
+    """Least squares in θ₁..θ₃ and a linear pull on θ₀: zero curvature along θ₀, which the cap θ₀ <= 0.7 binds."""
+    return (b[0][:, 1:] @ th[1:] - b[1]) ** 2 - th[0]
+
+
+def _theta0(th):
+    return th[0]
+
+
+def flat_along_a_cap(n: int):
+    """``(problem, kkt)``: H singular along θ₀, positive definite on the binding cap θ₀ <= 0.7's null space (n samples).
+
+    Module-level functions: picklable for process pools.
+    """
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, 4, dtype=torch.float64, generator=g)
+    y = X[:, 1:] @ torch.tensor([-2.0, 0.5, 3.0], dtype=torch.float64) + 0.3 * torch.randn(n, dtype=torch.float64,
+                                                                                          generator=g)
+    prob = ConstrainedProblem(torch.zeros(4), Loss(_linear_first, (X, y)), [Constraint(_theta0, None, tau=0.7)])
+    return prob, solve(prob)

@@ -43,26 +43,12 @@ def test_dense_scores_take_the_schur_route_and_equal_the_qps(study, rule, monkey
     assert sizes and max(sizes) == dif.rows.size < study.problem.dim  # the dual QPs only (k variables, not d)
 
 
-def _linear_first(th, b):
-    """Least squares in θ₁..θ₃ and a linear pull on θ₀: zero curvature along θ₀, which the cap θ₀ <= 0.7 binds."""
-    return (b[0][:, 1:] @ th[1:] - b[1]) ** 2 - th[0]
-
-
-def _theta0(th):
-    return th[0]
-
-
 def test_a_singular_hessian_keeps_the_qp_route():
     """H singular along θ₀ (no damping), positive definite on the binding cap's null space: the Schur route would
     need H⁻¹, the QPs are defined, so the scores come from them and equal ∇Fᵀω."""
-    from polyproj.adapters.dif import ConstrainedProblem, Constraint, Loss, solve
+    from tests.dif_helpers import flat_along_a_cap
 
-    g = torch.Generator().manual_seed(0)
-    X = torch.randn(40, 4, dtype=torch.float64, generator=g)
-    y = X[:, 1:] @ torch.tensor([-2.0, 0.5, 3.0], dtype=torch.float64) + 0.3 * torch.randn(40, dtype=torch.float64,
-                                                                                          generator=g)
-    prob = ConstrainedProblem(torch.zeros(4), Loss(_linear_first, (X, y)), [Constraint(_theta0, None, tau=0.7)])
-    kkt = solve(prob)
+    prob, kkt = flat_along_a_cap(40)
     dif = DIF(prob, kkt, method="dense", damping=0.0)
     assert dif._inv.singular and not dif._inv.positive_definite
 

@@ -13,7 +13,7 @@ import polyproj as pp
 from polyproj.adapters.dif import DIF, ConstrainedProblem, Constraint, KKTPoint, Loss, retrain, solve
 from polyproj.adapters.dif.krylov import IndefiniteHessianError
 from polyproj.adapters.dif.scores import per_sample_grads_vmap
-from tests.dif_helpers import net_sq, untrained_tanh
+from tests.dif_helpers import flat_along_a_cap, net_sq, untrained_tanh
 
 pytestmark = [pytest.mark.filterwarnings("ignore::polyproj.errors.PolyprojWarning"),
               pytest.mark.usefixtures("one_torch_thread", "quiet_polyproj_warnings")]
@@ -414,11 +414,6 @@ def test_dense_auto_damping_reads_the_curvature_on_the_binding_rows_null_space()
     assert _rel(exact, truth) <= 0.05  # first order: ~3 % off the removal's finite effect
 
 
-def _linear_first(th, b):
-    """Least squares in θ₁..θ₃ and a linear pull on θ₀: zero curvature along θ₀, which the cap θ₀ <= 0.7 binds."""
-    return (b[0][:, 1:] @ th[1:] - b[1]) ** 2 - th[0]
-
-
 def test_dense_auto_damping_keeps_h_clear_of_singular_for_the_schur_paths():
     """H singular along a constrained direction (PD on the binding row's null space): the dense QP is exact with
     the stationarity floor alone, but an executor's scores and order 2 solve with H + δI itself. With δ ~ 6e-16
@@ -426,12 +421,7 @@ def test_dense_auto_damping_keeps_h_clear_of_singular_for_the_schur_paths():
     eigenvalue of H + δI at least λ_max / AUTO_MAX_CONDITION from zero."""
     from polyproj.adapters.dif.engine import AUTO_MAX_CONDITION
 
-    g = torch.Generator().manual_seed(0)
-    X = torch.randn(60, 4, dtype=torch.float64, generator=g)
-    y = X[:, 1:] @ torch.tensor([-2.0, 0.5, 3.0], dtype=torch.float64) + 0.3 * torch.randn(60, dtype=torch.float64,
-                                                                                          generator=g)
-    prob = ConstrainedProblem(torch.zeros(4), Loss(_linear_first, (X, y)), [Constraint(_theta0, None, tau=0.7)])
-    kkt = solve(prob)
+    prob, kkt = flat_along_a_cap(60)
     dif = DIF(prob, kkt, method="dense", damping="auto")
     w = np.linalg.eigvalsh(dif.H)
     assert np.abs(w).min() >= 0.99 * np.abs(w).max() / AUTO_MAX_CONDITION
