@@ -56,6 +56,13 @@ def solve_qp(qp: QP, backend: Any = None, *, warm_start: Any = None, **settings:
     return get_backend(backend, **settings).solve(qp, warm_start=warm_start)
 
 
+def check_flags(**flags: Any) -> None:
+    """A ProblemError for a flag that is not True or False (a string such as "no" is truthy: it read as True)."""
+    for name, flag in flags.items():
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ProblemError(f"{name} must be True or False, got {flag!r}")
+
+
 def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish: bool = True, tol: float = 1e-9,
             max_polish_iter: int | None = None, structured: bool = True, **settings: Any) -> ProjectionResult:
     """Project points onto a set exactly, with the active set.
@@ -105,9 +112,12 @@ def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish:
     >>> np.round(res.y, 12), res.active
     (array([0.7, 0.3, 0. ]), array([False, False,  True]))
     """
-    for name, flag in (("polish", polish), ("structured", structured)):
-        if not isinstance(flag, (bool, np.bool_)):  # a string such as "no" is truthy
-            raise ProblemError(f"{name} must be True or False, got {flag!r}")
+    check_flags(polish=polish, structured=structured)
+    if "warm_start" in settings and not isinstance(settings["warm_start"], (bool, np.bool_)):
+        # (the backend's on/off setting; its message printed the whole result given)
+        raise ProblemError(f"pp.project's warm_start is the backend's on/off setting, got a "
+                           f"{type(settings['warm_start']).__name__}; to start from a previous result's active "
+                           "sets use pp.sets.Polyhedral(P).project_batch(X, warm_start=result)")
     if isinstance(S, Polyhedron):
         generic = (backend not in (_UNSET, "auto") or bool(settings) or not polish or tol != 1e-9
                    or max_polish_iter is not None)

@@ -7,6 +7,7 @@ Python int past int64 as a setting escaped as a TypeError from the backend's con
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -214,3 +215,50 @@ def test_admm_on_array_api_strict_without_the_polish():
         np.testing.assert_allclose(np.asarray(got.y), ref.y, atol=1e-12)
     exact = pp.project(X, poly)
     np.testing.assert_allclose(ref.y, exact.y, atol=1e-4)
+
+
+def test_a_time_limit_hit_by_some_points_caps_the_polish(monkeypatch):
+    """Points the backend's time_limit cut short got the full polish rounds after the limit whenever others had
+    finished (the cap applied only when every point was late): 7 s after a limit of 0.05 s on 2,000 points."""
+    from dataclasses import replace
+
+    from polyproj.backends.daqp import DAQPSolver
+    from polyproj.projection import pipeline
+
+    real_start, real_polish = DAQPSolver.solve_projections, pipeline._polish
+    rounds = []
+
+    def half_late(self, X, data, **kw):
+        st = real_start(self, X, data, **kw)
+        status = tuple(pp.Status.TIME_LIMIT if i % 2 else s for i, s in enumerate(st.status))
+        return replace(st, status=status)
+
+    def counted(X, data, start, opts, r, **kw):
+        rounds.append(r)
+        return real_polish(X, data, start, opts, r, **kw)
+
+    monkeypatch.setattr(DAQPSolver, "solve_projections", half_late)
+    monkeypatch.setattr(pipeline, "_polish", counted)
+    rng = np.random.default_rng(0)
+    poly = pp.Polyhedron(A=rng.normal(size=(40, 10)), a=rng.uniform(0.1, 1.0, 40), lb=-np.ones(10), ub=np.ones(10))
+    X = 2 * rng.normal(size=(300, 10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)  # "time_limit reached": the late points not verified
+        res = pp.project(X, poly, backend="daqp", structured=False, max_polish_iter=50)  # (the pipeline)
+    assert rounds and max(rounds) <= pipeline.LATE_ROUNDS
+    ok = np.asarray([s.ok for s in res.status])
+    ref = pp.project(X, poly)
+    np.testing.assert_allclose(res.y[ok], ref.y[ok], atol=1e-9)  # what it calls solved is the projection
+
+
+def test_project_refuses_a_result_as_warm_start_briefly_and_a_bool_polish_count():
+    P = pp.Polyhedron(B=np.ones((1, 3)), b=[1.0], lb=np.zeros(3), ub=np.full(3, 0.8))
+    X = np.random.default_rng(0).normal(size=(200, 3))
+    res = pp.project(X, P, structured=False)
+    with pytest.raises(pp.ProblemError, match=r"warm_start is the backend's on/off setting.*project_batch") as err:
+        pp.project(X, P, warm_start=res)
+    assert len(str(err.value)) < 300
+    again = pp.sets.Polyhedral(P).project_batch(X, warm_start=res)
+    np.testing.assert_allclose(again.y, res.y, atol=1e-12)
+    with pytest.raises(pp.ProblemError, match="max_polish_iter must be an integer"):
+        pp.project(X, P, max_polish_iter=True)

@@ -158,3 +158,29 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_recognised_layer_checks_dtypes_like_the_general_path():
+    """A float32 simplex layer (recognised) took float64 x and returned float64, where one more constraint (the
+    general path) raised: both raise."""
+    from polyproj.adapters.torch import ProjectionLayer
+
+    x = torch.randn(3, 4, dtype=DT)
+    for structured in (True, False):
+        layer = ProjectionLayer(B=[[1.0] * 4], b=[1.0], lb=[0.0] * 4, dtype=torch.float32, structured=structured)
+        assert (layer.set is not None) == structured
+        with pytest.raises(pp.ProblemError, match="B has dtype torch.float32 but x has torch.float64"):
+            layer(x)
+        assert layer(x.float()).dtype == torch.float32
+
+
+def test_the_layer_s_flags_must_be_booleans():
+    from polyproj.adapters.torch import ProjectionLayer
+
+    P = pp.Polyhedron(B=np.ones((1, 4)), b=[1.0], lb=np.zeros(4))
+    with pytest.raises(pp.ProblemError, match="structured must be True or False"):
+        ProjectionLayer(P, structured="no")
+    with pytest.raises(pp.ProblemError, match="warm_start must be True or False"):
+        ProjectionLayer(P, warm_start="no")
+    with pytest.raises(pp.ProblemError, match="structured must be True or False"):
+        project(torch.zeros(1, 4, dtype=DT), P, structured="no")

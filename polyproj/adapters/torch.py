@@ -23,13 +23,14 @@ from torch import nn
 from torch.autograd import forward_ad as _forward_ad
 
 from .. import registry
+from ..api import check_flags
 from ..errors import InfeasibleError, ProblemError
 from ..problem import Polyhedron
 from ..projection.pipeline import UNVERIFIED_VIOLATION, violates
 from ..runtime import is_vmapped, small_work
 from ..sets.base import Projector, as_namespace, third_party
 from ..sets.detect import recognise
-from ..sets.polyhedral import PARTS, Polyhedral, polydata_from_arrays
+from ..sets.polyhedral import PARTS, Polyhedral, _as_like, polydata_from_arrays
 
 __all__ = ["ProjectionLayer", "choose_backend", "project"]
 
@@ -798,6 +799,7 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
     >>> y[0, 0].backward(); x.grad
     tensor([[ 0.5000, -0.5000,  0.0000]], dtype=torch.float64)
     """
+    check_flags(structured=structured)
     y, _ = _project(x, S, dict(A=A, a=a, B=B, b=b, lb=lb, ub=ub), backend, settings, None, structured)
     return y
 
@@ -949,6 +951,7 @@ class ProjectionLayer(nn.Module):
         if dtype not in (torch.float32, torch.float64):
             raise ProblemError(f"dtype must be torch.float32 or torch.float64 (the constraint data's storage, the "
                                f"dtypes the projection computes in), got {dtype!r}")
+        check_flags(warm_start=warm_start, structured=structured)
         self.warm_start, self._last = bool(warm_start), None
         if isinstance(learn, str):  # one name, not its letters
             learn = (learn,)
@@ -1067,6 +1070,9 @@ class ProjectionLayer(nn.Module):
         warm = self._last if self.warm_start and getattr(self, "_last_general", general) == general else None
         self._last_general = general
         if self.set is not None and not general:
+            for k, v in parts.items():  # the general path's rule (one dtype and device for x and the data)
+                if isinstance(v, torch.Tensor):
+                    _as_like(v, k, x)
             y, res = _project(x, self.set, dict.fromkeys(PARTS), "auto", {}, warm)
         else:
             if isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[-1] != self.n:  # x is what is wrong here

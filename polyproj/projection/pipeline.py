@@ -129,7 +129,7 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     else:
         late = _with_status(X, start, Status.TIME_LIMIT)
         rounds = _rounds(opts, solver, start, X.shape[1])
-        if bool(array_namespace(X).all(late)):  # the caller's time is spent: a short polish, no fallback
+        if bool(array_namespace(X).any(late)):  # the caller's time is spent: a short polish, no fallback for the late
             rounds = min(rounds, LATE_ROUNDS)
         pol = _polish(X, data, start, opts, rounds, handoff=_handoff(X, opts, solver, start))
         out = _output(data, start, pol, solver.name)
@@ -665,8 +665,8 @@ def _host_floats(v: Any) -> list[float]:
     return [float(b) for b in (v.tolist() if hasattr(v, "tolist") else list(v))]
 
 
-#: polish rounds from a start the backend's ``time_limit`` cut short everywhere (the polish verifies a start
-#: that is good enough at once; more rounds from a poor one spent seconds after a limit of 0.01 s)
+#: polish rounds when the backend's ``time_limit`` cut some start short (the polish verifies a start that is good
+#: enough at once; more rounds from poor ones spend seconds after the caller's limit)
 LATE_ROUNDS = 2
 
 

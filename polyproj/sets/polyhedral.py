@@ -97,7 +97,8 @@ class Polyhedral(Projector):
             raise ProblemError(f"tol must be a positive number, got {tol!r}")
         if not isinstance(polish, (bool, np.bool_)):  # polish="no" is truthy: it polished
             raise ProblemError(f"polish must be True or False, got {polish!r}")
-        if max_polish_iter is not None and (not isinstance(max_polish_iter, (int, np.integer)) or max_polish_iter < 0):
+        if max_polish_iter is not None and (not isinstance(max_polish_iter, (int, np.integer))
+                                            or isinstance(max_polish_iter, (bool, np.bool_)) or max_polish_iter < 0):
             raise ProblemError(f"max_polish_iter must be an integer >= 0, got {max_polish_iter!r}")
         self.auto = backend == "auto"
         self.settings = dict(settings)
