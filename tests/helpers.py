@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 import polyproj as pp
@@ -98,3 +100,25 @@ def assert_active_sets_agree_up_to_weak_rows(P: pp.Polyhedron, Y: np.ndarray, re
     bad = differ & ~weak
     assert not bad.any(), (f"active sets differ on rows that are not weakly active: {np.argwhere(bad)[:5]}, "
                            f"slack {slack[bad][:5]}, multipliers {[lam[bad][:5] for lam in lams]}")
+
+
+FAKE_DIST = """
+Metadata-Version: 2.1
+Name: polyproj-fake-solver
+Version: 0.0.1
+"""
+
+
+def installed_entry_point(tmp_path, monkeypatch, entry: str) -> None:
+    """An installed distribution on ``tmp_path`` with the backend entry point ``entry`` ("name = module:Class").
+
+    No name is warned about yet (the registry's record of hidden names is emptied for the test).
+    """
+    from polyproj import registry
+
+    dist = tmp_path / "polyproj_fake_solver-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
+    (dist / "entry_points.txt").write_text(f"[polyproj.backends]\n{entry}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_WARNED_HIDDEN", set())

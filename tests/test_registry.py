@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import polyproj as pp
+from tests.helpers import installed_entry_point
 from tests.toy_backend import ToyKKTSolver
 
 
@@ -76,11 +77,6 @@ def test_register_rejects_non_solvers():
         pp.register_backend("bad", object)
 
 
-FAKE_DIST = """
-Metadata-Version: 2.1
-Name: polyproj-fake-solver
-Version: 0.0.1
-"""
 
 
 @pytest.mark.core
@@ -89,11 +85,7 @@ def test_entry_point_backend_is_discovered_and_solves(tmp_path, rng, monkeypatch
     pkg = tmp_path / "fake_polyproj_solver"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("from tests.toy_backend import ToyKKTSolver as FakeSolver\n")
-    dist = tmp_path / "polyproj_fake_solver-0.0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
-    (dist / "entry_points.txt").write_text("[polyproj.backends]\nfakesolver = fake_polyproj_solver:FakeSolver\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    installed_entry_point(tmp_path, monkeypatch, "fakesolver = fake_polyproj_solver:FakeSolver")
     info = {row.name: row for row in pp.backend_info()}
     assert info["fakesolver"].available and info["fakesolver"].source == "entry point"
     qp, _, _ = _eq_qp(rng)
@@ -345,15 +337,8 @@ def test_solve_qp_takes_warm_start_false_as_the_setting():
 
 
 def _ipm_entry_point(tmp_path, monkeypatch, target: str) -> None:
-    """An installed distribution whose entry point ``ipm`` points at ``target``; no name warned about yet."""
-    from polyproj import registry
-
-    dist = tmp_path / "polyproj_fake_solver-0.0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
-    (dist / "entry_points.txt").write_text(f"[polyproj.backends]\nipm = {target}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_WARNED_HIDDEN", set())
+    """An installed distribution whose entry point ``ipm`` points at ``target``."""
+    installed_entry_point(tmp_path, monkeypatch, f"ipm = {target}")
 
 
 @pytest.mark.core

@@ -14,13 +14,8 @@ import pytest
 
 import polyproj as pp
 from polyproj import registry
+from tests.helpers import installed_entry_point
 from tests.toy_backend import ToyKKTSolver
-
-FAKE_DIST = """
-Metadata-Version: 2.1
-Name: polyproj-s46-plugin
-Version: 0.0.1
-"""
 
 
 def _box_qp() -> pp.QP:
@@ -253,23 +248,23 @@ def test_demo_without_torch_skips_the_torch_sections():
 
 
 # --------------------------------------------------------------------------- 8: a plugin registering its own class
-def _plugin(tmp_path, monkeypatch, entry: str) -> None:
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """A package s46_plugin (MySolver defined in s46_plugin._impl, re-exported) installed with the entry point
+    ``s46plug = s46_plugin:MySolver``; its modules forgotten afterwards."""
     pkg = tmp_path / "s46_plugin"
     pkg.mkdir()
     (pkg / "_impl.py").write_text("from tests.toy_backend import ToyKKTSolver\n\n\nclass MySolver(ToyKKTSolver):\n"
                                   "    name = 's46plug'\n")
     (pkg / "__init__.py").write_text("from ._impl import MySolver\n")
-    dist = tmp_path / "polyproj_s46_plugin-0.0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(textwrap.dedent(FAKE_DIST).lstrip())
-    (dist / "entry_points.txt").write_text(f"[polyproj.backends]\n{entry}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_WARNED_HIDDEN", set())
+    installed_entry_point(tmp_path, monkeypatch, "s46plug = s46_plugin:MySolver")
+    yield
+    sys.modules.pop("s46_plugin", None)
+    sys.modules.pop("s46_plugin._impl", None)
 
 
-def test_a_plugin_registering_its_re_exported_class_is_not_warned_about(tmp_path, monkeypatch):
+def test_a_plugin_registering_its_re_exported_class_is_not_warned_about(plugin):
     """The entry point s46_plugin:MySolver names the class defined in s46_plugin._impl: the same object."""
-    _plugin(tmp_path, monkeypatch, "s46plug = s46_plugin:MySolver")
     import s46_plugin
 
     pp.register_backend("s46plug", s46_plugin.MySolver)
@@ -279,12 +274,9 @@ def test_a_plugin_registering_its_re_exported_class_is_not_warned_about(tmp_path
             assert isinstance(pp.get_backend("s46plug"), s46_plugin.MySolver)
     finally:
         pp.unregister_backend("s46plug")
-        sys.modules.pop("s46_plugin", None)
-        sys.modules.pop("s46_plugin._impl", None)
 
 
-def test_a_run_time_registration_of_another_class_is_still_warned_about(tmp_path, monkeypatch):
-    _plugin(tmp_path, monkeypatch, "s46plug = s46_plugin:MySolver")
+def test_a_run_time_registration_of_another_class_is_still_warned_about(plugin):
     import s46_plugin  # noqa: F401
 
     pp.register_backend("s46plug", ToyKKTSolver)
@@ -293,13 +285,10 @@ def test_a_run_time_registration_of_another_class_is_still_warned_about(tmp_path
             pp.get_backend("s46plug")
     finally:
         pp.unregister_backend("s46plug")
-        sys.modules.pop("s46_plugin", None)
-        sys.modules.pop("s46_plugin._impl", None)
 
 
 # --------------------------------------------------------------------------- 6: resolutions are cached
-def test_entry_point_and_path_backends_are_resolved_once(tmp_path, monkeypatch):
-    _plugin(tmp_path, monkeypatch, "s46plug = s46_plugin:MySolver")
+def test_entry_point_and_path_backends_are_resolved_once(plugin, monkeypatch):
     listings = [0]
     real = registry._entry_points
 
@@ -308,43 +297,34 @@ def test_entry_point_and_path_backends_are_resolved_once(tmp_path, monkeypatch):
         return real()
 
     monkeypatch.setattr(registry, "_entry_points", counted)
-    try:
-        for name in ("s46plug", "tests.toy_backend:ToyKKTSolver"):
-            pp.get_backend(name)
-            before = listings[0]
-            for _ in range(3):
-                pp.get_backend(name)
-            assert listings[0] == before, name
-        gen = registry.generation
-        pp.register_backend("s46_other", ToyKKTSolver)  # a registration may hide a name: resolved again
-        assert registry.generation == gen + 1
+    for name in ("s46plug", "tests.toy_backend:ToyKKTSolver"):
+        pp.get_backend(name)
         before = listings[0]
-        assert type(pp.get_backend("s46plug")).__name__ == "MySolver"
-        assert listings[0] == before + 1
-        pp.unregister_backend("s46_other")
-        assert registry.generation == gen + 2
-        pp.unregister_backend("s46_other", missing_ok=True)  # nothing removed: nothing changed
-        assert registry.generation == gen + 2
-    finally:
-        sys.modules.pop("s46_plugin", None)
-        sys.modules.pop("s46_plugin._impl", None)
+        for _ in range(3):
+            pp.get_backend(name)
+        assert listings[0] == before, name
+    gen = registry.generation
+    pp.register_backend("s46_other", ToyKKTSolver)  # a registration may hide a name: resolved again
+    assert registry.generation == gen + 1
+    before = listings[0]
+    assert type(pp.get_backend("s46plug")).__name__ == "MySolver"
+    assert listings[0] == before + 1
+    pp.unregister_backend("s46_other")
+    assert registry.generation == gen + 2
+    pp.unregister_backend("s46_other", missing_ok=True)  # nothing removed: nothing changed
+    assert registry.generation == gen + 2
 
 
-def test_a_run_time_registration_replaces_a_cached_entry_point(tmp_path, monkeypatch):
-    _plugin(tmp_path, monkeypatch, "s46plug = s46_plugin:MySolver")
-    try:
-        assert type(pp.get_backend("s46plug")).__name__ == "MySolver"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", pp.PolyprojWarning)  # the entry point is hidden: said once
-            pp.register_backend("s46plug", ToyKKTSolver)
-            try:
-                assert type(pp.get_backend("s46plug")) is ToyKKTSolver
-            finally:
-                pp.unregister_backend("s46plug")
-        assert type(pp.get_backend("s46plug")).__name__ == "MySolver"
-    finally:
-        sys.modules.pop("s46_plugin", None)
-        sys.modules.pop("s46_plugin._impl", None)
+def test_a_run_time_registration_replaces_a_cached_entry_point(plugin):
+    assert type(pp.get_backend("s46plug")).__name__ == "MySolver"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.PolyprojWarning)  # the entry point is hidden: said once
+        pp.register_backend("s46plug", ToyKKTSolver)
+        try:
+            assert type(pp.get_backend("s46plug")) is ToyKKTSolver
+        finally:
+            pp.unregister_backend("s46plug")
+    assert type(pp.get_backend("s46plug")).__name__ == "MySolver"
 
 
 # --------------------------------------------------------------------------- 10: batch messages

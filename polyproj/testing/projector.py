@@ -34,6 +34,7 @@ import numpy as np
 
 from ..backends.projection import to_host
 from .check import CheckReport, PropertyResult, check_arguments
+from .properties import finite_or_fail
 
 __all__ = ["BOUNDARY_DISTANCES", "boundary_points", "check_projector", "projector_points"]
 
@@ -51,7 +52,7 @@ def _center_scale(S: Any, P: Any) -> tuple[np.ndarray, float]:
     from .properties import ineq_form
 
     y0 = np.asarray(S.project(np.zeros(S.n)).y, dtype=float).reshape(-1)
-    _finite_or_fail(np.zeros((1, S.n)), y0[None, :])
+    finite_or_fail(np.zeros((1, S.n)), y0[None, :])
     G, h = ineq_form(P)
     norm = np.linalg.norm(G, axis=1) if G.size else np.zeros(0)
     ok = np.isfinite(h) & (norm > 0)
@@ -70,14 +71,6 @@ def _unit(sc: float) -> float:
     A set of size 1e-6 held to ``tol · (1 + |x|)`` had a tolerance a million times its own rounding level.
     """
     return min(1.0, sc)
-
-
-def _finite_or_fail(X: np.ndarray, Y: np.ndarray) -> None:
-    """An AssertionError naming the first point whose projection is not finite (NaN answers are failures)."""
-    bad = ~np.all(np.isfinite(Y.reshape(Y.shape[0], -1)), axis=1)
-    if np.any(bad):
-        i = int(np.flatnonzero(bad)[0])
-        raise AssertionError(f"the set returned NaN (or inf) at x = {X[i].tolist()}: y = {Y[i].tolist()}")
 
 
 #: distances of the points near the boundary, relative to the set's scale (:func:`boundary_points`): down to
@@ -126,7 +119,7 @@ def _sampled(S: Any, rng: np.random.Generator, count: int, P: Any = None) -> tup
     X = [y0 + sc * s * rng.standard_normal((k, S.n)) for s in (0.1, 1.0, 5.0)]
     outer = np.vstack(X[1:])
     Y_outer = np.asarray(S.project(outer).y, dtype=float).reshape(outer.shape)  # once, for both uses
-    _finite_or_fail(outer, Y_outer)
+    finite_or_fail(outer, Y_outer)
     ties = sc * np.round(X[1] / sc * 2) / 2  # multiples of half the scale: many equal coordinates
     near = boundary_points(S, outer, sc, max(count // 4, 2), Y=Y_outer)
     # far points (FAR_SCALES times the set's scale, along the unit-scale samples' directions, no new draws): a
@@ -201,7 +194,7 @@ def _agreement(S: Any, P: Any, X: np.ndarray, backend: Any, tol: float, unit: fl
     from ..api import project
 
     got = np.asarray(S.project(X).y, dtype=float).reshape(X.shape)
-    _finite_or_fail(X, got)
+    finite_or_fail(X, got)
     ref = project(X, P, backend=backend, eps_abs=1e-10)
     scale = unit + np.abs(X).max(axis=1)
     err = np.abs(got - ref.y).max(axis=1) / scale
@@ -291,7 +284,7 @@ def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float, unit: float = 1.0) ->
 
     res = S.project(X)
     ref = np.asarray(res.y, dtype=float)
-    _finite_or_fail(X, ref)
+    finite_or_fail(X, ref)
     act = np.asarray(res.active, dtype=bool).reshape(X.shape[0], -1)
     exact = np.array([exact_certificate(P, X[i], ref[i], act[i]) for i in range(X.shape[0])], dtype=bool)
     allowed = np.where(exact, 1e-12, tol) * (unit + np.abs(X).max(axis=1))  # each point at its own scale
@@ -365,7 +358,7 @@ def _float32(S: Any, X: np.ndarray, unit: float = 1.0) -> dict[str, int]:
     A set that computed in float64 and returned it, or was off only in float32, passed every float64 check.
     """
     ref = np.asarray(S.project(X).y, dtype=float)
-    _finite_or_fail(X, ref)
+    finite_or_fail(X, ref)
     allowed = FLOAT32_TOL * (unit + np.abs(X).max(axis=1))
     inputs = [("NumPy", X.astype(np.float32))]
     try:

@@ -71,6 +71,14 @@ def _arr(v: np.ndarray, digits: int = 6) -> str:
                            suppress_small=True, max_line_width=200)
 
 
+def finite_or_fail(X: np.ndarray, Y: np.ndarray) -> None:
+    """An AssertionError naming the first point whose projection is not finite (NaN answers are failures)."""
+    bad = ~np.all(np.isfinite(Y.reshape(Y.shape[0], -1)), axis=1)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise AssertionError(f"the set returned NaN (or inf) at x = {X[i].tolist()}: y = {Y[i].tolist()}")
+
+
 def project_checked(X: np.ndarray, P: Polyhedron, backend: Any) -> ProjectionResult:
     """``pp.project`` on a batch; a refused polish (unverifiable KKT) is an AssertionError.
 
@@ -84,9 +92,8 @@ def project_checked(X: np.ndarray, P: Polyhedron, backend: Any) -> ProjectionRes
         warnings.simplefilter("always")
         res = backend.project(X2) if isinstance(backend, Projector) else project(X2, P, backend=backend)
     Y = np.asarray(res.y, dtype=float).reshape(X2.shape[0], -1)
-    if isinstance(backend, Projector) and not np.all(np.isfinite(Y)):  # a set's NaN: its failure, named as such
-        bad = int(np.flatnonzero(~np.all(np.isfinite(Y), axis=1))[0])
-        raise AssertionError(f"the set returned NaN (or inf) at x = {_arr(X2[bad])}: y = {_arr(Y[bad])}")
+    if isinstance(backend, Projector):  # a set's NaN: its failure, named as such
+        finite_or_fail(X2, Y)
     if not np.all(res.polished):
         bad = int(np.flatnonzero(~np.asarray(res.polished))[0])
         got = Y[bad] if res.solution is None else res.solution.x[bad]  # a closed-form result has no solution
