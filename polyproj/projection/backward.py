@@ -54,7 +54,7 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
         face = info.faces[0].face
         Jg, r, Mr = face.vjp(g)
         rA, rB = expand_rows(face.rows, r)
-        return VJPParts(_exact_zero(xp, Jg, g), rA, rB, Mr, at_lb, at_ub)
+        return VJPParts(_exact_zero(xp, Jg, g, Mr), rA, rB, Mr, at_lb, at_ub)
     Jg, Mr = xp.zeros_like(g), xp.zeros_like(g)
     rA = xp.zeros((batch, m), dtype=g.dtype, device=_device(g))
     rB = xp.zeros((batch, p), dtype=g.dtype, device=_device(g))
@@ -78,7 +78,7 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
         rA_r, rB_r = expand_rows(face.rows, r)
         Jg, Mr = put_rows(xp, Jg, rest, Jg_r), put_rows(xp, Mr, rest, Mr_r)
         rA, rB = put_rows(xp, rA, rest, rA_r), put_rows(xp, rB, rest, rB_r)
-    return VJPParts(_exact_zero(xp, Jg, g), rA, rB, Mr, at_lb, at_ub)
+    return VJPParts(_exact_zero(xp, Jg, g, Mr), rA, rB, Mr, at_lb, at_ub)
 
 
 def _one_face(xp: Any, info: Any) -> bool:
@@ -91,20 +91,22 @@ def _flat(xp: Any, G: Any, n: int) -> Any:
     return G if G.ndim == 2 else xp.reshape(G, (G.shape[0], n))
 
 
-#: ``J g`` at most this many machine epsilons of ``|g|`` is rounding: set to 0 (:func:`_exact_zero`)
+#: an entry of ``J g`` at most this many machine epsilons of its own terms is rounding: set to 0 (:func:`_exact_zero`)
 JG_ROUNDING = 1e3
 
 
-def _exact_zero(xp: Any, Jg: Any, g: Any) -> Any:
-    """``J g`` with the rows at rounding level set to exactly 0.
+def _exact_zero(xp: Any, Jg: Any, g: Any, Mr: Any) -> Any:
+    """``J g`` with the entries at rounding level set to exactly 0.
 
     At a vertex ``J = 0``, but ``g − Mᵀr`` leaves ~eps |g|; the gradient of ``A`` multiplies it by the row's
     multiplier (~|x|), and a point 1e12 away got ``dL/dA`` wrong by 1e-3 relative (``−λ (Jg)ᵀ`` against the
-    exact ``−r yᵀ``). Zeroing what lies below :data:`JG_ROUNDING` eps |g| changes no genuine product by more
-    than its own rounding.
+    exact ``−r yᵀ``). Entry ``i`` is ``f_i (g_i − (Mᵀr)_i)``: its rounding is a few eps ``(|g_i| + |(Mᵀr)_i|)``
+    (times the face's conditioning), so what lies below :data:`JG_ROUNDING` eps of those two terms is set to 0,
+    entry by entry. Against the largest ``|g|`` of the row instead, a gradient 1e13 on a fixed coordinate
+    zeroed an exact ``J g = (0, 1, 1)`` on the free ones.
     """
     eps = machine_eps(xp, Jg.dtype)
-    small = xp.max(xp.abs(Jg), axis=1, keepdims=True) <= JG_ROUNDING * eps * xp.max(xp.abs(g), axis=1, keepdims=True)
+    small = xp.abs(Jg) <= JG_ROUNDING * eps * (xp.abs(g) + xp.abs(Mr))
     return xp.where(small, xp.zeros_like(Jg), Jg)
 
 
@@ -115,7 +117,8 @@ def hs_vjp(info: Any, G: Any) -> Any:
         return xp.astype(vjp_parts(info, G).Jg, G.dtype)
     # one face for the batch: J g alone (the row gradients and bound masks are for the data's gradients)
     g = xp.astype(_flat(xp, G, info.data.n), info.data.A.dtype)
-    return xp.astype(_exact_zero(xp, info.faces[0].face.vjp(g)[0], g), G.dtype)
+    Jg, _, Mr = info.faces[0].face.vjp(g)
+    return xp.astype(_exact_zero(xp, Jg, g, Mr), G.dtype)
 
 
 def data_vjp(info: Any, G: Any, names: tuple[str, ...], ndims: dict[str, int], parts: VJPParts | None = None,
