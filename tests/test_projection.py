@@ -1171,9 +1171,11 @@ def test_a_row_through_the_origin_does_not_judge_a_point_near_it_on_its_own_size
         assert np.isfinite(big.distance_size)
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (README, 'nearly parallel rows at an apex'): a KKT point at the "
+@pytest.mark.xfail(strict=False, reason="known limit (README, 'nearly parallel rows at an apex'): a KKT point at the "
                    "tolerance lies ~tol/θ from the set when rows meet at an angle θ; at a cone's apex the face "
-                   "with multipliers ~2/θ is not verified at the rounding scale of |x|, x itself is SOLVED")
+                   "with multipliers ~2/θ is not verified at the rounding scale of |x|, x itself is SOLVED. Not "
+                   "strict: whether DAQP's answer there is exact depends on the machine's rounding (exact, 6e-14, "
+                   "on one AMD EPYC VM; x returned on another)")
 def test_nearly_parallel_rows_at_a_cone_apex():
     th = 2.0 ** -30
     A, B = np.array([[-1.0 + th, -1.0]]), np.array([[1.0, 1.0]])
