@@ -24,7 +24,7 @@ from torch.autograd import forward_ad as _forward_ad
 
 from .. import registry
 from ..api import check_flags
-from ..errors import InfeasibleError, ProblemError
+from ..errors import InfeasibleError, ProblemError, SettingsError
 from ..problem import Polyhedron
 from ..projection.pipeline import UNVERIFIED_VIOLATION, violates
 from ..runtime import is_vmapped, small_work
@@ -59,9 +59,17 @@ def _eager_under_compile(fn: Any) -> Any:
 
 
 def choose_backend(x: torch.Tensor, shared: bool) -> str:
-    """The ``backend="auto"`` rule for ``x`` (:func:`polyproj.backends.defaults.auto_projection`)."""
+    """The ``backend="auto"`` rule for ``x`` (:func:`polyproj.backends.defaults.auto_projection`).
+
+    ``x``: a tensor of points, shape (..., n) with n >= 1; ``shared``: whether the constraint matrices are shared
+    by the batch (True or False).
+    """
     from ..backends.defaults import auto_projection
 
+    if not isinstance(x, torch.Tensor) or x.ndim < 1 or x.shape[-1] == 0:
+        raise ProblemError("choose_backend: x must be a torch.Tensor of points, shape (..., n) with n >= 1, got "
+                           + (f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__))
+    check_flags(shared=shared)
     batch = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
     return auto_projection(shared, batch, x.device.type == "cpu", n=int(x.shape[-1]))
 
@@ -642,6 +650,40 @@ def _refuse_meta(tensors: dict[str, Any]) -> None:
             raise ProblemError(f"{name} is on the 'meta' device: it has a shape but no values to project with")
 
 
+def _refuse_inference(tensors: dict[str, Any]) -> None:
+    """Constraint data made under ``torch.inference_mode`` that require grad, used outside it: a ProblemError.
+
+    Autograd cannot record an inference tensor outside inference mode (torch's own error came from deep in the
+    validation: "abs(): functions with out=... arguments don't support automatic differentiation").
+    """
+    if torch.is_inference_mode_enabled():
+        return
+    bad = [k for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.is_inference() and v.requires_grad]
+    if bad:
+        raise ProblemError(f"the constraint data {', '.join(bad)} are inference tensors (made under "
+                           "torch.inference_mode) that require grad: autograd cannot record them outside inference "
+                           "mode. Create them (build the ProjectionLayer) outside torch.inference_mode, or replace "
+                           f"each by a copy made outside it (layer.{bad[0]} = "
+                           f"torch.nn.Parameter(layer.{bad[0]}.clone()))")
+
+
+def _refuse_unpolished(settings: dict, S: Any = None) -> None:
+    """``polish=False`` (a setting, or a Polyhedral set built with it) is refused: a SettingsError.
+
+    The adapter's outputs are the polished exact projections (feasible to rounding whatever the backend's
+    tolerance) and its backward the HS-Jacobian of their verified faces; without the polish an output is the
+    backend's point at its tolerance, off the projection by as much (1.4e-2 at the IPM's ``eps_abs=1e-3``) with
+    the gradient of a guessed face (zero where it is 1), silently; ``pp.project(..., polish=False)`` gives it.
+    """
+    p, whose = settings.get("polish", True), ""
+    if isinstance(S, Polyhedral) and not S.options.polish:
+        p, whose = False, " (the Polyhedral set's)"
+    if not (isinstance(p, (bool, np.bool_)) and p):
+        raise SettingsError(f"polish={p!r}{whose} is not a setting of the torch adapter: its outputs are the polished "
+                            "exact projections and its backward differentiates their verified faces; "
+                            "pp.project(..., polish=False) gives a backend's raw answer (not differentiable)")
+
+
 def _check_x(x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise ProblemError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -651,6 +693,11 @@ def _check_x(x: Any) -> torch.Tensor:
         raise ProblemError("torch.jit.trace and torch.export cannot record the projection layer (its forward runs "
                            "solvers outside torch); torch.compile works (the layer is a graph break)")
     _refuse_meta({"x": x})
+    if x.is_nested:
+        raise ProblemError("x is a nested tensor: the projection takes one tensor of points (..., n); project each "
+                           "component, or pad / stack them into one tensor")
+    if x.layout != torch.strided:  # sparse (COO, CSR, ...): used dense, as sparse constraint data are (_dense)
+        x = x.to_dense()
     if x.dtype not in (torch.float32, torch.float64):
         raise ProblemError(f"x must be float32 or float64, got {x.dtype}")
     if x.ndim < 1 or x.shape[-1] == 0:
@@ -775,6 +822,7 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
         Polyhedra only: ``tol`` (polish KKT tolerance, default 1e-9), ``max_polish_iter``,
         ``polish_block_iter``, ``fallback`` (backend for what a start-only backend leaves), and backend
         settings (``eps_abs``, ``max_iter``, ..., and backend options such as the ADMM's ``rho``).
+        ``polish=False`` is refused (SettingsError): the outputs are the polished exact projections.
 
     Returns
     -------
@@ -813,6 +861,8 @@ def _project(x: Any, S: Any, parts: dict, backend: str, settings: dict, warm: An
     """:func:`project` with a warm start; returns the projection and the result (for the next warm start)."""
     x = _check_x(x)
     _refuse_meta(dict(parts, S=None, A=S if isinstance(S, torch.Tensor) else parts["A"]))  # a tensor S is A
+    _refuse_inference(dict(parts, A=S if isinstance(S, torch.Tensor) else parts["A"]))
+    _refuse_unpolished(settings, S)
     a, B, b, lb, ub, A = (parts[k] for k in ("a", "B", "b", "lb", "ub", "A"))
     forward: tuple[str, ...] = ()
     if isinstance(S, (Projector, Polyhedron)):
@@ -902,6 +952,29 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
+def _validated(host: dict[str, Any], dependent: bool) -> Polyhedron:
+    """The layer's data (host arrays by part) as a validated :class:`~polyproj.problem.Polyhedron`.
+
+    Bounds that cross (``lb > ub``, each valid on its own) are an empty polyhedron: an InfeasibleError, as on
+    :func:`project`'s path (:func:`~polyproj.sets.polyhedral.polydata_from_arrays`), not the Polyhedron's
+    ProblemError.
+    """
+    try:
+        return Polyhedron(**host, allow_dependent_rows=dependent)
+    except ProblemError:
+        if host.get("lb") is None or host.get("ub") is None:
+            raise
+        # the data validated with one bound at a time: any other error is raised as the Polyhedron words it
+        lo = Polyhedron(**dict(host, ub=None), allow_dependent_rows=dependent).lb
+        hi = Polyhedron(**dict(host, lb=None), allow_dependent_rows=dependent).ub
+        bad = np.flatnonzero(lo > hi) if lo.shape == hi.shape else ()  # (shapes that disagree: the error raised)
+        if not len(bad):
+            raise
+        i = int(bad[0])
+        raise InfeasibleError(f"lb[{i}] = {lo[i]:g} > ub[{i}] = {hi[i]:g} ({len(bad)} such coordinates): the bounds "
+                              "cross, so the polyhedron is empty") from None
+
+
 class ProjectionLayer(nn.Module):
     """``nn.Module`` projecting its input onto a set.
 
@@ -927,8 +1000,12 @@ class ProjectionLayer(nn.Module):
     structured : bool
         Constraint data (nothing learned) that describe a structured set are projected by that set
         (:mod:`polyproj.sets.detect`), as in :func:`project`.
+    allow_dependent_rows : bool
+        Accept equality rows ``B`` that are linearly dependent (consistent ones: a set whose structure implies
+        them, e.g. all the row and column sums of the Birkhoff polytope), as :func:`project` does; by default
+        the layer validates B of full row rank (:class:`~polyproj.problem.Polyhedron`) and names them.
     **settings
-        As in :func:`project`.
+        As in :func:`project` (``polish=False`` is refused: the outputs are the polished exact projections).
 
     Examples
     --------
@@ -946,29 +1023,35 @@ class ProjectionLayer(nn.Module):
     def __init__(self, S: Any = None, a: Any = None, B: Any = None, b: Any = None, lb: Any = None, ub: Any = None,
                  *, A: Any = None, learn: tuple[str, ...] | list[str] = (), dtype: torch.dtype = torch.float64,
                  backend: str = "auto", warm_start: bool = False, structured: bool = True,
-                 **settings: Any) -> None:
+                 allow_dependent_rows: bool = False, **settings: Any) -> None:
         super().__init__()
         if dtype not in (torch.float32, torch.float64):
             raise ProblemError(f"dtype must be torch.float32 or torch.float64 (the constraint data's storage, the "
                                f"dtypes the projection computes in), got {dtype!r}")
-        check_flags(warm_start=warm_start, structured=structured)
+        check_flags(warm_start=warm_start, structured=structured, allow_dependent_rows=allow_dependent_rows)
         self.warm_start, self._last = bool(warm_start), None
         if isinstance(learn, str):  # one name, not its letters
             learn = (learn,)
-        unknown = set(learn) - set(PARTS)
+        try:  # materialised once: an iterator was consumed by the check below, and nothing was learned
+            learn = tuple(learn)
+            unknown = set(learn) - set(PARTS)
+        except TypeError:
+            raise ProblemError(f"learn takes an iterable of names among {PARTS}, got {learn!r}") from None
         if unknown:
-            raise ProblemError(f"learn takes names among {PARTS}, got {sorted(unknown)}")
+            raise ProblemError(f"learn takes names among {PARTS}, got {sorted(unknown, key=str)}")
+        _refuse_unpolished(settings)
         self.backend, self.settings = backend, settings
         if isinstance(S, Projector):  # a Polyhedral too: a fixed set with its own backend
             if learn or any(v is not None for v in (a, B, b, lb, ub, A)):
                 raise ProblemError(f"{type(S).__name__} has no constraint data to learn or give"
                                    + ("; to learn them give its Polyhedron or the tensors A, a, B, b, lb, ub"
                                       if isinstance(S, Polyhedral) else ""))
-            if backend != "auto" or settings:
+            if backend != "auto" or settings or allow_dependent_rows:
                 raise ProblemError(f"{type(S).__name__} carries its own method: backend and settings do not apply")
+            _refuse_unpolished({}, S)
             self.set, self.n = S, S.n
             return
-        self._dependent = isinstance(S, Polyhedron) and S.allow_dependent_rows
+        self._dependent = bool(allow_dependent_rows) or (isinstance(S, Polyhedron) and S.allow_dependent_rows)
         if isinstance(S, Polyhedron):
             if any(v is not None for v in (a, B, b, lb, ub, A)):
                 raise ProblemError(_SET_AND_DATA)
@@ -994,8 +1077,7 @@ class ProjectionLayer(nn.Module):
         missing = [k for k in learn if host.get(k) is None]
         if missing:
             raise ProblemError(f"learn names {missing}, which are not given: there is nothing to learn")
-        P = Polyhedron(**{k: host.get(k) for k in PARTS},  # validates shapes, NaN, rank of B, lb <= ub
-                       allow_dependent_rows=self._dependent)
+        P = _validated({k: host.get(k) for k in PARTS}, self._dependent)  # shapes, NaN, rank of B, lb <= ub
         self.n = P.n
         # the shapes the Polyhedron validated: a scalar right-hand side or bound is broadcast to its rows /
         # coordinates (the functional form takes a, b of shape (m,) only)
@@ -1051,7 +1133,7 @@ class ProjectionLayer(nn.Module):
                     raise ProblemError(f"the layer's {k} has dtype {v.dtype}: a layer's constraint data are float32 "
                                        "or float64 (.float() or .double())")
             host = {k: None if v is None else v.detach().cpu().numpy() for k, v in parts.items()}
-            self.set = recognise(Polyhedron(**host, allow_dependent_rows=self._dependent))
+            self.set = recognise(_validated(host, self._dependent))
             self._seen, self._last = self._buffer_state(), None
         return self.set
 
@@ -1093,8 +1175,8 @@ class ProjectionLayer(nn.Module):
         def rows(t):
             return 0 if t is None else int(t.shape[-2])
 
-        def fin(t):
-            return 0 if t is None else int(torch.isfinite(t).sum())
+        def fin(t):  # a meta tensor has a shape but no values to count: its shape
+            return 0 if t is None else f"meta{tuple(t.shape)}" if t.is_meta else int(torch.isfinite(t).sum())
 
         learned = [k for k, _ in self.named_parameters(recurse=False)]
         s = (f"n={self.n}, inequalities={rows(self.A)}, equalities={rows(self.B)}, lower bounds={fin(self.lb)}, "

@@ -22,8 +22,8 @@ sample) in one namespace, :func:`run`
    whose accurate solve failed (NUMERICAL_ERROR) is solved by the fallback backend, or by the next backend
    of :data:`~polyproj.backends.defaults.RETRY` not yet tried (:func:`_failed_retry`; also, keeping only
    what they verify, the samples a false infeasibility report left unsolved where other samples were
-   verified); what is still refused keeps the backend's point with an active set from both signals
-   (slack or multiplier), with a warning.
+   verified); what is still refused keeps the backend's point with the active set it shows at its own
+   accuracy (multiplier and slack, :func:`_unverified_active`), with a warning.
 
 Everything stays in the input's namespace and device; inequality rows are numbered as in
 :mod:`polyproj.polydata`.
@@ -460,8 +460,10 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
     cause = "; far points, |x| >> the polyhedron, or badly scaled data (rows or coordinates of very different sizes)"
     warnings.warn(f"polish refused for {bad} of {refused.shape[0]} points: the KKT conditions could not be "
                   "verified on the identified active set; those points keep the backend's accuracy "
-                  f"(backend {solver.name!r})" + (f"; {off} of them violate the constraints (status NUMERICAL_ERROR"
-                                                  f"{cause} cause this)" if off else ""),
+                  f"(backend {solver.name!r}), and their gradient (HS-Jacobian) is that of the approximate active "
+                  "set the backend's answer shows (multipliers and slacks at its accuracy), not the exact one"
+                  + (f"; {off} of them violate the constraints (status NUMERICAL_ERROR{cause} cause this)"
+                     if off else ""),
                   PolyprojWarning, stacklevel=5)
     return out
 
@@ -616,14 +618,24 @@ def _host_ints(v: Any) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- unpolished points
-def _both_signals(X, data: PolyData, Y, mult0, accuracy: float):
-    """Active set of points that were not polished (both signals).
+#: an unverified row counts as active when its slack is within this many times the answer's own accuracy
+#: (the backend's, or the point's own violation where that is larger) of its hyperplane (:func:`_unverified_active`)
+UNVERIFIED_SLACK = 4.0
 
-    A row is active when its slack is below a tolerance scaled to its right-hand side *or* its multiplier
-    is clearly positive.
+
+def _unverified_active(X, data: PolyData, Y, mult0, accuracy: float):
+    """Active set of points that were not polished: the rows the backend's answer shows active at its accuracy.
+
+    A row is active when the backend's multiplier is positive (above ``accuracy`` times the sample's largest)
+    *and* the point lies on its hyperplane at the answer's own accuracy: a slack within
+    :data:`UNVERIFIED_SLACK` times the larger of ``accuracy`` and the point's own violation (times
+    ``1 + |rhs|``), or below the multiplier's pull ``mult ‖row‖²`` (an interior-point answer keeps its active
+    rows at a slack ``μ / mult``, its barrier parameter over the multiplier; an inactive row has ``mult ≈ μ /
+    slack``, far below its slack). Either signal alone is no evidence: a row 0.013 off its hyperplane with a
+    zero multiplier was counted active under a slack tolerance of 100 × the setting (0.01–0.02 at 1e-4), and
+    every such row fixes a direction of the HS-Jacobian (a zero gradient where it is 1).
     """
     xp = array_namespace(X)
-    tol = max(1e-7, 100.0 * accuracy)
     n, m = data.n, data.m
     batch = X.shape[0]
     rhs = xp.concat([xp.broadcast_to(data.a, (batch, m)), -xp.broadcast_to(data.lb, (batch, n)),
@@ -633,12 +645,17 @@ def _both_signals(X, data: PolyData, Y, mult0, accuracy: float):
     Yf = xp.where(xp.isfinite(Y), Y, X)
     mscale = 1.0 + (xp.max(xp.abs(mult0), axis=1, keepdims=True) if mult0.shape[1] else 0.0)
     slack = ineq_slack(Yf, data.A, data.a, data.lb, data.ub)
-    return fin & ((slack <= tol * (1.0 + xp.abs(rhs0))) | (mult0 > tol * mscale))
+    own = xp.reshape(data.violation(Yf), (-1, 1))  # the answer's own accuracy (its largest miss), per sample
+    own = xp.where(xp.isfinite(own), own, xp.zeros_like(own))
+    near = slack <= UNVERIFIED_SLACK * xp.maximum(own, xp.full_like(own, max(accuracy, 1e-12))) * (1.0 + xp.abs(rhs0))
+    norm2 = xp.concat([xp.broadcast_to(data.row_norms[0] ** 2, (batch, m)),
+                       xp.ones((batch, 2 * n), dtype=Y.dtype, device=_device(Y))], axis=1)
+    return fin & (mult0 > accuracy * mscale) & (near | (slack < mult0 * norm2))
 
 
 def _unpolished_output(X, data: PolyData, start: ProjectionStart, name: str) -> PipelineOutput:
     xp = array_namespace(X)
-    active = _both_signals(X, data, start.y, start.mult, start.accuracy)
+    active = _unverified_active(X, data, start.y, start.mult, start.accuracy)
     mult = xp.where(start.mult > 0, start.mult, xp.zeros_like(start.mult))
     polished = xp.zeros((X.shape[0],), dtype=xp.bool, device=_device(X))
     return PipelineOutput(start.y, active, mult, start.mu, _checked_status(X, data, start), polished, name, [],
@@ -681,16 +698,17 @@ def _late(X, data: PolyData, solver, out: PipelineOutput, late) -> PipelineOutpu
     if not count:
         return out
     warnings.warn(f"time_limit reached: {count} of {keep.shape[0]} points keep backend {solver.name!r}'s "
-                  "time-limited answer (status TIME_LIMIT, not polished: not the exact projection)",
+                  "time-limited answer (status TIME_LIMIT, not polished: not the exact projection; their gradient is "
+                  "that of the approximate active set the answer shows)",
                   PolyprojWarning, stacklevel=5)
     return _keep_start(X, data, out, keep)
 
 
 def _keep_start(X, data: PolyData, out: PipelineOutput, refused) -> PipelineOutput:
-    """Refused samples keep the backend's point (its start) and an active set from both signals."""
+    """Refused samples keep the backend's point (its start) and the active set it shows (:func:`_unverified_active`)."""
     xp = array_namespace(X)
     st = out.start
-    active = _both_signals(X, data, st.y, st.mult, st.accuracy)
+    active = _unverified_active(X, data, st.y, st.mult, st.accuracy)
     mult = xp.where(st.mult > 0, st.mult, xp.zeros_like(st.mult))
     r = refused[:, None]
     return replace(out, Y=xp.where(r, st.y, out.Y), active=xp.where(r, active, out.active),
