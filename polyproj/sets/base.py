@@ -185,43 +185,66 @@ class Projector(abc.ABC):
     def project(self, X: Any) -> ProjectionResult:
         """Project ``X``: one point of shape :attr:`event_shape` (or ``(n,)``), or a batch of them.
 
-        Not differentiated: a torch tensor that requires a gradient is projected as its ``detach()``
+        Not differentiated: a torch tensor that requires a gradient is projected as its ``detach()``, and so
+        are the set's :meth:`parameters` (a per-sample total): the result holds no autograd graph
         (:func:`polyproj.adapters.torch.project` is the differentiable form, with the HS-Jacobian).
+        float16 and bfloat16 points are solved in float32, long double ones in float64 (as the generic path
+        of :class:`~polyproj.sets.Polyhedral` does), the answer returned in X's dtype.
 
         Raises
         ------
         ProblemError
-            X of the wrong shape or dtype, or holding NaN/inf.
+            X of the wrong shape or dtype, holding NaN/inf, or a torch meta tensor (no values).
         """
         X = as_array(X)
+        if getattr(X, "is_meta", False):  # (Tensor.item() failed deep in the set on its first test)
+            raise ProblemError(f"X is a meta tensor (device 'meta', shape {tuple(X.shape)}): it holds no values to "
+                               "project")
         if getattr(X, "requires_grad", False):
             X = X.detach()
-        X2, single, shape = self._as_batch(X)
+        S = self._without_graph()
+        X2, single, shape = S._as_batch(X)
         xp = array_namespace(X2)
-        low = X2.dtype if xp.finfo(X2.dtype).bits < 32 else None  # float16, bfloat16: solved in float32
+        bits = xp.finfo(X2.dtype).bits
+        # float16, bfloat16: solved in float32; long double: in float64 (the linear algebra of the matrix sets
+        # has no long double, and the simplices computed in it silently: the generic path's rule)
+        low = X2.dtype if bits < 32 or bits > 64 else None
         if low is not None:
-            X2 = xp.astype(X2, xp.float32)
+            X2 = xp.astype(X2, xp.float32 if bits < 32 else xp.float64)
         # one sum tells that every entry is finite (NaN and inf propagate; an overflow only sends a finite
         # batch to the entrywise test): a pass without the (batch, n) boolean array
         if X2.shape[0] and not bool(xp.isfinite(xp.sum(X2))) and not bool(xp.all(xp.isfinite(X2))):
             bad = xp.nonzero(~xp.all(xp.isfinite(X2), axis=1))[0]
             first = int(bad[0])
             raise ProblemError(f"X contains NaN or inf (first in {'the point' if single else f'sample {first}'})")
-        res = self.checked_result(self.project_batch(self.own_copy(X2)), X2) if X2.shape[0] else self.empty_result(X2)
+        res = S.checked_result(S.project_batch(S.own_copy(X2)), X2) if X2.shape[0] else S.empty_result(X2)
         from dataclasses import replace
 
-        if low is not None:  # returned in X's dtype, with the violation of the rounded points
+        if low is not None and bits > 64:  # long double: the float64 answer, exactly (its violation too)
+            res = replace(res, y=xp.astype(res.y, low), multipliers=xp.astype(res.multipliers, low),
+                          violation=xp.astype(res.violation, low))
+        elif low is not None:  # returned in X's dtype, with the violation of the rounded points
             with np.errstate(over="ignore"):
                 y = xp.astype(res.y, low)
             if X2.shape[0] and bool(xp.all(xp.isfinite(res.y))) and not bool(xp.all(xp.isfinite(y))):
                 raise ProblemError(f"the projection has entries beyond the range of {low} (largest "
                                    f"{float(xp.max(xp.abs(res.y))):.3g}): project in float32 or float64")
-            viol = self.violation(xp.astype(y, xp.float32))
+            viol = S.violation(xp.astype(y, xp.float32))
             res = replace(res, y=y, multipliers=xp.astype(res.multipliers, low), violation=xp.astype(viol, low),
                           max_violation=float(xp.max(viol)) if X2.shape[0] else 0.0)
         if len(shape) > 1:  # points with a shape: y in the input's layout
             res = replace(res, y=xp.reshape(res.y, (X2.shape[0], *shape)))
         return res.single() if single else res
+
+    def _without_graph(self) -> Projector:
+        """The set with its :meth:`parameters` detached from autograd (itself when none requires a gradient).
+
+        :meth:`project` is not differentiated: a per-sample total that required a gradient had its answer,
+        multipliers and violation built into the graph (and a far row's backward gave NaN there); the torch
+        layer detaches them likewise and differentiates with :meth:`parameter_vjp`.
+        """
+        graph = {k: v.detach() for k, v in self.parameters().items() if getattr(v, "requires_grad", False)}
+        return self.with_parameters(**graph) if graph else self
 
     def checked_event_shape(self) -> tuple[int, ...]:
         """:attr:`event_shape` as a tuple, refused (:class:`ProblemError`) unless its entries number :attr:`n`."""
@@ -304,6 +327,11 @@ def _checked_vjp(fn: Any) -> Any:
     arithmetic with a bare NumPy error; a G of y's size in another shape ((3, 2) for (2, 3)) failed inside
     torch. The result of a single point (``pp.project`` of one point) is differentiated on the batch of one
     it came from, ``J g`` returned in the point's shape.
+
+    polyproj's sets return ``J g`` in G's dtype, as :class:`~polyproj.sets.Polyhedral` does (its
+    ``hs_vjp``): a float64 result with a float32 G gave float32 from the simplices and float64 from the box and
+    the Birkhoff polytope (float32 for float16 data, whose result is solved in float32). A G of long double is
+    applied in float64 (the result's precision), one of an integer dtype in the result's dtype.
     """
     import functools
 
@@ -317,24 +345,36 @@ def _checked_vjp(fn: Any) -> Any:
                 same = False
             if not same:
                 G = as_namespace(G, y)
-        gs, ys = getattr(G, "shape", None), getattr(y, "shape", None)
-        if gs is not None and ys is not None and (math.prod(gs) != math.prod(ys) or (
-                tuple(gs) != tuple(ys) and not ((len(gs) == 1 and not getattr(result, "batched", True))
-                                                or gs[0] == ys[0]))):
-            raise ProblemError(f"G must have one entry per entry of the result's y, shape {tuple(ys)} (or its "
-                               f"points flattened); got {tuple(gs)}")
-        # the set's vjp takes G as (batch, n), as project_batch takes X: points with a shape (Birkhoff's k x k)
-        # are flattened for it (a set written for (batch, n) failed on (1, 3, 3)); J g of a batch comes as
-        # (batch, n), that of a single point in the point's shape
-        if gs is not None and len(gs) >= 1 and gs[0] == 0 and getattr(result, "batched", True):
-            return array_namespace(G).zeros_like(G)  # an empty batch: J g is empty (the sets' faces are None there)
-        one = getattr(result, "batch_of_one", None)
-        if one is not None and not getattr(result, "batched", True):  # a single point: its batch of one, J g
-            out = fn(self, one, array_namespace(G).reshape(G, (1, -1)))
-            return array_namespace(out).reshape(out, tuple(ys))
-        if gs is not None and len(gs) > 2:
-            return fn(self, result, array_namespace(G).reshape(G, (gs[0], -1)))
-        return fn(self, result, G)
+        if third_party(self) or getattr(G, "dtype", None) is None:
+            return _shaped_vjp(fn, self, result, G, y)
+        xp = array_namespace(G)
+        want = G.dtype if xp.isdtype(G.dtype, "real floating") else (y.dtype if y is not None else xp.float64)
+        if not xp.isdtype(G.dtype, "real floating") or xp.finfo(G.dtype).bits > 64:
+            G = xp.astype(G, want if xp.finfo(want).bits <= 64 else xp.float64)
+        out = _shaped_vjp(fn, self, result, G, y)
+        return out if out.dtype == want else xp.astype(out, want)
 
     vjp._cotangent_checked = True  # type: ignore[attr-defined]
     return vjp
+
+
+def _shaped_vjp(fn: Any, self: Any, result: Any, G: Any, y: Any) -> Any:
+    """``fn(self, result, G)`` with ``G`` checked against ``y`` and shaped (b, n) for it (see :func:`_checked_vjp`)."""
+    gs, ys = getattr(G, "shape", None), getattr(y, "shape", None)
+    if gs is not None and ys is not None and (math.prod(gs) != math.prod(ys) or (
+            tuple(gs) != tuple(ys) and not ((len(gs) == 1 and not getattr(result, "batched", True))
+                                            or gs[0] == ys[0]))):
+        raise ProblemError(f"G must have one entry per entry of the result's y, shape {tuple(ys)} (or its "
+                           f"points flattened); got {tuple(gs)}")
+    # the set's vjp takes G as (batch, n), as project_batch takes X: points with a shape (Birkhoff's k x k)
+    # are flattened for it (a set written for (batch, n) failed on (1, 3, 3)); J g of a batch comes as
+    # (batch, n), that of a single point in the point's shape
+    if gs is not None and len(gs) >= 1 and gs[0] == 0 and getattr(result, "batched", True):
+        return array_namespace(G).zeros_like(G)  # an empty batch: J g is empty (the sets' faces are None there)
+    one = getattr(result, "batch_of_one", None)
+    if one is not None and not getattr(result, "batched", True):  # a single point: its batch of one, J g
+        out = fn(self, one, array_namespace(G).reshape(G, (1, -1)))
+        return array_namespace(out).reshape(out, tuple(ys))
+    if gs is not None and len(gs) > 2:
+        return fn(self, result, array_namespace(G).reshape(G, (gs[0], -1)))
+    return fn(self, result, G)

@@ -548,7 +548,7 @@ class _Verdict:
 
 
 def _verify(xp: Any, S: Sums, X: Any, Z: Any, y1: Dual, omega: Any, masks, tol: Any, rounding: Any,
-            rows_tol: Any) -> _Verdict:
+            rows_tol: Any, system: DualSystem | None = None, x_rounding: Any = None) -> _Verdict:
     """KKT of the face solution (tolerances (b, 1) at the sample's scale), and the next face.
 
     The primal conditions are tested at rounding, the dual ones at ``tol``. A support entry below zero
@@ -561,6 +561,9 @@ def _verify(xp: Any, S: Sums, X: Any, Z: Any, y1: Dual, omega: Any, masks, tol: 
     every row at its bound exact, and a face that had left a row violated within ``tol`` (a near
     permutation: every line sum 1 ± 1e-12, multipliers ~1e-12) then turned support entries negative under
     that correction, and went to the generic path.
+
+    A face whose equations are inconsistent fails at the rounding of ``X`` (``x_rounding``), however small its
+    miss (:func:`_inconsistent`), and its rows that the least-squares point leaves slack leave ``D``.
     """
     bad_in = (omega > 0) & (X < -rounding[:, :, None])
     bad_out = (omega == 0) & (Z > rows_tol[:, :, None])
@@ -573,11 +576,63 @@ def _verify(xp: Any, S: Sums, X: Any, Z: Any, y1: Dual, omega: Any, masks, tol: 
         viol = [(m == 0) & (gv < -rounding) for m, gv in zip(masks, g, strict=True)]
         for wv in (*wrong, *viol):
             changed = changed | xp.any(wv, axis=1)
+        leave = (None,) * 3
+        if system is not None:
+            bad, leave = _inconsistent(xp, system, g, x_rounding)
+            ok = ok & ~bad
+            for lv in leave:
+                changed = changed if lv is None else changed | xp.any(lv, axis=1)
         ok = ok & ~changed
         new_masks = tuple(xp.where(w, xp.zeros_like(m), xp.where(v, xp.ones_like(m), m))
                           for m, w, v in zip(masks, wrong, viol, strict=True))
+        new_masks = tuple(m if lv is None else xp.where(lv, xp.zeros_like(m), m)
+                          for m, lv in zip(new_masks, leave, strict=True))
     omega = xp.astype(((omega > 0) & ~bad_in) | bad_out, omega.dtype)
     return _Verdict(ok, omega, new_masks, changed)
+
+
+def _inconsistent(xp: Any, system: DualSystem, g: tuple[Any, Any, Any], tol: Any) -> tuple[Any, tuple]:
+    """Samples whose face equations are inconsistent (b,), and the rows of ``D`` that then leave it.
+
+    The equations ``A_D X = b_D`` of a face are inconsistent when ``b_D`` has a part on ``null(A_Dᵀ) = null(V_D)``:
+    for a null vector ``n``, ``nᵀ(b_D − A_D X) = nᵀb_D`` whatever ``X`` is, so the slacks ``g`` show it exactly, at
+    the rounding of ``X``'s sums (``tol`` (b, 1)) and not at that of ``C`` (which the face's miss carries). Only
+    the samples the eigendecomposition solved (the Cholesky refused: a dependent face) can have one. Every row
+    of ``D`` held with ``ΣX <= α``, where all the support lies in those rows, says ``ΣX = |rows|``: with ``α`` just
+    below that the face has no point, and its least-squares point, within ``tol`` of both, passed the test of
+    the face's equations (``max_matches = 3 − 1e-9`` on ``5·I``: ``ΣX − α = 6.7e-10``, refused by :func:`finish`
+    only, then accepted by the generic path, SOLVED; in float32 at ``3 − 1e-5`` the whole gap, accepted here).
+    The rows whose slack at that point (``Σ_k n_k (n_kᵀ g) / |n_k|²``, the null vectors taken as orthogonal:
+    exact for one) is positive cannot all be at their bound: they leave ``D`` (there, the row sums; the total's
+    row alone gives ``α/3 · I``), and rows wrongly left join again as violated in the next round.
+
+    ``n`` from the dropped eigenvectors of the scaled Schur complement: ``(n_v, n_w) = d ⊙ q``, and the
+    eliminated rows ``n_u = −a ⊙ (Ω n_v + r n_w)`` (as :meth:`DualSystem.solve` recovers ``δu``).
+    """
+    b = g[0].shape[0]
+    r, c = system.omega.shape[1], system.omega.shape[2]
+    bad = xp.zeros((b,), dtype=xp.bool, device=_device(g[0]))
+    e = system.eig
+    if e is None or system.fv is None or system.d is None:
+        return bad, (None, None, None)
+    take = lambda v: xp.take(v, e.idx, axis=0)  # noqa: E731
+    k = e.idx.shape[0]
+    N = take(system.d)[:, :, None] * e.Q * xp.astype(e.inv == 0, e.Q.dtype)[:, None, :]  # columns: null vectors
+    nv = N[:, :c, :]
+    nw = N[:, c:, :] if system.has_w else xp.zeros((k, 1, N.shape[2]), dtype=N.dtype, device=_device(N))
+    nu = -take(system.a)[:, :, None] * (xp.matmul(take(system.omega), nv) + take(system.rr)[:, :, None] * nw)
+    n = xp.concat([nu, nv, nw], axis=1)  # (k, r + c + 1, m)
+    gk = xp.concat([take(g[0]), take(g[1]), take(g[2])], axis=1)
+    norm2 = xp.sum(n * n, axis=1)
+    coef = xp.sum(n * gk[:, :, None], axis=1) / xp.where(norm2 > 0, norm2, xp.ones_like(norm2))  # nᵀg / |n|²
+    miss = xp.max(xp.abs(coef) * xp.sqrt(norm2), axis=1)  # |nᵀg| / |n|: slack units
+    p = xp.sum(n * coef[:, None, :], axis=2)  # the least-squares point's slacks on D
+    part = miss > take(tol)[:, 0]
+    top = xp.max(xp.abs(p), axis=1, keepdims=True)
+    leave = part[:, None] & (p > eps_of(xp, p.dtype) ** 0.5 * top)
+    bad = put_rows(xp, bad, e.idx, part)
+    out = put_rows(xp, xp.zeros((b, r + c + 1), dtype=xp.bool, device=_device(g[0])), e.idx, leave)
+    return bad, (out[:, :r], out[:, r: r + c], out[:, r + c:])
 
 
 def polish(C: Any, S: Sums, y: Dual, scale: Any, tol: float, rounding: float, rounds: int = 6) -> FaceSolution:
@@ -597,7 +652,8 @@ def polish(C: Any, S: Sums, y: Dual, scale: Any, tol: float, rounding: float, ro
     for _ in range(rounds):
         y1, Z, X, system = _face_solve(xp, Cs, S, yy, omega, masks, rounding * sc)
         size = 1.0 + xp.max(xp.reshape(xp.abs(X), (X.shape[0], -1)), axis=1, keepdims=True)
-        v = _verify(xp, S, X, Z, y1, omega, masks, tol * sc, rounding * sc, rounding * sc + tol * size)
+        v = _verify(xp, S, X, Z, y1, omega, masks, tol * sc, rounding * sc, rounding * sc + tol * size, system,
+                    rounding * size)
         rows = None if masks is None else tuple(m > 0 for m in masks)
         part = FaceSolution(X, y1, omega > 0, rows, v.ok, system)
         out = part if out is None else _put_face(xp, out, idx, part)

@@ -17,6 +17,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError
+from ..problem import _INF_THRESHOLD as NO_BOUND
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from ..runtime import is_vmapped
@@ -50,7 +51,10 @@ class CappedSimplex(Projector):
         One total for every point, or one per point (any array namespace; a torch tensor that requires
         grad receives the gradient through the layer).
     upper : float
-        The cap (``inf``: the simplex, :class:`Simplex`).
+        The cap (``inf``: the simplex, :class:`Simplex`). A cap at or beyond ``1e20`` is no cap, as a
+        :class:`~polyproj.problem.Polyhedron` (and :class:`~polyproj.sets.Box`) reads such a bound: the set is
+        the simplex, its rows those of :meth:`as_polyhedron`; such a cap would bind only a total above it,
+        which is refused.
 
     Examples
     --------
@@ -64,19 +68,34 @@ class CappedSimplex(Projector):
         self._n = _check_n(n)
         if not (_is_number(upper) and upper > 0 and not np.isnan(upper)):
             raise ProblemError(f"upper must be a number > 0 (or inf), got {upper!r}")
-        self.upper = float(upper)
+        # a cap at or beyond 1e20 (finite) is no cap, as a Polyhedron reads it: the results kept a column per cap
+        # while as_polyhedron() had none (hs_jacobian and check_projector failed on the numbering); the totals it
+        # could bind (above it) are refused (_cap)
+        self._no_cap = float(upper) if NO_BOUND <= float(upper) < float("inf") else None
+        self.upper = float("inf") if self._no_cap is not None else float(upper)
         if _is_number(total):
             total = float(total)
             if not (np.isfinite(total) and 0 <= total <= self._cap()):
-                raise ProblemError(f"total must be a finite number in [0, n·upper] = [0, {self._n * self.upper:g}] "
-                                   f"(the set is empty otherwise), got {total!r}")
+                raise ProblemError(f"total must be a finite number in {self._range()}, got {total!r}")
         else:
             total = self._check_totals(total)
         self.total = total
 
     def _cap(self) -> float:
-        """The largest total: ``n·upper`` and its rounding (``CappedSimplex(3, 0.9, 0.3)``: 3·0.3 < 0.9 in floats)."""
+        """The largest total: ``n·upper`` and its rounding (``CappedSimplex(3, 0.9, 0.3)``: 3·0.3 < 0.9 in floats).
+
+        A cap read as none (``>= 1e20``): the cap itself, up to which it never binds (no entry exceeds the total).
+        """
+        if self._no_cap is not None:
+            return self._no_cap
         return self._n * self.upper * (1.0 + 4.0 * self._n * float(np.finfo(np.float64).eps))
+
+    def _range(self) -> str:
+        """The allowed totals and why, for messages."""
+        if self._no_cap is not None:
+            return (f"[0, upper] = [0, {self._no_cap:g}] (a cap >= {NO_BOUND:g} reads as no cap, as in a Polyhedron: "
+                    "it must not bind)")
+        return f"[0, n·upper] = [0, {self._n * self.upper:g}] (the set is empty otherwise)"
 
     def _check_totals(self, t: Any) -> Any:
         try:
@@ -104,8 +123,7 @@ class CappedSimplex(Projector):
         """
         xp = array_namespace(td)
         if td.shape[0] and not bool(xp.all(xp.isfinite(td) & (td >= 0) & (td <= self._cap()))):
-            raise ProblemError(f"every total must be a finite number in [0, n·upper] = [0, {self._n * self.upper:g}] "
-                               "(the set is empty otherwise)")
+            raise ProblemError(f"every total must be a finite number in {self._range()}")
 
     # ------------------------------------------------------------------ the Projector interface
     @property
@@ -119,9 +137,17 @@ class CappedSimplex(Projector):
         return not isinstance(self.total, float)
 
     def as_polyhedron(self) -> Polyhedron:
-        """``Polyhedron(B=1ᵀ, b=total, lb=0, ub=upper)``: rows ``y_i >= 0``, then ``y_i <= upper`` (if finite)."""
+        """``Polyhedron(B=1ᵀ, b=total, lb=0, ub=upper)``: rows ``y_i >= 0``, then ``y_i <= upper`` (if finite).
+
+        Refused (ProblemError) for a total at or beyond ``1e20``, which a Polyhedron reads as infinite (the set
+        projects all the same).
+        """
         if self.per_sample:
             raise ProblemError("a per-sample total is not one Polyhedron: project with a number as total")
+        if self.total >= NO_BOUND:
+            raise ProblemError(f"total = {self.total:g} has no Polyhedron form: a Polyhedron reads a right-hand side "
+                               f">= {NO_BOUND:g} as infinite (the set projects, but as_polyhedron(), hs_jacobian and "
+                               "check_projector need a smaller total: scale the problem)")
         ub = None if self.upper == float("inf") else np.full(self._n, self.upper)
         return Polyhedron(B=np.ones((1, self._n)), b=[self.total], lb=np.zeros(self._n), ub=ub)
 
