@@ -2,18 +2,23 @@
 
 A backend's PRIMAL_INFEASIBLE is its own verdict: some return a certificate the backend glue checks (OSQP,
 ProxSuite), others a bare flag (DAQP said so on a feasible 4-variable QP with one row of norm 3e-5; PIQP on a
-random feasible QP; DAQP on ``P = 1e-50 I`` in a box). The LP
+random feasible QP; DAQP on ``P = 1e-50 I`` in a box). The LP, in equilibrated variables ``x = D y``,
 
-    t* = min t   s.t.   (C_i x − u_i) / ||C_i|| <= t,   (l_i − C_i x) / ||C_i|| <= t,   lb − t <= x <= ub + t,   t >= −1
+    t* = min t   s.t.   (C_i D y − u_i) / ||C_i D|| <= t,   (l_i − C_i D y) / ||C_i D|| <= t,
+                        lb / D − t <= y <= ub / D + t,   t >= −1
 
 finds a point of least uniform violation of the rows (in their own distances; t < 0: strictly inside, by a
 margin up to 1, where the set has an interior), by HiGHS' simplex (SciPy's ``linprog``), independent of every
-backend's QP method. The claim is refuted only by a point strictly inside every row by more than the LP's
-tolerances (``t* < −``:data:`MARGIN`; equality rows and fixed variables are held exactly, the interior is the one
-relative to them), checked in float64 on the constraints as given (:func:`refutes`): a set without an interior
-relative to its equalities keeps every claim, and so does an empty one whose rows an LP point misses
-by less than a loose tolerance would allow (a gap of 0.02 at |x| 1e9 had been "refuted" at 1e-10 of the rows'
-terms). An LP that fails or runs past :data:`LP_TIME_LIMIT` leaves the claim.
+backend's QP method. ``D`` (:func:`column_scale`) is the geometric scaling of C's columns at the level of the
+rows' sides, capped by each variable's box width: a diagonal change of variables ``x' = S x`` gives ``D' = S D``
+and the same LP, so the margin measures the set's shape, not its units (in x's own units, with columns scaled
+1e-8..1e8, a point 3 % inside every row was 4e-10 inside in the rows' distances, below MARGIN, and HiGHS found
+t* = +4e-9: the false claims of four backends stood). The claim is refuted only by a point strictly inside every
+row by more than the LP's tolerances (``t* < −``:data:`MARGIN`; equality rows and fixed variables are held exactly,
+the interior is the one relative to them), checked in float64 on the constraints as given (:func:`refutes`): a set
+without an interior relative to its equalities keeps every claim, and so does an empty one whose rows an LP point
+misses by less than a loose tolerance would allow (a gap of 0.02 at |x| 1e9 had been "refuted" at 1e-10 of the
+rows' terms). An LP that fails or runs past :data:`LP_TIME_LIMIT` leaves the claim.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ import scipy.sparse as sp
 
 from ..problem import QP
 
-__all__ = ["EMPTY_GAP", "LP_TIME_LIMIT", "MARGIN", "ROUNDING", "certainly_empty", "interior_point", "least_violation",
-           "refutes"]
+__all__ = ["EMPTY_GAP", "LP_TIME_LIMIT", "MARGIN", "ROUNDING", "certainly_empty", "column_scale", "interior_point",
+           "least_violation", "refutes"]
 
 #: seconds the LP may take; past it, the claim stands
 LP_TIME_LIMIT = 10.0
 #: the LP's primal and dual feasibility tolerances
 LP_TOL = 1e-10
-#: the margin inside every row (in the rows' distances) an LP point must have to refute a claim: beyond LP_TOL
+#: the margin inside every row (in the rows' distances, equilibrated variables) an LP point must have to refute a
+#: claim: beyond LP_TOL
 MARGIN = 1e-8
 #: and the point must meet every constraint as given to this times the size of its terms (``|rhs| + ||row||₁ |x|``)
 ROUNDING = 64 * float(np.finfo(np.float64).eps)
@@ -46,18 +52,72 @@ def interior_point(qp: QP) -> np.ndarray | None:
     return x if x is not None and (t < -MARGIN or unconstrained) else None
 
 
-def _row_norms(qp: QP) -> tuple[Any, np.ndarray]:
-    """C as CSR and the 2-norms of its rows."""
-    C = sp.csr_matrix(qp.C) if qp.m else sp.csr_matrix((0, qp.n))
-    return C, (np.sqrt(np.asarray(C.multiply(C).sum(axis=1)).reshape(-1)) if qp.m else np.zeros(0))
+def column_scale(qp: QP) -> np.ndarray:
+    """The LP's variables ``x = D y``: ``D`` (n,), the geometric scaling of C at the sides' level, capped by the boxes.
+
+    Row factors ``ρ`` and column factors ``log D`` that make C's non-zero entries nearest 1 in least squares,
+    ``min Σ (ρ_i + log D_j + log|C_ij|)²`` (one sparse solve of its normal equations), are unique up to a shift of ρ
+    against log D in each connected set of rows and columns. The shift is the level: the median over the set's rows
+    of the one that makes ``e^ρ_i s_i`` one (``s_i`` the smallest non-zero of ``|l_i|, |u_i|, u_i − l_i``: a side
+    near 0 or a slab's width, not an offset; a set without one is a cone, whose margin the LP caps at 1 whatever D
+    is). A median, not the least-squares mean: rows whose sides stand in for infinity (1e12) pulled D up by 1e5 and
+    the margin of a feasible set below MARGIN (it still does where they are most of a set's rows). So a diagonal
+    scaling of the variables ``x' = S x`` (C' = C S⁻¹) gives ``D' = S D``, and one of the rows changes nothing: the
+    same LP. The bounds do not enter it (big-M boxes); a variable whose finite box is narrower than ``D_j`` (or
+    that no row holds) is measured in its box (``D_j`` = its width, covariant too): rows that move little with it
+    must not shrink its room below the margin.
+    """
+    from scipy.sparse.csgraph import connected_components
+    from scipy.sparse.linalg import spsolve
+
+    n, m = qp.n, qp.m
+    A = sp.coo_matrix(qp.C) if m else sp.coo_matrix((0, n))
+    nz = A.data != 0
+    r, c, v = A.row[nz], A.col[nz], np.log(np.abs(A.data[nz]))
+    B = sp.csr_matrix((np.ones(r.size), (r, c)), shape=(m, n))
+    deg = np.concatenate([np.bincount(r, minlength=m), np.bincount(c, minlength=n)]).astype(np.float64)
+    # normal equations in (ρ, log D); a relative 1e-10 on the diagonal picks one solution of each connected set
+    G = sp.bmat([[None, B], [B.T, None]], format="csc") if m else sp.csc_matrix((n, n))
+    K = G + sp.diags(deg + 1e-10 * max(deg.max(initial=0.0), 1.0), format="csc")
+    sol = np.atleast_1d(spsolve(K, -np.concatenate([np.bincount(r, v, m), np.bincount(c, v, n)])))
+    _, label = connected_components(G, directed=False)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        side = np.full(m, np.nan)
+        for size in (np.abs(qp.l), np.abs(qp.u), qp.u - qp.l):
+            side = np.fmin(side, np.where(np.isfinite(size) & (size > 0), size, np.nan))
+        shift = -(sol[:m] + np.log(side))  # each row's level; NaN without a non-zero side
+    has = np.flatnonzero(~np.isnan(shift))
+    level = np.zeros(label.max(initial=-1) + 1)
+    if has.size:  # the median of each connected set's levels
+        order = has[np.lexsort((shift[has], label[has]))]
+        sets, first, count = np.unique(label[order], return_index=True, return_counts=True)
+        level[sets] = (shift[order[first + (count - 1) // 2]] + shift[order[first + count // 2]]) / 2
+    D = np.exp(np.clip(sol[m:] - level[label[m:]], -345.0, 345.0))  # (x = D y and bounds / D stay finite)
+    width = qp.ub - qp.lb
+    narrow = np.isfinite(width) & (width > 0) & ((width < D) | (deg[m:] == 0))
+    D[narrow] = width[narrow]
+    return D
+
+
+def _scaled_rows(qp: QP) -> tuple[Any, np.ndarray, np.ndarray]:
+    """``(C D, D, ||C_i D||)`` of the LP, made once per QP (kept in ``qp.memo``)."""
+    hit = qp.memo.get("feasibility_scale")
+    if hit is None:
+        D = column_scale(qp)
+        C = (sp.csr_matrix(qp.C) if qp.m else sp.csr_matrix((0, qp.n))) @ sp.diags(D)
+        C = sp.csr_matrix(C)
+        norms = np.sqrt(np.asarray(C.multiply(C).sum(axis=1)).reshape(-1)) if qp.m else np.zeros(0)
+        hit = qp.memo["feasibility_scale"] = (C, D, norms)
+    return hit
 
 
 def least_violation(qp: QP) -> tuple[np.ndarray | None, float, bool]:
     """``(x, t*, unconstrained)`` of the LP (module docstring), solved once per QP (kept in ``qp.memo``).
 
-    ``unconstrained``: no inequality row or free bound (``t`` is then meaningless, ``x`` any point of the
-    equalities and fixed variables). ``(None, inf, False)`` where HiGHS finds the LP infeasible, ``(None, 0.0,
-    True)`` where it does not solve it.
+    ``x`` in the QP's own variables (``D y``), ``t*`` in the LP's equilibrated distances. ``unconstrained``: no
+    inequality row or free bound (``t`` is then meaningless, ``x`` any point of the equalities and fixed
+    variables). ``(None, inf, False)`` where HiGHS finds the LP infeasible, ``(None, 0.0, True)`` where it does not
+    solve it.
     """
     hit = qp.memo.get("least_violation")
     if hit is None:
@@ -69,7 +129,8 @@ def _least_violation(qp: QP) -> tuple[np.ndarray | None, float, bool]:
     from scipy.optimize import linprog
 
     n = qp.n
-    C, norms = _row_norms(qp)
+    C, D, norms = _scaled_rows(qp)
+    lb, ub = qp.lb / D, qp.ub / D
     # equality rows and fixed variables hold exactly (the margin is the interior relative to them); a zero row is
     # judged by its own sides (refutes), the LP cannot move it
     eq = (qp.l == qp.u) & (norms > 0)
@@ -82,7 +143,7 @@ def _least_violation(qp: QP) -> tuple[np.ndarray | None, float, bool]:
         if fin.any():
             blocks.append(sign * Cn[np.flatnonzero(fin)])
             rhs.append(sign * side[fin] / norms[keep][fin])
-    for bound, sign in ((qp.ub, 1.0), (qp.lb, -1.0)):
+    for bound, sign in ((ub, 1.0), (lb, -1.0)):
         fin = np.flatnonzero(np.isfinite(bound) & ~fixed)
         if fin.size:
             blocks.append(sp.csr_matrix((np.full(fin.size, sign), (np.arange(fin.size), fin)), shape=(fin.size, n)))
@@ -93,17 +154,20 @@ def _least_violation(qp: QP) -> tuple[np.ndarray | None, float, bool]:
     G = sp.vstack(blocks, format="csr")
     cost = np.zeros(n + 1)
     cost[-1] = 1.0
-    A_eq = sp.hstack([C[eq], sp.csr_matrix((int(eq.sum()), 1))], format="csr") if eq.any() else None
-    bounds = [(float(v), float(v)) if f else (None, None) for v, f in zip(qp.lb, fixed, strict=True)]
+    A_eq = (sp.hstack([sp.diags(1.0 / norms[eq]) @ C[eq], sp.csr_matrix((int(eq.sum()), 1))], format="csr")
+            if eq.any() else None)
+    bounds = [(float(v), float(v)) if f else (None, None) for v, f in zip(lb, fixed, strict=True)]
     res: Any = linprog(cost, A_ub=sp.hstack([G, -np.ones((G.shape[0], 1))], format="csr"), b_ub=np.concatenate(rhs),
-                       A_eq=A_eq, b_eq=qp.u[eq] if eq.any() else None, bounds=[*bounds, (-1.0, None)],
+                       A_eq=A_eq, b_eq=qp.u[eq] / norms[eq] if eq.any() else None, bounds=[*bounds, (-1.0, None)],
                        method="highs", options={"time_limit": LP_TIME_LIMIT, "primal_feasibility_tolerance": LP_TOL,
                                                 "dual_feasibility_tolerance": LP_TOL})
     if res.status == 2:  # infeasible: the equality rows and fixed variables have no common point
         return None, float("inf"), False
     if res.status != 0 or res.x is None:
         return None, 0.0, True
-    return np.asarray(res.x[:n], dtype=np.float64), float(res.x[-1]), G.shape[0] == 0
+    x = D * np.asarray(res.x[:n], dtype=np.float64)
+    x[fixed] = qp.lb[fixed]  # exactly, not D (lb / D)
+    return x, float(res.x[-1]), G.shape[0] == 0
 
 
 #: constraints whose least uniform violation exceeds this times (1 + their size) are empty
@@ -115,11 +179,13 @@ def certainly_empty(qp: QP) -> str | None:
 
     A zero row whose sides exclude 0, an LP (:func:`least_violation`) that HiGHS finds infeasible (inconsistent
     equalities or fixed variables), or one whose least uniform violation exceeds :data:`EMPTY_GAP` times
-    (1 + the constraints' size: the largest distance of a hyperplane or bound from the origin). Relative: rows
-    normalised at 3e10 and 9e10 round apart by 3.8e-6, and an absolute 1e-6 called a feasible set empty.
+    (1 + the constraints' size: the largest distance of a hyperplane or bound from the origin), both in the LP's
+    equilibrated variables. Relative: rows normalised at 3e10 and 9e10 round apart by 3.8e-6, and an absolute 1e-6
+    called a feasible set empty.
     """
+    _, D, norms = _scaled_rows(qp)
+    size = 0.0
     if qp.m:
-        _, norms = _row_norms(qp)
         zero = norms == 0
         if np.any(zero & ((qp.l > 0) | (qp.u < 0))):
             return "a row with no entries excludes 0"
@@ -127,11 +193,9 @@ def certainly_empty(qp: QP) -> str | None:
             dist = np.where(zero, 0.0, np.maximum(np.abs(np.where(np.isfinite(qp.l), qp.l, 0.0)),
                                                   np.abs(np.where(np.isfinite(qp.u), qp.u, 0.0))) / norms)
         size = float(np.max(dist, initial=0.0))
-    else:
-        size = 0.0
     for bound in (qp.lb, qp.ub):
         fin = np.isfinite(bound)
-        size = max(size, float(np.max(np.abs(bound[fin]), initial=0.0)))
+        size = max(size, float(np.max(np.abs(bound[fin] / D[fin]), initial=0.0)))
     _, t, unconstrained = least_violation(qp)
     if t == float("inf"):
         return "the equality rows and fixed variables have no common point (HiGHS)"

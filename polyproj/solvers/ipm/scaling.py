@@ -51,9 +51,13 @@ def ruiz(xp: Any, P3: Any, C3: Any, q: Any, iters: int) -> Scaling:
     """Ruiz equilibration of ``[P Cᵀ; C 0]`` (``iters`` passes) and the cost scaling.
 
     Each pass divides every column and row by the square root of its largest entry (clipped to
-    ``[1e-4, 1e4]``; entries below 1e-8 count as 1). The cost scaling ``c_i`` is per element: one over
-    the larger of the mean column norm of ``Ps`` and ``‖D q_i‖∞``, so that an element's iterates do
-    not depend on the other elements of the batch while ``Ps`` stays shared when P is.
+    ``[1e-4, 1e4]``; a row or column whose largest entry is at most the dtype's eps times the larger of 1 and the
+    element's largest entry counts as 1: zero to rounding, where 1 is the scale of the bounds' rows of ``G = [C; I]``
+    that the pass leaves out. An absolute 1e-8 left columns of C at 3e-13 beside entries of 1 (a QP's columns scaled
+    1e-8..1e8) as they came, and the IPM said PRIMAL_INFEASIBLE on a feasible set; a floor relative to the largest
+    entry alone blew ``P = 1e-40 I`` in a unit box up by 1e20 and the IPM ran to MAX_ITER). The cost scaling ``c_i``
+    is per element: one over the larger of the mean column norm of ``Ps`` and ``‖D q_i‖∞``, so that an element's
+    iterates do not depend on the other elements of the batch while ``Ps`` stays shared when P is.
     """
     bs = max(P3.shape[0], C3.shape[0])
     n, m = P3.shape[-1], C3.shape[-2]
@@ -66,17 +70,20 @@ def ruiz(xp: Any, P3: Any, C3: Any, q: Any, iters: int) -> Scaling:
     E = xp.ones((bs, m), dtype=dtype, device=dev)
     Ps, Cs = P3, C3
     one = xp.ones((), dtype=dtype, device=dev)
+    eps = float(xp.finfo(dtype).eps)
 
-    def inv_sqrt(v):
-        v = xp.where(v < 1e-8, one, v)
+    def inv_sqrt(v, floor):
+        v = xp.where(v <= floor, one, v)
         return 1.0 / xp.sqrt(xp.clip(v, 1e-4, 1e4))
 
     for _ in range(iters):
         cn = xp.max(xp.abs(Ps), axis=-2)
         if m:
             cn = xp.maximum(cn, xp.max(xp.abs(Cs), axis=-2))
-            e = inv_sqrt(xp.max(xp.abs(Cs), axis=-1))
-        d = inv_sqrt(cn)
+        floor = eps * xp.clip(xp.max(cn, axis=-1, keepdims=True), 1.0, None)  # (bs, 1)
+        if m:
+            e = inv_sqrt(xp.max(xp.abs(Cs), axis=-1), floor)
+        d = inv_sqrt(cn, floor)
         Ps = d[:, :, None] * Ps * d[:, None, :]
         D = D * d
         if m:
