@@ -28,7 +28,7 @@ from .projection import ProjectionStart
 __all__ = ["ADMMSolver"]
 
 _CODES = (Status.SOLVED, Status.MAX_ITER, Status.PRIMAL_INFEASIBLE, Status.DUAL_INFEASIBLE, Status.TIME_LIMIT,
-          Status.SOLVED_INACCURATE)
+          Status.SOLVED_INACCURATE, Status.NUMERICAL_ERROR)
 #: rough projections: the polish's candidate thresholds come from this accuracy, and distance candidates
 #: from a small fraction of it (the ADMM's multipliers are exact zeros off the identified rows)
 _ROUGH_ACCURACY, _ROUGH_DIST = 1e-3, 0.03
@@ -100,11 +100,12 @@ class ADMMSolver(QPSolver):
             x, z, z_box = x.copy(), z.copy(), z_box.copy()
             x[bad], z[bad], z_box[bad] = np.nan, np.nan, np.nan
         wall = time.perf_counter() - t0
+        iterations = np.asarray(res.stopped_at, dtype=np.int64)  # each element's: where it met the tolerances
         if self.settings["verbose"]:
             residuals = None if res.prim_res is None else {"primal residual": res.prim_res,
                                                              "dual residual": res.dual_res}
-            report_batch(self.name, status, [res.iterations], wall, residuals)
-        return BatchSolution(x=x, z=z, z_box=z_box, status=status, iterations=np.full(size, res.iterations),
+            report_batch(self.name, status, iterations, wall, residuals)
+        return BatchSolution(x=x, z=z, z_box=z_box, status=status, iterations=iterations,
                              solve_time=wall, backend=self.name, qps=ElementQPs(qp, vecs, size))
 
     # ---------------------------------------------------------------- projections

@@ -8,8 +8,11 @@ OSQP: with the rows equilibrated to unit norm, a step size ``ρ`` per row (``100
     v = α C x̃ + (1 − α) z,   x ← α x̃ + (1 − α) x          (over-relaxation α)
     z ← clip(v + s, l, u),   s ← v + s − z
 
-``σ = 0`` when ``P`` is positive definite (projections: ``P = I``), so that ``x`` drops out of the update
-and ``K⁻¹q`` is computed once. Iterates are kept transposed, ``(rows, batch)``: the bound rows are then
+``σ = 0`` when ``P`` is numerically positive definite (projections: ``P = I``; else a Cholesky factor whose
+smallest pivot² is at least ``√eps · max Pᵢᵢ``), so that ``x`` drops out of the update and ``K⁻¹q`` is computed
+once; otherwise ``σ = 1e-6`` (OSQP's), which keeps ``K`` definite on a singular ``P``. A ``K`` that cannot be
+inverted all the same (no finite inverse) makes every sample NUMERICAL_ERROR, never an exception; at a step-size
+update the step size is kept instead. Iterates are kept transposed, ``(rows, batch)``: the bound rows are then
 one contiguous block whose product with ``x̃`` is ``x̃`` itself, and the loop is five fused passes.
 
 Two stopping rules (:class:`Stop`):
@@ -34,7 +37,7 @@ from array_api_compat import device as _device
 __all__ = ["ADMMResult", "ADMMSetup", "Stop", "setup", "solve"]
 
 #: ADMM codes (mapped to :class:`polyproj.Status` by the backend)
-SOLVED, MAX_ITER, PRIMAL_INFEASIBLE, DUAL_INFEASIBLE, TIME_LIMIT, INACCURATE = 0, 1, 2, 3, 4, 5
+SOLVED, MAX_ITER, PRIMAL_INFEASIBLE, DUAL_INFEASIBLE, TIME_LIMIT, INACCURATE, NUMERICAL_ERROR = 0, 1, 2, 3, 4, 5, 6
 #: the adaptive step size of the inequality rows stays within these, as OSQP's: unbounded, its product can run to
 #: inf (NaN iterates) or underflow (no certificate of unboundedness found). Like OSQP's they assume data near unit
 #: scale, which the backend guard's normalisation provides (polyproj.backends.scaling); the raw solver on a
@@ -42,6 +45,8 @@ SOLVED, MAX_ITER, PRIMAL_INFEASIBLE, DUAL_INFEASIBLE, TIME_LIMIT, INACCURATE = 0
 RHO_MIN, RHO_MAX = 1e-6, 1e6
 #: the relative floor of the duality-gap test, in units of the dtype's eps: the rounding of the gap's own terms
 ROUNDING = 16.0
+#: σ where P is not numerically definite (OSQP's): the x-update stays strongly convex on a singular P
+SIGMA = 1e-6
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class ADMMSetup:
     row_norm: Any  # (q + nb,) norms the rows were divided by (1 on bound rows)
     rho: Any  # (q + nb,) step sizes
     sigma: float
-    Kinv: Any  # (n, n)
+    Kinv: Any  # (n, n); None where K could not be inverted (solve: NUMERICAL_ERROR)
     KCr: Any  # (n, q + nb) K⁻¹ Cᵀ diag(ρ)
     lo: Any  # (q + nb, N) equilibrated lower bounds
     hi: Any  # (q + nb, N)
@@ -81,16 +86,24 @@ class Stop:
 
 @dataclass
 class _Iterate:
-    """ADMM iterate (transposed): ``x`` (n, N) only with ``σ > 0``, ``z`` and ``s`` (rows, N)."""
+    """ADMM iterate (transposed): ``x`` (n, N) only with ``σ > 0``, ``z`` and ``s`` (rows, N).
+
+    ``qT`` (n, N): the batch's ``q`` where ``σ > 0`` (the x-update's increment form, :func:`_x_increment`).
+    """
 
     x: Any
     z: Any
     s: Any
+    qT: Any = None
 
 
 @dataclass(frozen=True)
 class ADMMResult:
-    """Solutions (batch first): ``x`` (N, n), multipliers ``w`` (N, rows) of the original rows, codes, iterations."""
+    """Solutions (batch first): ``x`` (N, n), multipliers ``w`` (N, rows) of the original rows, codes, iterations.
+
+    ``iterations`` is the batch's count; ``stopped_at`` (N,) each sample's: the check at which it met the
+    tolerances or was certified infeasible (its answer is that iterate), the batch's count for the others.
+    """
 
     x: Any
     w: Any
@@ -98,26 +111,36 @@ class ADMMResult:
     iterations: int
     prim_res: Any
     dual_res: Any
+    stopped_at: Any = None  # (N,) int
 
 
 def _factor(xp: Any, P: Any, Cs: Any, nb: int, rho_v: Any, sigma: float) -> tuple[Any, Any]:
-    """``K⁻¹`` and ``K⁻¹Cᵀdiag(ρ)`` for ``K = P + σI + Cᵀdiag(ρ)C`` (C with the bound rows)."""
+    """``K⁻¹`` and ``K⁻¹Cᵀdiag(ρ)`` for ``K = P + σI + Cᵀdiag(ρ)C`` (C with the bound rows).
+
+    ``(None, None)`` where ``K`` has no finite inverse (singular: the inverse raises or overflows).
+    """
     n = P.shape[0]
     dt, dev = P.dtype, _device(P)
     Cfull = xp.concat([Cs, xp.eye(n, dtype=dt, device=dev)], axis=0) if nb else Cs
     CtR = xp.matrix_transpose(Cfull) * rho_v[None, :]
     K = P + sigma * xp.eye(n, dtype=dt, device=dev) + xp.matmul(CtR, Cfull)
-    Kinv = xp.linalg.inv(K)
-    return Kinv, xp.matmul(Kinv, CtR)
+    try:
+        Kinv = xp.linalg.inv(K)
+    except Exception:  # numpy's and torch's LinAlgError, and any namespace's own
+        return None, None
+    KCr = xp.matmul(Kinv, CtR)
+    if not (bool(xp.all(xp.isfinite(Kinv))) and bool(xp.all(xp.isfinite(KCr)))):
+        return None, None
+    return Kinv, KCr
 
 
 def rescaled(S: ADMMSetup, factor: float) -> ADMMSetup:
-    """``S`` with every step size multiplied by ``factor`` (refactored)."""
+    """``S`` with every step size multiplied by ``factor`` (refactored); ``S`` itself where that ``K`` is singular."""
     from dataclasses import replace
 
     rho_v = S.rho * factor
     Kinv, KCr = _factor(S.xp, S.P, S.C, S.nb, rho_v, S.sigma)
-    return replace(S, rho=rho_v, Kinv=Kinv, KCr=KCr)
+    return S if Kinv is None else replace(S, rho=rho_v, Kinv=Kinv, KCr=KCr)
 
 
 def setup(P: Any, C: Any, l: Any, u: Any, nb: int, *, rho: float = 10.0, alpha: float = 1.6,
@@ -146,13 +169,22 @@ def setup(P: Any, C: Any, l: Any, u: Any, nb: int, *, rho: float = 10.0, alpha: 
     rho_v = xp.where(eq, xp.full_like(row_norm, 1e3 * rho), xp.full_like(row_norm, rho))
     diagP = xp.linalg.diagonal(P)
     pd = bool(xp.all(diagP > 0)) and _positive_definite(xp, P)
-    sigma = 0.0 if pd else 1e-6
+    sigma = 0.0 if pd else SIGMA
     Kinv, KCr = _factor(xp, P, Cs, nb, rho_v, sigma)
+    if Kinv is None and sigma == 0.0:  # definite by the test, singular K all the same: regularise
+        sigma = SIGMA
+        Kinv, KCr = _factor(xp, P, Cs, nb, rho_v, sigma)
     return ADMMSetup(xp, P, Cs, row_norm, rho_v, sigma, Kinv, KCr, lo, hi, nb, float(alpha))
 
 
 def _positive_definite(xp: Any, P: Any) -> bool:
-    """P = I is the common case; otherwise a Cholesky factorisation tells."""
+    """P = I is the common case; otherwise a Cholesky factorisation with pivots clear of rounding tells.
+
+    A Cholesky factorisation that does not fail proves nothing: on a singular P its last pivots are rounding
+    (pivot² ~ 4 eps · max Pᵢᵢ on rank-2 4×4 matrices), and σ = 0 then left K = P + CᵀρC singular (LinAlgError,
+    or an inverse of rounding: MAX_ITER). Every pivot² is at least P's smallest eigenvalue, so a pivot² below
+    ``√eps · max Pᵢᵢ`` means P is singular or too ill-conditioned for σ = 0.
+    """
     n = P.shape[0]
     if bool(xp.all(P == xp.eye(n, dtype=P.dtype, device=_device(P)))):
         return True
@@ -160,7 +192,10 @@ def _positive_definite(xp: Any, P: Any) -> bool:
         L = xp.linalg.cholesky(P)
     except Exception:
         return False
-    return bool(xp.all(xp.isfinite(L)))
+    if not bool(xp.all(xp.isfinite(L))):
+        return False
+    pivots = xp.linalg.diagonal(L) ** 2
+    return bool(xp.min(pivots) >= float(xp.finfo(P.dtype).eps) ** 0.5 * xp.max(xp.linalg.diagonal(P)))
 
 
 class _Kernels:
@@ -231,8 +266,7 @@ def _step(S: ADMMSetup, k: _Kernels, Kq: Any, it: _Iterate, buf: dict) -> None:
     xp = S.xp
     nq = S.C.shape[0]
     u = k.sub(it.z, it.s, buf.get("u"))
-    base = Kq if S.sigma == 0 else Kq + S.sigma * xp.matmul(S.Kinv, it.x)
-    xt = k.addmm(base, S.KCr, u, buf.get("x"))
+    xt = k.addmm(Kq, S.KCr, u, buf.get("x")) if S.sigma == 0 else _x_increment(S, it, u)
     if k.inplace:  # v = α C x̃ + (1 − α) z; the bound rows' product is x̃ itself
         Cx = buf["Cx"]
         k.addmm(it.z[:nq], S.C, xt, Cx[:nq], beta=1.0 - S.alpha, alpha=S.alpha)
@@ -320,11 +354,17 @@ def solve(S: ADMMSetup, q: Any, stop: Stop, *, z0: Any = None) -> ADMMResult:
     xp = S.xp
     N = q.shape[0]
     dt, dev = q.dtype, _device(q)
+    if S.Kinv is None:  # K singular (setup): no iterate, NaN answers
+        rows = S.lo.shape[0]
+        return ADMMResult(xp.full((N, q.shape[1]), float("nan"), dtype=dt, device=dev),
+                          xp.full((N, rows), float("nan"), dtype=dt, device=dev),
+                          xp.full((N,), NUMERICAL_ERROR, dtype=xp.int64, device=dev), 0, None, None,
+                          xp.zeros((N,), dtype=xp.int64, device=dev))
     qT = xp.matrix_transpose(q)
     qT = xp.asarray(qT, copy=True) if is_numpy_namespace(xp) else (qT.contiguous() if hasattr(qT, "contiguous") else qT)
     Kq = -xp.matmul(S.Kinv, qT)
     z = xp.minimum(xp.maximum(_rows_product(S, -qT) if z0 is None else z0, S.lo), S.hi)
-    it = _Iterate(Kq if S.sigma else None, z, xp.zeros_like(z))
+    it = _Iterate(Kq, z, xp.zeros_like(z), qT) if S.sigma else _Iterate(None, z, xp.zeros_like(z))
     k = _Kernels(xp)
     buf = _buffers(xp, S, N, dt, dev) if k.inplace else {}
     watch = _Watch(xp, S, stop, N)
@@ -367,8 +407,27 @@ def _rows_product(S: ADMMSetup, xT: Any) -> Any:
 def _primal_point(S: ADMMSetup, Kq: Any, it: _Iterate) -> Any:
     """``x̃`` from the current ``z, s`` (transposed)."""
     xp = S.xp
-    base = Kq if S.sigma == 0 else Kq + S.sigma * xp.matmul(S.Kinv, it.x)
-    return base + xp.matmul(S.KCr, it.z - it.s)
+    if S.sigma != 0:
+        return _x_increment(S, it, it.z - it.s)
+    return Kq + xp.matmul(S.KCr, it.z - it.s)
+
+
+def _x_increment(S: ADMMSetup, it: _Iterate, u: Any) -> Any:
+    """``x̃ = x + K⁻¹(Cᵀρ(u − Cx) − Px − q)`` (σ > 0, ``u = z − s``): the update as an increment of ``x``.
+
+    ``σ > 0`` is for a singular (or nearly) ``P``, where ``K`` has eigenvalues down to ``σ`` and ``K⁻¹`` entries
+    up to ``1/σ``: the product ``K⁻¹ r`` is rounded to ``eps ‖r‖ / σ`` in every direction, ``P``'s range
+    included, which stalled the dual residual at ~1e-8 on rank-2 4×4 ``P`` (MAX_ITER). As an increment, ``r`` is
+    the x-step's own residual, which vanishes at the solution, and so does the rounding (``q`` inside it too:
+    ``K⁻¹q`` formed apart keeps its rounding).
+    """
+    xp, x = S.xp, it.x
+    nq = S.C.shape[0]
+    d = (u - _rows_product(S, x)) * S.rho[:, None]
+    g = xp.matmul(xp.matrix_transpose(S.C), d[:nq, ...])
+    if S.nb:
+        g = g + d[nq:, ...]
+    return x + xp.matmul(S.Kinv, g - xp.matmul(S.P, x) - it.qT)
 
 
 class _Watch:
@@ -384,6 +443,8 @@ class _Watch:
         self.prev_x = None
         self.prim = self.dual = None
         self.ratio = None
+        #: each sample's iteration count when its code left MAX_ITER (solved, certified)
+        self.at = xp.zeros((N,), dtype=xp.int64, device=dev)
         # each sample's iterate when it first met the tolerances: the others keep running (and the step size
         # keeps adapting to them), which moved solved samples off their answer (a batch with an infeasible
         # element returned its solved one at 190 times the tolerance)
@@ -391,9 +452,11 @@ class _Watch:
 
     def update(self, it: _Iterate, qT: Any, Kq: Any, iters: int) -> bool:
         """True when the batch may stop."""
-        if self.stop.rule == "faces":
-            return self._faces(it)
-        return self._residuals(it, qT, Kq)
+        xp = self.xp
+        running = self.code == MAX_ITER
+        done = self._faces(it) if self.stop.rule == "faces" else self._residuals(it, qT, Kq)
+        self.at = xp.where(running & (self.code != MAX_ITER), xp.full_like(self.at, iters), self.at)
+        return done
 
     def _faces(self, it: _Iterate) -> bool:
         xp = self.xp
@@ -499,6 +562,8 @@ class _Watch:
 
     def result(self, it: _Iterate, qT: Any, Kq: Any, iters: int) -> ADMMResult:
         xp, S = self.xp, self.S
+        # the samples still running (MAX_ITER, TIME_LIMIT) ran all the batch's iterations
+        at = xp.where(self.at > 0, self.at, xp.full_like(self.at, iters))
         xt = _primal_point(S, Kq, it)
         w = it.s * (S.rho / S.row_norm)[:, None]  # multipliers of the original rows
         prim, dual = self.prim, self.dual
@@ -507,7 +572,7 @@ class _Watch:
             xt, w = xp.where(k["mask"][None, :], k["x"], xt), xp.where(k["mask"][None, :], k["w"], w)
             if prim is not None:
                 prim, dual = xp.where(k["mask"], k["prim"], prim), xp.where(k["mask"], k["dual"], dual)
-        return ADMMResult(xp.matrix_transpose(xt), xp.matrix_transpose(w), self.code, iters, prim, dual)
+        return ADMMResult(xp.matrix_transpose(xt), xp.matrix_transpose(w), self.code, iters, prim, dual, at)
 
 
 def _gap(xp: Any, S: ADMMSetup, xt: Any, Px: Any, qT: Any, w: Any) -> tuple[Any, Any]:
