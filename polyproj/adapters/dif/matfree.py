@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ProblemError, SolverError
+from ...solution import Status
 from .krylov import IndefiniteHessianError
 
 __all__ = ["DualQP"]
@@ -120,6 +121,13 @@ class DualQP:
         sols = solve_qp_exact_batch(P, Q, Cd, np.zeros((Q.shape[0], Cd.shape[0])), np.zeros(Cd.shape[0], bool),
                                     backend=self.backend, **self.settings)
         bad = [i for i, s in enumerate(sols) if not s.status.ok]
+        if any(sols[i].status is Status.DUAL_INFEASIBLE for i in bad):
+            # P = C H⁻¹ Cᵀ is positive semidefinite: this QP in the multipliers is unbounded below exactly when the
+            # removal's QP in ω has no point, i.e. dependent rows asked to move inconsistently (the dense path's
+            # PRIMAL_INFEASIBLE, engine._qp_error)
+            from .engine import INCONSISTENT
+
+            raise ProblemError(INCONSISTENT)
         if bad:
             s = sols[bad[0]]
             raise SolverError(f"the DIF dual QP failed for {len(bad)} of {len(sols)} removals "

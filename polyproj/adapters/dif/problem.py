@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ...errors import ProblemError, close_matches
+from ...linalg import own_contiguous
 
 __all__ = ["ConstrainedProblem", "Constraint", "Loss", "Removal"]
 
@@ -55,8 +56,8 @@ def _prepare_data(data: Any, name: str) -> tuple[Any, int | None]:
         raise ProblemError(f"{name}: data is an empty tuple")
     conv = []
     for k, t in enumerate(items):
-        if isinstance(t, np.ndarray):
-            t = torch.from_numpy(t)
+        if isinstance(t, np.ndarray):  # torch takes neither negative strides nor (without a warning) read-only memory
+            t = torch.from_numpy(own_contiguous(t))
         if not isinstance(t, torch.Tensor):
             raise ProblemError(f"{name}: data[{k}] must be a tensor, got {type(t).__name__}")
         if t.ndim == 0:
@@ -145,7 +146,8 @@ def _prepare_weights(w: Any, name: str, n: int | None, renormalize: bool) -> tor
     if n is None:
         raise ProblemError(f"{name}: weights are per sample, and this term has no data")
     try:
-        t = torch.as_tensor(w.detach() if isinstance(w, torch.Tensor) else np.asarray(w, dtype=np.float64))
+        t = torch.as_tensor(w.detach() if isinstance(w, torch.Tensor)
+                            else own_contiguous(np.asarray(w, dtype=np.float64)))
     except (TypeError, ValueError) as exc:
         raise ProblemError(f"{name}: weights must be a 1-D array of numbers, got {type(w).__name__}: {exc}") from None
     t = t.to("cpu", torch.float64, copy=True)
@@ -472,7 +474,7 @@ class ConstrainedProblem:
                              if id(p) in first and first[id(p)] != k}
             theta = torch.cat([p.detach().reshape(-1) for _, p in named])
         elif isinstance(params, torch.Tensor) or isinstance(params, np.ndarray):
-            theta = torch.as_tensor(params).detach()
+            theta = torch.as_tensor(own_contiguous(params) if isinstance(params, np.ndarray) else params).detach()
             if theta.ndim != 1:
                 raise ProblemError(f"params must be a 1-D tensor or an nn.Module, got shape {tuple(theta.shape)}")
             if not theta.is_floating_point():
