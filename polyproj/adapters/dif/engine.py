@@ -340,14 +340,18 @@ class DIF:
 
     def _setup_matrix_free(self, damping: float, auto: bool, krylov: str, rtol: float, maxiter: int | None,
                            preconditioner: Any) -> None:
-        self._krylov_args, self._auto = (krylov, rtol, maxiter, preconditioner), auto
+        """The operator, its inverse and V = H⁻¹Cᵀ at ``damping`` (raised under ``auto`` until H is usable).
+
+        The engine's state changes only when all of it is ready, in one assignment: a re-damping interrupted
+        (KeyboardInterrupt) or failed leaves the previous damping, inverse and V in force together.
+        """
+        label = "H⁻¹∇g_A" if self.rule == "derivative" else "H⁻¹∇g"
         for _ in range(20):
             op = HessianOperator(self.problem, self.kkt.theta, self.lin.lam, damping=damping,
                                  chunk_size=self.chunk_size)
-            self._inv = KrylovInverse(op, krylov, rtol, maxiter, preconditioner)
-            self.V = None
+            inv = KrylovInverse(op, krylov, rtol, maxiter, preconditioner)
             try:
-                self.active_solves  # noqa: B018 - V at once: CG meets H's negative curvature here
+                V = inv.solve_many(self.C, label)  # at once: CG meets H's negative curvature here
                 if krylov == "minres":
                     self._check_second_order(op)
                 break
@@ -357,7 +361,8 @@ class DIF:
                     raise
         else:  # pragma: no cover - twenty rounds, each at least doubling
             raise SolverError("damping='auto' could not make H positive definite in 20 rounds")
-        self.damping, self.op = damping, op
+        self._krylov_args, self._auto = (krylov, rtol, maxiter, preconditioner), auto
+        self._inv, self.V, self.damping, self.op = inv, V, damping, op
 
     def _check_second_order(self, op: HessianOperator) -> None:
         """MINRES: refuse an H (+ damping) that is not positive definite on the binding rows' null space.
@@ -418,8 +423,8 @@ class DIF:
 
     def _redamp(self, damping: float) -> None:
         """Set the matrix-free path up again with ``damping`` (V and the dual QPs anew: later answers all use it)."""
-        self._dual, self._v_extra, self._step_duals = None, {}, {}
         self._setup_matrix_free(damping, True, *self._krylov_args)
+        self._dual, self._v_extra, self._step_duals = None, {}, {}
 
     # ------------------------------------------------------------------ shared pieces
     @property
@@ -576,7 +581,9 @@ class DIF:
         mu = self.dual.solve(self.C @ y + u) if self.rows.size else np.zeros(0)
         omega = -(y + self.V @ mu)
         slack = u - self.C @ omega
-        tol = 1e-8 * (1.0 + float(np.max(np.abs(u), initial=0.0)))
+        # held at the scale of the row's own terms (a Krylov ω is exact to its rtol in norm): an absolute floor
+        # called every weakly active row of a small removal's answer active (slack 2e-10 with ω 2e-10)
+        tol = 1e-8 * (np.abs(u) + np.linalg.norm(self.C, axis=1) * float(np.linalg.norm(omega)))
         # a rounding-level positive multiplier on a row left with slack is not an active row
         new = mu + self.floor  # the QP's own multipliers (= μ under the derivative rule)
         act = self.row_eq | (new > 1e-10 * (1.0 + float(np.max(np.abs(new), initial=0.0)))) | (np.abs(slack) <= tol)
@@ -677,7 +684,9 @@ class DIF:
                                "[removal]")
         rems = list(removals) if removals is not None else \
             [{"objective": [i]} for i in range(self.problem.objective.n_samples)]
-        if removals is not None or len(rems) == 1:  # every path refuses a bad removal (the singles are valid for N > 1)
+        if removals is None:  # every path refuses a bad removal
+            self.problem.check_single_removals()
+        else:
             for rem in rems:
                 self.problem.check_removal(rem)
         if order == 2:

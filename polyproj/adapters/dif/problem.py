@@ -669,6 +669,22 @@ class ConstrainedProblem:
                 out[name] = np.sort(arr)
         return out
 
+    def check_single_removals(self) -> None:
+        """Validate every removal of one objective sample (``influence(None)``) without forming N of them.
+
+        Such a removal is invalid only when it removes all the samples (N = 1) or, in a loss renormalised by
+        its weights, the one sample of nonzero weight: that removal is checked, with :meth:`check_removal`'s
+        error.
+        """
+        obj = self.objective
+        first = [0] if obj.n_samples == 1 else []
+        if obj.weights is not None and obj.renormalize:
+            nonzero = np.flatnonzero(obj.weights.numpy())
+            if nonzero.size == 1:
+                first.append(int(nonzero[0]))
+        for i in first:
+            self.check_removal({"objective": [i]})
+
     def _with_losses(self, mapping: dict[str, Loss]) -> ConstrainedProblem:
         new = copy.copy(self)
         new.objective = mapping.get("objective", self.objective)
