@@ -136,6 +136,11 @@ def _primal_certificate(xp, qp, rows, num, tol, dzg_u, dzb_u, x1):
     nz = xp.maximum(inf_norm(xp, dzg_u), inf_norm(xp, dzb_u))
     nz_safe = xp.where(nz > 0, nz, one)
     zall = xp.concat([dzg_u, dzb_u], axis=1) / nz_safe[:, None]
+    # a certificate's multipliers lie in the dual cone of the finite sides: a part of the wrong sign on a side
+    # without a bound makes the support +inf (no certificate). Dropped, it shows in ``stat`` (far projections:
+    # δz ~ 1e7 with negative parts on rows bounded above only had Cᵀδz ≈ 0 and a "negative" support)
+    zall = xp.where(rows.finU, zall, xp.minimum(zall, zero))
+    zall = xp.where(rows.finL, zall, xp.maximum(zall, zero))
     stat = inf_norm(xp, rmv(qp.C, zall[:, :qp.m]) + zall[:, qp.m:])
     supp = _support(xp, rows, zall, zero)
     # rounding of the support function itself (huge finite bounds make it meaningless)

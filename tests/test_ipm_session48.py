@@ -1,0 +1,37 @@
+"""The raw batched IPM's infeasibility certificate (2026-12-07 probe; failing before its fix)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polyproj.solvers.ipm import solve_qp_batch
+
+
+@pytest.mark.parametrize("scale", [1e7, 1e9])
+def test_a_far_projection_onto_a_nonempty_polytope_is_never_called_infeasible(scale):
+    """Projecting a point ~1e7 away onto a small polytope (a known point x0 inside it) ended PRIMAL_INFEASIBLE in
+    5 iterations: the multiplier direction had negative parts on rows bounded above only (support +inf, no
+    certificate) that the support function read as 0, so C^T dz ~ 0 with a "negative" support passed. The
+    certificate now takes dz in the dual cone of the finite sides. Far projections may end unfinished (a known
+    limit of the raw IPM: README), never infeasible."""
+    rng = np.random.default_rng(3)
+    n, m = 5, 8
+    x0 = 0.2 * rng.standard_normal(n)
+    A = rng.standard_normal((m, n))
+    a = A @ x0 + 0.2
+    C = np.vstack([A, np.ones((1, n))])
+    lo, up = np.r_[np.full(m, -np.inf), x0.sum()], np.r_[a, x0.sum()]
+    assert np.all(A @ x0 <= a) and abs(C[-1] @ x0 - up[-1]) <= 1e-15
+    x = 3 * rng.standard_normal(n)
+    res = solve_qp_batch(np.eye(n), -(scale * x)[None], C, lo, up)
+    assert res.statuses()[0].name not in ("PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE"), res.statuses()[0]
+
+
+def test_an_empty_polytope_is_still_certified():
+    """The same rows with the equation moved past what A y <= a allows: PRIMAL_INFEASIBLE, as before."""
+    n = 3
+    C = np.vstack([np.eye(n), np.ones((1, n))])
+    lo, up = np.r_[np.full(n, -np.inf), 4.0], np.r_[np.ones(n), 4.0]  # y <= 1 each, yet Σy = 4
+    res = solve_qp_batch(np.eye(n), np.zeros((1, n)), C, lo, up)
+    assert res.statuses()[0].name == "PRIMAL_INFEASIBLE"
