@@ -200,7 +200,7 @@ class ProxSuiteSolver(QPSolver):
             if other is not None and other.status.ok:
                 status = Status.NUMERICAL_ERROR
         tl = self.settings["time_limit"]
-        if status.ok and tl is not None and info_p.run_time * 1e-6 > tl:
+        if (status.ok or status is Status.MAX_ITER) and tl is not None and info_p.run_time * 1e-6 > tl:
             status = Status.TIME_LIMIT
         return status
 
@@ -394,13 +394,28 @@ class ProxSuiteSolver(QPSolver):
         if not self._staged():
             return self._solve_once(qp, warm_start, rho)
         first = self._solve_once(qp, warm_start, rho, first_budget=True)
-        return self._resumed(qp, first, warm_start, rho) if first.status is Status.MAX_ITER else first
+        if first.status is not Status.MAX_ITER:
+            return first
+        tl = self.settings["time_limit"]
+        if tl is not None and first.solve_time + first.setup_time > tl:  # ProxQP cannot be stopped: no second run
+            return replace(first, status=Status.TIME_LIMIT)
+        # a warm start after which ProxQP did not converge in FIRST_BUDGET outer iterations (feasible QPs converge
+        # far below it) is no help: the full run starts cold, as an unstaged one would (z = 1e10 on a unit QP
+        # made the full run ~10⁷ iterations, 44 s, to MAX_ITER; cold, 20 iterations)
+        return self._resumed(qp, first, None, rho)
 
     def _resumed(self, qp: QP, first: Solution, warm_start: Any = None, rho: float | None = None) -> Solution:
-        """``qp`` solved with ProxQP's own budget after ``first`` (its FIRST_BUDGET run), the counts summed."""
+        """``qp`` solved with ProxQP's own budget after ``first`` (its FIRST_BUDGET run), the counts summed.
+
+        TIME_LIMIT where the two runs together passed ``time_limit`` (each is judged alone in :meth:`_final_status`).
+        """
         full = self._solve_once(qp, warm_start, rho)
-        return replace(full, iterations=first.iterations + full.iterations,
-                       solve_time=first.solve_time + full.solve_time, setup_time=first.setup_time + full.setup_time)
+        out = replace(full, iterations=first.iterations + full.iterations,
+                      solve_time=first.solve_time + full.solve_time, setup_time=first.setup_time + full.setup_time)
+        tl = self.settings["time_limit"]
+        if (out.status.ok or out.status is Status.MAX_ITER) and tl is not None and out.solve_time + out.setup_time > tl:
+            out = replace(out, status=Status.TIME_LIMIT)
+        return out
 
     def _solve_once(self, qp: QP, warm_start: Any, rho: float | None = None, first_budget: bool = False) -> Solution:
         warm = warm_start is not None and self.settings["warm_start"]
