@@ -59,6 +59,9 @@ class KKTPoint:
         Primal residual, dual residual and duality gap.
     tp, td, tg : (b,)
         Their tolerances (with the float32 floor).
+    near : (b,) bool
+        Within 1000 times the tolerances' relative parts and within the float32 floor (SOLVED_INACCURATE when
+        the iteration ends there unfinished).
     """
 
     x: Any
@@ -70,6 +73,7 @@ class KKTPoint:
     tp: Any
     td: Any
     tg: Any
+    near: Any
 
     def take(self, xp: Any, idx: Any) -> KKTPoint:
         """The elements ``idx``."""
@@ -81,7 +85,8 @@ class KKTPoint:
         return KKTPoint(xp.where(m2, new.x, self.x), xp.where(m2, new.z, self.z), xp.where(m2, new.z_box, self.z_box),
                         *(xp.where(mask, a, o) for a, o in ((new.pres, self.pres), (new.dres, self.dres),
                                                              (new.gap, self.gap), (new.tp, self.tp),
-                                                             (new.td, self.td), (new.tg, self.tg))))
+                                                             (new.td, self.td), (new.tg, self.tg),
+                                                             (new.near, self.near))))
 
 
 @dataclass(slots=True)
