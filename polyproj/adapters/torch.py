@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -796,6 +797,17 @@ class _SetCache:
 
 #: the sets of the constraint tensors given to :func:`project` and :class:`ProjectionLayer` lately
 _SETS = _SetCache()
+
+
+def _after_fork_in_child() -> None:
+    # a lock held by another thread at the fork is never released in the child (its first layer call hung)
+    import threading
+
+    _SETS._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @_eager_under_compile

@@ -61,8 +61,9 @@ class Box(Projector):
         lb, ub = self._bounds(X)
         Y = xp.minimum(xp.maximum(X, lb), ub)
         P = self._polyhedron
-        li = xp.asarray(P.lb_idx, device=_device(X))
-        ui = xp.asarray(P.ub_idx, device=_device(X))
+        host = isinstance(X, np.ndarray)  # the index arrays are read-only after a copy or pickle (torch warns)
+        li = xp.asarray(P.lb_idx if host else own_contiguous(P.lb_idx), device=_device(X))
+        ui = xp.asarray(P.ub_idx if host else own_contiguous(P.ub_idx), device=_device(X))
         at_lb, at_ub = Y == lb, Y == ub
         zero = xp.zeros_like(X)
         lam_lb, lam_ub = xp.maximum(lb - X, zero), xp.maximum(X - ub, zero)
