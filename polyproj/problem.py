@@ -4,7 +4,8 @@ QP (docs/architecture.md, "Conventions")::
 
     minimize ½ xᵀPx + qᵀx   subject to   l <= C x <= u,   lb <= x <= ub
 
-rows with ``l_i == u_i`` are equalities; ``±inf`` (or ``|v| >= 1e20``) means no bound.
+rows with ``l_i == u_i`` are equalities; ``±inf`` (or ``|v| >= 1e20``) means no bound, except on a row scaled
+up as far (:data:`DROPPED_RATIO`: refused), and never in the cost ``q``.
 
 Polyhedron::
 
@@ -138,29 +139,55 @@ def _check_row_scale(big: np.ndarray, name: str) -> None:
                            "side up (the set is the same for any positive multiple), or drop a row meant as zero")
 
 
-#: a right-hand side read as "no bound" (|a_i| >= 1e20) on a row whose entries reach 1e20 / DROPPED_RATIO is refused
-DROPPED_RATIO = 1e16
+#: a right-hand side read as "no bound" (|v| >= 1e20) on a row whose entries reach |v| / DROPPED_RATIO is refused.
+#: Data files write 1e20 for "no bound" on rows with entries up to 1e5 (Maros–Meszaros QSIERRA: ratio 1e15, others
+#: from 2.5e16): such a side binds only where |x| reaches 1e12 and more, and is read as none; closer, it is a finite
+#: right-hand side of a row scaled up as far.
+DROPPED_RATIO = 1e12
 
 
-def _check_dropped_rows(big: np.ndarray, a: np.ndarray, given: Any) -> None:
-    """Refuse a right-hand side read as "no bound" (``|a_i| >= 1e20``) on a row scaled up as far.
+def _check_scaled_rows(M: Any, given: Any, name: str, matrix: str, sides: str, rhs: str, up: int) -> None:
+    """Refuse a right-hand side ``given`` that would read as infinite (``|v| >= 1e20``) on a row scaled up as far.
 
     ``1e20 (y_1 + y_2) <= 1e20`` is the set ``y_1 + y_2 <= 1``: reading its right-hand side as ``+inf`` would
-    drop the row. The convention holds where the row's entries are far below the right-hand side (``a_i = 1e20``
-    on a row of unit entries, as data files write "no bound"); it is refused where ``|a_i| / max|A_ij|`` is
-    below :data:`DROPPED_RATIO`.
+    drop the row (a QP's ``u`` silently: every backend returned the unconstrained point as SOLVED), and
+    ``1e20 (y_1 + y_2) = -1e20`` is no "forbidden infinity" but ``y_1 + y_2 = -1``. The convention holds where
+    ``|v| / max_j |M_ij|`` reaches :data:`DROPPED_RATIO` (``v = 1e20`` on a row of unit entries, as data files
+    write "no bound"); below it the value is refused, with the hint to scale the row. Run on the values as given,
+    before :func:`check_values` maps them (which would name the mapped infinity instead); values of the wrong
+    shape or type are left to it. ``sides``: the row's right-hand sides for the hint (``"l[i], u[i]"``);
+    ``rhs``: which side ``name`` is, for the message ("" for a one-sided row); ``up``: ``+1`` where ``+inf``
+    is that side's "no bound", ``-1`` where ``-inf`` is, ``0`` where neither (equations).
     """
-    if not big.size or given is None or not np.isinf(a).any():
+    if given is None or M is None or M.shape[0] == 0:
         return
-    raw = np.asarray(_asarray(given, "a"), dtype=np.float64)
-    raw = np.broadcast_to(raw.reshape(-1) if raw.ndim else raw, a.shape)
+    raw = _asarray(given, name)
+    if raw.dtype.kind not in "biuf" or raw.ndim > 1:
+        return
+    raw = np.asarray(raw, dtype=np.float64).reshape(-1)
+    if raw.shape != (M.shape[0],):
+        return
+    cand = np.isfinite(raw) & (np.abs(raw) >= _INF_THRESHOLD)
+    if not cand.any():
+        return
+    big = _row_max(M)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        bad = np.isinf(a) & np.isfinite(raw) & (big > 0) & (np.abs(raw) / big < DROPPED_RATIO)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ProblemError(f"a[{i}] = {raw[i]:g} reads as no bound (|v| >= {_INF_THRESHOLD:g} means +inf), which "
-                           f"would drop row {i}, yet that row's entries reach {big[i]:.3g}: divide row {i} of A "
-                           f"and a[{i}] by a common factor (the set is the same), or pass a[{i}] = inf to drop it")
+        bad = cand & (big > 0) & (np.abs(raw) / big < DROPPED_RATIO)
+    if not bad.any():
+        return
+    i = int(np.flatnonzero(bad)[0])
+    v = raw[i]
+    read = "inf" if v > 0 else "-inf"
+    hint = (f"divide row {i} of {matrix} and {sides.replace('[i]', f'[{i}]')} by a common factor "
+            "(the set is the same)")
+    if up and np.sign(v) == up:  # an allowed "no bound" on this side: the side would be dropped
+        drop = f"the {rhs} side of row {i}" if rhs else f"row {i}"
+        raise ProblemError(f"{name}[{i}] = {v:g} reads as no bound (|v| >= {_INF_THRESHOLD:g} means {read}), which "
+                           f"would drop {drop} of {matrix}, yet that row's entries reach {big[i]:.3g}: {hint}, or "
+                           f"pass {name}[{i}] = {read} for no bound")
+    raise ProblemError(f"{name}[{i}] = {v:g}, which reads as {read} (|v| >= {_INF_THRESHOLD:g} means no bound), is "
+                       f"a finite right-hand side of row {i} of {matrix}, whose entries reach {big[i]:.3g} (a row "
+                       f"scaled up as far), not an infinity: {hint}")
 
 
 def _where(mask: np.ndarray) -> tuple[int, ...]:
@@ -171,18 +198,29 @@ def _loc(idx: tuple[int, ...]) -> str:
     return ", ".join(str(i) for i in idx)
 
 
-def check_values(arr: np.ndarray, name: str, allow_inf: int = 0) -> np.ndarray:
+def check_values(arr: np.ndarray, name: str, allow_inf: int = 0, *, cost: bool = False) -> np.ndarray:
     """Check the entries of a float64 array of right-hand sides or bounds (any shape).
 
     NaN is an error; ``|v| >= 1e20`` is mapped to ``±inf``; ``allow_inf``: 0 no infinities, +1 only
     ``+inf`` (upper bounds), -1 only ``-inf`` (lower bounds). Used for single vectors and for the
     batches of ``QPSolver.solve_batch`` alike. Returns the mapped array.
+
+    ``cost``: the entries are a linear cost (``q``), not bounds: "no bound" means nothing there, so any finite
+    value is kept as it is (the backends solve far-from-unit data in normalised units, ``backends/scaling.py``:
+    ``q = -1e20 e_1`` was refused as a forbidden infinity while ``P = 1e150 I`` was solved) and only ``±inf``
+    is refused.
     """
     nan = np.isnan(arr)
     if nan.any():
         idx = _where(nan)
         where = f"index {idx[0]}" if arr.ndim == 1 else str(idx)
         raise ProblemError(f"{name} contains NaN (first at {where})")
+    if cost:
+        inf = np.isinf(arr)
+        if inf.any():
+            idx = _where(inf)
+            raise ProblemError(f"{name}[{_loc(idx)}] = {arr[idx]} is not allowed: a cost must be finite")
+        return np.array(arr)  # a fresh array, as the mapping below makes one (the problem owns its base)
     given = arr
     arr = np.where(arr >= _INF_THRESHOLD, np.inf, np.where(arr <= -_INF_THRESHOLD, -np.inf, arr))
     if allow_inf == 0:
@@ -212,8 +250,8 @@ def check_order(lo: np.ndarray, hi: np.ndarray, lname: str, uname: str, what: st
 
 
 def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow_inf: int = 0,
-            scalar: bool = False) -> np.ndarray:
-    """Validate a vector of length ``size`` (see :func:`check_values` for ``allow_inf``).
+            scalar: bool = False, cost: bool = False) -> np.ndarray:
+    """Validate a vector of length ``size`` (see :func:`check_values` for ``allow_inf`` and ``cost``).
 
     ``scalar``: a single number stands for that value in every entry (bounds: ``lb=0``).
     """
@@ -228,7 +266,7 @@ def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow
     arr = np.array(arr, dtype=np.float64).reshape(-1) if arr.ndim <= 1 else arr
     if arr.ndim != 1 or arr.shape[0] != size:
         raise ProblemError(f"{name} must have shape ({size},), got {np.shape(v)}")
-    return check_values(arr, name, allow_inf)
+    return check_values(arr, name, allow_inf, cost=cost)
 
 
 def matrix_scale(P) -> float:
@@ -387,9 +425,12 @@ class QP:
         Symmetric positive semidefinite (checked: here up to n = 3,000 or for a diagonal P, beyond that by
         every backend before it solves, by Lanczos; ``psd_known`` says whether the construction decided it).
     q : (n,) array
+        Finite, of any magnitude (a cost: ``|q_i| >= 1e20`` is not "no bound").
     C : (m, n) array or scipy.sparse matrix, optional
     l, u : (m,) arrays, optional
-        ``-inf`` / ``+inf`` (or beyond ±1e20) mean unbounded; ``l_i == u_i`` is an equality.
+        ``-inf`` / ``+inf`` (or beyond ±1e20) mean unbounded; ``l_i == u_i`` is an equality. A value beyond
+        ±1e20 on a row whose entries reach ``|v| / 1e12`` (``1e20 (x_1 + x_2) <= 1e20``: the set
+        ``x_1 + x_2 <= 1``) is refused, not dropped: scale that row and its sides down.
     lb, ub : (n,) arrays, optional
         Variable bounds.
     check_psd : bool
@@ -418,7 +459,7 @@ class QP:
                                                                   and self.check_psd in (0, 1))):
             # None or "" silently skipped the check (0 and 1 are flags, as in the backends' options)
             raise ProblemError(f"check_psd must be True or False, got {self.check_psd!r}")
-        q = _vector(self.q, "q", int(np.prod(np.shape(self.q), dtype=np.int64)))
+        q = _vector(self.q, "q", int(np.prod(np.shape(self.q), dtype=np.int64)), cost=True)
         n = q.shape[0]
         P = _matrix(self.P, "P", n, allow_none=False, one_row=False)
         if P.shape != (n, n):
@@ -429,6 +470,8 @@ class QP:
             if self.l is not None or self.u is not None:
                 raise ProblemError("l/u given without C")
         m = C.shape[0]
+        _check_scaled_rows(C, self.l, "l", "C", "l[i], u[i]", "lower", -1)  # before the values are mapped to ±inf
+        _check_scaled_rows(C, self.u, "u", "C", "l[i], u[i]", "upper", 1)
         l = _vector(self.l, "l", m, default=-np.inf, allow_inf=-1)
         u = _vector(self.u, "u", m, default=np.inf, allow_inf=1)
         check_order(l, u, "l", "u")
@@ -457,7 +500,11 @@ class QP:
         if validate:
             spec = {"q": (self.n, 0), "l": (self.m, -1), "u": (self.m, 1), "lb": (self.n, -1), "ub": (self.n, 1)}
             for k, v in vectors.items():  # a number stands for every bound, as in QP(lb=0)
-                vals[k] = _read_only(_vector(v, k, spec[k][0], allow_inf=spec[k][1], scalar=k in ("lb", "ub")))
+                if k in ("l", "u"):
+                    _check_scaled_rows(self.C, v, k, "C", "l[i], u[i]", "lower" if k == "l" else "upper",
+                                       spec[k][1])
+                vals[k] = _read_only(_vector(v, k, spec[k][0], allow_inf=spec[k][1], scalar=k in ("lb", "ub"),
+                                             cost=k == "q"))
             check_order(vals["l"], vals["u"], "l", "u")
             check_order(vals["lb"], vals["ub"], "lb", "ub")
         else:
@@ -680,7 +727,7 @@ class Polyhedron:
             raise ProblemError("cannot tell the number of variables: give A, B, lb/ub or n")
         A = _matrix(self.A, "A", n)
         B = _matrix(self.B, "B", n)
-        big_a = _row_max(A) if A is not None else np.zeros(0)  # each row's largest entry: read by three checks
+        big_a = _row_max(A) if A is not None else np.zeros(0)  # each row's largest entry: read by two checks
         big_b = _row_max(B) if B is not None else np.zeros(0)
         _check_row_scale(big_a, "A")
         _check_row_scale(big_b, "B")
@@ -692,12 +739,13 @@ class Polyhedron:
             B = np.zeros((0, n))
             if self.b is not None and np.prod(np.shape(self.b)):
                 raise ProblemError("b given without B")
+        _check_scaled_rows(A, self.a, "a", "A", "a[i]", "", 1)  # before the values are mapped to ±inf
+        _check_scaled_rows(B, self.b, "b", "B", "b[i]", "", 0)
         a = _vector(self.a, "a", A.shape[0], default=np.inf if A.shape[0] == 0 else None, allow_inf=1)
         b = _vector(self.b, "b", B.shape[0], default=0.0 if B.shape[0] == 0 else None)
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1, scalar=True)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1, scalar=True)
         check_order(lb, ub, "lb", "ub")
-        _check_dropped_rows(big_a, a, self.a)
         why = empty_row(np, big_a[:, None], a, big_b[:, None], b)  # zero rows, sparse or dense
         if why is not None:
             raise ProblemError(why)

@@ -8,6 +8,14 @@ Fixed variables (``lb_j == ub_j``): HiGHS 1.16 ends ``P = diag(1, 0), q = (1, 0)
 
 whose multipliers ``z`` and ``z_box_f`` are those of the original problem; the fixed variables'
 bound multipliers follow from stationarity, ``z_box_F = −(P x + q + Cᵀz)_F``.
+
+A row whose free part is zero (every row, once all variables are fixed) is decided by the shift alone,
+``l_i <= C_F x_F <= u_i``, and the shift carries rounding: ``3 · 0.1 − 0.3 = 5.6e-17``, and HiGHS and DAQP
+called ``3 x = 0.3, x = 0.1`` infeasible. Such a row is met when it is met to the rounding of its terms,
+``(k + 2) eps (|C_F| |x_F| + |l_i| + |u_i|)`` (``k`` fixed terms summed, the sides and the subtraction one
+rounding each), and is then left out of the reduced problem (``±inf``: it constrains no free variable, its
+multiplier is 0 and the fixed variables' ``z_box_F`` take its force); one missed by more stays, and the
+reduced problem is infeasible as the original is.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
-from ..problem import QP
+from ..problem import QP, _row_max
 from ..solution import Solution, Status
 
 __all__ = ["FixedVariables", "fixed_variables", "solve_without_fixed"]
@@ -41,11 +49,18 @@ class FixedVariables:
         P = qp.P.tocsr() if sp.issparse(qp.P) else qp.P
         P_ff = P[f][:, f]
         shift_q = np.asarray(P[f][:, F] @ v).reshape(-1)
-        shift_c = np.asarray(_columns(qp.C, F) @ v).reshape(-1) if qp.m else np.zeros(0)
+        C_F, C_f = _columns(qp.C, F), _columns(qp.C, f)
+        shift_c = np.asarray(C_F @ v).reshape(-1) if qp.m else np.zeros(0)
         with np.errstate(invalid="ignore"):  # inf - finite stays inf
             l, u = qp.l - shift_c, qp.u - shift_c
+        if qp.m:  # rows without free variables: met to the rounding of the shift, or not (module docstring)
+            terms = np.asarray(abs(C_F) @ np.abs(v)).reshape(-1)
+            sides = np.where(np.isfinite(qp.l), np.abs(qp.l), 0.0) + np.where(np.isfinite(qp.u), np.abs(qp.u), 0.0)
+            tol = (F.size + 2) * np.finfo(np.float64).eps * (terms + sides)
+            met = (_row_max(C_f) == 0) & (l <= tol) & (u >= -tol)
+            l, u = np.where(met, -np.inf, l), np.where(met, np.inf, u)
         sub = QP(P=sp.csc_matrix(P_ff) if sp.issparse(qp.P) else P_ff, q=qp.q[f] + shift_q,
-                 C=_columns(qp.C, f), l=l, u=u, lb=qp.lb[f], ub=qp.ub[f], check_psd=False)
+                 C=C_f, l=l, u=u, lb=qp.lb[f], ub=qp.ub[f], check_psd=False)
         object.__setattr__(sub, "check_psd", qp.check_psd)  # a principal submatrix of a PSD P is PSD
         return sub
 
