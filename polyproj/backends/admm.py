@@ -119,7 +119,11 @@ class ADMMSolver(QPSolver):
         xp = array_namespace(X)
         N, n = X.shape
         dt = _start_dtype(xp, self._opt("start_dtype")) if rough else X.dtype
-        d = data.astype(dt)
+        with np.errstate(over="ignore"):
+            # a right-hand side or bound beyond float32's range (~3.4e38; the pipeline's data are at unit size, and
+            # bounds scaled up by tiny points are far beyond their reach) is ±inf there, no limit: the start is only
+            # a start, and the float64 polish checks it against the rows as given
+            d = data.astype(dt)
         C = xp.concat([d.A, d.B], axis=0)
         a = xp.broadcast_to(d.a, (N, d.m))
         b = xp.broadcast_to(d.b, (N, d.p))

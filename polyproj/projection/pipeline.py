@@ -23,7 +23,13 @@ sample) in one namespace, :func:`run`
    of :data:`~polyproj.backends.defaults.RETRY` not yet tried (:func:`_failed_retry`; also, keeping only
    what they verify, the samples a false infeasibility report left unsolved where other samples were
    verified); what is still refused keeps the backend's point with the active set it shows at its own
-   accuracy (multiplier and slack, :func:`_unverified_active`), with a warning.
+   accuracy (multiplier and slack, :func:`_unverified_active`), and that point's status (the backend's own;
+   SOLVED_INACCURATE where it said SOLVED, NUMERICAL_ERROR where the point lies outside), with a warning.
+
+Once the backend's ``time_limit`` has passed (a start it cut short, or the clock from the outermost run's start:
+:func:`_spent`) nothing more is solved: no fallback, retry or accurate re-solve; a start cut short gets at most
+:data:`LATE_ROUNDS` polish rounds, none where it shows no face (:func:`_no_face`), and keeps the backend's point as
+TIME_LIMIT where they do not verify it (:func:`_late`).
 
 Everything stays in the input's namespace and device; inequality rows are numbered as in
 :mod:`polyproj.polydata`.
@@ -31,6 +37,7 @@ Everything stays in the input's namespace and device; inequality rows are number
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -75,6 +82,9 @@ class PolishOptions:
     #: a run on some samples of another run (:func:`_resolve`, :func:`_run_by`): the emptiness verdict is the
     #: outer run's, which names the samples in the caller's numbering and reports the whole batch
     nested: bool = False
+    #: the backend's ``time_limit`` as a ``time.perf_counter()`` instant, from the outermost run's start (set by
+    #: :func:`run`; its nested runs share it): past it no retry or fallback starts (:func:`_spent`)
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,9 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     """
     if rough is None:
         rough = opts.polish and solver.capabilities.early_stop
+    limit = solver.settings.get("time_limit")
+    if opts.deadline is None and limit is not None:
+        opts = replace(opts, deadline=time.perf_counter() + float(limit))
     e = _unit_exponent(X, data)
     if e:  # Π_{sP}(s x) = s Π_P(x), s = 2^e: the backend sees data of unit size (powers of 2: exact)
         given = None if start is None else replace(start, y=_pow2(start.y, -e), mult=_pow2(start.mult, -e),
@@ -129,12 +142,13 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
     else:
         late = _with_status(X, start, Status.TIME_LIMIT)
         rounds = _rounds(opts, solver, start, X.shape[1])
-        if bool(array_namespace(X).any(late)):  # the caller's time is spent: a short polish, no fallback for the late
-            rounds = min(rounds, LATE_ROUNDS)
-        pol = _polish(X, data, start, opts, rounds, handoff=_handoff(X, opts, solver, start))
-        out = _output(data, start, pol, solver.name)
+        handoff = _handoff(X, opts, solver, start)
+        if bool(array_namespace(X).any(late)):  # the caller's time is spent: a short polish, none where no face shows
+            out = _late_polish(X, data, solver, opts, start, late, min(rounds, LATE_ROUNDS), handoff)
+        else:
+            out = _output(data, start, _polish(X, data, start, opts, rounds, handoff=handoff), solver.name)
         out = _late(X, data, solver, out, late)
-        out = _fall_back(X, data, solver, opts, start, out, flagged | late)
+        out = _fall_back(X, data, solver, opts, start, out, flagged, late)
     if report is not None:
         xp = array_namespace(X)
         by_polish = int(xp.sum(xp.astype(flagged & out.polished, xp.int64)))
@@ -143,7 +157,8 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
         # is no proof for the others: what they leave stays as reported, NaN and PRIMAL_INFEASIBLE)
         retried = flagged & ~out.polished
         by_retry = 0
-        if opts.polish and not data.batched and bool(xp.any(out.polished)) and bool(xp.any(retried)):
+        if opts.polish and not data.batched and bool(xp.any(out.polished)) and bool(xp.any(retried)) \
+                and not _spent(opts, start):
             out = _failed_retry(X, data, solver, opts, out, retried, verified_only=True)
             by_retry = int(xp.sum(xp.astype(retried & out.polished, xp.int64)))
         lost = flagged & ~out.polished
@@ -271,8 +286,17 @@ def _pow2(v: Any, e: int) -> Any:
 
 
 def _scaled(data: PolyData, e: int) -> PolyData:
-    """The polyhedron ``2^e·P`` (right-hand sides and bounds times ``2^e``; the rows unchanged)."""
-    return PolyData(data.A, _pow2(data.a, e), data.B, _pow2(data.b, e), _pow2(data.lb, e), _pow2(data.ub, e))
+    """The polyhedron ``2^e·P`` (right-hand sides and bounds times ``2^e``; the rows unchanged).
+
+    A right-hand side or bound that overflows becomes ±inf, no limit, and rightly so. A scale-up that large happens
+    only where tiny points set the unit (:func:`_unit_exponent`: the polyhedron holds the origin, and its rows farther
+    than twice the points' reach are left out of its size), and such a row lies beyond that reach, where no
+    projection of these points gets (``‖Π(x)‖ <= 2‖x‖``); the origin in ``P`` makes it ``+inf`` for ``a`` and ``ub``,
+    ``-inf`` for ``lb`` (``b = 0``), never a row no point satisfies. (Points of 1e-310 in a box of ±1: the bounds
+    times 2^1030.)
+    """
+    with np.errstate(over="ignore"):
+        return PolyData(data.A, _pow2(data.a, e), data.B, _pow2(data.b, e), _pow2(data.lb, e), _pow2(data.ub, e))
 
 
 def _overflow(out: PipelineOutput, scaled_y: Any) -> PipelineOutput:
@@ -425,42 +449,52 @@ def _host_bools(v: Any) -> list[bool]:
 
 
 def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: ProjectionStart, out: PipelineOutput,
-               flagged) -> PipelineOutput:
-    """Refused samples: after a rough start solved again accurately (their own pipeline); else kept as started."""
+               flagged, late) -> PipelineOutput:
+    """Refused samples: after a rough start solved again accurately (their own pipeline); else kept as started.
+
+    ``flagged`` (a false infeasibility report) and ``late`` (cut short by ``time_limit``, :func:`_late`) samples are
+    not refused here. Once the caller's time is spent (:func:`_spent`) nothing is solved again.
+    """
     xp = array_namespace(X)
-    refused = ~out.polished & ~flagged
+    refused = ~out.polished & ~flagged & ~late
     if not bool(xp.any(refused)):
         return out
-    if start.rough:
+    spent = _spent(opts, start)
+    if start.rough and not spent:
         idx = xp.nonzero(refused)[0]
         try:
             return _merge(xp, out, idx, _resolve(X, data, solver, opts, idx))
         except InfeasibleError as err:  # its samples renumbered as the caller's, with this batch's answer
             raise _renumbered(err, solver, data, start, _host_ints(idx)) from None
-    out = _backed_retry(X, data, solver, opts, start, out, refused)
-    refused = ~out.polished & ~flagged
-    if not bool(xp.any(refused)):
-        return out
-    out = _failed_retry(X, data, solver, opts, out, refused)
-    refused = ~out.polished & ~flagged
-    if not bool(xp.any(refused)):
-        return out
+    if not spent:
+        out = _backed_retry(X, data, solver, opts, start, out, refused)
+        refused = ~out.polished & ~flagged & ~late
+        if not bool(xp.any(refused)):
+            return out
+        out = _failed_retry(X, data, solver, opts, out, refused)
+        refused = ~out.polished & ~flagged & ~late
+        if not bool(xp.any(refused)):
+            return out
     bad = int(xp.sum(xp.astype(refused, xp.int64)))
     out = _keep_start(X, data, out, refused)
     wrong = refused & violates(data, out.Y)
     off = int(xp.sum(xp.astype(wrong, xp.int64)))
-    # the backend's own point breaks the constraints: not a solution, whatever the backend said; a feasible one
-    # is unverified (the KKT conditions could not be shown): SOLVED_INACCURATE, not SOLVED
-    out = replace(out, status=tuple(Status.NUMERICAL_ERROR if w else Status.SOLVED_INACCURATE
-                                    if r and s is Status.SOLVED else s
-                                    for s, w, r in zip(out.status, _host_bools(wrong), _host_bools(refused),
-                                                       strict=True)))
+    # a refused sample keeps the backend's point, and the status is that point's: the backend's own (a retry's,
+    # merged by _failed_retry with a point it did not verify, belongs to that point); NUMERICAL_ERROR where the
+    # point breaks the constraints, whatever the backend said; a feasible one the backend called SOLVED is
+    # unverified (the KKT conditions could not be shown): SOLVED_INACCURATE
+    out = replace(out, status=tuple((Status.NUMERICAL_ERROR if w else Status.SOLVED_INACCURATE
+                                     if s0 is Status.SOLVED else s0) if r else s
+                                    for s, s0, w, r in zip(out.status, start.status, _host_bools(wrong),
+                                                           _host_bools(refused), strict=True)))
     if opts.tried:  # a retry of _failed_retry: the run that asked for it warns about what is left
         return out
     cause = "; far points, |x| >> the polyhedron, or badly scaled data (rows or coordinates of very different sizes)"
     warnings.warn(f"polish refused for {bad} of {refused.shape[0]} points: the KKT conditions could not be "
                   "verified on the identified active set; those points keep the backend's accuracy "
-                  f"(backend {solver.name!r}), and their gradient (HS-Jacobian) is that of the approximate active "
+                  f"(backend {solver.name!r}"
+                  + ("; time_limit reached: not solved again" if spent else "")
+                  + "), and their gradient (HS-Jacobian) is that of the approximate active "
                   "set the backend's answer shows (multipliers and slacks at its accuracy), not the exact one"
                   + (f"; {off} of them violate the constraints (status NUMERICAL_ERROR{cause} cause this)"
                      if off else ""),
@@ -687,6 +721,53 @@ def _host_floats(v: Any) -> list[float]:
 LATE_ROUNDS = 2
 
 
+def _spent(opts: PolishOptions, start: ProjectionStart) -> bool:
+    """Whether the caller's ``time_limit`` has passed: its deadline (:attr:`PolishOptions.deadline`), or a start it cut.
+
+    Past it no retry or fallback starts (another backend's solve, an accurate solve again, more polish rounds):
+    the points keep what they have, with honest statuses.
+    """
+    if any(s is Status.TIME_LIMIT for s in start.status):
+        return True
+    return opts.deadline is not None and time.perf_counter() >= opts.deadline
+
+
+def _no_face(X, data: PolyData, start: ProjectionStart):
+    """(b,) bool: starts that show no face of the polyhedron: more active rows than coordinates.
+
+    The rows the backend's answer shows active at its accuracy (:func:`_unverified_active`) with the equality rows
+    outnumber the coordinates: an interior-point iterate stopped early, whose multipliers are all of the order
+    ``μ / slack`` (n 40, m 80 and a box: ~90 of the 160 inequality rows at every point). The polish would start from
+    an inconsistent face there (SVDs of big faces, one row dropped a round): seconds for 2,000 points, where an
+    identified face (the ADMM's start, a start near its end: ~35 rows) is verified in one cheap round.
+    """
+    xp = array_namespace(X)
+    active = _unverified_active(X, data, start.y, start.mult, start.accuracy)
+    return xp.sum(xp.astype(active, xp.int64), axis=1) + data.p > data.n
+
+
+def _late_polish(X, data: PolyData, solver, opts: PolishOptions, start: ProjectionStart, late, rounds: int,
+                 handoff: int) -> PipelineOutput:
+    """The polish after the caller's ``time_limit`` cut some starts short (``late``): ``rounds`` at most.
+
+    A late start that shows no face (:func:`_no_face`) gets no round: its point is kept (TIME_LIMIT, :func:`_late`);
+    polishing it would cost more than the solve the limit cut short. The other samples get the short polish.
+    """
+    xp = array_namespace(X)
+    blind = late & _no_face(X, data, start)
+    out = None
+    for group, r in ((~blind, rounds), (blind, 0)):
+        if not bool(xp.any(group)):
+            continue
+        if bool(xp.all(group)):
+            return _output(data, start, _polish(X, data, start, opts, r, handoff=handoff), solver.name)
+        idx = xp.nonzero(group)[0]
+        sub, ds = _take_start(xp, start, idx), data.take(idx)
+        part = _output(ds, sub, _polish(xp.take(X, idx, axis=0), ds, sub, opts, r, handoff=handoff), solver.name)
+        out = _merge(xp, _unpolished_output(X, data, start, solver.name) if out is None else out, idx, part)
+    return out
+
+
 def _late(X, data: PolyData, solver, out: PipelineOutput, late) -> PipelineOutput:
     """Samples whose start hit ``time_limit`` and that the polish did not verify keep the backend's point.
 
@@ -828,6 +909,19 @@ def _empty(solver, data: PolyData, start, why: str = "", sample: int | None = No
                            f"{Status.PRIMAL_INFEASIBLE.message}", solution=sol)
 
 
+#: an InfeasibleError of per-sample polyhedra names at most this many empty samples
+NAMED_SAMPLES = 5
+
+
+def _empty_samples(solver, data: PolyData, start, samples: list[int]) -> InfeasibleError:
+    """The InfeasibleError of per-sample polyhedra of which no backend found a point: the first few ``samples``."""
+    shown = ", ".join(str(i) for i in samples[:NAMED_SAMPLES])
+    more = f" and {len(samples) - NAMED_SAMPLES} more" if len(samples) > NAMED_SAMPLES else ""
+    which = f"sample {shown}'s polyhedron is empty: no backend found a point of it" if len(samples) == 1 else \
+        f"the polyhedra of samples {shown}{more} are empty: no backend found a point of them"
+    return _empty(solver, data, start, f"; {which}", sample=samples[0])
+
+
 #: a polyhedron whose least uniform violation (:func:`~polyproj.projection.emptiness.least_violation`) exceeds this
 #: times (1 + its size) is empty: a backend's point "feasible" at its own tolerance does not say otherwise
 EMPTY_GAP = 1e-8
@@ -842,7 +936,9 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
     empty = _empty(solver, data, start)
     others = independents_of(solver.name)
     if not others:
-        if not has_donor and (data.batched or not _probe(solver, X, data)):
+        if data.batched:  # (per-sample data have no donor)
+            raise _empty_samples(solver, data, start, _host_ints(xp.nonzero(flagged)[0]))
+        if not has_donor and not _probe(solver, X, data):
             raise empty
         return start, report or head + "but the polyhedron is not empty (a point at its scale projects into it)"
     idx = xp.nonzero(flagged)[0]
@@ -863,8 +959,8 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
         # rest, before the polish from x (a sample it cannot verify would be returned as NaN)
         again, good, label = _exact_opinion(solver, X, data, idx, again, good, other)
         count = int(xp.sum(xp.astype(good, xp.int64)))
-    if data.batched and count < int(idx.shape[0]):
-        raise empty  # per-sample polyhedra: a sample no backend can solve has an empty set
+    if data.batched and count < int(idx.shape[0]):  # per-sample polyhedra: a sample no backend solves is empty
+        raise _empty_samples(solver, data, start, _host_ints(xp.take(idx, xp.nonzero(~good)[0], axis=0)))
     if not has_donor and count == 0:
         if not _probe(solver, X, data):
             raise empty
