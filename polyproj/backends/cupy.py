@@ -1,19 +1,27 @@
 """``cupy`` backend: the batched IPM of :mod:`polyproj.solvers.ipm` on a CUDA GPU through CuPy.
 
 The same array-API code as the ``ipm`` backend, run on CuPy arrays: the problem data are copied to
-the device once, the whole batch is solved there, and the results are copied back to NumPy. On a
+the device once, the whole batch is solved there, and the results are copied back to NumPy. Projections
+(``pp.project``) too: CuPy inputs are solved on their own device, any other input is copied to the
+``device`` once with the constraint data and its start comes back in the input's namespace. On a
 machine without CuPy or without a CUDA device the backend is listed as unavailable and asking for
 it raises :class:`~polyproj.errors.BackendUnavailable` with the install hint.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, ClassVar
 
 import numpy as np
+from array_api_compat import array_namespace, is_cupy_namespace
+from array_api_compat import device as _device
 
+from ..polydata import PolyData
 from .base import Capabilities, QPSolver
 from .ipm import IPMSolver
+from .options import nonnegative_int, positive_int
+from .projection import ProjectionStart, from_host, to_host
 
 __all__ = ["CuPySolver"]
 
@@ -22,7 +30,7 @@ class CuPySolver(IPMSolver):
     """Batched IPM on the GPU (``pip install "polyproj[cupy]"``; needs a CUDA device).
 
     Backend-specific options: ``ruiz_iter``, ``batch_chunk`` (as for ``ipm``) and ``device``
-    (CUDA device id, default 0).
+    (CUDA device id, an integer >= 0, default 0).
     """
 
     name = "cupy"
@@ -30,6 +38,8 @@ class CuPySolver(IPMSolver):
     requires = ("cupy",)
     extra = "cupy"
     options = {"ruiz_iter": 10, "batch_chunk": None, "device": 0}
+    option_checks: ClassVar[dict[str, Any]] = {
+        "ruiz_iter": nonnegative_int, "batch_chunk": positive_int, "device": nonnegative_int}
 
     @classmethod
     def version(cls) -> str:
@@ -52,13 +62,38 @@ class CuPySolver(IPMSolver):
             return "CuPy is installed but no CUDA device is present"
         return None
 
+    def _gpu(self) -> Any:
+        """The CUDA device of the ``device`` option, as a context (arrays made and kernels run there)."""
+        import cupy
+
+        return cupy.cuda.Device(self.backend_options.get("device", 0))
+
     def _to(self, a: np.ndarray | None):
         if a is None:
             return None
         import cupy
 
-        with cupy.cuda.Device(int(self.backend_options.get("device", 0))):
+        with self._gpu():
             return cupy.asarray(a)
+
+    def _run(self, *args: Any):
+        with self._gpu():  # the IPM's kernels on the device its arrays were copied to
+            return super()._run(*args)
+
+    def solve_projections(self, X: Any, data: PolyData, *, rough: bool = False) -> ProjectionStart:
+        """The IPM's projections on the GPU; ``rough`` is not taken (``capabilities.early_stop`` is False).
+
+        CuPy arrays are solved where they are (their own device). An array of any other namespace (NumPy, ...)
+        goes to the ``device`` once with the constraint data (:meth:`_to`), and the start comes back in its
+        namespace, device and dtype (:meth:`_back`), as ``solve`` / ``solve_batch`` return NumPy.
+        """
+        if is_cupy_namespace(array_namespace(X)):
+            with _device(X):
+                return super().solve_projections(X, data, rough=False)
+        with self._gpu():
+            start = super().solve_projections(self._to(to_host(X)),
+                                              PolyData(*(self._to(to_host(v)) for v in data.parts())), rough=False)
+        return replace(start, **{k: from_host(self._back(getattr(start, k)), X) for k in ("y", "mult", "mu")})
 
     @staticmethod
     def _back(a: Any) -> np.ndarray:

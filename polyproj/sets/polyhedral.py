@@ -31,10 +31,16 @@ __all__ = ["Polyhedral", "polydata_from_arrays"]
 
 PARTS = ("A", "a", "B", "b", "lb", "ub")
 
+#: the least ``tol`` of the polish's KKT checks in float32 (on a device without float64): 64 float32 eps, 7.6e-6.
+#: Its residuals round at several eps times the sizes of their terms: at 16 eps faces (n 10 to 30) were refused
+#: and their points went through the fallback backends (10x the time, errors 3e-3), at 100 eps a wrong face was
+#: accepted (error 2e-4 against 1e-5); 32 and 64 eps verified every face of 24 random polyhedra (n 10 to 80)
+FLOAT32_TOL = 64 * float(np.finfo(np.float32).eps)
+
 
 @dataclass(frozen=True)
 class FaceInfo:
-    """What the backward needs from a projection (float64, pipeline numbering)."""
+    """What the backward needs from a projection (pipeline numbering, the dtype of :meth:`Polyhedral._data_like`)."""
 
     data: PolyData
     Y: Any
@@ -55,7 +61,8 @@ class Polyhedral(Projector):
     polish : bool
         Polish to the exact projection on the identified face (default True).
     tol : float
-        Relative tolerance of the polish's KKT checks.
+        Relative tolerance of the polish's KKT checks (at least :data:`FLOAT32_TOL` where the device has no
+        float64 and the projection runs in float32).
     max_polish_iter : int, optional
         Active-set corrections (default: 50; ``12 + n/20`` after a start-only backend's start).
     polish_block_iter : int
@@ -141,7 +148,11 @@ class Polyhedral(Projector):
         return super().row_counts()
 
     def _data_like(self, X: Any) -> PolyData:
-        """The data in X's namespace and device, float64 (cached per namespace and device)."""
+        """The data in X's namespace and device (cached per namespace and device).
+
+        float64, or float32 on a device without float64 (torch's MPS, array_api_strict's ``"no_float64"``): the
+        whole projection then runs in float32 (:meth:`project_batch`).
+        """
         xp = array_namespace(X)
         key = (xp.__name__, str(_device(X)))
         hit = self._like.get(key)
@@ -151,10 +162,11 @@ class Polyhedral(Projector):
             same = array_namespace(self.data.A) is xp and str(_device(self.data.A)) == str(_device(X))
         except TypeError:
             same = False
+        dt = xp.float64 if _holds(xp, xp.float64, _device(X)) else xp.float32
         if same:
-            d = self.data.astype(xp.float64)
+            d = self.data.astype(dt)
         else:
-            d = PolyData(*(xp.asarray(own_contiguous(_host(v)), dtype=xp.float64, device=_device(X))
+            d = PolyData(*(xp.asarray(own_contiguous(_host(v)), dtype=dt, device=_device(X))
                            for v in self.data.parts()))
         self._like[key] = d
         return d
@@ -170,17 +182,20 @@ class Polyhedral(Projector):
         if data.batched and X.shape[0] != self._batch_size():
             raise ProblemError(f"the constraint data carry a batch of {self._batch_size()} but X has "
                                f"{X.shape[0]} points")
-        X64 = xp.astype(X, xp.float64)
+        work = data.lb.dtype  # float64, or float32 on a device without float64 (_data_like)
+        Xw = xp.astype(X, work)
         opts, warm = replace(self.options, record=record), self._warm(X, warm_start)
-        out = self._direct(X64, data, opts, warm)
+        if work != xp.float64:  # float32's rounding fails KKT checks at the float64 default of tol on every face
+            opts = replace(opts, tol=max(opts.tol, FLOAT32_TOL))
+        out = self._direct(Xw, data, opts, warm)
         if out is None:
-            out = run(X64, data, self._solver_for(X), opts, warm=warm)
+            out = run(Xw, data, self._solver_for(X), opts, warm=warm)
         Y = xp.astype(out.Y, X.dtype)
         # the violation of the returned points (their rounding to X's dtype included), in X's dtype
-        if out.viol is not None and Y.dtype == xp.float64:
+        if out.viol is not None and Y.dtype == work:
             viol = out.viol
         else:
-            viol = xp.astype(data.violation(out.Y if Y.dtype == xp.float64 else xp.astype(Y, xp.float64)), X.dtype)
+            viol = xp.astype(data.violation(out.Y if Y.dtype == work else xp.astype(Y, work)), X.dtype)
         info = FaceInfo(data, out.Y, out.active, out.mult, out.mu, out.faces)
         active, mult = out.active, out.mult
         if self.layout is not None:
@@ -190,7 +205,7 @@ class Polyhedral(Projector):
             clean = xp.zeros((batch,), dtype=xp.bool, device=_device(X))
             report = Degeneracy(clean, clean)
         else:
-            report = degeneracy(X64, info, self.options.tol, self._eq_deficiency())
+            report = degeneracy(Xw, info, opts.tol, self._eq_deficiency())
         return ProjectionResult(Y, active, xp.astype(xp.concat([mult, out.mu], axis=1), X.dtype), out.status,
                                 float(xp.max(viol)) if batch else 0.0, viol, out.polished, out.backend,
                                 solution=out.start.solution, degenerate=report, face=info)
@@ -364,6 +379,15 @@ def _dependent(info: FaceInfo, both: Any, eq_deficiency: int) -> Any:
             rank = put_rows(xp, rank, face.svd.idx, xp.sum(xp.astype(face.svd.s_inv > 0, xp.int64), axis=1))
         parts.append(rank < count - eq_deficiency)
     return (xp.concat(parts) if parts else both) | both
+
+
+def _holds(xp: Any, dtype: Any, device: Any) -> bool:
+    """Whether ``device`` holds arrays of ``dtype``: asked of the device itself, by making one (any namespace)."""
+    try:
+        xp.zeros((), dtype=dtype, device=device)
+    except Exception:  # torch's MPS: TypeError; array_api_strict: ValueError; others: RuntimeError
+        return False
+    return True
 
 
 def _host(v: Any) -> np.ndarray:
