@@ -119,3 +119,13 @@ def test_fixed_variables_meeting_their_rows_to_rounding_are_feasible(backend):
                pp.QP(P=np.eye(2), q=[0.0, 0.0], C=[[3.0, 0.0], [1.0, 1.0]], l=[0.4, -np.inf], u=[0.4, 1.0],
                      lb=[0.1, -5.0], ub=[0.1, 5.0])):
         assert pp.solve_qp(qp, backend=backend).status == pp.Status.PRIMAL_INFEASIBLE
+
+
+def test_a_batched_cost_beyond_1e20_is_a_cost_too():
+    """``solve_batch`` reads a batched q as single solves do: finite at any size (it refused 1e20 as 'no bound')."""
+    s = 1e20
+    bs = pp.get_backend("daqp").solve_batch(pp.QP(P=s * np.eye(2), q=[0.0, 0.0], ub=[0.5, 1.0]),
+                                            q=np.array([[-s, -0.3 * s], [0.0, 0.0]]))
+    assert [st.name for st in bs.status] == ["SOLVED", "SOLVED"]
+    np.testing.assert_allclose(bs.x[0], [0.5, 0.3], rtol=1e-9)
+    np.testing.assert_allclose(bs.x[1], [0.0, 0.0], atol=1e-12)

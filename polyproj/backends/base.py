@@ -315,7 +315,7 @@ class QPSolver(abc.ABC):
             size, allow_inf = spec[k]
             if arr.ndim != 2 or arr.shape[1] != size:
                 raise ProblemError(f"batched {k} must have shape (batch, {size}), got {arr.shape}")
-            out[k] = check_values(arr, f"batched {k}", allow_inf)
+            out[k] = check_values(arr, f"batched {k}", allow_inf, cost=k == "q")
         for lo, hi in (("l", "u"), ("lb", "ub")):
             if lo in out or hi in out:
                 check_order(out.get(lo, getattr(qp, lo)[None, :]), out.get(hi, getattr(qp, hi)[None, :]),
