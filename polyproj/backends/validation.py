@@ -3,11 +3,15 @@
 :class:`~polyproj.backends.base.QPSolver` wraps the ``solve`` and ``solve_batch`` of every subclass
 (built-in or third party, in ``__init_subclass__``) with :func:`guard`, so no backend repeats it:
 
-1. **Input**: ``solve`` takes a :class:`~polyproj.problem.QP` (and a warm start that fits it); an indefinite
+1. **Input**: ``solve`` takes a :class:`~polyproj.problem.QP` (and a warm start that fits it, its non-finite
+   parts dropped: per element for a batch, where they become NaN); an indefinite
    P (``QP(check_psd=False)``) is NON_CONVEX for every backend; a problem with no variables
    (``n = 0``) is answered here (SOLVED when ``l <= 0 <= u``, else PRIMAL_INFEASIBLE), never handed
    to a solver.
-2. **Scale**: data far from unit scale is solved in normalised units (:mod:`.scaling`).
+2. **Scale**: data far from unit scale is solved in normalised units (:mod:`.scaling`). An answer far below
+   that normalisation's σ is solved again at its own size; one that the re-solve does not confirm is
+   SOLVED_INACCURATE, and is judged (below) in the units of its own size, not σ's: NUMERICAL_ERROR where it is
+   not a solution there.
 3. **Exceptions**: anything a backend raises that is not a :class:`~polyproj.errors.PolyprojError`
    (``SystemExit`` included) becomes a :class:`~polyproj.errors.SolverError` naming the backend (the
    original is chained). A backend that writes into the arrays it is given (the QP's, a batch's
@@ -17,7 +21,9 @@
 4. **Output**: the result must be a :class:`~polyproj.solution.Solution` (``BatchSolution`` for a
    batch, one element per problem) with ``x``, ``z``, ``z_box`` of shapes ``(n,)``, ``(m,)``,
    ``(n,)``, else SolverError. Then a cheap scale-relative residual test (below) decides whether a
-   claimed SOLVED stands.
+   claimed SOLVED stands. Claims of PRIMAL_INFEASIBLE and DUAL_INFEASIBLE are checked (an LP, P's
+   definiteness), and NON_CONVEX where P is known PSD (decided by the QP, or its smallest eigenvalue) is
+   NUMERICAL_ERROR.
 5. **Time**: an answer that comes later than ``time_limit`` (wall clock around the whole call) is
    TIME_LIMIT, never SOLVED (its ``x`` is kept).
 
@@ -253,26 +259,31 @@ class Promise:
         return cls(eps_abs, eps_rel, scale.sigma * max(1.0, row_max), 1.0 / scale.q_factor)
 
 
-def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Promise) -> tuple[Status, str]:
-    """The status that stands after the residual test, and why it changed ('' if it did not)."""
+def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Promise, said: str = ""
+             ) -> tuple[Status, str]:
+    """The status that stands after the residual test, and why it changed ('' if it did not).
+
+    ``said``: what the backend claimed, where the guard changed it already (an answer not confirmed at its own size).
+    """
     if not status.ok:
         return status, ""
+    said = said or status.name
     if not finite:
-        return Status.NUMERICAL_ERROR, f"the backend said {status.name} but returned non-finite values"
+        return Status.NUMERICAL_ERROR, f"the backend said {said} but returned non-finite values"
     r_p, s_p, r_d, s_d, r_s, r_c = res
     inaccurate = False
     tol = {}
     for what, r, s, unit in (("the constraints", r_p, s_p, promise.unit_p), ("stationarity", r_d, s_d, promise.unit_d)):
         t = tol[what] = promise.eps_abs * unit + promise.eps_rel * s
         if not r <= max(GROSS * s, 10 * INACCURATE_FACTOR * t):
-            return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but x violates {what} by {r:.3g} "
+            return Status.NUMERICAL_ERROR, (f"the backend said {said} but x violates {what} by {r:.3g} "
                                             f"(the data's scale there: {s:.3g}): not a solution")
         inaccurate |= r > INACCURATE_FACTOR * t
     # the multipliers' signs and complementarity, gross failures only (a stationary point of the wrong sign
     # is not a minimiser): a multiplier on a side without a bound, or |z| times the distance to its bound
     t_d, t_p = tol["stationarity"], tol["the constraints"]
     if not r_s <= max(GROSS * s_d, 10 * INACCURATE_FACTOR * t_d):
-        return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but a multiplier of {r_s:.3g} sits on a "
+        return Status.NUMERICAL_ERROR, (f"the backend said {said} but a multiplier of {r_s:.3g} sits on a "
                                         "side without a bound (the sign convention: z > 0 at an upper bound): not a "
                                         "solution")
     # complementarity's tolerance: |z| times a distance, each at its own (t_c), and eps_abs in the objective's
@@ -284,7 +295,7 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
     gap_floor = promise.eps_abs * promise.unit_p * promise.unit_d
     t_gap = t_c + gap_floor
     if not r_c <= max(GROSS * s_p * s_d, 10 * INACCURATE_FACTOR * t_c, 10 * gap_floor):
-        return Status.NUMERICAL_ERROR, (f"the backend said {status.name} but complementarity fails by {r_c:.3g} (a "
+        return Status.NUMERICAL_ERROR, (f"the backend said {said} but complementarity fails by {r_c:.3g} (a "
                                         "multiplier on a bound x does not meet; the scale there: "
                                         f"{s_p * s_d:.3g}): not a solution")
     if status is Status.SOLVED and inaccurate:
@@ -335,6 +346,27 @@ def _infeasibility_verdict(qp: QP) -> tuple[Status, str]:
                                     "claim is refuted")
 
 
+def _convexity_verdict(qp: QP) -> tuple[Status, str]:
+    """A claim of non-convexity, checked: NUMERICAL_ERROR where P is known PSD, else the claim.
+
+    NON_CONVEX says that P is not PSD; the guard answers it itself before any backend runs (:func:`is_nonconvex`).
+    Known PSD: decided so by the QP's construction (``psd_known``), or P's smallest eigenvalue, computed, is not
+    below ``-1e-8 max|P|`` (:func:`is_nonconvex`'s threshold). OSQP said NON_CONVEX for P = I after a warm start at
+    1e50 (its step size ρ had run off).
+    """
+    from ..problem import matrix_scale, smallest_eigenvalue
+    from .cache import converted
+
+    if getattr(qp, "psd_known", False):
+        why = "the QP's construction found P positive semidefinite"
+    else:
+        lam = converted("smallest_eigenvalue", (qp.P,), None, lambda: smallest_eigenvalue(qp.P, iterative=True))
+        if lam is None or lam < -1e-8 * matrix_scale(qp.P):
+            return Status.NON_CONVEX, ""
+        why = f"P's smallest eigenvalue is {lam:.3g} (max|P| {matrix_scale(qp.P):.3g}): P is positive semidefinite"
+    return Status.NUMERICAL_ERROR, f"the backend said NON_CONVEX but {why}: the claim is refuted"
+
+
 def _as_float(a: Any, shape: tuple[int, ...], what: str, backend: str) -> np.ndarray:
     if np.iscomplexobj(a):  # float64 conversion would drop the imaginary part with only a warning
         if np.any(np.imag(a) != 0):
@@ -365,17 +397,36 @@ def check_solution(qp: QP, sol: Any, backend: str, settings: dict[str, Any], dua
     if status.ok:
         finite = bool(np.isfinite(x).all() and (not duals or (np.isfinite(z).all() and np.isfinite(zb).all())))
         res = _single_residuals(qp, x, z, zb, duals) if finite else (0.0,) * 6
-        status, note = _verdict(status, finite, res, Promise.of(settings, scale))
+        status, note = _verdict(status, finite, res, Promise.of(settings, scale), _claimed(sol.info))
     elif status is Status.PRIMAL_INFEASIBLE:
         status, note = _infeasibility_verdict(qp)
     elif status is Status.DUAL_INFEASIBLE:
         status, note = _unboundedness_verdict(qp)
+    elif status is Status.NON_CONVEX:
+        status, note = _convexity_verdict(qp)
     status, note = _time_verdict(status, note, settings, elapsed)
-    info = sol.info if not note else {**sol.info, "validation": note, "claimed_status": sol.status.name}
+    info = sol.info if not note else {**sol.info, **_noted(sol.info, note, sol.status)}
     if (status is sol.status and x is sol.x and z is sol.z and zb is sol.z_box and sol.qp is qp
             and sol.backend):
         return sol
     return replace(sol, x=x, z=z, z_box=zb, status=status, qp=qp, info=info, backend=sol.backend or backend)
+
+
+def _claimed(info: dict) -> str:
+    """What the backend claimed where the guard changed its status already (its note there), else ''."""
+    return str(info.get("claimed_status", "")) if info.get("validation") else ""
+
+
+def _noted(info: dict, note: str, status: Status) -> dict[str, str]:
+    """``validation`` and ``claimed_status`` for a new ``note`` on an answer of ``status`` and ``info``.
+
+    A note the guard made already (an answer not confirmed at its own size) is kept before the new one, with the
+    status the backend claimed first.
+    """
+    prior = info.get("validation")
+    if not prior:
+        return {"validation": note, "claimed_status": status.name}
+    return {"validation": f"{prior}; {note}", "claimed_status": str(info.get("claimed_status", status.name))}
 
 
 def _time_verdict(status: Status, note: str, settings: dict[str, Any], elapsed: float | None) -> tuple[Status, str]:
@@ -387,9 +438,12 @@ def _time_verdict(status: Status, note: str, settings: dict[str, Any], elapsed: 
 
 
 def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend: str, settings: dict[str, Any],
-                duals: bool = True, elapsed: float | None = None, scale: scaling.Scaling | None = None
-                ) -> BatchSolution:
-    """Hold a backend's batch answer to the contract, element by element (vectorised)."""
+                duals: bool = True, elapsed: float | None = None,
+                scale: scaling.Scaling | list[scaling.Scaling | None] | None = None) -> BatchSolution:
+    """Hold a backend's batch answer to the contract, element by element (vectorised).
+
+    ``scale``: the normalisation the answers were judged in, one for all or one per element (:func:`_replanned_batch`).
+    """
     if not isinstance(bs, BatchSolution):
         raise SolverError(f"backend {backend!r} returned {type(bs).__name__} from solve_batch(); "
                           "expected a polyproj.BatchSolution")
@@ -404,6 +458,9 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
     ZB = _as_float(bs.z_box, (size, qp.n), "batch z_box", backend)
     ok = np.array([s.ok for s in bs.status], dtype=bool)
     statuses, notes = list(bs.status), {}
+    given = bs.info.get("elements") if isinstance(bs.info, dict) else None
+    given = given if isinstance(given, (list, tuple)) and len(given) == size else [{}] * size
+    given = [g if isinstance(g, dict) else {} for g in given]
     if ok.any():
         idx = np.flatnonzero(ok)
         sub = {k: v[idx] for k, v in vecs.items()}
@@ -411,9 +468,11 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
         if duals:
             finite &= np.isfinite(Z[idx]).all(axis=1) & np.isfinite(ZB[idx]).all(axis=1)
         res = residuals(qp, X[idx], Z[idx], ZB[idx], sub, duals)
-        promise = Promise.of(settings, scale)
+        each = scale if isinstance(scale, list) else [scale] * size
+        promises = {id(s): Promise.of(settings, s) for s in {id(s): s for s in each}.values()}
         for j, i in enumerate(idx):
-            statuses[i], note = _verdict(statuses[i], bool(finite[j]), tuple(float(a[j]) for a in res), promise)
+            statuses[i], note = _verdict(statuses[i], bool(finite[j]), tuple(float(a[j]) for a in res),
+                                         promises[id(each[i])], _claimed(given[i]))
             if note:
                 notes[int(i)] = note
     qps = bs.qps if bs.qps is not None and len(bs.qps) == size else ElementQPs(qp, vecs, size)
@@ -430,6 +489,10 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
             checked += 1
             if note:
                 notes[i] = note
+        elif statuses[i] is Status.NON_CONVEX:  # P is shared: one verdict (cached) for all
+            statuses[i], note = _convexity_verdict(qp)
+            if note:
+                notes[i] = note
         statuses[i], note = _time_verdict(statuses[i], notes.get(i, ""), settings, elapsed)
         if note:
             notes[i] = note
@@ -437,10 +500,9 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
         return bs
     info = dict(bs.info)
     if notes:
-        elements = list(info.get("elements") or [{} for _ in range(size)])
+        elements = list(given)
         for i, note in notes.items():
-            elements[i] = {**(elements[i] if i < len(elements) else {}), "validation": note,
-                           "claimed_status": bs.status[i].name}
+            elements[i] = {**elements[i], **_noted(elements[i], note, bs.status[i])}
         info["elements"] = elements
     return replace(bs, x=X, z=Z, z_box=ZB, status=tuple(statuses), qps=qps, info=info,
                    backend=bs.backend or backend)
@@ -516,6 +578,26 @@ def check_batch_warm_start(qp: QP, size: int, warm_start: Any) -> None:
         if np.shape(getattr(warm_start, key)) != (size, cols):
             raise ProblemError(f"warm_start {key} must have shape ({size}, {cols}) for this batch, got "
                                f"{np.shape(getattr(warm_start, key))}")
+
+
+def finite_batch_warm_start(warm_start: BatchSolution | None) -> BatchSolution | None:
+    """A batch warm start without its non-finite parts, per element as :func:`finite_warm_start` does for one.
+
+    An element's ``x``, ``z`` or ``z_box`` with a non-finite entry becomes NaN throughout: a batch has no absent
+    part, and NaN is what a failed element carries (the backends start without it; ProxSuite reads NaN as 0 and
+    ±inf as ±1.8e308, and z = inf made every element of its batch MAX_ITER with NaN x). None when nothing finite is
+    left; as given when every entry is finite.
+    """
+    if warm_start is None:
+        return None
+    parts = {k: np.asarray(getattr(warm_start, k), dtype=np.float64) for k in ("x", "z", "z_box")}
+    bad = {k: ~np.isfinite(v).all(axis=1) for k, v in parts.items()}
+    if not any(b.any() for b in bad.values()):
+        return warm_start
+    if all(b.all() for k, b in bad.items() if parts[k].shape[1]):
+        return None
+    kept = {k: np.where(bad[k][:, None], np.nan, v) for k, v in parts.items()}
+    return replace(warm_start, **kept)
 
 
 def empty_batch(qp: QP, backend: str) -> BatchSolution:
@@ -619,20 +701,29 @@ def _scaled_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, warm
     return scale.batch(raw, ElementQPs(qp, vecs, size)) if isinstance(raw, BatchSolution) else raw
 
 
-def _unconfirmed(sol: Solution, again: Any) -> Solution:
-    """``sol`` (solved with σ far above its size) whose re-solve at its own size failed: SOLVED_INACCURATE.
+def _unconfirmed_note(again: Any) -> str:
+    """Why an answer solved with σ far above its size is not confirmed; ``again`` the re-solve at its own size.
 
     ``again`` None: the re-solves ran out (:data:`~.scaling.REPLAN_ROUNDS`) with σ still far above the answer.
     """
     if again is None:
-        note = (f"solved with a normalisation σ far above the answer's size, still after {scaling.REPLAN_ROUNDS} "
+        return (f"solved with a normalisation σ far above the answer's size, still after {scaling.REPLAN_ROUNDS} "
                 "re-solves: the answer is not confirmed at its own size")
-    else:
-        what = again.status.name if isinstance(again, Solution) else type(again).__name__
-        note = (f"solved with a normalisation σ far above the answer's size; the re-solve at its own size ended "
-                f"{what}, so the answer is not confirmed at that size")
+    what = again.name if isinstance(again, Status) else again.status.name if isinstance(again, Solution) \
+        else type(again).__name__
+    return (f"solved with a normalisation σ far above the answer's size; the re-solve at its own size ended "
+            f"{what}, so the answer is not confirmed at that size")
+
+
+def _unconfirmed(sol: Solution, again: Any) -> Solution:
+    """``sol`` (solved with σ far above its size) whose re-solve at its own size failed: SOLVED_INACCURATE.
+
+    The caller then judges it in the units of its own size (the residual test's NUMERICAL_ERROR where it is not a
+    solution there): in σ's, the promised tolerances are ~σ eps and the gross threshold 10⁴ of them, and a
+    point 161 outside unit-scale constraints (σ = 1e10) passed as SOLVED_INACCURATE.
+    """
     return replace(sol, status=Status.SOLVED_INACCURATE if sol.status is Status.SOLVED else sol.status,
-                   info={**sol.info, "validation": note, "claimed_status": sol.status.name})
+                   info={**sol.info, "validation": _unconfirmed_note(again), "claimed_status": sol.status.name})
 
 
 def _constraints_shared(vecs: dict) -> bool:
@@ -651,12 +742,16 @@ def _infeasible_at_own_size(qp: QP, again: Any) -> bool:
 
 
 def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, scale: scaling.Scaling,
-                     bs: BatchSolution) -> BatchSolution:
+                     bs: BatchSolution) -> tuple[BatchSolution, list[scaling.Scaling]]:
     """The elements of a batch whose answers lie far below σ, solved again at their own size.
 
-    Per element: one element's legitimately large x must not keep another's σ.
+    Per element: one element's legitimately large x must not keep another's σ. Returned with the normalisation
+    each element is judged in (:func:`check_batch`): its re-solve's, and for one not confirmed at its own size
+    (SOLVED_INACCURATE, noted) that size's, as for a single solve.
     """
     sigma = np.full(size, scale.sigma)
+    own: list[scaling.Scaling] = [scale] * size
+    notes: dict[int, tuple[str, str]] = {}  # element: (why it is not confirmed, the status its backend claimed)
     qps = ElementQPs(qp, vecs, size)
     shared = _constraints_shared(vecs)
     for _ in range(scaling.REPLAN_ROUNDS):
@@ -665,12 +760,15 @@ def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, s
         x_each = np.max(np.abs(x), axis=1, initial=0.0)
         idx = np.flatnonzero(ok & scaling.needs_replan(qp, sigma, x_each, **vecs))
         if not idx.size:
-            return bs
+            return _with_notes(bs, notes), own
         sub_vecs = {k: np.asarray(a)[idx] for k, a in vecs.items()}
         better = scaling.replan(qp, float(x_each[idx].max()), float(sigma[idx].max()), **sub_vecs)
         sub = _scaled_batch(solver, fn, qp, sub_vecs, int(idx.size), None, better)
         if not isinstance(sub, BatchSolution) or len(sub) != idx.size:
-            return bs
+            for i in idx:  # not confirmed at their own size, judged there
+                own[i] = better
+                notes[int(i)] = (_unconfirmed_note(sub), notes.get(int(i), ("", bs.status[i].name))[1])
+            return _with_notes(_demoted(bs, idx), notes), own
         good = np.array([s.ok for s in sub.status], dtype=bool)
         # an element the re-solve at its own size finds PRIMAL_INFEASIBLE, an LP agreeing, takes that answer (as
         # a single solve does), not the first one's loose-tolerance point
@@ -679,25 +777,49 @@ def _replanned_batch(solver: Any, fn: Callable, qp: QP, vecs: dict, size: int, s
                           for k, i in enumerate(idx)], dtype=bool)
         if empty.any():
             bs = bs.put(idx[empty], sub.take(np.flatnonzero(empty)))
-        if not (good | empty).all():  # not confirmed at their own size: the first answers, SOLVED_INACCURATE
-            status = list(bs.status)
-            for i in idx[~(good | empty)]:
-                status[i] = Status.SOLVED_INACCURATE if status[i] is Status.SOLVED else status[i]
-            bs = replace(bs, status=tuple(status))
+        for k, i in enumerate(idx):  # judged at their own size: confirmed there, or not (SOLVED_INACCURATE, noted)
+            own[i] = better
+            if good[k] or empty[k]:
+                notes.pop(int(i), None)
+            else:
+                notes[int(i)] = (_unconfirmed_note(sub.status[k]), notes.get(int(i), ("", bs.status[i].name))[1])
+        bs = _demoted(bs, idx[~(good | empty)])
         if not good.any():
-            return bs
+            return _with_notes(bs, notes), own
         bs = bs.put(idx[good], sub.take(np.flatnonzero(good)))
         sigma[idx[good]] = better.sigma
-    # the re-solves ran out with σ still far above these answers: not confirmed at their own size
+    # the re-solves ran out with σ still far above these answers: not confirmed at their own size, judged there
     x = np.asarray(bs.x, dtype=np.float64)
-    ok = np.array([s is Status.SOLVED for s in bs.status], dtype=bool) & np.isfinite(x).all(axis=1)
-    left = np.flatnonzero(ok & scaling.needs_replan(qp, sigma, np.max(np.abs(x), axis=1, initial=0.0), **vecs))
+    ok = np.array([s.ok and i not in notes for i, s in enumerate(bs.status)], dtype=bool) & np.isfinite(x).all(axis=1)
+    x_each = np.max(np.abs(x), axis=1, initial=0.0)
+    left = np.flatnonzero(ok & scaling.needs_replan(qp, sigma, x_each, **vecs))
     if left.size:
-        status = list(bs.status)
+        there = scaling.replan(qp, float(x_each[left].max()), float(sigma[left].max()),
+                               **{k: np.asarray(a)[left] for k, a in vecs.items()})
         for i in left:
-            status[i] = Status.SOLVED_INACCURATE
-        bs = replace(bs, status=tuple(status))
-    return bs
+            own[i], notes[int(i)] = there, (_unconfirmed_note(None), bs.status[i].name)
+        bs = _demoted(bs, left)
+    return _with_notes(bs, notes), own
+
+
+def _demoted(bs: BatchSolution, idx: Any) -> BatchSolution:
+    """``bs`` with its SOLVED elements among ``idx`` made SOLVED_INACCURATE."""
+    status = list(bs.status)
+    for i in idx:
+        status[i] = Status.SOLVED_INACCURATE if status[i] is Status.SOLVED else status[i]
+    return replace(bs, status=tuple(status))
+
+
+def _with_notes(bs: BatchSolution, notes: dict[int, tuple[str, str]]) -> BatchSolution:
+    """``bs`` with the guard's ``notes`` (element: why, the status claimed) in ``info["elements"]``."""
+    if not notes:
+        return bs
+    elements = bs.info.get("elements")
+    elements = list(elements) if isinstance(elements, (list, tuple)) and len(elements) == len(bs) else [{}] * len(bs)
+    for i, (note, claimed) in notes.items():
+        base = elements[i] if isinstance(elements[i], dict) else {}
+        elements[i] = {**base, "validation": note, "claimed_status": claimed}
+    return replace(bs, info={**bs.info, "elements": elements})
 
 
 def _guard_solve(fn: Callable) -> Callable:
@@ -725,16 +847,16 @@ def _guard_solve(fn: Callable) -> Callable:
             x_max = float(np.max(np.abs(np.asarray(sol.x, dtype=np.float64)), initial=0.0))
             if not scaling.needs_replan(qp, scale.sigma, x_max):
                 break
-            if rounds == scaling.REPLAN_ROUNDS:
-                sol = _unconfirmed(sol, None)
-                break
             better = scaling.replan(qp, x_max, scale.sigma)
+            if rounds == scaling.REPLAN_ROUNDS:  # judged at its own size (better's units), as below
+                scale, sol = better, _unconfirmed(sol, None)
+                break
             again = _scaled_solve(self, fn, qp, warm_start, better)
             if _infeasible_at_own_size(qp, again):
                 scale, sol = better, again
                 break
-            if not (isinstance(again, Solution) and again.status.ok):  # not confirmed at its own size
-                sol = _unconfirmed(sol, again)
+            if not (isinstance(again, Solution) and again.status.ok):  # not confirmed at its own size: judged there
+                scale, sol = better, _unconfirmed(sol, again)
                 break
             scale, sol = better, again
         return check_solution(qp, sol, name, self.settings, self.capabilities.duals, time.perf_counter() - t0, scale)
@@ -755,6 +877,7 @@ def _guard_solve_batch(fn: Callable) -> Callable:
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
         check_batch_warm_start(qp, size, warm_start)
+        warm_start = finite_batch_warm_start(warm_start)
         if size == 0:
             return empty_batch(qp, name)
         if qp.n == 0:
@@ -768,10 +891,11 @@ def _guard_solve_batch(fn: Callable) -> Callable:
         if parts is not None:  # elements of far apart sizes: each group normalised (and checked) on its own
             return _grouped_batch(self, qp, vecs, size, warm_start, parts, name, t0)
         bs = _scaled_batch(self, fn, qp, vecs, size, warm_start, scale)
+        judged: Any = scale
         if scale is not None and isinstance(bs, BatchSolution):
-            bs = _replanned_batch(self, fn, qp, vecs, size, scale, bs)
+            bs, judged = _replanned_batch(self, fn, qp, vecs, size, scale, bs)
         return check_batch(qp, vecs, size, bs, name, self.settings, self.capabilities.duals,
-                           time.perf_counter() - t0, scale)
+                           time.perf_counter() - t0, judged)
 
     solve_batch._polyproj_guarded = True  # type: ignore[attr-defined]
     return solve_batch
