@@ -53,3 +53,20 @@ def test_a_copied_box_projects_torch_points_without_warnings(clone):
     pp.project(x, box)
     got = pp.project(x, clone(box))
     np.testing.assert_array_equal(np.asarray(got.y), np.clip(x.numpy(), -1, 1))
+
+
+def test_a_scalar_bound_finds_its_set_again():
+    """``lb=0.0`` made a new bound tensor per call, so the set cache (keyed by the tensors' identities) missed on
+    every call, rebuilt the set and filled with dead entries. The constant is one tensor now: one entry, and the
+    answers those of the tensor bound."""
+    rng = np.random.default_rng(0)
+    n = 6
+    A = torch.tensor(rng.standard_normal((8, n)))
+    a = torch.ones(8, dtype=torch.float64)
+    x = torch.tensor(rng.standard_normal((3, n)))
+    pt._SETS.clear()
+    want = pt.project(x, A, a, lb=torch.zeros(n, dtype=torch.float64))
+    for _ in range(5):
+        got = pt.project(x, A, a, lb=0.0)
+    assert len(pt._SETS._items) <= 2, len(pt._SETS._items)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-14)

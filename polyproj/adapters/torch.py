@@ -913,13 +913,23 @@ def _scalar_bound(v: Any, x: torch.Tensor) -> Any:
     returned as it is, for the shape checks.
     """
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
-        # a constant: made outside any torch.func transform (a tensor made inside one is wrapped, and a
-        # wrapped constraint tensor is taken for one being differentiated: jacfwd refused lb=-1.0)
-        with torch._C._DisableFuncTorch():
-            return torch.full((x.shape[-1],), float(v), dtype=x.dtype, device=x.device)
+        return _constant_bound(float(v), x.shape[-1], x.dtype, x.device)
     if isinstance(v, torch.Tensor) and v.ndim == 0:
         return v.expand(x.shape[-1])
     return v
+
+
+@functools.lru_cache(maxsize=32)
+def _constant_bound(value: float, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The bound ``value`` on each of ``n`` coordinates, one tensor per (value, n, dtype, device).
+
+    The same tensor every call, so that the set cache (keyed by the tensors' identities) finds the set again: a
+    new tensor per call rebuilt and validated the set each time (22 ms against 13.5 at n 50, m 100) and filled the
+    cache with dead entries. Made outside any torch.func transform (a tensor made inside one is wrapped, and a
+    wrapped constraint tensor is taken for one being differentiated: jacfwd refused lb=-1.0). Nothing writes it.
+    """
+    with torch._C._DisableFuncTorch():
+        return torch.full((n,), value, dtype=dtype, device=device)
 
 
 def _dense(v: Any) -> Any:
