@@ -70,3 +70,17 @@ def test_a_scalar_bound_finds_its_set_again():
         got = pt.project(x, A, a, lb=0.0)
     assert len(pt._SETS._items) <= 2, len(pt._SETS._items)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("size", [4, 3000])  # the direct path and the pipeline
+@pytest.mark.parametrize("clone", [copy.deepcopy, lambda r: pickle.loads(pickle.dumps(r))])
+def test_a_recorded_result_pickles_and_its_copy_gives_the_same_backward(size, clone):
+    """A result made with ``record=True`` (what ``vjp`` needs) held its array namespace, a module: pickle and
+    deepcopy failed ("cannot pickle 'module' object"), e.g. sending it back from a process pool."""
+    rng = np.random.default_rng(0)
+    n = 8
+    S = pp.sets.Polyhedral(pp.Polyhedron(A=rng.standard_normal((12, n)), a=np.ones(12), lb=-np.ones(n),
+                                         ub=np.ones(n)))
+    res = S.project_batch(rng.standard_normal((size, n)), record=True)
+    G = rng.standard_normal((size, n))
+    np.testing.assert_array_equal(np.asarray(S.vjp(clone(res), G)), np.asarray(S.vjp(res, G)))

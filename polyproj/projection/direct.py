@@ -53,7 +53,7 @@ from scipy.linalg.lapack import dpotrs
 from .. import linalg
 from ..polydata import PolyData
 from ..solution import Status
-from .faces import REFINE_STEPS, off_rounding
+from .faces import REFINE_STEPS, NamespaceState, off_rounding
 from .pipeline import PipelineOutput
 from .polish import FaceRecord, can_bind
 
@@ -109,7 +109,7 @@ class DirectData:
 
 
 @dataclass(frozen=True)
-class DirectRows:
+class DirectRows(NamespaceState):
     """What :func:`~polyproj.projection.faces.expand_rows` reads: the compact row layout of a face batch."""
 
     xp: Any

@@ -77,8 +77,25 @@ def scatter_rows(xp: Any, full: Any, mask: Any, part: Any) -> Any:
     return xp.where(m, xp.take(part, pos, axis=0), full)
 
 
+class NamespaceState:
+    """Pickling and deep copies of an object that holds its array namespace (a module) as ``xp``.
+
+    A module does not pickle: the namespace is kept by its import name (``numpy``, ``array_api_compat.torch``) and
+    imported again (a result made with ``record=True``, sent back from a process pool, failed with "cannot pickle
+    'module' object").
+    """
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "xp": self.__dict__["xp"].__name__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import importlib
+
+        self.__dict__.update(state, xp=importlib.import_module(state["xp"]))  # past a frozen dataclass's guard
+
+
 # ----------------------------------------------------------------------------- gathered rows
-class ActiveRows:
+class ActiveRows(NamespaceState):
     """The compacted active rows of a batch: active A rows first (padded with zero rows), then B.
 
     ``rows`` (b, k+p, n) are the unnormalised, unmasked rows and ``Mn`` the rows restricted to the
