@@ -59,3 +59,20 @@ def test_float32_never_calls_an_empty_set_solved_inaccurate():
         res = solve_qp_batch(t(np.eye(n)), -t(X), t(C), t(lo), t(u), t(lb), t(ub))
         names = {s.name for s in res.statuses()}
         assert not names & {"SOLVED", "SOLVED_INACCURATE"}, (dt, names)
+
+
+@pytest.mark.parametrize("c", [1e8, 1e12])
+@pytest.mark.parametrize("space", ["numpy", "torch"])
+def test_a_far_projection_meets_tolerances_at_the_rounding_of_its_terms(c, space):
+    """0 projected onto x₁ + x₂ >= c: with eps_abs 1e-8 and eps_rel 0 (the defaults) the duality gap, a sum of
+    terms ~c²/2 that cancel, never met 1e-8 (it rounds to ~1 at c = 1e8) and the iteration ran on to NaN
+    (NUMERICAL_ERROR). No float64 tolerance is below the rounding of its residual's largest term now: SOLVED,
+    x = (c/2, c/2) to rounding."""
+    P, q, C = np.eye(2), np.zeros((1, 2)), np.ones((1, 2))
+    lo, up = np.array([c]), np.array([np.inf])
+    if space == "torch":
+        torch = pytest.importorskip("torch")
+        P, q, C, lo, up = (torch.tensor(v, dtype=torch.float64) for v in (P, q, C, lo, up))
+    res = solve_qp_batch(P, q, C, lo, up)
+    assert res.statuses()[0].name == "SOLVED"
+    np.testing.assert_allclose(np.asarray(res.x)[0], [c / 2, c / 2], rtol=1e-12)

@@ -59,9 +59,12 @@ class KKTPoint:
         Primal residual, dual residual and duality gap.
     tp, td, tg : (b,)
         Their tolerances (with the float32 floor).
+    conv : (b,) bool
+        Within the tolerances, or within their floor (the float64 rounding of the residuals' largest terms, the
+        float32 floor): converged.
     near : (b,) bool
-        Within 1000 times the tolerances' relative parts and within the float32 floor (SOLVED_INACCURATE when
-        the iteration ends there unfinished).
+        Within 1000 times the tolerances, or within their floor once (SOLVED_INACCURATE when the iteration ends
+        there unfinished).
     """
 
     x: Any
@@ -73,6 +76,7 @@ class KKTPoint:
     tp: Any
     td: Any
     tg: Any
+    conv: Any
     near: Any
 
     def take(self, xp: Any, idx: Any) -> KKTPoint:
@@ -86,7 +90,7 @@ class KKTPoint:
                         *(xp.where(mask, a, o) for a, o in ((new.pres, self.pres), (new.dres, self.dres),
                                                              (new.gap, self.gap), (new.tp, self.tp),
                                                              (new.td, self.td), (new.tg, self.tg),
-                                                             (new.near, self.near))))
+                                                             (new.conv, self.conv), (new.near, self.near))))
 
 
 @dataclass(slots=True)

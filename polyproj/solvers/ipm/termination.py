@@ -30,6 +30,10 @@ from .state import KKTPoint, LoopState
 __all__ = ["Tolerances", "certificates", "finish", "kkt_point", "record", "tolerances"]
 
 
+#: float64 tolerances are at least this many roundings of the largest term of their residual (:class:`Tolerances`)
+ROUNDINGS = 16.0
+
+
 @dataclass(frozen=True)
 class Tolerances:
     """Tolerances of a batch.
@@ -42,12 +46,16 @@ class Tolerances:
         its own terms at the point).
     eps_inf : float
         Tolerance of the infeasibility certificates (``1e-8`` in float64, ``1e-4`` in float32).
+    rounding : float
+        ``ROUNDINGS · eps(float64)`` in float64 (0 in float32, whose floor is larger): no tolerance is below that
+        times the largest term of its residual.
     """
 
     eps_abs: float
     eps_rel: float
     floor: Any
     eps_inf: float
+    rounding: float = 0.0
 
 
 def tolerances(xp: Any, qp: BatchQP, rows: Rows, num: Numerics, eps_abs: float, eps_rel: float) -> Tolerances:
@@ -57,8 +65,9 @@ def tolerances(xp: Any, qp: BatchQP, rows: Rows, num: Numerics, eps_abs: float, 
     SOLVED (5.2 off). The terms at the point hold the bounds that bind there (``C x``, ``x`` at them; ``U z``).
     """
     del qp, rows  # the floor is set at each point (kkt_point)
-    return Tolerances(eps_abs, eps_rel, 1e3 * num.eps if num.dtype == xp.float32 else 0.0,
-                      1e-4 if num.dtype != xp.float64 else 1e-8)
+    f32 = num.dtype == xp.float32
+    return Tolerances(eps_abs, eps_rel, 1e3 * num.eps if f32 else 0.0, 1e-4 if num.dtype != xp.float64 else 1e-8,
+                      0.0 if f32 else ROUNDINGS * num.eps)
 
 
 def _support(xp: Any, rows: Rows, zall: Any, zero: Any) -> Any:
@@ -85,7 +94,10 @@ def kkt_point(xp: Any, qp: BatchQP, rows: Rows, tol: Tolerances, zero: Any, x: A
     sg = xp.maximum(xp.maximum(xp.abs(xPx), xp.abs(qx)), xp.abs(supp))
     own = [ea + er * size for size in (sp_, sd, sg)]
     tp, td, tg = own
-    lp, ld, lg = (1e3 * t for t in own)  # SOLVED_INACCURATE's test: 1000 times the tolerances
+    # the tests' tolerances: no float64 tolerance below the rounding of the residual's largest term (the duality
+    # gap of 0 projected onto x₁ + x₂ >= 1e8 sums terms of 5e15 to 1: eps_abs 1e-8 with eps_rel 0 was never met,
+    # and the iteration ran on to NaN); tp, td, tg, which rank the points passed (:func:`_distance`), leave it out
+    floors = [tol.rounding * size for size in (sp_, sd, sg)]
     if fl:  # float32: the floor follows the rounding of the sums, the sizes of their terms (not of the sums, which
         # cancel: x₁ = x₂ with q = (1e4, −1e4 + δ) ran 100 iterations to SOLVED_INACCURATE at float32's accuracy)
         ax, az = xp.abs(x), xp.abs(xp.concat([z, z_box], axis=1))
@@ -96,11 +108,14 @@ def kkt_point(xp: Any, qp: BatchQP, rows: Rows, tol: Tolerances, zero: Any, x: A
             xp.sum((xp.abs(rows.Uf) + xp.abs(rows.Lf)) * az, axis=1)
         floors = [fl * (1.0 + floor_size) for floor_size in (fp, fd, fg)]
         tp, td, tg = (xp.maximum(t, f) for t, f in zip(own, floors, strict=True))
-        # and the floor once, not 1000 times (it grows with |z|: on an empty set's diverging multipliers 1000
-        # floors passed residuals of 0.06 / 0.7 / 59 as SOLVED_INACCURATE)
-        lp, ld, lg = (xp.maximum(1e3 * t, f) for t, f in zip(own, floors, strict=True))
-    near = (pres <= lp) & (dres <= ld) & (gap <= lg)
-    return KKTPoint(x, z, z_box, pres, dres, gap, tp, td, tg, near)
+    # converged: within the tolerances or their floor; near (SOLVED_INACCURATE's test): within 1000 times the
+    # tolerances, and the floor once, not 1000 times (the float32 floor grows with |z|: on an empty set's diverging
+    # multipliers 1000 floors passed residuals of 0.06 / 0.7 / 59)
+    conv, near = None, None
+    for r, t, f in zip((pres, dres, gap), own, floors, strict=True):
+        c, n_ = r <= xp.maximum(t, f), r <= xp.maximum(1e3 * t, f)
+        conv, near = (c, n_) if conv is None else (conv & c, near & n_)
+    return KKTPoint(x, z, z_box, pres, dres, gap, tp, td, tg, conv, near)
 
 
 def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState) -> LoopState:
@@ -113,7 +128,7 @@ def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState) -> Loo
     """
     finite = (xp.isfinite(point.pres) & xp.isfinite(point.dres) & xp.isfinite(point.gap)
               & xp.all(xp.isfinite(point.x), axis=1))
-    conv = finite & (point.pres <= point.tp) & (point.dres <= point.td) & (point.gap <= point.tg)
+    conv = finite & point.conv
     running = loop.status == RUNNING
     status = codes.set(loop.status, running & conv, "SOLVED")
     status = codes.set(status, running & ~finite, "NUMERICAL_ERROR")
