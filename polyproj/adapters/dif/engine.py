@@ -579,11 +579,13 @@ class DIF:
         y = self._solve_h(c, "H⁻¹c")
         u = self._bound(r)
         mu = self.dual.solve(self.C @ y + u) if self.rows.size else np.zeros(0)
-        omega = -(y + self.V @ mu)
+        v_mu = self.V @ mu
+        omega = -(y + v_mu)
         slack = u - self.C @ omega
-        # held at the scale of the row's own terms (a Krylov ω is exact to its rtol in norm): an absolute floor
-        # called every weakly active row of a small removal's answer active (slack 2e-10 with ω 2e-10)
-        tol = 1e-8 * (np.abs(u) + np.linalg.norm(self.C, axis=1) * float(np.linalg.norm(omega)))
+        # held at the scale of the row's own terms, u + C y + C V μ (the norms of y and Vμ, not of ω, where they
+        # cancel): an absolute floor called every weakly active row of a small removal's answer active (slack 2e-10
+        # with ω 2e-10)
+        tol = 1e-8 * (np.abs(u) + np.linalg.norm(self.C, axis=1) * float(np.linalg.norm(y) + np.linalg.norm(v_mu)))
         # a rounding-level positive multiplier on a row left with slack is not an active row
         new = mu + self.floor  # the QP's own multipliers (= μ under the derivative rule)
         act = self.row_eq | (new > 1e-10 * (1.0 + float(np.max(np.abs(new), initial=0.0)))) | (np.abs(slack) <= tol)
