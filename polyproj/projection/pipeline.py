@@ -29,7 +29,7 @@ sample) in one namespace, :func:`run`
 Once the backend's ``time_limit`` has passed (a start it cut short, or the clock from the outermost run's start:
 :func:`_spent`) nothing more is solved: no fallback, retry or accurate re-solve; a start cut short gets at most
 :data:`LATE_ROUNDS` polish rounds, none where it shows no face (:func:`_no_face`), and keeps the backend's point as
-TIME_LIMIT where they do not verify it (:func:`_late`).
+TIME_LIMIT where they do not verify it (:func:`_late_polish`).
 
 Everything stays in the input's namespace and device; inequality rows are numbered as in
 :mod:`polyproj.polydata`.
@@ -147,7 +147,6 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
             out = _late_polish(X, data, solver, opts, start, late, min(rounds, LATE_ROUNDS), handoff)
         else:
             out = _output(data, start, _polish(X, data, start, opts, rounds, handoff=handoff), solver.name)
-        out = _late(X, data, solver, out, late)
         out = _fall_back(X, data, solver, opts, start, out, flagged, late)
     if report is not None:
         xp = array_namespace(X)
@@ -452,8 +451,8 @@ def _fall_back(X, data: PolyData, solver, opts: PolishOptions, start: Projection
                flagged, late) -> PipelineOutput:
     """Refused samples: after a rough start solved again accurately (their own pipeline); else kept as started.
 
-    ``flagged`` (a false infeasibility report) and ``late`` (cut short by ``time_limit``, :func:`_late`) samples are
-    not refused here. Once the caller's time is spent (:func:`_spent`) nothing is solved again.
+    ``flagged`` (a false infeasibility report) and ``late`` (cut short by ``time_limit``, :func:`_late_polish`)
+    samples are not refused here. Once the caller's time is spent (:func:`_spent`) nothing is solved again.
     """
     xp = array_namespace(X)
     refused = ~out.polished & ~flagged & ~late
@@ -687,9 +686,10 @@ def _unverified_active(X, data: PolyData, Y, mult0, accuracy: float):
     return fin & (mult0 > accuracy * mscale) & (near | (slack < mult0 * norm2))
 
 
-def _unpolished_output(X, data: PolyData, start: ProjectionStart, name: str) -> PipelineOutput:
+def _unpolished_output(X, data: PolyData, start: ProjectionStart, name: str, shown=None) -> PipelineOutput:
+    """The backend's points as they are, with the active sets they show (``shown``, when already computed)."""
     xp = array_namespace(X)
-    active = _unverified_active(X, data, start.y, start.mult, start.accuracy)
+    active = _unverified_active(X, data, start.y, start.mult, start.accuracy) if shown is None else shown
     mult = xp.where(start.mult > 0, start.mult, xp.zeros_like(start.mult))
     polished = xp.zeros((X.shape[0],), dtype=xp.bool, device=_device(X))
     return PipelineOutput(start.y, active, mult, start.mu, _checked_status(X, data, start), polished, name, [],
@@ -732,48 +732,41 @@ def _spent(opts: PolishOptions, start: ProjectionStart) -> bool:
     return opts.deadline is not None and time.perf_counter() >= opts.deadline
 
 
-def _no_face(X, data: PolyData, start: ProjectionStart):
+def _no_face(data: PolyData, shown):
     """(b,) bool: starts that show no face of the polyhedron: more active rows than coordinates.
 
-    The rows the backend's answer shows active at its accuracy (:func:`_unverified_active`) with the equality rows
-    outnumber the coordinates: an interior-point iterate stopped early, whose multipliers are all of the order
-    ``μ / slack`` (n 40, m 80 and a box: ~90 of the 160 inequality rows at every point). The polish would start from
-    an inconsistent face there (SVDs of big faces, one row dropped a round): seconds for 2,000 points, where an
-    identified face (the ADMM's start, a start near its end: ~35 rows) is verified in one cheap round.
+    ``shown``: the rows the backend's answer shows active at its accuracy (:func:`_unverified_active`); with the
+    equality rows they outnumber the coordinates at an interior-point iterate stopped early, whose multipliers are
+    all of the order ``μ / slack`` (n 40, m 80 and a box: ~90 of the 160 inequality rows at every point). The polish
+    would start from an inconsistent face there (SVDs of big faces, one row dropped a round): seconds for 2,000
+    points, where an identified face (the ADMM's start, a start near its end: ~35 rows) is verified in one cheap
+    round.
     """
-    xp = array_namespace(X)
-    active = _unverified_active(X, data, start.y, start.mult, start.accuracy)
-    return xp.sum(xp.astype(active, xp.int64), axis=1) + data.p > data.n
+    xp = array_namespace(shown)
+    return xp.sum(xp.astype(shown, xp.int64), axis=1) + data.p > data.n
 
 
 def _late_polish(X, data: PolyData, solver, opts: PolishOptions, start: ProjectionStart, late, rounds: int,
                  handoff: int) -> PipelineOutput:
     """The polish after the caller's ``time_limit`` cut some starts short (``late``): ``rounds`` at most.
 
-    A late start that shows no face (:func:`_no_face`) gets no round: its point is kept (TIME_LIMIT, :func:`_late`);
-    polishing it would cost more than the solve the limit cut short. The other samples get the short polish.
+    A late start that shows no face (:func:`_no_face`) is not polished: polishing it would cost more than the solve
+    the limit cut short. The other samples get the short polish. The late samples it does not verify keep the
+    backend's point and the active set it shows, with their status TIME_LIMIT and a warning; no retry or fallback
+    runs after the caller's limit (:func:`_fall_back` leaves them).
     """
     xp = array_namespace(X)
-    blind = late & _no_face(X, data, start)
-    out = None
-    for group, r in ((~blind, rounds), (blind, 0)):
-        if not bool(xp.any(group)):
-            continue
-        if bool(xp.all(group)):
-            return _output(data, start, _polish(X, data, start, opts, r, handoff=handoff), solver.name)
-        idx = xp.nonzero(group)[0]
-        sub, ds = _take_start(xp, start, idx), data.take(idx)
-        part = _output(ds, sub, _polish(xp.take(X, idx, axis=0), ds, sub, opts, r, handoff=handoff), solver.name)
-        out = _merge(xp, _unpolished_output(X, data, start, solver.name) if out is None else out, idx, part)
-    return out
-
-
-def _late(X, data: PolyData, solver, out: PipelineOutput, late) -> PipelineOutput:
-    """Samples whose start hit ``time_limit`` and that the polish did not verify keep the backend's point.
-
-    Their status stays TIME_LIMIT, with a warning; no retry or fallback runs after the caller's limit.
-    """
-    xp = array_namespace(X)
+    shown = _unverified_active(X, data, start.y, start.mult, start.accuracy)
+    blind = late & _no_face(data, shown)
+    if not bool(xp.any(blind)):
+        out = _output(data, start, _polish(X, data, start, opts, rounds, handoff=handoff), solver.name)
+    else:
+        out = _unpolished_output(X, data, start, solver.name, shown)
+        if not bool(xp.all(blind)):
+            idx = xp.nonzero(~blind)[0]
+            sub, ds = _take_start(xp, start, idx), data.take(idx)
+            part = _polish(xp.take(X, idx, axis=0), ds, sub, opts, rounds, handoff=handoff)
+            out = _merge(xp, out, idx, _output(ds, sub, part, solver.name))
     keep = late & ~out.polished
     count = int(xp.sum(xp.astype(keep, xp.int64)))
     if not count:
@@ -782,14 +775,17 @@ def _late(X, data: PolyData, solver, out: PipelineOutput, late) -> PipelineOutpu
                   "time-limited answer (status TIME_LIMIT, not polished: not the exact projection; their gradient is "
                   "that of the approximate active set the answer shows)",
                   PolyprojWarning, stacklevel=5)
-    return _keep_start(X, data, out, keep)
+    return _keep_start(X, data, out, keep, shown)
 
 
-def _keep_start(X, data: PolyData, out: PipelineOutput, refused) -> PipelineOutput:
-    """Refused samples keep the backend's point (its start) and the active set it shows (:func:`_unverified_active`)."""
+def _keep_start(X, data: PolyData, out: PipelineOutput, refused, shown=None) -> PipelineOutput:
+    """Refused samples keep the backend's point (its start) and the active set it shows.
+
+    That set is :func:`_unverified_active`'s (``shown``, when already computed).
+    """
     xp = array_namespace(X)
     st = out.start
-    active = _unverified_active(X, data, st.y, st.mult, st.accuracy)
+    active = _unverified_active(X, data, st.y, st.mult, st.accuracy) if shown is None else shown
     mult = xp.where(st.mult > 0, st.mult, xp.zeros_like(st.mult))
     r = refused[:, None]
     return replace(out, Y=xp.where(r, st.y, out.Y), active=xp.where(r, active, out.active),
