@@ -405,7 +405,7 @@ def check_solution(qp: QP, sol: Any, backend: str, settings: dict[str, Any], dua
     elif status is Status.NON_CONVEX:
         status, note = _convexity_verdict(qp)
     status, note = _time_verdict(status, note, settings, elapsed)
-    info = sol.info if not note else {**sol.info, **_noted(sol.info, note, sol.status)}
+    info = sol.info if not note else {**sol.info, **_noted(sol.info, note, sol.status.name)}
     if (status is sol.status and x is sol.x and z is sol.z and zb is sol.z_box and sol.qp is qp
             and sol.backend):
         return sol
@@ -417,16 +417,16 @@ def _claimed(info: dict) -> str:
     return str(info.get("claimed_status", "")) if info.get("validation") else ""
 
 
-def _noted(info: dict, note: str, status: Status) -> dict[str, str]:
-    """``validation`` and ``claimed_status`` for a new ``note`` on an answer of ``status`` and ``info``.
+def _noted(info: dict, note: str, claimed: str) -> dict[str, str]:
+    """``validation`` and ``claimed_status`` for a new ``note`` on an answer whose backend claimed ``claimed``.
 
-    A note the guard made already (an answer not confirmed at its own size) is kept before the new one, with the
-    status the backend claimed first.
+    The one rule for the guard's notes, on a single answer's ``info`` or a batch element's: a note made already (an
+    answer not confirmed at its own size) is kept before the new one, with the status the backend claimed first.
     """
     prior = info.get("validation")
     if not prior:
-        return {"validation": note, "claimed_status": status.name}
-    return {"validation": f"{prior}; {note}", "claimed_status": str(info.get("claimed_status", status.name))}
+        return {"validation": note, "claimed_status": claimed}
+    return {"validation": f"{prior}; {note}", "claimed_status": str(info.get("claimed_status", claimed))}
 
 
 def _time_verdict(status: Status, note: str, settings: dict[str, Any], elapsed: float | None) -> tuple[Status, str]:
@@ -502,7 +502,7 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
     if notes:
         elements = list(given)
         for i, note in notes.items():
-            elements[i] = {**elements[i], **_noted(elements[i], note, bs.status[i])}
+            elements[i] = {**elements[i], **_noted(elements[i], note, bs.status[i].name)}
         info["elements"] = elements
     return replace(bs, x=X, z=Z, z_box=ZB, status=tuple(statuses), qps=qps, info=info,
                    backend=bs.backend or backend)
@@ -818,7 +818,7 @@ def _with_notes(bs: BatchSolution, notes: dict[int, tuple[str, str]]) -> BatchSo
     elements = list(elements) if isinstance(elements, (list, tuple)) and len(elements) == len(bs) else [{}] * len(bs)
     for i, (note, claimed) in notes.items():
         base = elements[i] if isinstance(elements[i], dict) else {}
-        elements[i] = {**base, "validation": note, "claimed_status": claimed}
+        elements[i] = {**base, **_noted(base, note, claimed)}
     return replace(bs, info={**bs.info, "elements": elements})
 
 
