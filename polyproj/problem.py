@@ -146,27 +146,19 @@ def _check_row_scale(big: np.ndarray, name: str) -> None:
 DROPPED_RATIO = 1e12
 
 
-def _check_scaled_rows(M: Any, given: Any, name: str, matrix: str, sides: str, rhs: str, up: int) -> None:
-    """Refuse a right-hand side ``given`` that would read as infinite (``|v| >= 1e20``) on a row scaled up as far.
+def _check_scaled_rows(raw: np.ndarray, name: str, M: Any, matrix: str, sides: str, rhs: str, up: int) -> None:
+    """Refuse a right-hand side ``raw`` that would read as infinite (``|v| >= 1e20``) on a row scaled up as far.
 
     ``1e20 (y_1 + y_2) <= 1e20`` is the set ``y_1 + y_2 <= 1``: reading its right-hand side as ``+inf`` would
     drop the row (a QP's ``u`` silently: every backend returned the unconstrained point as SOLVED), and
     ``1e20 (y_1 + y_2) = -1e20`` is no "forbidden infinity" but ``y_1 + y_2 = -1``. The convention holds where
     ``|v| / max_j |M_ij|`` reaches :data:`DROPPED_RATIO` (``v = 1e20`` on a row of unit entries, as data files
-    write "no bound"); below it the value is refused, with the hint to scale the row. Run on the values as given,
-    before :func:`check_values` maps them (which would name the mapped infinity instead); values of the wrong
-    shape or type are left to it. ``sides``: the row's right-hand sides for the hint (``"l[i], u[i]"``);
+    write "no bound"); below it the value is refused, with the hint to scale the row. ``raw``: the values as given
+    (float64, one a row of ``M``), by :func:`_vector` before :func:`check_values` maps them (which would name the
+    mapped infinity instead). ``sides``: the row's right-hand sides for the hint (``"l[i], u[i]"``);
     ``rhs``: which side ``name`` is, for the message ("" for a one-sided row); ``up``: ``+1`` where ``+inf``
     is that side's "no bound", ``-1`` where ``-inf`` is, ``0`` where neither (equations).
     """
-    if given is None or M is None or M.shape[0] == 0:
-        return
-    raw = _asarray(given, name)
-    if raw.dtype.kind not in "biuf" or raw.ndim > 1:
-        return
-    raw = np.asarray(raw, dtype=np.float64).reshape(-1)
-    if raw.shape != (M.shape[0],):
-        return
     cand = np.isfinite(raw) & (np.abs(raw) >= _INF_THRESHOLD)
     if not cand.any():
         return
@@ -250,10 +242,11 @@ def check_order(lo: np.ndarray, hi: np.ndarray, lname: str, uname: str, what: st
 
 
 def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow_inf: int = 0,
-            scalar: bool = False, cost: bool = False) -> np.ndarray:
+            scalar: bool = False, cost: bool = False, rows: tuple | None = None) -> np.ndarray:
     """Validate a vector of length ``size`` (see :func:`check_values` for ``allow_inf`` and ``cost``).
 
-    ``scalar``: a single number stands for that value in every entry (bounds: ``lb=0``).
+    ``scalar``: a single number stands for that value in every entry (bounds: ``lb=0``). ``rows``: the right-hand
+    side of these rows, ``(M, matrix, sides, rhs, up)`` of :func:`_check_scaled_rows`, run on the values as given.
     """
     if v is None:
         if default is None:
@@ -266,6 +259,8 @@ def _vector(v: Any, name: str, size: int, *, default: float | None = None, allow
     arr = np.array(arr, dtype=np.float64).reshape(-1) if arr.ndim <= 1 else arr
     if arr.ndim != 1 or arr.shape[0] != size:
         raise ProblemError(f"{name} must have shape ({size},), got {np.shape(v)}")
+    if rows is not None and size:
+        _check_scaled_rows(arr, name, *rows)
     return check_values(arr, name, allow_inf, cost=cost)
 
 
@@ -470,10 +465,8 @@ class QP:
             if self.l is not None or self.u is not None:
                 raise ProblemError("l/u given without C")
         m = C.shape[0]
-        _check_scaled_rows(C, self.l, "l", "C", "l[i], u[i]", "lower", -1)  # before the values are mapped to ±inf
-        _check_scaled_rows(C, self.u, "u", "C", "l[i], u[i]", "upper", 1)
-        l = _vector(self.l, "l", m, default=-np.inf, allow_inf=-1)
-        u = _vector(self.u, "u", m, default=np.inf, allow_inf=1)
+        l = _vector(self.l, "l", m, default=-np.inf, allow_inf=-1, rows=(C, "C", "l[i], u[i]", "lower", -1))
+        u = _vector(self.u, "u", m, default=np.inf, allow_inf=1, rows=(C, "C", "l[i], u[i]", "upper", 1))
         check_order(l, u, "l", "u")
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1, scalar=True)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1, scalar=True)
@@ -500,11 +493,10 @@ class QP:
         if validate:
             spec = {"q": (self.n, 0), "l": (self.m, -1), "u": (self.m, 1), "lb": (self.n, -1), "ub": (self.n, 1)}
             for k, v in vectors.items():  # a number stands for every bound, as in QP(lb=0)
-                if k in ("l", "u"):
-                    _check_scaled_rows(self.C, v, k, "C", "l[i], u[i]", "lower" if k == "l" else "upper",
-                                       spec[k][1])
+                rows = (self.C, "C", "l[i], u[i]", "lower" if k == "l" else "upper", spec[k][1]) \
+                    if k in ("l", "u") else None
                 vals[k] = _read_only(_vector(v, k, spec[k][0], allow_inf=spec[k][1], scalar=k in ("lb", "ub"),
-                                             cost=k == "q"))
+                                             cost=k == "q", rows=rows))
             check_order(vals["l"], vals["u"], "l", "u")
             check_order(vals["lb"], vals["ub"], "lb", "ub")
         else:
@@ -739,10 +731,9 @@ class Polyhedron:
             B = np.zeros((0, n))
             if self.b is not None and np.prod(np.shape(self.b)):
                 raise ProblemError("b given without B")
-        _check_scaled_rows(A, self.a, "a", "A", "a[i]", "", 1)  # before the values are mapped to ±inf
-        _check_scaled_rows(B, self.b, "b", "B", "b[i]", "", 0)
-        a = _vector(self.a, "a", A.shape[0], default=np.inf if A.shape[0] == 0 else None, allow_inf=1)
-        b = _vector(self.b, "b", B.shape[0], default=0.0 if B.shape[0] == 0 else None)
+        a = _vector(self.a, "a", A.shape[0], default=np.inf if A.shape[0] == 0 else None, allow_inf=1,
+                    rows=(A, "A", "a[i]", "", 1))
+        b = _vector(self.b, "b", B.shape[0], default=0.0 if B.shape[0] == 0 else None, rows=(B, "B", "b[i]", "", 0))
         lb = _vector(self.lb, "lb", n, default=-np.inf, allow_inf=-1, scalar=True)
         ub = _vector(self.ub, "ub", n, default=np.inf, allow_inf=1, scalar=True)
         check_order(lb, ub, "lb", "ub")
