@@ -48,17 +48,28 @@ def measure(poly, X, backend: str, ref: np.ndarray) -> dict:
             "max_error": float(np.nanmax(np.abs(res.y - ref)))}
 
 
+def _size(spec: str) -> tuple[int, int, int]:
+    """``n:m:batch`` as three positive integers (argparse's error otherwise)."""
+    try:
+        n, m, batch = (int(v) for v in spec.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not n:m:batch (three integers, e.g. 20:40:256)") from None
+    if min(n, m, batch) <= 0:
+        raise argparse.ArgumentTypeError(f"{spec!r}: n, m and batch must be positive")
+    return n, m, batch
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", nargs="+", default=["20:40:256", "50:100:128", "100:200:64"], help="n:m:batch")
+    ap.add_argument("--sizes", nargs="+", type=_size, default=["20:40:256", "50:100:128", "100:200:64"],
+                    help="n:m:batch")
     ap.add_argument("--backends", nargs="+", default=None)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="project_backends")
     args = ap.parse_args()
     backends = args.backends or [b for b in pp.available_backends() if b != "cupy"]
     rows = []
-    for spec in args.sizes:
-        n, m, batch = (int(v) for v in spec.split(":"))
+    for n, m, batch in args.sizes:
         poly, X = make_problem(0, n, m, batch)
         ref = pp.project(X, poly, backend="proxsuite", eps_abs=1e-12).y
         runs: dict[str, list[dict]] = {b: [] for b in backends}
