@@ -174,9 +174,13 @@ def _dual_certificate(xp, qp, rows, num, tol, dx, x1, z1):
     """``δx`` certifies the QP unbounded: ``Pδx ≈ 0``, ``qᵀδx < 0``, ``Gδx`` in the recession cone.
 
     A bounded problem admits none beyond ``‖z̄‖₁·rec + ‖x̄‖₁·‖Pδx‖`` (``z̄`` dual feasible): the margin
-    uses the current iterate as ``x̄, z̄``.
+    uses the current iterate as ``x̄, z̄``. Its floor ``1e3 ε_inf`` is relative to the cost's size below 1:
+    ``qᵀδx`` is at most ``‖q‖₁`` with ``‖δx‖∞ = 1``, so an absolute floor would never certify an unbounded
+    problem whose cost is below it (``q = -1e-6``: no certificate, and the iterates, whose residuals all lie
+    within 1000 tolerances of 0, ended SOLVED_INACCURATE at a finite point).
     """
     one, zero, inf = num.one, num.zero, num.inf
+    floor = 1e3 * tol.eps_inf * xp.minimum(inf_norm(xp, qp.q), one)
     nx = inf_norm(xp, dx)
     nx_safe = xp.where(nx > 0, nx, one)
     dxn = dx / nx_safe[:, None]
@@ -187,7 +191,7 @@ def _dual_certificate(xp, qp, rows, num, tol, dx, x1, z1):
     lo_bad = xp.where(rows.finL, -gdx, -inf)  # finite lower side: G δx >= 0
     rec = xp.max(xp.maximum(up_bad, lo_bad), axis=1)
     rec = xp.maximum(rec, zero)
-    margin = xp.maximum(1e3 * tol.eps_inf + 0.0 * rec, 10.0 * (z1 * rec + x1 * Pdx))
+    margin = xp.maximum(floor + 0.0 * rec, 10.0 * (z1 * rec + x1 * Pdx))
     return (nx > 0) & (Pdx <= tol.eps_inf) & (qdx < -margin) & (rec <= tol.eps_inf)
 
 
