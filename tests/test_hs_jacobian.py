@@ -148,7 +148,9 @@ def test_hs_functions_reject_bad_arguments():
         pp.hs_jacobian(P, np.array([0.3, 0.0, 1.0]))  # a float array is not a mask
     with pytest.raises(pp.ProblemError, match="boolean mask"):
         pp.hs_jacobian(P, np.array([2, 0, 1]))
-    np.testing.assert_array_equal(pp.hs_jacobian(P, np.array([1, 0, 0])), np.diag([0.0, 1.0, 1.0]))
+    with pytest.raises(pp.ProblemError, match="boolean mask"):  # 0/1 integers too: an index list would pass
+        pp.hs_jacobian(P, np.array([1, 0, 0]))
+    np.testing.assert_array_equal(pp.hs_jacobian(P, np.array([1, 0, 0]).astype(bool)), np.diag([0.0, 1.0, 1.0]))
 
 
 def test_malformed_arguments_are_problem_errors():

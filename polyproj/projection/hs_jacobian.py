@@ -22,18 +22,28 @@ from .faces import Face
 __all__ = ["hs_jacobian", "hs_vjp"]
 
 
-def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool, Face]:
-    from ..problem import Polyhedron, _asarray
+def _check_polyhedron(polyhedron: Any) -> None:
+    from ..problem import Polyhedron
 
     if not isinstance(polyhedron, Polyhedron):
         raise ProblemError(f"the HS-Jacobian functions take a Polyhedron, got {type(polyhedron).__name__}; for a "
                            "set use S.as_polyhedron() (or S.vjp on its projection result)")
-    raw = _asarray(active.detach().cpu() if hasattr(active, "detach") else active, "active")
+
+
+def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool, Face]:
+    from ..problem import _asarray
+
+    _check_polyhedron(polyhedron)
+    raw = _asarray(active, "active")  # a tensor on the host (a 'meta' one, holding no values, refused)
     if raw.size == 0 and raw.dtype.kind == "f":  # [] reads as float64: an empty mask of no rows
         raw = raw.astype(bool)
-    if raw.dtype != bool and not (raw.dtype.kind in "iu" and np.isin(raw, (0, 1)).all()):
-        raise ProblemError(f"active must be a boolean mask (or 0/1 integers), got dtype {raw.dtype}")
-    act = raw.astype(bool)
+    # A mask only: integers are refused, 0/1 ones included, since an index list of 0s and 1s ([0]: "row 0 is
+    # active"; [1, 0]) reads as a mask of other rows without any error.
+    if raw.dtype != bool:
+        hint = (": 0/1 flags convert with .astype(bool) (a tensor: .bool()); for row indices build the mask, "
+                "m = np.zeros(n_ineq, bool); m[idx] = True") if raw.dtype.kind in "iu" else ""
+        raise ProblemError(f"active must be a boolean mask (True for an active row), got dtype {raw.dtype}{hint}")
+    act = raw
     if act.ndim not in (1, 2):
         raise ProblemError(f"active must have shape (n_ineq,) or (batch, n_ineq), got {act.shape}")
     single = act.ndim == 1
@@ -60,7 +70,9 @@ def hs_jacobian(polyhedron: Any, active: Any) -> np.ndarray:
     ----------
     polyhedron : Polyhedron
     active : (n_ineq,) or (batch, n_ineq) bool
-        Active inequality rows (``ProjectionResult.active``).
+        Active inequality rows (``ProjectionResult.active``): a boolean mask (NumPy, torch, a list of bools).
+        Integers are refused, 0/1 ones too (an index list ``[1, 0]`` would read as a mask): convert 0/1 flags
+        with ``.astype(bool)``, and build the mask from row indices.
 
     Returns
     -------
@@ -90,15 +102,23 @@ def hs_vjp(polyhedron: Any, active: Any, V: Any) -> np.ndarray:
     ----------
     polyhedron : Polyhedron
     active : (n_ineq,) or (batch, n_ineq) bool
+        A boolean mask, as for :func:`hs_jacobian`.
     V : (n,) or (batch, n) array
+        Real numbers: NumPy, a list, or a torch tensor (read on the host).
 
     Returns
     -------
-    ndarray shaped like V.
+    ndarray shaped like V, a NumPy array also for a torch V. Computed in float64 and rounded once to V's
+    dtype when it is float16, float32 or float64 (a tensor's too: torch.float32 gives float32); float64 for
+    integers and other floats (bfloat16).
     """
     from ..problem import _asarray
 
-    raw = _asarray(V.detach().cpu() if hasattr(V, "detach") else V, "V")
+    _check_polyhedron(polyhedron)
+    # the result's dtype: V's float16/32/64 (a tensor's by name: _asarray reads it in float64), else float64
+    name = str(getattr(V, "dtype", "")).removeprefix("torch.")
+    out_dtype = np.dtype(name) if name in ("float16", "float32", "float64") else np.dtype(np.float64)
+    raw = _asarray(V, "V")  # a tensor on the host (a 'meta' one, holding no values, refused)
     if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)):
         raise ProblemError(f"V must hold real numbers, got dtype {raw.dtype}")
     V = raw.astype(np.float64)
@@ -111,5 +131,5 @@ def hs_vjp(polyhedron: Any, active: Any, V: Any) -> np.ndarray:
     if V2.shape[-1] != polyhedron.n:
         raise ProblemError(f"V must have {polyhedron.n} columns, got shape {V.shape}")
     _, F = _face(polyhedron, active, batch=V2.shape[0])
-    out = F.null_apply(V2)
+    out = F.null_apply(V2).astype(out_dtype, copy=False)  # computed in float64, rounded once
     return out[0] if single_v else out
