@@ -338,7 +338,30 @@ class ProxSuiteSolver(QPSolver):
         made a trivial QP fail), and that answer is kept when it is SOLVED.
         """
         sol = self._solve(qp, warm_start)
+        if warm_start is not None and self.settings["warm_start"] and sol.status is Status.SOLVED \
+                and not self._gap_closed(sol):
+            # ProxQP tests its stopping criteria on a warm start before its first iteration without the duality
+            # gap: another problem's answer that is primal and dual feasible here (the multiplier of a row now
+            # slack) came back SOLVED after 0 iterations with complementarity off by 0.5. Solved again, cold
+            sol = self._solve(qp, None)
         return self._retried(qp, sol) if self._refuted(sol.status, sol.info) else sol
+
+    def _gap_closed(self, sol: Solution) -> bool:
+        """Whether ``sol``'s duality gap meets ProxQP's own tolerance.
+
+        That is ``eps_abs + eps_rel`` times the gap's largest term, to the rounding of those terms.
+        """
+        qp, x, z, zb = sol.qp, sol.x, sol.z, sol.z_box
+        if not (np.isfinite(x).all() and np.isfinite(z).all() and np.isfinite(zb).all()):
+            return False
+        terms = [abs(float(x @ (qp.P @ x))), abs(float(qp.q @ x))]
+        for mult, lo, hi in ((z, qp.l, qp.u), (zb, qp.lb, qp.ub)):
+            terms += [float(np.abs(np.where(np.isfinite(hi), hi, 0.0) @ np.maximum(mult, 0.0))),
+                      float(np.abs(np.where(np.isfinite(lo), lo, 0.0) @ np.maximum(-mult, 0.0)))]
+        size = max(terms)
+        eps_abs, eps_rel = float(self.settings["eps_abs"]), float(self.settings["eps_rel"])
+        tol = eps_abs + eps_rel * size + 1e3 * np.finfo(float).eps * size
+        return sol.duality_gap() <= tol
 
     def _refuted(self, status: Status, info: dict) -> bool:
         """ProxQP's claim of primal infeasibility that the output check refuted (NUMERICAL_ERROR), rho not set."""
