@@ -43,6 +43,7 @@ __all__ = [
     "check_infeasible_contract",
     "check_licq_equivalence",
     "check_projection",
+    "check_projection_contract",
     "check_qp_batch_contract",
     "check_qp_contract",
     "check_solution_kkt",
@@ -359,12 +360,57 @@ def check_batch_contract(P: Polyhedron, X: np.ndarray, solver: Any, tol: float =
     return {"qps": X.shape[0]}
 
 
-def check_qp_batch_contract(case: Any, solver: Any, tol: float = 1e-6) -> dict[str, int]:
-    """``solver.solve_batch`` on feasible QPs sharing a general ``P`` and ``C``, every vector batched.
+def check_projection_contract(P: Polyhedron, X: np.ndarray, solver: Any, tol: float = 1e-6) -> dict[str, int]:
+    """``solver.solve_projections`` (``rough=False``) on a polyhedron's data: the raw start of the polish.
 
-    ``case`` is a :class:`~polyproj.testing.strategies.QPBatchCase`. The batch is solved cold, then again
-    warm-started from the cold answers in reverse order (element ``i`` from element ``size − 1 − i``'s: a start
-    that is not the answer). Each element of both raw BatchSolutions must
+    The projection entry a backend may override (array-API backends do; the default solves the projection QPs by
+    ``solve_batch`` on the host). ``pp.project`` polishes a wrong start into the exact projection, so its answers
+    cannot show a broken entry. The start must hold one answer per point (``y (N, n)``, ``mult (N, m + 2n)``,
+    ``mu (N, p)``, ``N`` statuses), and each point, read as a Solution of its projection QP (``z = [mult_A, mu]``,
+    ``z_box`` from the bound rows: :func:`~polyproj.polydata.rows_to_qp_multipliers`), must meet the contract of
+    :func:`check_solution_kkt` at ``tol``: SOLVED (the set holds ``y*``, the projection exists: anything else
+    on these small, exact data is a false verdict or a failure), feasible, its multipliers stationary with the
+    right signs and no duality gap. Its ``y`` must also be the exact (polished) projection to within
+    ``sqrt(tol)`` (scaled as in :func:`check_batch_contract`).
+    """
+    from ..backends.projection import ProjectionStart
+    from ..polydata import PolyData, rows_to_qp_multipliers
+
+    qp = P.projection_qp()
+    X = np.atleast_2d(np.asarray(X, float))
+    N, m, p = X.shape[0], P.m_ineq, P.m_eq
+    start = solver.solve_projections(X, PolyData.from_polyhedron(P, like=X), rough=False)
+    if not isinstance(start, ProjectionStart):
+        raise AssertionError(f"solve_projections returned {type(start).__name__}; expected a ProjectionStart")
+    Y, mult, mu = (np.asarray(v, dtype=float) for v in (start.y, start.mult, start.mu))
+    status = tuple(start.status)
+    want = {"y": (N, P.n), "mult": (N, m + 2 * P.n), "mu": (N, p)}
+    got = {"y": Y.shape, "mult": mult.shape, "mu": mu.shape}
+    if got != want or len(status) != N or not all(isinstance(s, Status) for s in status):
+        raise AssertionError(f"solve_projections of {N} points returned shapes {got} and {len(status)} statuses "
+                             f"{[getattr(s, 'name', s) for s in status]}; expected {want} and {N} Status values")
+    z, z_box = rows_to_qp_multipliers(np, mult, mu, m)
+    ref = project_checked(X, P, solver).y
+    for i in range(N):
+        what = f"solve_projections point {i}, projection of x = {_arr(X[i])}"
+        qpi = qp.with_vectors(q=-X[i])
+        check_solution_kkt(qpi, Solution(x=Y[i], z=z[i], z_box=z_box[i], status=status[i]), tol, what=what,
+                           duals=solver.capabilities.duals)
+        err = float(np.abs(Y[i] - ref[i]).max())
+        if err > np.sqrt(tol) * _scale(X[i]):
+            raise AssertionError(f"{what}: y = {_arr(Y[i], 10)} is {err:.3g} away from the exact projection "
+                                 f"{_arr(ref[i], 10)}")
+    return {"points": N}
+
+
+def check_qp_batch_contract(case: Any, solver: Any, tol: float = 1e-6) -> dict[str, int]:
+    """``solver.solve_batch`` on feasible QPs sharing a general ``P`` and ``C``, some or all vectors batched.
+
+    ``case`` is a :class:`~polyproj.testing.strategies.QPBatchCase` (``qp_batches(subsets=True)`` in the kit:
+    a random non-empty subset of ``q``, ``l``, ``u``, ``lb``, ``ub`` batched, the others shared; ``solve_batch``
+    allows any, and a batch path that drops a shared vector answers other problems). The batch is solved cold,
+    then again warm-started from the cold answers in reverse order (element ``i`` from element ``size − 1 − i``'s:
+    a start that is not the answer). Each element of both raw BatchSolutions must
 
     - meet the contract of its own QP (:func:`check_solution_kkt` at ``tol``; a point the output check demoted
       to SOLVED_INACCURATE fails it like any other);
@@ -373,9 +419,9 @@ def check_qp_batch_contract(case: Any, solver: Any, tol: float = 1e-6) -> dict[s
       the optimum), and, where ``P ≻ 0`` (the solution is unique), ``x`` within ``2 sqrt(2 tol·scale² / μ)``,
       ``μ`` the smallest eigenvalue of ``P``: for a feasible ``x``, ``½ μ |x − x*|² <= f(x) − f(x*)``.
 
-    A batch path that replaces ``P`` by ``I`` (a projection fast path) or ignores the batched ``l``, ``u``,
-    ``lb``, ``ub`` answers other problems and fails here; ``batch_contract`` (projection QPs, only ``q``
-    batched) cannot see either.
+    A batch path that replaces ``P`` by ``I`` (a projection fast path), ignores the batched ``l``, ``u``,
+    ``lb``, ``ub`` or drops the shared ones answers other problems and fails here; ``batch_contract``
+    (projection QPs, only ``q`` batched) cannot see any of them.
     """
     vecs = case.vectors
     size = case.size

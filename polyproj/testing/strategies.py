@@ -22,7 +22,8 @@ vertex (``k = n - p``).
 
 *Feasible QPs* contain an integer point ``x0`` (``l <= C x0 <= u``) and are bounded (``P ≻ 0`` or
 all variables boxed).  *Batches of feasible QPs* share ``P`` (never a multiple of ``I``) and ``C``;
-each element has its own ``q``, ``l``, ``u``, ``lb``, ``ub`` and its own integer point.  *Infeasible
+each element has its own ``q``, ``l``, ``u``, ``lb``, ``ub`` and its own integer point, or (``subsets``) a
+random non-empty subset of them batched, the others shared, around one integer point.  *Infeasible
 QPs* carry a Farkas certificate in polyproj's sign convention: row multipliers ``y`` (``y_i > 0`` on
 the upper side ``u_i``, ``< 0`` on the lower side ``l_i``) and bound multipliers ``y_box`` with
 ``Cᵀy + y_box = 0`` and support ``uᵀy⁺ − lᵀy⁻ + ubᵀy_box⁺ − lbᵀy_box⁻ < 0`` — a point ``x`` of the
@@ -199,10 +200,11 @@ class QPCase(_Pretty):
 
 @dataclass(frozen=True, repr=False)
 class QPBatchCase(_Pretty):
-    """Feasible QPs sharing ``P`` and ``C`` (``qp``) with batched ``vectors`` (``q``, ``l``, ``u``, ``lb``, ``ub``).
+    """Feasible QPs sharing ``P`` and ``C`` (``qp``), with batched ``vectors`` (of ``q``, ``l``, ``u``, ``lb``, ``ub``).
 
-    ``qp`` holds the vectors of element 0; element ``i`` (:meth:`element`) contains the integer point
-    ``x_feasible[i]``. ``strictly_convex``: ``P ≻ 0``, so each element's solution is unique.
+    ``qp`` holds the vectors of element 0, and the shared ones (those not in ``vectors``) of every element; element
+    ``i`` (:meth:`element`) contains the integer point ``x_feasible[i]``. ``strictly_convex``: ``P ≻ 0``, so each
+    element's solution is unique.
     """
 
     qp: QP
@@ -223,6 +225,9 @@ class QPBatchCase(_Pretty):
         q = self.qp.dense()
         parts = [f"P={_fmt(q.P)}"] + ([f"C={_fmt(q.C)}"] if q.m else [])
         parts += [f"{k}={_fmt(v)}" for k, v in self.vectors.items()]
+        # the shared vectors too: a falsifying example that batches only u must show the q it shares
+        shared = [k for k in ("q", "l", "u", "lb", "ub") if k not in self.vectors and (q.m or k not in ("l", "u"))]
+        parts += [f"shared {k}={_fmt(getattr(q, k))}" for k in shared]
         parts.append(f"feasible points={_fmt(self.x_feasible)}")
         return "FeasibleQPBatch(" + ", ".join(parts) + ")"
 
@@ -480,8 +485,9 @@ def feasible_qps(min_n: int = 1, max_n: int = 5, max_m: int = 5, sparse: bool = 
     return build()
 
 
-def qp_batches(min_n: int = 1, max_n: int = 4, max_m: int = 4, min_size: int = 2, max_size: int = 4):
-    """Batches of feasible, bounded QPs that share a general ``P`` and ``C``, every vector batched.
+def qp_batches(min_n: int = 1, max_n: int = 4, max_m: int = 4, min_size: int = 2, max_size: int = 4,
+               subsets: bool = False):
+    """Batches of feasible, bounded QPs that share a general ``P`` and ``C``, every vector (or some) batched.
 
     ``P = LᵀL + c I`` (``c ∈ {0, 1}``; every variable of every element is boxed unless ``P ≻ 0``); ``P`` is
     never a multiple of ``I`` (its first diagonal entry is raised if it is; for ``n = 1``: never ``[[1]]``),
@@ -489,6 +495,12 @@ def qp_batches(min_n: int = 1, max_n: int = 4, max_m: int = 4, min_size: int = 2
     has its own integer point ``x0``, ``q``, row sides (upper, lower, two-sided, an equality) around ``C x0``
     and bounds around ``x0``: a batch path that ignores the batched ``l``, ``u``, ``lb`` or ``ub`` gives other
     answers too.
+
+    ``subsets``: batch a random non-empty subset of ``q``, ``l``, ``u``, ``lb``, ``ub`` (``solve_batch`` allows
+    any), the others shared by every element (those of ``qp``): a batch path that drops a shared vector (solves
+    with ``q = 0`` when only ``u`` is batched) gives other answers. Where a constraint vector is shared, every
+    element has the same integer point ``x0`` (the shared sides around ``C x0`` and the batched ones, drawn per
+    element, all hold there), so the elements differ by their batched vectors only.
     """
     st = _st()
 
@@ -497,6 +509,10 @@ def qp_batches(min_n: int = 1, max_n: int = 4, max_m: int = 4, min_size: int = 2
         n = draw(st.integers(min_n, max_n))
         m = draw(st.integers(0, max_m))
         size = draw(st.integers(min_size, max_size))
+        names = ("q", "l", "u", "lb", "ub") if m else ("q", "lb", "ub")
+        batched = set(draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))) \
+            if subsets else set(names)
+        own_points = batched >= set(names) - {"q"}  # every constraint vector batched: a point per element
         r = draw(st.integers(1, n))
         L = np.array(draw(st.lists(st.lists(st.integers(-2, 2), min_size=n, max_size=n), min_size=r, max_size=r)),
                      dtype=float)
@@ -509,17 +525,19 @@ def qp_batches(min_n: int = 1, max_n: int = 4, max_m: int = 4, min_size: int = 2
                      dtype=float).reshape(m, n)
         rows: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "l", "u", "lb", "ub")}
         X0 = []
-        for _ in range(size):
-            x0 = np.array(draw(st.lists(st.integers(-2, 2), min_size=n, max_size=n)), dtype=float)
+        for i in range(size):
+            if own_points or i == 0:
+                x0 = np.array(draw(st.lists(st.integers(-2, 2), min_size=n, max_size=n)), dtype=float)
             q = np.array(draw(st.lists(st.integers(-5, 5), min_size=n, max_size=n)), dtype=float)
             l, u = _row_sides(draw, C @ x0)
             lb, ub = _box(draw, x0, boxed=not strictly)
             for k, v in zip(("q", "l", "u", "lb", "ub"), (q, l, u, lb, ub)):
                 rows[k].append(v)
             X0.append(x0)
-        vectors = {k: np.array(v, dtype=float).reshape(size, -1) for k, v in rows.items() if m or k not in ("l", "u")}
-        first = {k: v[0] for k, v in vectors.items()}
+        every = {k: np.array(v, dtype=float).reshape(size, -1) for k, v in rows.items() if k in names}
+        first = {k: v[0] for k, v in every.items()}  # element 0's, the shared ones every element's
         qp = QP(P=P, C=C if m else None, **first)
+        vectors = {k: v for k, v in every.items() if k in batched}
         return QPBatchCase(qp, vectors, np.array(X0), strictly_convex=strictly)
 
     return build()
