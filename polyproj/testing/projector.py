@@ -16,11 +16,15 @@ vjp                    ``S.vjp`` equals the HS-Jacobian of ``P`` at the reported
 conservativity         along segments through degenerate points: the path integral of ``J d`` over
                        the kinks equals the chord, and ``d/dt Π(x(t)) = J d`` a.e., for every HS element
 namespaces             torch (when installed) and ``array_api_strict`` give the NumPy answer (to
-                       rounding where it is exact, to ``tol`` within the polish's tolerance of a face)
+                       rounding where it is exact, to ``tol`` within the polish's tolerance of a face),
+                       and its active flags on every row the NumPy answer decides (:func:`_decided`)
 torch vjp              ``S.vjp`` of a torch result and cotangent (what the layer's backward calls) is a
-                       tensor equal to the NumPy product where the two active sets agree
+                       tensor equal to the NumPy product where the two active sets agree, and to the
+                       HS-Jacobian product of torch's own active set where they differ on undecided rows
+                       (on a decided row the flags themselves fail)
 float32                float32 inputs (NumPy, torch) give float32 answers within :data:`FLOAT32_TOL`
-                       (relative to ``1 + |x| + |y|``) of the float64 ones
+                       (relative to ``1 + |x| + |y|``) of the float64 ones, with the float64 active flags
+                       on every row decided beyond that tolerance
 =====================  ===========================================================================
 """
 
@@ -137,17 +141,24 @@ def projector_points(S: Any, rng: np.random.Generator, count: int) -> np.ndarray
     return np.vstack([X, near])
 
 
-def _degenerate(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Points ``y + Gᵀλ' + Bᵀμ`` with one positive multiplier of an active row set to zero (weakly active)."""
+def _degenerate(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator, sc: float = 1.0) -> np.ndarray:
+    """Points ``y + Gᵀλ' + Bᵀμ`` with one positive multiplier of an active row set to zero (weakly active).
+
+    A multiplier is positive when its row's share of ``x − y`` (``λ_i |G_i|``, a distance) exceeds
+    ``1e-6 (unit + |x|)``, the kit's rule for tolerances (:func:`_unit`): at ``λ > 1e-6`` absolute a set 1e-7
+    across had none, its conservativity was skipped, and a set reporting no active row passed.
+    """
     from .properties import ineq_form
 
     res = S.project(X)
     G, _ = ineq_form(P)
+    norm = np.linalg.norm(G, axis=1)
     ni = P.n_ineq
+    unit = _unit(sc)
     out = []
     for i in range(X.shape[0]):
         lam, mu = np.asarray(res.multipliers[i][:ni]), np.asarray(res.multipliers[i][ni:])
-        pos = np.flatnonzero(lam > 1e-6)
+        pos = np.flatnonzero(lam * norm > 1e-6 * (unit + float(np.abs(X[i]).max(initial=0.0))))
         if pos.size == 0:
             continue
         lam2 = lam.copy()
@@ -186,7 +197,7 @@ def _setup(S: Any, rng: np.random.Generator, examples: int) -> dict[str, Any]:
     if P.n != S.n:
         raise ProblemError(f"S.as_polyhedron() has {P.n} variables but S.n is {S.n}")
     X, near, sc = _sampled(S, rng, examples, P)
-    Xd = _degenerate(S, P, X.copy(), rng)  # from the random points: conservativity's segments as before
+    Xd = _degenerate(S, P, X.copy(), rng, sc)  # from the random points: conservativity's segments as before
     return {"points": X.shape[0] + near.shape[0], "_data": (P, X, near, Xd, sc)}
 
 
@@ -233,25 +244,67 @@ def _vjp(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator, tol: float, ne
     return {"points": X.shape[0]}
 
 
+def _magnified(S: Any, P: Any, c: float) -> tuple[Any, Any]:
+    """``S`` and ``P`` seen ``1/c`` times larger: ``Π(x) = Π_S(c x) / c`` onto ``P / c``.
+
+    The same rows and active sets, the multipliers over ``c``, the HS-Jacobian at ``x`` that of ``S`` at ``c x``.
+    """
+    from dataclasses import replace
+
+    from ..problem import Polyhedron
+    from ..sets.base import Projector
+
+    class Magnified(Projector):
+        n = S.n
+
+        def project_batch(self, X):
+            r = S.project(X * c)
+            return replace(r, y=r.y / c, multipliers=r.multipliers / c, violation=r.violation / c,
+                           max_violation=r.max_violation / c, face=r)
+
+        def vjp(self, result, G):
+            return S.vjp(result.face, G)
+
+        def as_polyhedron(self):
+            return Pm
+
+    Pm = Polyhedron(A=P.A, a=P.a / c, B=P.B, b=P.b / c, lb=P.lb / c, ub=P.ub / c, n=P.n,
+                    allow_dependent_rows=True)
+    return Magnified(), Pm
+
+
 def _conservativity(S: Any, P: Any, Xd: np.ndarray, rng: np.random.Generator,
                     sc: float = 1.0) -> dict[str, int] | str:
     """Conservativity along segments through the degenerate points, of the set's length (``sc``).
 
     Segments of the set's scale cross its faces (unit segments never left a face of a box of ±1e6, and crossed
-    dozens of a 50-dimensional simplex's).
+    dozens of a 50-dimensional simplex's). A set smaller than 1 is checked magnified to unit scale
+    (:func:`_magnified`, the floor :func:`_unit`'s rule): the property's tolerances are absolute at unit scale
+    (the path integral's ``1e-7 (1 + |d| + |x0|)``, the HS set's 1e-9), and on a set 1e-7 across the chord was
+    within them whatever the Jacobian, while a row 1e-3 of a box of ±1e-6 from its kink was taken as weakly
+    active.
     """
     from .properties import check_conservativity
 
     if Xd.shape[0] == 0:
         return ("NOT CHECKED (the HS-Jacobian's conservativity is untested): no sample had an active row with a "
                 "positive multiplier")
+    note = ""
+    if sc < 1.0:
+        S, P = _magnified(S, P, sc)
+        note = f" (on the set magnified to unit scale: the points and values above are the set's divided by {sc:.3g})"
+        Xd, sc = Xd / sc, 1.0
     total: dict[str, int] = {}
     for x in Xd[:4]:
         D = sc * rng.standard_normal((4, S.n))
         s = rng.uniform(0.2, 0.8, size=4)
         case = SimpleNamespace(point=SimpleNamespace(polyhedron=P), directions=D, s=s,
                                x0=x[None, :] - s[:, None] * D)
-        for k, v in check_conservativity(case, S, rng=rng).items():
+        try:
+            part = check_conservativity(case, S, rng=rng)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{note}") from None
+        for k, v in part.items():
             total[k] = total.get(k, 0) + v
     return total
 
@@ -271,6 +324,65 @@ def _input_kept(S: Any, X: np.ndarray) -> dict[str, int]:
     return {"points": int(X.shape[0])}
 
 
+def _decided(P: Any, X: np.ndarray, Y: np.ndarray, A: np.ndarray, margin: np.ndarray) -> np.ndarray:
+    """The rows whose active flag NumPy's float64 answer decides beyond ``margin`` (per point): (points, rows) bool.
+
+    At an exact KKT point (:func:`~.properties.exact_certificate`), a row off the active set whose hyperplane
+    lies farther than ``margin`` from ``y`` (``slack / |G_i|``) is inactive, and an active row whose multiplier
+    is positive beyond ``margin`` is active: under LICQ (``M = [G_I; B]`` independent, the multiplier ``ν`` of
+    ``x − y = Mᵀν`` unique) ``ν_k / √((M Mᵀ)⁻¹)_kk``, ``ν_k`` times the distance of row ``k`` from the others' span:
+    how far ``x`` moves before ``ν_k`` reaches 0; else the residual of ``x − y`` on the cone of the other active
+    rows and the equalities (non-negative least squares: ``ν_k > 0`` in every multiplier). Strictly
+    complementary rows, which an input moved by less than ``margin`` (another namespace's rounding, float32's)
+    does not flip, so every namespace and dtype must report them as NumPy does. The others (weakly active rows,
+    a dependent row another can stand in for, an answer decided only at the polish's tolerance) are a choice
+    among HS elements that a set may make either way.
+    """
+    from scipy.optimize import nnls
+
+    from .properties import _independent_rows, _rank, exact_certificate, ineq_form
+
+    G, h = ineq_form(P)
+    Bm = P.B_dense.reshape(-1, P.n)
+    Bi = _independent_rows(Bm)  # the same row space (a Birkhoff polytope's 2k sums have rank 2k − 1)
+    norm = np.linalg.norm(G, axis=1)
+    out = np.zeros(A.shape, dtype=bool)
+    for i in range(X.shape[0]):
+        act = A[i]
+        if not exact_certificate(P, X[i], Y[i], act):
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero row (norm 0) is never decided
+            out[i] = ~act & (norm > 0) & ((h - G @ Y[i]) / norm > margin[i])
+        rows, r = np.flatnonzero(act), X[i] - Y[i]
+        M = np.vstack([G[rows], Bi])
+        if _rank(M) == M.shape[0]:
+            inv = np.linalg.inv(M @ M.T)
+            out[i, rows] = (inv @ (M @ r))[: rows.size] / np.sqrt(np.diag(inv)[: rows.size]) > margin[i]
+            continue
+        for k in rows:
+            M = np.vstack([G[rows[rows != k]], Bm, -Bm])  # μ = μ⁺ − μ⁻ for the equalities
+            out[i, k] = (nnls(M.T, r)[1] if M.shape[0] else float(np.linalg.norm(r))) > margin[i]
+    return out
+
+
+def _flags_agree(what: str, X: np.ndarray, A: np.ndarray, other: Any, decided: np.ndarray) -> None:
+    """``other`` (another namespace's or dtype's active flags) equals NumPy's ``A`` on the decided rows.
+
+    A set whose torch branch flagged no row active passed every check (``y`` agreed) while the layer's gradient
+    was the identity.
+    """
+    got = to_host(other).reshape(A.shape) != 0
+    bad = decided & (got != A)
+    if np.any(bad):
+        pts = np.flatnonzero(bad.any(axis=1))
+        i = int(pts[0])
+        raise AssertionError(
+            f"{what} inputs report other active rows than NumPy's float64 answer at {pts.size} point(s) where "
+            f"it is strictly complementary: at x = {X[i].tolist()} rows {np.flatnonzero(bad[i]).tolist()} "
+            f"(active with NumPy: {np.flatnonzero(A[i]).tolist()}, with {what}: {np.flatnonzero(got[i]).tolist()}); "
+            f"points {X[pts[:5]].tolist()}")
+
+
 def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float, unit: float = 1.0) -> dict[str, int]:
     """Inputs of torch and ``array_api_strict`` give the NumPy answer: to rounding (1e-12) where it is exact.
 
@@ -278,7 +390,8 @@ def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float, unit: float = 1.0) ->
     a closed-form set's answers, the generic path's away from a face) every namespace must reproduce it to
     rounding. Within the polish's tolerance of a face (a point 1e-9 inside a row of a ``Polyhedral`` set) the
     generic path's answer is decided at that tolerance and may take the face in one namespace and not in the
-    other: such points (``band_points``) are held to the agreement tolerance ``tol`` (relative).
+    other: such points (``band_points``) are held to the agreement tolerance ``tol`` (relative). The active
+    flags must be NumPy's on every row it decides beyond ``tol (unit + |x| + |y|)`` (:func:`_decided`).
     """
     from .properties import exact_certificate
 
@@ -288,15 +401,18 @@ def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float, unit: float = 1.0) ->
     act = np.asarray(res.active, dtype=bool).reshape(X.shape[0], -1)
     exact = np.array([exact_certificate(P, X[i], ref[i], act[i]) for i in range(X.shape[0])], dtype=bool)
     allowed = np.where(exact, 1e-12, tol) * (unit + np.abs(X).max(axis=1))  # each point at its own scale
-    counts = {"namespaces": 0, "band_points": int((~exact).sum())}
+    decided = _decided(P, X, ref, act, tol * (unit + np.abs(X).max(axis=1) + np.abs(ref).max(axis=1, initial=0)))
+    counts = {"namespaces": 0, "band_points": int((~exact).sum()),
+              "strictly_active_points": int((decided & act).any(axis=1).sum())}
 
-    def compare(what: str, y: np.ndarray) -> None:
+    def compare(what: str, y: np.ndarray, active: Any) -> None:
         err = np.abs(np.asarray(y, dtype=float) - ref).max(axis=1)
         if not np.all(err <= allowed):  # NaN fails
             i = int(np.argmax(np.where(err <= allowed, -np.inf, np.nan_to_num(err, nan=np.inf))))
             raise AssertionError(f"{what} and NumPy inputs differ by {err[i]:.3g} at x = {X[i].tolist()} "
                                  f"({'an exact' if exact[i] else 'a tolerance-level'} NumPy answer, "
                                  f"bound {allowed[i]:.3g})")
+        _flags_agree(what, X, act, active, decided)
         counts["namespaces"] += 1
 
     try:
@@ -304,32 +420,38 @@ def _namespaces(S: Any, P: Any, X: np.ndarray, tol: float, unit: float = 1.0) ->
     except ImportError:
         torch = None
     if torch is not None:
-        y = S.project(torch.tensor(X)).y
-        if not isinstance(y, torch.Tensor):
-            raise AssertionError(f"a torch input gave {type(y).__name__}, not a tensor")
-        compare("torch", y.numpy())
+        r_t = S.project(torch.tensor(X))
+        if not isinstance(r_t.y, torch.Tensor):
+            raise AssertionError(f"a torch input gave {type(r_t.y).__name__}, not a tensor")
+        compare("torch", r_t.y.numpy(), r_t.active)
     try:
         import array_api_strict as xps
     except ImportError:
         xps = None
     if xps is not None:
-        compare("array_api_strict", np.asarray(S.project(xps.asarray(X)).y))
+        r_s = S.project(xps.asarray(X))
+        compare("array_api_strict", np.asarray(r_s.y), r_s.active)
     return counts
 
 
-def _torch_vjp(S: Any, X: np.ndarray, rng: np.random.Generator, tol: float) -> dict[str, int] | str:
+def _torch_vjp(S: Any, P: Any, X: np.ndarray, rng: np.random.Generator, tol: float,
+               unit: float = 1.0) -> dict[str, int] | str:
     """``S.vjp`` on torch (what the layer's backward calls) is a tensor equal to the NumPy product.
 
     A NumPy-only check passed a set whose torch branch returned the cotangent unchanged (silently wrong gradients
-    through the layer).
+    through the layer). Where the torch active set differs from NumPy's, it must do so on undecided rows only
+    (:func:`_decided`: a set flagging no row active on torch passed, the points being skipped), and the product
+    there is the HS-Jacobian product of torch's own active set (``other_face``), another element of the HS set.
     """
+    from ..projection.hs_jacobian import hs_vjp
+
     try:
         import torch
     except ImportError:
         return "torch is not installed"
     G = rng.standard_normal(X.shape)
     res = S.project_batch(X)
-    ref = np.asarray(S.vjp(res, G.copy()), dtype=float)
+    ref = np.array(S.vjp(res, G.copy()), dtype=float)  # a copy: other faces are written into it
     res_t = S.project_batch(torch.tensor(X))
     out = S.vjp(res_t, torch.tensor(G))
     if not isinstance(out, torch.Tensor):
@@ -337,32 +459,49 @@ def _torch_vjp(S: Any, X: np.ndarray, rng: np.random.Generator, tol: float) -> d
                              "tensor (the layer's backward calls it so)")
     if tuple(out.shape) != G.shape:
         raise AssertionError(f"S.vjp returned shape {tuple(out.shape)} for a torch cotangent of shape {G.shape}")
-    same = np.all(np.asarray(res.active).reshape(X.shape[0], -1)
-                  == to_host(res_t.active).reshape(X.shape[0], -1), axis=1)
+    act = np.asarray(res.active, dtype=bool).reshape(X.shape[0], -1)
+    Y = np.asarray(res.y, dtype=float).reshape(X.shape)
+    decided = _decided(P, X, Y, act, tol * (unit + np.abs(X).max(axis=1) + np.abs(Y).max(axis=1)))
+    _flags_agree("torch", X, act, res_t.active, decided)
+    act_t = to_host(res_t.active).reshape(act.shape) != 0
+    same = np.all(act == act_t, axis=1)
+    if not np.all(same):  # a weakly active (or dependent) row taken the other way: torch's own HS element
+        ref[~same] = hs_vjp(P, act_t[~same], G[~same])
     err = np.abs(to_host(out) - ref).max(axis=1)
-    bad = same & ~(err <= tol * (1.0 + np.abs(G).max(axis=1)))  # NaN fails
+    bad = ~(err <= tol * (1.0 + np.abs(G).max(axis=1)))  # NaN fails
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
-        raise AssertionError(f"S.vjp on torch differs from S.vjp on NumPy by {err[i]:.3g} at x = {X[i].tolist()} "
-                             "(same active set)")
-    return {"points": int(same.sum())}
+        if same[i]:
+            raise AssertionError(f"S.vjp on torch differs from S.vjp on NumPy by {err[i]:.3g} at x = {X[i].tolist()} "
+                                 "(same active set)")
+        raise AssertionError(f"S.vjp on torch differs from the HS-Jacobian product of its own active set "
+                             f"{np.flatnonzero(act_t[i]).tolist()} by {err[i]:.3g} at x = {X[i].tolist()} (NumPy's "
+                             f"active set {np.flatnonzero(act[i]).tolist()}: a weakly active row taken the other way)")
+    return {"points": int(X.shape[0]), "other_face": int((~same).sum())}
 
 
 #: relative agreement of float32 answers with the float64 ones (float32's eps is 1.2e-7)
 FLOAT32_TOL = 1e-4
 
 
-def _float32(S: Any, X: np.ndarray, unit: float = 1.0) -> dict[str, int]:
+def _float32(S: Any, X: np.ndarray, unit: float = 1.0, P: Any = None) -> dict[str, int]:
     """float32 inputs give float32 answers, close to the float64 ones (relative to ``unit + |x| + |y|``).
 
     A set that computed in float64 and returned it, or was off only in float32, passed every float64 check.
     The answer's own size counts as the input's does: float32 rounds ``y`` to ``eps |y|`` whatever ``x`` is
     (``CappedSimplex(3, 1e6, 1e6)`` at ``x = 0`` is ``y = 333333.33``, float32 spacing 0.03 there, and a correct
     set failed a bound of ``1e-4 (1 + |x|)``); the same relative ``1e-4`` still fails an answer ``1e-3`` off.
+    The active flags must be the float64 ones on every row decided beyond that bound (:func:`_decided`: a row
+    float32's rounding cannot flip; a set that flagged no row active in float32 passed). ``P``: the set's
+    polyhedron when known.
     """
-    ref = np.asarray(S.project(X).y, dtype=float)
+    P = S.as_polyhedron() if P is None else P
+    res = S.project(X)
+    ref = np.asarray(res.y, dtype=float)
     finite_or_fail(X, ref)
     allowed = FLOAT32_TOL * (unit + np.abs(X).max(axis=1) + np.abs(ref).reshape(X.shape[0], -1).max(axis=1))
+    act = np.asarray(res.active, dtype=bool).reshape(X.shape[0], -1)
+    decided = _decided(P, X, ref.reshape(X.shape), act, allowed)
     inputs = [("NumPy", X.astype(np.float32))]
     try:
         import torch
@@ -371,7 +510,8 @@ def _float32(S: Any, X: np.ndarray, unit: float = 1.0) -> dict[str, int]:
     except ImportError:
         pass
     for what, x32 in inputs:
-        y = S.project(x32).y
+        r32 = S.project(x32)
+        y = r32.y
         dtype = str(getattr(y, "dtype", type(y)))
         if "float32" not in dtype:
             raise AssertionError(f"a float32 {what} input gave {dtype}; expected float32 (the input's dtype)")
@@ -380,6 +520,7 @@ def _float32(S: Any, X: np.ndarray, unit: float = 1.0) -> dict[str, int]:
             i = int(np.argmax(np.nan_to_num(err - allowed, nan=np.inf)))
             raise AssertionError(f"a float32 {what} input's answer differs from the float64 one by {err[i]:.3g} at "
                                  f"x = {X[i].tolist()} (bound {allowed[i]:.3g})")
+        _flags_agree(f"float32 {what}", X, act, r32.active, decided)
     return {"points": int(X.shape[0])}
 
 
@@ -429,7 +570,8 @@ def check_projector(S: Any, *, examples: int = 20, seed: int = 0, backend: Any =
              np.random.default_rng([seed, 1])),
         _run("conservativity", "hs-jacobian", _conservativity, S, P, Xd.copy(), rng, sc),
         _run("namespaces", "projection", _namespaces, S, P, X_all.copy(), tol, unit),
-        _run("torch vjp", "hs-jacobian", _torch_vjp, S, np.vstack([X, Xd]), np.random.default_rng([seed, 2]), tol),
-        _run("float32", "projection", _float32, S, X.copy(), unit),
+        _run("torch vjp", "hs-jacobian", _torch_vjp, S, P, np.vstack([X, Xd]), np.random.default_rng([seed, 2]),
+             tol, unit),
+        _run("float32", "projection", _float32, S, X.copy(), unit, P),
     )
     return CheckReport(repr(S), results, seed, examples)
