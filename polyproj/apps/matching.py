@@ -26,9 +26,9 @@ from ..sets.matching import PartialMatching
 from .measure import Session
 from .peers import LinSAT
 from .records import RunRecord, worst
-from .training import check_config, fit
+from .training import COUNT, NON_NEGATIVE, POSITIVE, UNIT, Range, check_config, fit
 
-__all__ = ["METHODS", "METRIC", "TITLE", "Config", "config", "run", "variants"]
+__all__ = ["METHODS", "METRIC", "RANGES", "TITLE", "Config", "config", "run", "variants"]
 
 TITLE = "Partial graph matching (synthetic keypoints with outliers)"
 METRIC = "test F1"
@@ -59,6 +59,17 @@ class Config:
     #: validation F1 whose first epoch is reported as the time to target (the README's column; at this preset
     #: the best validation F1 of every method stays near 0.66-0.72, so 0.8 was never reached)
     f1_target: float = 0.65
+
+
+#: every setting's allowed values (run() refuses others by name): outliers >= 0 (any count); noise a standard
+#: deviation; rotation (degrees), shear and translation half-widths of uniform draws ``[-r, r]``; scaling draws the
+#: axis factors from ``[1 - s, 1 + s]``, positive only for ``s < 1``; linsat_tau (a temperature) divides the scores; the
+#: target is an F1 score. hidden must also be a multiple of 4 (checked in run()).
+RANGES: dict[str, Range] = {
+    "inliers": COUNT, "outliers": Range(0), "noise": NON_NEGATIVE, "rotation": NON_NEGATIVE,
+    "scaling": Range(0.0, 1.0, open_high=True), "shear": NON_NEGATIVE, "translation": NON_NEGATIVE,
+    "train": COUNT, "val": COUNT, "test": COUNT, "hidden": COUNT, "layers": COUNT, "epochs": COUNT, "batch": COUNT,
+    "lr": POSITIVE, "linsat_tau": POSITIVE, "f1_target": UNIT}
 
 
 def config(quick: bool) -> Config:
@@ -185,7 +196,7 @@ def violation(Y: torch.Tensor, alpha: float) -> torch.Tensor:
 
 def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> RunRecord:
     """Train one method with one seed (the seed draws the data set too: every method sees the same pairs)."""
-    check_config(cfg, positive=("inliers", "train", "val", "test", "hidden", "layers", "epochs", "batch"))
+    check_config(cfg, RANGES)
     if cfg.hidden % 4:  # the encoder's 4 heads split the width (refused by name, before torch)
         raise ProblemError(f"hidden ({cfg.hidden}) must be a multiple of 4 (the encoder's attention heads)")
     rng = np.random.default_rng(seed)

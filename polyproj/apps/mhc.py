@@ -27,9 +27,9 @@ from ..sets.birkhoff import Birkhoff
 from .measure import Session
 from .peers import sinkhorn
 from .records import RunRecord, worst
-from .training import check_config, fit
+from .training import ANY, COUNT, POSITIVE, Range, check_config, fit
 
-__all__ = ["METHODS", "METRIC", "TITLE", "Config", "config", "run", "variants"]
+__all__ = ["METHODS", "METRIC", "RANGES", "TITLE", "Config", "config", "run", "variants"]
 
 TITLE = "mHC: doubly stochastic hyper-connections on sklearn digits"
 METRIC = "test accuracy"
@@ -49,6 +49,13 @@ class Config:
     batch: int = 64
     lr: float = 2e-3
     gate_scale: float = 1.0
+
+
+#: every setting's allowed values (run() refuses others by name): positive sizes and counts (width a multiple of
+#: heads, checked in run()); gate_scale any finite factor on the dynamic part of H_pre, H_post, H_res (0 leaves their
+#: learned biases alone, a negative one the same family of maps with the linear layer's sign flipped)
+RANGES: dict[str, Range] = {"streams": COUNT, "width": COUNT, "heads": COUNT, "blocks": COUNT, "epochs": COUNT,
+                            "batch": COUNT, "lr": POSITIVE, "gate_scale": ANY}
 
 
 def config(quick: bool) -> Config:
@@ -167,7 +174,7 @@ class Net(torch.nn.Module):
 
 def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> RunRecord:
     """Train one method with one seed; accuracy and violation on every split."""
-    check_config(cfg, positive=("streams", "width", "heads", "blocks", "epochs", "batch"))
+    check_config(cfg, RANGES)
     if cfg.width % cfg.heads:  # the attention's heads split the width (refused by name, before torch)
         raise ProblemError(f"width ({cfg.width}) must be a multiple of heads ({cfg.heads})")
     data = load()

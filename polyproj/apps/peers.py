@@ -1,8 +1,8 @@
 """The methods polyproj is compared with, as torch maps ``x -> y`` (every one differentiated by autograd).
 
 - :func:`sinkhorn` — mHC's map onto doubly stochastic matrices: ``exp``, then alternating row and
-  column normalisation (a fixed number of iterations; the last one normalises columns, so the row sums
-  carry the error);
+  column normalisation (a fixed number of iterations, the first in the log domain; the last one normalises
+  columns, so the row sums carry the error);
 - :class:`LinSAT` — LinSATNet's ``linsat_layer`` (an entropic, Sinkhorn-type map onto a polytope with
   non-negative coefficients inside ``[0, 1]^n``), its constraint state built once;
 - :class:`RadialMap` — an interior map in the manner of Soft-Radial (Schneider & Kuhn, arXiv 2602.03461),
@@ -29,15 +29,22 @@ __all__ = ["LinSAT", "QPLayer", "RadialMap", "Rows", "sinkhorn"]
 
 
 def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
-    """``exp(logits)`` (stabilised by the row maximum) normalised ``iters`` times by rows, then columns.
+    """``exp(logits)`` normalised ``iters`` times by rows, then columns (the first time in the log domain).
 
     ``logits`` is ``(..., k, k)``; the result has unit column sums and row sums within the method's
     error (reported by the applications as the violation of double stochasticity).
     """
-    # each row's own maximum: the first row normalisation cancels any per-row factor, and no row underflows to
-    # zeros (the matrix's maximum made a row of logits −800 below another all 0 / 0)
-    M = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
-    for _ in range(iters):
+    if iters < 1:
+        return torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    # the first row and column normalisation in logs (subtract each row's, then each column's logsumexp): exp of
+    # logits -800 below the rest of their row or column underflows to a row or column of zeros, and dividing
+    # it by its sum gave 0 / 0. After that round every entry is <= 1 and every row and column holds one >= 1/k²
+    # (a column's largest entry is >= 1/k, a row's >= 1/k after the row step and the column sums are <= k); each
+    # further division by sums in [1/k², k] keeps that, so the remaining rounds divide by sums that cannot be 0
+    # — the same iterates as a log-domain loop throughout, at the plain loop's cost
+    L = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    M = torch.exp(L - torch.logsumexp(L, dim=-2, keepdim=True))
+    for _ in range(iters - 1):
         M = M / M.sum(dim=-1, keepdim=True)
         M = M / M.sum(dim=-2, keepdim=True)
     return M

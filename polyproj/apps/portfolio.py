@@ -35,9 +35,9 @@ from ..sets.simplex import CappedSimplex, Simplex
 from .measure import Session
 from .peers import LinSAT, QPLayer, RadialMap, Rows
 from .records import RunRecord, worst
-from .training import check_config, fit
+from .training import COUNT, NON_NEGATIVE, POSITIVE, UNIT, Range, check_config, fit
 
-__all__ = ["METHODS", "METRIC", "TITLE", "Config", "config", "run", "variants"]
+__all__ = ["METHODS", "METRIC", "RANGES", "TITLE", "Config", "config", "run", "variants"]
 
 TITLE = "Portfolio on S&P 500 prices (skfolio)"
 METRIC = "test Sharpe"
@@ -71,6 +71,17 @@ class Config:
     leak: float = 0.1
     linsat_tau: float = 0.05
     linsat_iter: int = 100
+
+
+#: every numeric setting's allowed values (run() refuses others by name; the dates are checked there too): positive
+#: sizes and counts; a horizon of one day has no standard deviation, its Sharpe ratio (the loss) NaN; cap an upper
+#: weight (the capped set also needs n · cap > 1, checked with n); preferred also < n (checked with n); min_preferred
+#: a share of the portfolio; the penalty weighs a squared violation (negative would reward it); leak mixes the
+#: backward from the HS-Jacobian (0) to the identity (1); linsat_tau, LinSATNet's temperature, divides the scores.
+RANGES: dict[str, Range] = {
+    "window": COUNT, "horizon": Range(2), "hidden": COUNT, "epochs": COUNT, "batch": COUNT, "lr": POSITIVE,
+    "cap": POSITIVE, "preferred": COUNT, "min_preferred": UNIT, "penalty": NON_NEGATIVE, "leak": UNIT,
+    "linsat_tau": POSITIVE, "linsat_iter": COUNT}
 
 
 def config(quick: bool) -> Config:
@@ -304,8 +315,7 @@ class Saturation:
 
 def run(method: str, variant: str, seed: int, cfg: Config, session: Session) -> RunRecord:
     """Train one method on one constraint set with one seed; evaluate on validation and test."""
-    # a horizon of one day has no standard deviation: its Sharpe ratio (the loss) is NaN
-    check_config(cfg, positive=("window", "hidden", "epochs", "batch", "linsat_iter"), at_least={"horizon": 2})
+    check_config(cfg, RANGES)
     for k in ("start", "train_end", "val_end"):  # dates, refused by name before the data are read
         v = getattr(cfg, k)
         try:

@@ -13,7 +13,7 @@ import torch
 from .measure import Session
 from .records import EpochPoint
 
-__all__ = ["Fit", "check_config", "fit", "set_threads"]
+__all__ = ["ANY", "COUNT", "NON_NEGATIVE", "POSITIVE", "UNIT", "Fit", "Range", "check_config", "fit", "set_threads"]
 
 
 def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -98,24 +98,57 @@ def fit(model: torch.nn.Module, optimiser: torch.optim.Optimizer, epochs: int,
     return Fit(tuple(curve), best[1], best[0], elapsed, peak)
 
 
-def check_config(cfg: Any, positive: tuple[str, ...] = (), at_least: dict[str, int] | None = None) -> None:
+@dataclass(frozen=True)
+class Range:
+    """The values a setting may take: ``low`` to ``high``, each end included unless ``open_low`` / ``open_high``."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    open_low: bool = False
+    open_high: bool = False
+
+    def __contains__(self, v: float) -> bool:
+        above = self.low < v if self.open_low else self.low <= v
+        return above and (v < self.high if self.open_high else v <= self.high)
+
+    def __str__(self) -> str:
+        if self.high == math.inf:
+            return "" if self.low == -math.inf else f"{'>' if self.open_low else '>='} {self.low:g}"
+        return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+
+
+#: the ranges the applications' settings share (``ANY``: every finite number)
+ANY, POSITIVE, NON_NEGATIVE, UNIT = Range(), Range(0.0, open_low=True), Range(0.0), Range(0.0, 1.0)
+COUNT = Range(1)  # an int field: a positive integer
+
+
+def check_config(cfg: Any, ranges: dict[str, Range] | None = None) -> None:
     """Refuse an application's settings that would fail deep in training, by name (a ProblemError).
 
-    Every ``int`` field must be an integer >= 0 (>= 1 for the names in ``positive``, >= the given value for
-    those of ``at_least``), every ``float`` field a finite number: ``train = 0`` ended in an empty
-    ``StopIteration``, ``epochs = 0`` in an IndexError, ``inliers = 10.5`` in a TypeError.
+    Every ``int`` field must be an integer in its range of ``ranges`` (>= 0 where it names none), every
+    ``float`` field a finite number in its range (any where it names none): ``train = 0`` ended in an empty
+    ``StopIteration``, ``epochs = 0`` in an IndexError, ``inliers = 10.5`` in a TypeError, ``rotation = -5`` in
+    NumPy's ``high - low < 0``, ``lr = -1`` in torch's ``Invalid learning rate``, ``linsat_tau = 0`` in NaN metrics.
     """
     import numbers
 
     from ..errors import ProblemError
 
-    floors = {**dict.fromkeys(positive, 1), **(at_least or {})}
+    ranges = ranges or {}
+    names = {f.name for f in fields(cfg)}
+    if set(ranges) - names:  # a misspelt name would check nothing
+        raise TypeError(f"{type(cfg).__name__} has no field {', '.join(sorted(set(ranges) - names))}")
     for f in fields(cfg):
         v = getattr(cfg, f.name)
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
         if kind == "int":
-            low = floors.get(f.name, 0)
-            if not (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= low):
-                raise ProblemError(f"{type(cfg).__name__}.{f.name} must be an integer >= {low}, got {v!r}")
-        elif kind == "float" and not (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)):
-            raise ProblemError(f"{type(cfg).__name__}.{f.name} must be a finite number, got {v!r}")
+            ok = isinstance(v, numbers.Integral) and not isinstance(v, bool) and v in ranges.get(f.name, Range(0))
+            what = f"an integer {ranges.get(f.name, Range(0))}"
+        elif kind == "float":
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) \
+                and v in ranges.get(f.name, ANY)
+            what = f"a finite number {ranges.get(f.name, ANY)}".rstrip()
+        else:
+            continue
+        if not ok:
+            raise ProblemError(f"{type(cfg).__name__}.{f.name} must be {what}, got {v!r}")
