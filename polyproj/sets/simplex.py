@@ -2,14 +2,16 @@
 
 Both project by a threshold, ``y = clip(x − θ, 0, u)`` with ``Σ y = t`` (:mod:`polyproj.sets.threshold`:
 safeguarded Newton steps on the piecewise-linear ``θ ↦ Σ clip(x − θ, 0, u)``, exact once the piece is
-identified; no sort). The total ``t`` is one number or one per sample (a ``(batch,)`` array, which can
-receive gradients). With ``F`` the free coordinates (``0 < y_i < u``), the active rows are the
-coordinates at a bound, the multipliers are ``λ_i = θ − x_i`` at zero, ``λ_i = x_i − θ − u`` at the cap
-and ``μ = θ`` for the sum, and the HS-Jacobian is ``J g = f ⊙ (g − mean_F g)``; ``∂y/∂t = f/|F|``.
+identified; no sort). The total ``t`` is one number (a float, or a 0-d array) or one per sample (a
+``(batch,)`` array); a torch tensor total can receive gradients. With ``F`` the free coordinates
+(``0 < y_i < u``), the active rows are the coordinates at a bound, the multipliers are ``λ_i = θ − x_i`` at
+zero, ``λ_i = x_i − θ − u`` at the cap and ``μ = θ`` for the sum, and the HS-Jacobian is
+``J g = f ⊙ (g − mean_F g)``; ``∂y/∂t = f/|F|``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -47,9 +49,10 @@ class CappedSimplex(Projector):
     Parameters
     ----------
     n : int
-    total : float or (batch,) array
-        One total for every point, or one per point (any array namespace; a torch tensor that requires
-        grad receives the gradient through the layer).
+    total : float, 0-d array or (batch,) array
+        One total for every point (a number, or a 0-d array of any namespace), or one per point (a
+        ``(batch,)`` array). A torch tensor that requires grad receives the gradient through the layer: per
+        point, or summed over the batch for a 0-d one.
     upper : float
         The cap (``inf``: the simplex, :class:`Simplex`). A cap at or beyond ``1e20`` is no cap, as a
         :class:`~polyproj.problem.Polyhedron` (and :class:`~polyproj.sets.Box`) reads such a bound: the set is
@@ -101,11 +104,14 @@ class CappedSimplex(Projector):
         try:
             xp = array_namespace(t)
         except TypeError as exc:
-            raise ProblemError(f"total must be a number or a (batch,) array, got {type(t).__name__}") from exc
-        if t.ndim != 1:
-            raise ProblemError(f"a per-sample total must have shape (batch,), got {tuple(t.shape)}")
+            raise ProblemError(f"total must be a number, a 0-d array or a (batch,) array, got "
+                               f"{type(t).__name__}") from exc
+        # a 0-d array is the one total of every point, kept as an array: a torch tensor that requires grad learns it
+        if t.ndim > 1:
+            raise ProblemError(f"an array total must have shape () (one total) or (batch,) (one per point), got "
+                               f"{tuple(t.shape)}")
         if xp.isdtype(t.dtype, ("bool", "complex floating")):  # complex lost its imaginary part with a warning only,
-            raise ProblemError(f"a per-sample total must be real numbers, got dtype {t.dtype}")  # bool read as 1, 0
+            raise ProblemError(f"an array total must hold real numbers, got dtype {t.dtype}")  # bool read as 1, 0
         if not xp.isdtype(t.dtype, "real floating"):
             t = xp.astype(t, xp.float64)
         td = t.detach() if hasattr(t, "detach") else t
@@ -116,13 +122,13 @@ class CappedSimplex(Projector):
         return t
 
     def _check_range(self, td: Any) -> None:
-        """Every per-sample total finite and in ``[0, n·upper]``.
+        """Every total of an array total finite and in ``[0, n·upper]``.
 
         Checked at every projection too: the array may be the caller's, changed in place, or a learned
         parameter that a step took past ``n·upper``.
         """
         xp = array_namespace(td)
-        if td.shape[0] and not bool(xp.all(xp.isfinite(td) & (td >= 0) & (td <= self._cap()))):
+        if math.prod(td.shape) and not bool(xp.all(xp.isfinite(td) & (td >= 0) & (td <= self._cap()))):
             raise ProblemError(f"every total must be a finite number in {self._range()}")
 
     # ------------------------------------------------------------------ the Projector interface
@@ -133,8 +139,18 @@ class CappedSimplex(Projector):
 
     @property
     def per_sample(self) -> bool:
-        """True when the total is one per point."""
+        """True when the total is one per point (a ``(batch,)`` array)."""
+        return self._array_total and self.total.ndim == 1
+
+    @property
+    def _array_total(self) -> bool:
+        """True when the total is an array (one per point, or a 0-d one): a parameter, checked at every use."""
         return not isinstance(self.total, float)
+
+    def _number(self) -> float:
+        """The shared total as a float (a 0-d array's current value)."""
+        t = self.total
+        return t if isinstance(t, float) else float(t.detach() if hasattr(t, "detach") else t)
 
     def as_polyhedron(self) -> Polyhedron:
         """``Polyhedron(B=1ᵀ, b=total, lb=0, ub=upper)``: rows ``y_i >= 0``, then ``y_i <= upper`` (if finite).
@@ -144,12 +160,13 @@ class CappedSimplex(Projector):
         """
         if self.per_sample:
             raise ProblemError("a per-sample total is not one Polyhedron: project with a number as total")
-        if self.total >= NO_BOUND:
-            raise ProblemError(f"total = {self.total:g} has no Polyhedron form: a Polyhedron reads a right-hand side "
+        total = self._number()  # a 0-d total: its current value
+        if total >= NO_BOUND:
+            raise ProblemError(f"total = {total:g} has no Polyhedron form: a Polyhedron reads a right-hand side "
                                f">= {NO_BOUND:g} as infinite (the set projects, but as_polyhedron(), hs_jacobian and "
                                "check_projector need a smaller total: scale the problem)")
         ub = None if self.upper == float("inf") else np.full(self._n, self.upper)
-        return Polyhedron(B=np.ones((1, self._n)), b=[self.total], lb=np.zeros(self._n), ub=ub)
+        return Polyhedron(B=np.ones((1, self._n)), b=[total], lb=np.zeros(self._n), ub=ub)
 
     def row_counts(self) -> tuple[int, int]:
         """``(n_ineq, m_eq)`` of :meth:`as_polyhedron` (known without building it)."""
@@ -158,16 +175,19 @@ class CappedSimplex(Projector):
     def _largest_total(self) -> float:
         """The largest total (0 for an empty per-sample array)."""
         if not self.per_sample:
-            return self.total
+            return self._number()
         td = self.total.detach() if hasattr(self.total, "detach") else self.total
         return float(array_namespace(td).max(td)) if td.shape[0] else 0.0
 
     def _totals(self, X: Any) -> Any:
+        """The totals (b, 1) in X's namespace, device and dtype (an array total checked again)."""
         xp = array_namespace(X)
-        if not self.per_sample:
+        if not self._array_total:
             return xp.full((X.shape[0], 1), self.total, dtype=X.dtype, device=_device(X))
         self._check_range(self.total.detach() if hasattr(self.total, "detach") else self.total)  # in its own dtype
         t = as_namespace(self.total, X)
+        if self.total.ndim == 0:  # one total for every point (as_namespace may have made it (1,))
+            return xp.zeros((X.shape[0], 1), dtype=X.dtype, device=_device(X)) + xp.reshape(t, (1, 1))
         if t.shape[0] != X.shape[0]:
             raise ProblemError(f"total has {t.shape[0]} entries but X has {X.shape[0]} points")
         return t[:, None]
@@ -234,7 +254,7 @@ class CappedSimplex(Projector):
 
         xp = array_namespace(X)
         X64 = xp.astype(X, xp.float64)
-        wide = self if not self.per_sample else self.with_parameters(total=as_namespace(self.total, X64))
+        wide = self if not self._array_total else self.with_parameters(total=as_namespace(self.total, X64))
         res = wide.project_batch(X64)
         with np.errstate(over="ignore"):  # values beyond X's range (a total of 1e39 in float32) are its ±inf
             y, mult = xp.astype(res.y, X.dtype), xp.astype(res.multipliers, X.dtype)
@@ -299,7 +319,7 @@ class CappedSimplex(Projector):
         measured on the rounded answer, failed for every such set); ``inf`` where Y is not finite.
         """
         xp = array_namespace(Y)
-        t = xp.astype(self._totals(Y)[:, 0], Y.dtype) if self.per_sample else self.total
+        t = xp.astype(self._totals(Y)[:, 0], Y.dtype) if self._array_total else self.total
         v = xp.maximum(xp.max(-Y, axis=1), xp.abs(xp.sum(Y, axis=1) - t))
         if self.upper != float("inf"):
             v = xp.maximum(v, xp.max(Y, axis=1) - self.upper)
@@ -324,11 +344,11 @@ class CappedSimplex(Projector):
 
     # ------------------------------------------------------------------ the total as a parameter
     def parameters(self) -> dict[str, Any]:
-        """``{"total": t}`` for a per-sample total (the array that can receive gradients), else ``{}``."""
-        return {"total": self.total} if self.per_sample else {}
+        """``{"total": t}`` for an array total, per point or 0-d (the array that can receive gradients), else ``{}``."""
+        return {"total": self.total} if self._array_total else {}
 
     def with_parameters(self, **values: Any) -> CappedSimplex:
-        """The same set with another per-sample ``total`` (not validated again: it is the same data)."""
+        """The same set with another array ``total`` (not validated again: it is the same data)."""
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         if "total" in values:
@@ -336,7 +356,7 @@ class CappedSimplex(Projector):
         return new
 
     def parameter_vjp(self, result: ProjectionResult, G: Any, names: tuple[str, ...]) -> dict[str, Any]:
-        """``∂⟨G, y⟩/∂t = mean_F g`` per sample (``∂y_F/∂t = 1/|F|``).
+        """``∂⟨G, y⟩/∂t = mean_F g`` per sample (``∂y_F/∂t = 1/|F|``), summed over the batch for a 0-d total.
 
         Where nothing is free (a total at a kink: ``k·upper``, or 0) ``t ↦ y`` has one-sided derivatives: a
         larger total frees the zero coordinates with the largest x (each ``1/|A|``), a smaller one the capped
@@ -352,6 +372,8 @@ class CappedSimplex(Projector):
         stuck = xp.all(fixed, axis=1)
         if G.shape[0] and bool(xp.any(stuck)):
             out = xp.where(stuck, self._kink_mean(xp, result, G), out)
+        if self.total.ndim == 0:  # one total shared by every point: the sum of theirs
+            out = xp.sum(out)
         return {"total": out}
 
     def _kink_mean(self, xp: Any, result: ProjectionResult, G: Any) -> Any:
@@ -371,7 +393,7 @@ class CappedSimplex(Projector):
         return total / xp.where(count > 0, count, xp.ones_like(count))
 
     def __repr__(self) -> str:
-        t = "per sample" if self.per_sample else f"{self.total:g}"
+        t = "per sample" if self.per_sample else f"{self._number():g}"
         return f"{type(self).__name__}(n={self._n}, total={t}, upper={self.upper:g})"
 
 
@@ -448,6 +470,6 @@ class Simplex(CappedSimplex):
         super().__init__(n, total, float("inf"))
 
     def __repr__(self) -> str:
-        t = "per sample" if self.per_sample else f"{self.total:g}"
+        t = "per sample" if self.per_sample else f"{self._number():g}"
         return f"Simplex(n={self._n}, total={t})"
 
