@@ -155,3 +155,15 @@ def test_a_0d_total_that_requires_grad_learns_the_sum_over_the_batch(make, rng):
     (project(x, make(tb)) * g).sum().backward()
     assert t.grad.shape == () and float(tb.grad.abs().sum()) > 0
     torch.testing.assert_close(t.grad, tb.grad.sum(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_non_finite_sample_is_not_continued_in_scale(k):
+    """``project_batch`` called directly (``pp.project`` and the layer refuse NaN/inf before it): a sample holding
+    inf had scale inf, counted as far, and its continuation factor 100/inf = 0 never grew to 1, an endless loop.
+    Non-finite samples take no continuation; the call ends (with the error it raised before the continuation)."""
+    C = np.random.default_rng(0).standard_normal((2, k * k))
+    C[0, 0] = np.inf
+    with pytest.raises((OverflowError, pp.PolyprojError)):
+        pp.sets.Birkhoff(k).project_batch(C)

@@ -187,7 +187,8 @@ class SumsProjector(Projector):
         ``max_iter`` steps.
         """
         xp = array_namespace(C)
-        far = xp.nonzero(scale[:, 0] > CONTINUE_FROM)[0]
+        # finite scales only: a non-finite sample has no smaller copy (f = 100/inf = 0 never grew to 1: no end)
+        far = xp.nonzero(xp.isfinite(scale[:, 0]) & (scale[:, 0] > CONTINUE_FROM))[0]
         if far.shape[0] == 0:
             return None
         S = self.sums
