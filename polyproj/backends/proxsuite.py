@@ -339,12 +339,17 @@ class ProxSuiteSolver(QPSolver):
         """
         sol = self._solve(qp, warm_start)
         if warm_start is not None and self.settings["warm_start"] and sol.status is Status.SOLVED \
-                and not self._gap_closed(sol):
+                and not self._gap_closed(sol) and not self._past_limit(sol):
             # ProxQP tests its stopping criteria on a warm start before its first iteration without the duality
             # gap: another problem's answer that is primal and dual feasible here (the multiplier of a row now
             # slack) came back SOLVED after 0 iterations with complementarity off by 0.5. Solved again, cold
             sol = self._solve(qp, None)
         return self._retried(qp, sol) if self._refuted(sol.status, sol.info) else sol
+
+    def _past_limit(self, sol: Solution) -> bool:
+        """Whether ``sol`` took the whole ``time_limit`` (then nothing is solved again: the guard judges it)."""
+        tl = self.settings["time_limit"]
+        return tl is not None and sol.solve_time + sol.setup_time > float(tl)
 
     def _gap_closed(self, sol: Solution) -> bool:
         """Whether ``sol``'s duality gap meets ProxQP's own tolerance.
