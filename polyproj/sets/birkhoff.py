@@ -195,20 +195,18 @@ class SumsProjector(Projector):
         Cf, sf = xp.take(C, far, axis=0), xp.take(scale, far, axis=0)
         f = CONTINUE_FROM / sf  # (m, 1) < 1: the scale of each far sample's next problem
         y = start(xp, Cf * f[:, :, None], S)
-        live = None  # the samples of Cf still below their own scale (None: all)
-        while True:
-            fl = f if live is None else xp.take(f, live, axis=0)
-            Cl = (Cf if live is None else xp.take(Cf, live, axis=0)) * fl[:, :, None]
+        live = xp.nonzero(f[:, 0] < 1.0)[0]  # the samples of Cf still below their own scale
+        while live.shape[0]:
+            fl = xp.take(f, live, axis=0)
+            Cl = xp.take(Cf, live, axis=0) * fl[:, :, None]
             sl = 1.0 + xp.max(xp.reshape(xp.abs(Cl), (Cl.shape[0], -1)), axis=1, keepdims=True)
-            yl, _, _ = newton(Cl, S, sl, NewtonOptions(t_newton, self.max_iter),
-                              y0=y if live is None else y.take(xp, live), stop=_stop(xp, sl, t_newton, t_round))
+            yl, _, _ = newton(Cl, S, sl, NewtonOptions(t_newton, self.max_iter), y0=y.take(xp, live),
+                              stop=_stop(xp, sl, t_newton, t_round))
             up = xp.minimum(fl * CONTINUE_RATIO, xp.ones_like(fl))
             lam = up / fl
-            yl = Dual(yl.u * lam, yl.v * lam, yl.w * lam)
-            y, f = (yl, up) if live is None else (y.put(xp, live, yl), put_rows(xp, f, live, up))
+            y = y.put(xp, live, Dual(yl.u * lam, yl.v * lam, yl.w * lam))
+            f = put_rows(xp, f, live, up)
             live = xp.nonzero(f[:, 0] < 1.0)[0]
-            if live.shape[0] == 0:
-                break
         return start(xp, C, S).put(xp, far, y)
 
     def _first_steps(self) -> int:
