@@ -292,6 +292,7 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
         if left == 0 or (it >= HANDOFF_AFTER and left <= handoff) or (it == 1 and left > give_up * X.shape[0]):
             break
         _round(xp, state, X, data, sc, weak, tol, block=it < block_iter, faces=faces)
+    _tighten(xp, state, X, data, sc, weak, tol, faces)
     return _finish(xp, state, X, data, sc, tol, faces)
 
 
@@ -374,6 +375,50 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
     state.forced = scatter_rows(xp, state.forced, mask, ft | add)
     state.accepted = scatter_rows(xp, state.accepted, mask, done)
     state.todo = scatter_rows(xp, state.todo, mask, ~done)
+
+
+#: rounds of :func:`_tighten` at most
+TIGHTEN_ROUNDS = 2
+
+
+def _tighten(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, faces) -> None:
+    """Accepted answers that violate a row off their face beyond rounding: that face with those rows added, tried.
+
+    The acceptance test lets a face point violate a row off the face by up to its tolerance (``tol`` relative,
+    :func:`_violation_tol`), so a start that missed a row whose hyperplane lies within that tolerance of the
+    projection (an inexact backend's; the same backend's in another namespace, rounded otherwise) had the face
+    without it accepted: an answer up to ~1e-8 outside the set and as far off the projection, where a start that
+    had the row gave the exact point. The projection satisfies every row, so it lies on a face holding such a row:
+    the face with the rows violated beyond rounding (:data:`~polyproj.projection.faces.REFINE_ROUNDINGS` ``eps``
+    in place of ``tol``) added is solved (one :func:`_round`, the same tests) and replaces the answer where
+    accepted; the others keep the answer they had (accepted at the tolerance). At most :data:`TIGHTEN_ROUNDS`.
+    """
+    rounding = REFINE_ROUNDINGS * machine_eps(xp, X.dtype)
+    for _ in range(TIGHTEN_ROUNDS):
+        if not bool(xp.any(state.accepted)):
+            return
+        slack = ineq_slack(state.Y, *_ineq_parts(data))
+        sig = _point_scale(xp, state.Y, X, sc)
+        off = _violation_tol(xp, X, state.Y, data, sc, sig, _row_tol(xp, sc, sig, rounding), rounding)
+        over = state.accepted[:, None] & ~state.S & sc.fin & (slack < -off)
+        again = xp.any(over, axis=1)
+        if not bool(xp.any(again)):
+            return
+        before = (state.Y, state.mult, state.mu, state.S, state.forced)
+        accepted, todo, known = state.accepted, state.todo, 0 if faces is None else len(faces)
+        state.S = state.S | over
+        state.accepted, state.todo = accepted & ~again, again
+        _round(xp, state, X, data, sc, weak, tol, block=False, faces=faces)
+        took = again & state.accepted
+        keep = (again & ~took)[:, None]
+        state.Y, state.mult, state.mu, state.S, state.forced = (
+            xp.where(keep, old, new) for old, new in
+            zip(before, (state.Y, state.mult, state.mu, state.S, state.forced), strict=True))
+        state.accepted, state.todo = accepted, todo
+        for rec in (faces or [])[:known]:  # an earlier face no longer serves the samples that left it
+            rec.use = rec.use & ~(took if rec.idx is None else xp.take(took, rec.idx, axis=0))
+        if not bool(xp.any(took)):
+            return
 
 
 def _changes(xp, St, slack, sc: _Scales, mt_n, neg, viol, incons, forced, weak, block: bool):
