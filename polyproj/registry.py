@@ -7,7 +7,9 @@ third party's ``pyproject.toml``::
     [project.entry-points."polyproj.backends"]
     mysolver = "mysolver_polyproj:MySolver"
 
-Nothing is imported until a backend is used or its availability is asked for.
+Nothing is imported until a backend is used or its availability is asked for. A distribution whose
+``entry_points.txt`` cannot be read, and an entry point whose name :func:`register_backend` refuses
+(``"auto"``, spaces, ':'), are skipped with a :class:`~polyproj.PolyprojWarning`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import importlib
 import sys
 import warnings
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import distributions
 from typing import Any
 
 import numpy as np
@@ -98,7 +100,60 @@ class BackendInfo:
 
 
 def _entry_points() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """The installed entry points of group ``polyproj.backends`` by name, read one distribution at a time.
+
+    ``importlib.metadata.entry_points`` parses every installed distribution's ``entry_points.txt``, whatever its
+    groups, and raises on the first malformed one (a line without '=', a file that is not UTF-8): here such a
+    distribution is skipped with one warning and the others' plugins still load; built-in backends never depend on
+    third parties' files. As there, the first distribution of a name on ``sys.path`` is the one read. An entry point
+    whose name :func:`register_backend` refuses (``"auto"``, spaces, ':') is skipped with one warning.
+    """
+    eps: dict[str, Any] = {}
+    seen: set[str] = set()
+    try:
+        for dist in distributions():
+            try:
+                key = getattr(dist, "_normalized_name", None) or dist.name  # the key entry_points() dedupes on
+                if key in seen:
+                    continue
+                seen.add(key)
+                found = dist.entry_points.select(group=ENTRY_POINT_GROUP)
+            except Exception as exc:  # TypeError, ValueError, UnicodeDecodeError, OSError from its files
+                _warn_once(f"the installed distribution {_dist_label(dist)} is skipped when looking for entry points "
+                           f"of group {ENTRY_POINT_GROUP!r}: its entry_points.txt cannot be read: "
+                           f"{type(exc).__name__}: {exc}")
+                continue
+            for ep in found:
+                try:
+                    _check_name(ep.name)
+                except PolyprojError as exc:
+                    _warn_once(f"the installed entry point {ep.name!r} ({ep.value}) of group {ENTRY_POINT_GROUP!r} "
+                               f"in distribution {_dist_label(dist)} is skipped: {exc}")
+                    continue
+                eps[ep.name] = ep
+    except Exception as exc:  # the listing itself failed (a finder on sys.path): what was found is used
+        _warn_once(f"listing the installed distributions for entry points of group {ENTRY_POINT_GROUP!r} failed, "
+                   f"the rest are skipped: {type(exc).__name__}: {exc}")
+    return eps
+
+
+def _dist_label(dist: Any) -> str:
+    """A distribution's name and folder for a message (its metadata may be what is broken)."""
+    try:
+        name = repr(dist.metadata["Name"])
+    except Exception:
+        name = "?"
+    return f"{name} ({getattr(dist, '_path', dist)})"
+
+
+#: messages about unreadable distributions and refused entry-point names already given (one warning a process)
+_WARNED_ENTRY_POINTS: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED_ENTRY_POINTS:
+        _WARNED_ENTRY_POINTS.add(message)
+        warnings.warn(message, PolyprojWarning, stacklevel=3)
 
 
 #: entry points (name -> target) per ``sys.path`` (a listing costs milliseconds; a plugin installed into a new path
@@ -209,6 +264,17 @@ def _resolve(name: str) -> tuple[type[QPSolver], str]:
     return hit
 
 
+def _check_name(name: Any) -> None:
+    """The rule for a backend name, run-time registration or entry point; raise PolyprojError."""
+    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name) or ":" in name \
+            or not name.isprintable() or name.startswith("-"):  # '\u200b', 'a\x00b', '--help' (no CLI could name it)
+        raise PolyprojError(f"a backend name must be a non-empty string of printable characters without spaces or "
+                            f"':' (reserved for 'module:Class'), not starting with '-', got {name!r}")
+    if name in RESERVED:
+        raise PolyprojError(f"backend name {name!r} is reserved: polyproj.project(backend={name!r}) chooses a "
+                            "backend per call; register yours under another name")
+
+
 def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False) -> None:
     """Register a backend class under ``name`` for this process.
 
@@ -221,13 +287,7 @@ def register_backend(name: str, cls: type[QPSolver], *, overwrite: bool = False)
 
     ``"auto"`` is reserved (:func:`polyproj.project`'s choice per call) and cannot be registered.
     """
-    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name) or ":" in name \
-            or not name.isprintable() or name.startswith("-"):  # '\u200b', 'a\x00b', '--help' (no CLI could name it)
-        raise PolyprojError(f"a backend name must be a non-empty string of printable characters without spaces or "
-                            f"':' (reserved for 'module:Class'), not starting with '-', got {name!r}")
-    if name in RESERVED:
-        raise PolyprojError(f"backend name {name!r} is reserved: polyproj.project(backend={name!r}) chooses a "
-                            "backend per call; register yours under another name")
+    _check_name(name)
     if not isinstance(overwrite, (bool, np.bool_)):  # overwrite="no" is truthy: it replaced the built-in
         raise SettingsError(f"overwrite must be True or False, got {overwrite!r}")
     _check_class(cls, name)
