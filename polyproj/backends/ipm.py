@@ -24,6 +24,7 @@ from ..runtime import small_blas
 from ..solution import BatchSolution, ElementQPs, Solution
 from .base import Capabilities, QPSolver, report_batch
 from .options import nonnegative_int, one_of, positive_int
+from .presolve import solve_without_fixed
 from .projection import ProjectionStart
 
 __all__ = ["IPMSolver"]
@@ -110,7 +111,15 @@ class IPMSolver(QPSolver):
 
     # ---------------------------------------------------------------- public API
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
-        """Solve one QP (a batch of one)."""
+        """Solve one QP (a batch of one).
+
+        Fixed variables (``lb == ub``) are substituted first (:mod:`.presolve`): the IPM's tolerances are relative
+        to the largest entry, and a variable fixed at 1e7 beside one of unit scale came back SOLVED with that one
+        0.8 instead of 1. Such a problem is solved without a warm start.
+        """
+        return solve_without_fixed(self, qp, lambda q: self._solve(q, warm_start if q is qp else None))
+
+    def _solve(self, qp: QP, warm_start: Any = None) -> Solution:
         x0 = None
         if warm_start is not None:
             x0 = warm_start.get("x") if isinstance(warm_start, dict) else getattr(warm_start, "x", None)
