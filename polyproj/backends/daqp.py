@@ -5,8 +5,10 @@ the bounds are simple bounds on ``x`` — with ``sense = 5`` marking equality ro
 multipliers ``λ`` with ``Hx + f + [I; A]ᵀλ = 0``, ``λ > 0`` on an active upper side: polyproj's
 convention, so ``z_box = λ[:n]`` and ``z = λ[n:]``. Infinite sides are DAQP's ±1e30. DAQP wants a
 positive definite ``H``; for a singular one it regularises itself (proximal iterations, its
-``eps_prox`` option), stopping those iterations at ``eta_prox`` (here 1e-2 · ``eps_abs`` unless
-given). ``eps_abs`` maps to ``primal_tol``, ``max_iter`` to ``iter_limit``,
+``eps_prox`` option), stopping those iterations at ``eta_prox`` (here 1e-2 · ``primal_tol`` unless
+given). DAQP's tolerances are absolute: ``primal_tol`` is ``eps_abs + eps_rel · σ``, with ``σ`` the size of
+x the data suggest (:func:`~polyproj.backends.scaling.plan`'s, the scale the guard holds ``eps_rel`` to);
+``max_iter`` maps to ``iter_limit``,
 ``time_limit`` to its own (checked every 32 iterations). A warm start passes the multipliers
 (``dual_start``: the active set they imply). Sparse data are densified.
 """
@@ -65,11 +67,21 @@ class DAQPSolver(QPSolver):
         "refactor_tol": positive}
 
 
-    def _kwargs(self) -> dict[str, Any]:
+    def _kwargs(self, qp: QP | None = None, **batched: np.ndarray) -> dict[str, Any]:
+        """DAQP's settings for ``qp`` (and batched vectors replacing its own, as for :func:`.scaling.plan`)."""
         s = self.settings
+        # DAQP's tolerances are absolute: eps_rel counts relative to the size of x the data suggest (σ of the
+        # normalisation's plan: big-M sides capped, 1 for all-zero data; ~1 for data the guard normalised), the
+        # scale the guard's residual test holds eps_rel to. Ignored, eps_abs = 0 with eps_rel = 1e-6 ran DAQP at
+        # primal_tol = eta_prox = 0: QAFIRO and QSC205 "cycling", GENHS28 10,000 iterations
+        tol = float(s["eps_abs"])
+        if float(s["eps_rel"]) > 0 and qp is not None:
+            from .scaling import plan
+
+            tol += float(s["eps_rel"]) * plan(qp, force=True, **batched).sigma
         # a singular H is solved by proximal-point iterations that stop on eta_prox: DAQP's own choice
-        # left duality gaps of ~2e-6 on QAFIRO and QADLITTL at eps_abs 1e-6; 1e-2 eps_abs meets eps_abs
-        kw: dict[str, Any] = {"primal_tol": float(s["eps_abs"]), "eta_prox": 1e-2 * float(s["eps_abs"])}
+        # left duality gaps of ~2e-6 on QAFIRO and QADLITTL at eps_abs 1e-6; 1e-2 of the tolerance meets it
+        kw: dict[str, Any] = {"primal_tol": tol, "eta_prox": 1e-2 * tol}
         if s["max_iter"] is not None:
             kw["iter_limit"] = int(s["max_iter"])
         if s["time_limit"] is not None:
@@ -161,10 +173,12 @@ class DAQPSolver(QPSolver):
 
         t0 = time.perf_counter()
         H, A, upper, lower, sense = arrays
-        kw = self._kwargs()
         limit = self.settings["time_limit"]
         N, n = X.shape[0], H.shape[0]
         F = np.ascontiguousarray(-np.asarray(X, dtype=np.float64))
+        # eps_rel's scale from the projection QP these arrays hold (±1e30 reads as no bound) and the points
+        kw = self._kwargs(QP(P=H, q=np.zeros(n), C=A, l=lower[n:], u=upper[n:], lb=lower[:n], ub=upper[:n],
+                             check_psd=False), q=F) if float(self.settings["eps_rel"]) > 0 and N else self._kwargs()
         # the loop only calls the solver and stores its raw answer; statuses, the NaNs of failed solves and
         # the finiteness rule are applied to the whole batch after it (per point they cost as much as DAQP)
         x, lam = np.full((N, n), np.nan), np.full((N, A.shape[0] + n), np.nan)
@@ -219,7 +233,7 @@ class DAQPSolver(QPSolver):
 
         t0 = time.perf_counter()
         H, A, upper, lower, sense = self._data(qp)
-        kw = self._kwargs()
+        kw = self._kwargs(qp)
         if warm_start is not None and self.settings["warm_start"]:
             get = warm_start.get if isinstance(warm_start, dict) else (lambda k: getattr(warm_start, k, None))
             z, zb = get("z"), get("z_box")

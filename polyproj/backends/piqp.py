@@ -95,29 +95,33 @@ class PIQPSolver(QPSolver):
     def solve(self, qp: QP, warm_start: Any = None) -> Solution:
         """Solve one QP with PIQP (its dense solver for dense data, the sparse one otherwise).
 
-        PIQP stalls on variable bounds that are big-M stand-ins for "no bound" (a box of ±1e10 around a unit-scale
-        QP: its duality gap stops near 1e-17 of the box, MAX_ITER with x right). At its default iteration limit (and
-        within ``time_limit``), the bounds
-        beyond :data:`~polyproj.backends.scaling.HIGH` that x is far from (:func:`_far_bounds`) are dropped and the
-        QP solved again; that answer stands when it is SOLVED and within the dropped bounds (a convex QP's minimiser
-        over the larger set that lies in the smaller one is its minimiser there; their multipliers are 0).
+        PIQP stalls on sides that are big-M stand-ins for "no bound" (a box of ±1e10 around a unit-scale QP: its
+        duality gap stops near 1e-17 of the box, MAX_ITER with x right; a row's ``l = −1e10`` under ``u = 1``
+        alike). At its default iteration limit (and within ``time_limit``), the variable bounds and inequality
+        rows' sides beyond :data:`~polyproj.backends.scaling.HIGH` that x is far from (:func:`_far_sides`) are
+        dropped and the QP solved again; that answer stands when it is SOLVED and meets every dropped side
+        (a convex QP's minimiser over the larger set that lies in the smaller one is its minimiser there; their
+        multipliers are 0).
         """
-        sol = self._solve(qp, qp.lb, qp.ub)
+        sol = self._solve(qp)
         limit = self.settings["time_limit"]
         if sol.status is not Status.MAX_ITER or self.settings["max_iter"] is not None or \
                 (limit is not None and sol.solve_time + sol.setup_time > limit):
             return sol  # (a max_iter of the user's own is a limit on the whole call)
-        far = _far_bounds(qp, sol.x)
+        far = _far_sides(qp, sol.x)
         if far is None:
             return sol
-        again = self._solve(qp, far[0], far[1])
-        if again.status is not Status.SOLVED or not (np.all(again.x >= qp.lb) and np.all(again.x <= qp.ub)):
+        relaxed, dropped = far
+        again = self._solve(relaxed)
+        # the dropped sides are tested exactly, the kept ones are PIQP's to meet at its tolerance (an exact test of
+        # all refused right answers: Cx = 1 + 5e-9 on an active u = 1)
+        if again.status is not Status.SOLVED or not _meets(qp, dropped, again.x):
             return sol
-        return dataclasses.replace(again, iterations=sol.iterations + again.iterations,
+        return dataclasses.replace(again, qp=qp, iterations=sol.iterations + again.iterations,
                                    solve_time=sol.solve_time + sol.setup_time + again.solve_time,
-                                   info={**again.info, "far_bounds_dropped": far[2]})
+                                   info={**again.info, "far_bounds_dropped": sum(int(d.sum()) for d in dropped)})
 
-    def _solve(self, qp: QP, lb: np.ndarray, ub: np.ndarray) -> Solution:
+    def _solve(self, qp: QP) -> Solution:
         import piqp
 
         t0 = time.perf_counter()
@@ -125,7 +129,7 @@ class PIQPSolver(QPSolver):
         solver = piqp.SparseSolver() if qp.is_sparse else piqp.DenseSolver()
         self._configure(solver)
         solver.setup(P, qp.q, A if eq.size else None, b if eq.size else None, G if ineq.size else None,
-                     h_l if ineq.size else None, h_u if ineq.size else None, lb, ub)
+                     h_l if ineq.size else None, h_u if ineq.size else None, qp.lb, qp.ub)
         setup = time.perf_counter() - t0
         raw = solver.solve()
         if raw == piqp.Status.PIQP_INVALID_SETTINGS:
@@ -146,17 +150,32 @@ class PIQPSolver(QPSolver):
                               "dua_res": float(info.dual_res), "duality_gap": float(info.duality_gap)})
 
 
-def _far_bounds(qp: QP, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """``(lb, ub, count)``: the bounds beyond HIGH that ``x`` is far from (by half their size) made infinite.
+def _far(side: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Where a finite ``side`` beyond HIGH is far from ``y`` (by more than half its size): a big-M stand-in."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(side) & (np.abs(side) > HIGH) & (np.abs(y - side) > 0.5 * np.abs(side))
 
-    None if there is none (or x is not finite).
+
+def _far_sides(qp: QP, x: np.ndarray) -> tuple[QP, tuple[np.ndarray, ...]] | None:
+    """``(relaxed, (lb, ub, l, u) masks)``: ``qp`` with its far sides (:func:`_far`) made infinite.
+
+    One rule for the variable bounds (far from ``x``) and the inequality rows' sides (far from ``Cx``, in the
+    rows' units; an equality row is never dropped). None if there is none (or x is not finite).
     """
     if not np.all(np.isfinite(x)):
         return None
-    with np.errstate(invalid="ignore"):
-        drop_lb = np.isfinite(qp.lb) & (np.abs(qp.lb) > HIGH) & (np.abs(x - qp.lb) > 0.5 * np.abs(qp.lb))
-        drop_ub = np.isfinite(qp.ub) & (np.abs(qp.ub) > HIGH) & (np.abs(qp.ub - x) > 0.5 * np.abs(qp.ub))
-    count = int(drop_lb.sum() + drop_ub.sum())
-    if not count:
+    Cx, ineq = np.asarray(qp.C @ x, dtype=np.float64).reshape(-1), ~qp.eq_mask
+    dropped = (_far(qp.lb, x), _far(qp.ub, x), _far(qp.l, Cx) & ineq, _far(qp.u, Cx) & ineq)
+    if not any(d.any() for d in dropped):
         return None
-    return np.where(drop_lb, -np.inf, qp.lb), np.where(drop_ub, np.inf, qp.ub), count
+    sides = {k: np.where(d, sign * np.inf, getattr(qp, k))
+             for k, d, sign in zip(("lb", "ub", "l", "u"), dropped, (-1.0, 1.0, -1.0, 1.0))}
+    return qp.with_vectors(validate=False, **sides), dropped
+
+
+def _meets(qp: QP, dropped: tuple[np.ndarray, ...], x: np.ndarray) -> bool:
+    """Whether ``x`` meets every side of ``qp`` that ``dropped`` (:func:`_far_sides`'s masks) marks, exactly."""
+    Cx = np.asarray(qp.C @ x, dtype=np.float64).reshape(-1)
+    drop_lb, drop_ub, drop_l, drop_u = dropped
+    return bool(np.all(x[drop_lb] >= qp.lb[drop_lb]) and np.all(x[drop_ub] <= qp.ub[drop_ub])
+                and np.all(Cx[drop_l] >= qp.l[drop_l]) and np.all(Cx[drop_u] <= qp.u[drop_u]))
