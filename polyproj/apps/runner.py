@@ -25,7 +25,7 @@ from typing import Any
 from .measure import PeakMemory, Session
 from .records import RunRecord, summarise
 
-__all__ = ["APPS", "add_arguments", "cli_main", "run_all"]
+__all__ = ["APPS", "Refused", "add_arguments", "cli_main", "run_all"]
 
 APPS = {"portfolio": "polyproj.apps.portfolio", "matching": "polyproj.apps.matching", "mhc": "polyproj.apps.mhc"}
 
@@ -124,13 +124,34 @@ def _write(path: Path, header: dict[str, Any], records: list[RunRecord], complet
     os.replace(tmp, path)
 
 
+class Refused(SystemExit):
+    """A command line refused before any run: exit status 2, as argparse, ``check`` and ``bench solvers``.
+
+    Not 1, which says that a run failed. The message goes to stderr when raised (:func:`_refuse`) and is the
+    exception's ``str``.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _refuse(message: str) -> Refused:
+    """The :class:`Refused` of ``message``, printed to stderr (``raise _refuse(...)``)."""
+    print(message, file=sys.stderr)
+    return Refused(message)
+
+
 def _check_writable(path: Path) -> None:
     """Fail before the first training run, not after it, when the results file cannot be written."""
     from ..bench import unwritable
 
     why = unwritable(path)
     if why is not None:
-        raise SystemExit(f"polyproj: {why}")
+        raise _refuse(f"polyproj: {why}")
 
 
 def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecord], Any, Any]:
@@ -140,27 +161,29 @@ def run_all(args: argparse.Namespace, console: Any) -> tuple[Path, list[RunRecor
     try:  # the apps train torch models (this module imports no torch: the CLI's own guard never saw it)
         mod = importlib.import_module(APPS[args.app])
     except ModuleNotFoundError as exc:
-        raise SystemExit(f"polyproj: bench apps {args.app} needs {exc.name!r}, which is not installed ({exc}); "
-                         "pip install 'polyproj[bench]'") from None
+        raise _refuse(f"polyproj: bench apps {args.app} needs {exc.name!r}, which is not installed ({exc}); "
+                      "pip install 'polyproj[bench]'") from None
     cfg = mod.config(args.quick)
     if args.epochs is not None:
         cfg = dataclasses.replace(cfg, epochs=int(args.epochs))
     methods = list(args.methods or mod.METHODS)
     unknown = [m for m in methods if m not in mod.METHODS]
     if unknown:
-        raise SystemExit(f"polyproj: unknown method(s) {unknown} for {args.app}; choose from {list(mod.METHODS)}")
+        raise _refuse(f"polyproj: unknown method(s) {unknown} for {args.app}; choose from {list(mod.METHODS)}")
     if len(set(methods)) != len(methods):  # a repeat was run again and counted as more seeds
-        raise SystemExit(f"polyproj: --methods names a method twice: {methods}")
+        raise _refuse(f"polyproj: --methods names a method twice: {methods}")
     known = list(mod.variants(cfg))
     every = list(dict.fromkeys([*mod.variants(mod.config(False)), *known]))  # the full preset's and the quick one's
     unknown = [v for v in (args.variants or []) if v not in every]
-    if unknown:
-        raise SystemExit(f"polyproj: unknown variant(s) {unknown} for {args.app}; choose from {every}")
+    if unknown:  # an app of one unnamed variant ("") has none to choose: it was listed as ['']
+        named = [v for v in every if v]
+        raise _refuse(f"polyproj: unknown variant(s) {unknown} for {args.app}; "
+                      + (f"choose from {named}" if named else f"{args.app} has no variants (drop --variants)"))
     elsewhere = [v for v in (args.variants or []) if v not in known]
     if elsewhere:  # valid, but not in this preset (simplex with --quick)
         preset, hint = ("--quick", "run them without --quick") if args.quick else ("full", "add --quick")
-        raise SystemExit(f"polyproj: variant(s) {elsewhere} of {args.app} are not in the {preset} preset (its "
-                         f"variants: {known}); {hint}")
+        raise _refuse(f"polyproj: variant(s) {elsewhere} of {args.app} are not in the {preset} preset (its "
+                      f"variants: {known}); {hint}")
     variants = [v for v in known if args.variants is None or v in args.variants]
     seeds = range(args.seeds if args.seeds is not None else (1 if args.quick else 3))
     path = Path(args.out or f"benchmarks/results/apps_{args.app}{'_quick' if args.quick else ''}.json")
@@ -232,8 +255,8 @@ def cli_main(args: argparse.Namespace) -> int:
 
         why = plotting_unavailable()
         if why is not None:
-            raise SystemExit(f"polyproj: the plots need matplotlib, which cannot be imported ({why}); install it "
-                             "(pip install matplotlib) or pass --no-plot")
+            raise _refuse(f"polyproj: the plots need matplotlib, which cannot be imported ({why}); install it "
+                          "(pip install matplotlib) or pass --no-plot")
     _honour_ctrl_c()  # Ctrl-C / SIGINT stops the run also when it was started with SIGINT ignored (`cmd &`)
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a log file gets the whole table
     path, records, mod, _ = run_all(args, console)

@@ -24,6 +24,10 @@
    claimed SOLVED stands. Claims of PRIMAL_INFEASIBLE and DUAL_INFEASIBLE are checked (an LP, P's
    definiteness), and NON_CONVEX where P is known PSD (decided by the QP, or its smallest eigenvalue) is
    NUMERICAL_ERROR.
+   ``solve_projections`` (guarded for exceptions as the other two) must return a
+   :class:`~polyproj.backends.projection.ProjectionStart` of the batch's shapes (``y`` (N, n), ``mult``
+   (N, m + 2n), ``mu`` (N, p), N statuses), else SolverError: checked where the projection pipeline
+   receives it (:func:`check_projection_start`), which verifies its points.
 5. **Time**: an answer that comes later than ``time_limit`` (wall clock around the whole call) is
    TIME_LIMIT, never SOLVED (its ``x`` is kept).
 
@@ -64,14 +68,18 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from array_api_compat import array_namespace
+from array_api_compat import device as _device
 
 from ..errors import PolyprojError, ProblemError, SolverError
 from ..problem import QP
 from ..solution import BatchSolution, ElementQPs, Solution, Status
 from . import scaling
 from .convexity import is_nonconvex, is_strictly_convex
+from .projection import ProjectionStart
 
-__all__ = ["GROSS", "INACCURATE_FACTOR", "Promise", "check_batch", "check_solution", "guard", "residuals"]
+__all__ = ["GROSS", "INACCURATE_FACTOR", "Promise", "check_batch", "check_projection_start", "check_solution", "guard",
+           "residuals"]
 
 GROSS = 1e-2
 INACCURATE_FACTOR = 1e3
@@ -942,8 +950,9 @@ def _grouped_batch(solver: Any, qp: QP, vecs: dict, size: int, warm_start: Any, 
 def guard(name: str, fn: Callable) -> Callable:
     """``fn`` (a ``solve``, ``solve_batch`` or ``solve_projections`` method) wrapped with the checks of this module.
 
-    ``solve_projections`` answers are verified by the projection pipeline (the exact polish); its guard only makes
-    a backend's own exception a SolverError naming the backend, as for the other two.
+    ``solve_projections`` answers are verified by the projection pipeline (the exact polish), their form where it
+    receives them (:func:`check_projection_start`; ``polyproj check`` sees the raw answer); its guard only makes a
+    backend's own exception a SolverError naming the backend, as for the other two.
     """
     if getattr(fn, "_polyproj_guarded", False):
         return fn
@@ -981,3 +990,61 @@ def _guard_raises(fn: Callable) -> Callable:
 
     call._polyproj_guarded = True  # type: ignore[attr-defined]
     return call
+
+
+def check_projection_start(start: Any, X: Any, data: Any, backend: str) -> ProjectionStart:
+    """A backend's ``solve_projections`` answer for the batch ``X`` (N, n) on ``data``, held to its form.
+
+    Called by the projection pipeline where it receives an answer (:mod:`polyproj.projection.pipeline`).
+
+    A :class:`~.projection.ProjectionStart` with ``y`` (N, n), ``mult`` (N, m + 2n), ``mu`` (N, p) real arrays of
+    ``X``'s namespace and device (anything else, a list, is converted to ``X``'s dtype there, as ``solve_batch``'s
+    answers are to float64), N :class:`~polyproj.solution.Status` values, and ``accuracy`` / ``dist_factor``
+    non-negative finite numbers; else a SolverError naming the backend and what is wrong. Shapes and types only (no
+    pass over the values): the polish verifies the points. A short ``y`` was a broadcast ValueError in the polish, a
+    ``None`` an AttributeError, a short ``status`` a ValueError from ``zip``.
+    """
+    def wrong(what: str) -> SolverError:
+        return SolverError(f"backend {backend!r} returned a solve_projections() answer whose {what}")
+
+    if not isinstance(start, ProjectionStart):
+        raise SolverError(f"backend {backend!r} returned {type(start).__name__} from solve_projections(); expected "
+                          "a polyproj.backends.projection.ProjectionStart")
+    N, n, m, p = int(X.shape[0]), data.n, data.m, data.p
+    xp, dev = array_namespace(X), _device(X)
+    fixed: dict[str, Any] = {}
+    for key, shape in (("y", (N, n)), ("mult", (N, m + 2 * n)), ("mu", (N, p))):
+        v = getattr(start, key)
+        if "complex" in str(getattr(v, "dtype", "")):
+            raise wrong(f"{key} is complex ({v.dtype}); expected real numbers")
+        if not _real_array_of(xp, dev, v):
+            try:
+                v = fixed[key] = xp.asarray(v, dtype=X.dtype, device=dev)
+            except Exception as exc:
+                raise wrong(f"{key} ({type(v).__name__}) is not an array of numbers: {exc}") from exc
+        if tuple(v.shape) != shape:
+            raise wrong(f"{key} has shape {tuple(v.shape)}; expected {shape} (batch {N}, n = {n}, m = {m}, p = {p})")
+    status = start.status
+    if not isinstance(status, (tuple, list)) or len(status) != N:
+        got = f"{len(status)} values" if isinstance(status, (tuple, list)) else f"a {type(status).__name__}"
+        raise wrong(f"status is {got}; expected a tuple of {N} polyproj.Status values")
+    bad = next((s for s in status if not isinstance(s, Status)), None)
+    if bad is not None:
+        raise wrong(f"status holds {bad!r} of type {type(bad).__name__}; expected polyproj.Status members")
+    if isinstance(status, list):
+        fixed["status"] = tuple(status)
+    for key in ("accuracy", "dist_factor"):
+        v = getattr(start, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0 <= v < np.inf:
+            raise wrong(f"{key} is {v!r}; expected a non-negative finite number")
+    if start.solution is not None and not isinstance(start.solution, BatchSolution):
+        raise wrong(f"solution is a {type(start.solution).__name__}; expected a BatchSolution or None")
+    return replace(start, **fixed) if fixed else start
+
+
+def _real_array_of(xp: Any, dev: Any, v: Any) -> bool:
+    """Whether ``v`` is an array of namespace ``xp`` on device ``dev`` with a real floating dtype."""
+    try:
+        return array_namespace(v) is xp and xp.isdtype(v.dtype, "real floating") and _device(v) == dev
+    except (TypeError, AttributeError):
+        return False

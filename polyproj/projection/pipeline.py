@@ -47,6 +47,7 @@ from array_api_compat import array_namespace, is_numpy_namespace
 from array_api_compat import device as _device
 
 from ..backends.projection import ProjectionStart
+from ..backends.validation import check_projection_start
 from ..errors import InfeasibleError, PolyprojWarning
 from ..polydata import PolyData, ineq_slack
 from ..runtime import batch_parts, parallel_map, small_blas
@@ -134,8 +135,7 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
                                                                     mu=_pow2(out.start.mu, e))), out.Y)
     if warm is not None and opts.polish:
         return _warm(X, data, solver, opts, warm)
-    if start is None:
-        start = solver.solve_projections(X, data, rough=rough)
+    start = _projections(solver, X, data, rough) if start is None else _checked(start, X, data, solver)
     start, flagged, report = _recover(solver, X, data, start)
     if not opts.polish:
         out = _unpolished_output(X, data, start, solver.name)
@@ -178,6 +178,22 @@ def run(X: Any, data: PolyData, solver: Any, opts: PolishOptions, *, rough: bool
         else:
             _raise_if_empty(solver, data, start, out.Y, X)
     return out
+
+
+def _projections(solver, X, data: PolyData, rough: bool = False) -> ProjectionStart:
+    """``solver.solve_projections(X, data)``, the answer held to its form (:func:`_checked`)."""
+    return _checked(solver.solve_projections(X, data, rough=rough), X, data, solver)
+
+
+def _checked(start, X, data: PolyData, solver) -> ProjectionStart:
+    """A backend's projections of ``X`` as the pipeline receives them, held to their form; else a SolverError.
+
+    A ProjectionStart of the batch's shapes, the error naming the backend and what is wrong
+    (:func:`~polyproj.backends.validation.check_projection_start`; shapes and types only). A third party's
+    ``solve_projections`` (the override point) answering ``y`` a row short, ``None`` or a short ``status`` ended
+    in a broadcast ValueError in the polish, an AttributeError, a ValueError from ``zip``.
+    """
+    return check_projection_start(start, X, data, solver.name or type(solver).__name__)
 
 
 def _raise_if_empty(solver, data: PolyData, start, Y, X) -> None:
@@ -846,7 +862,7 @@ def _probe(solver, X, data: PolyData) -> bool:
     lb = xp.where(xp.isfinite(data.lb), data.lb, xp.zeros_like(data.lb))
     ub = xp.where(xp.isfinite(data.ub), data.ub, xp.zeros_like(data.ub))
     probe = xp.minimum(xp.maximum(zero, xp.reshape(lb, (1, -1))), xp.reshape(ub, (1, -1)))
-    got = solver.solve_projections(probe, data, rough=False)
+    got = _projections(solver, probe, data)
     one = xp.asarray([got.status[0].ok], dtype=xp.bool, device=_device(X))
     return bool(_feasible(xp, data, got.y, one)[0])
 
@@ -871,7 +887,7 @@ def _one_by_one(solver, X, data: PolyData, start: ProjectionStart, flagged):
     good = 0
     for i in idx:
         sel = xp.asarray([i], device=_device(X))
-        again = solver.solve_projections(xp.take(X, sel, axis=0), data.take(sel), rough=False)
+        again = _projections(solver, xp.take(X, sel, axis=0), data.take(sel))
         one = xp.asarray([True], device=_device(X))
         if again.status[0].ok and bool(_feasible(xp, data.take(sel), again.y, one)[0]):
             start = _patch_start(xp, start, sel, again)
@@ -941,7 +957,7 @@ def _second_opinion(solver, X, data: PolyData, start, flagged, has_donor: bool, 
     for other in others:
         # the next opinion where one solves none (the IPM's MAX_ITER on equalities of condition 4e6, where HiGHS
         # solves both points and DAQP's own probe fails its dependence test: a non-empty set was called empty)
-        again = get_backend(other).solve_projections(xp.take(X, idx, axis=0), data.take(idx), rough=False)
+        again = _projections(get_backend(other), xp.take(X, idx, axis=0), data.take(idx))
         ok = xp.asarray([s.ok for s in again.status], dtype=xp.bool, device=_device(X))
         good = _feasible(xp, data.take(idx), again.y, ok)
         count = int(xp.sum(xp.astype(good, xp.int64)))
@@ -991,8 +1007,7 @@ def _exact_opinion(solver, X, data: PolyData, idx, again: ProjectionStart, good,
     if name in (solver.name, other):
         return again, good, f"backend {other!r}"
     sel = xp.take(idx, rest, axis=0)
-    third = get_backend(name, **_unified(solver.settings)).solve_projections(xp.take(X, sel, axis=0), data.take(sel),
-                                                                            rough=False)
+    third = _projections(get_backend(name, **_unified(solver.settings)), xp.take(X, sel, axis=0), data.take(sel))
     ok = xp.asarray([s.ok for s in third.status], dtype=xp.bool, device=_device(X))
     fixed = _feasible(xp, data.take(sel), third.y, ok)
     if not bool(xp.any(fixed)):
