@@ -317,13 +317,16 @@ def _verdict(status: Status, finite: bool, res: tuple[float, ...], promise: Prom
     return status, ""
 
 
-def _unboundedness_verdict(qp: QP) -> tuple[Status, str]:
+def _unboundedness_verdict(qp: QP, element: QP | None = None) -> tuple[Status, str]:
     """A claim of unboundedness, checked: PRIMAL_INFEASIBLE or NUMERICAL_ERROR where it cannot hold, else the claim.
 
     PRIMAL_INFEASIBLE where no point meets the constraints (:func:`.feasibility.certainly_empty`: the IPM said
     DUAL_INFEASIBLE for ``x₁ <= 1, x₁ >= 2`` with a descent ray, and unbounded needs a feasible set); then
-    NUMERICAL_ERROR where every variable has both bounds finite (a continuous objective on a compact set is bounded)
-    or P is positive definite (the objective is bounded below).
+    NUMERICAL_ERROR where every variable has both bounds finite (a continuous objective on a compact set is bounded),
+    P is positive definite (the objective is bounded below), or an LP proves that no direction of the constraints'
+    recession cone descends with ``P d = 0`` (:func:`.feasibility.no_descent_ray`: Clarabel called an LP whose
+    optimum lies on a row side at −1e10 unbounded). ``element``: the problem whose ``q`` the ray test takes (the
+    batch element of a batch sharing ``qp``'s constraints; None: no ray test).
     """
     from . import feasibility
 
@@ -336,6 +339,10 @@ def _unboundedness_verdict(qp: QP) -> tuple[Status, str]:
     if is_strictly_convex(qp):
         return Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but P is positive definite: "
                                         "the objective is bounded below")
+    why = feasibility.no_descent_ray(element) if element is not None else None
+    if why is not None:
+        return Status.NUMERICAL_ERROR, ("the backend said DUAL_INFEASIBLE (unbounded) but the objective is bounded: "
+                                        f"{why}")
     return Status.DUAL_INFEASIBLE, ""
 
 
@@ -409,7 +416,7 @@ def check_solution(qp: QP, sol: Any, backend: str, settings: dict[str, Any], dua
     elif status is Status.PRIMAL_INFEASIBLE:
         status, note = _infeasibility_verdict(qp)
     elif status is Status.DUAL_INFEASIBLE:
-        status, note = _unboundedness_verdict(qp)
+        status, note = _unboundedness_verdict(qp, qp)
     elif status is Status.NON_CONVEX:
         status, note = _convexity_verdict(qp)
     status, note = _time_verdict(status, note, settings, elapsed)
@@ -493,7 +500,9 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
             if note:
                 notes[i] = note
         elif statuses[i] is Status.DUAL_INFEASIBLE and (shared or checked < INFEASIBILITY_LPS):
-            statuses[i], note = _unboundedness_verdict(qp if shared else qps[i])
+            # the constraints' verdicts are shared; the ray test takes the element's q (at most INFEASIBILITY_LPS)
+            statuses[i], note = _unboundedness_verdict(qp if shared else qps[i],
+                                                       qps[i] if checked < INFEASIBILITY_LPS else None)
             checked += 1
             if note:
                 notes[i] = note
