@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any
@@ -20,11 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ProblemError
+from ...errors import PolyprojWarning, ProblemError
 from ...runtime import map_jobs
 from .calculus import lagrangian_hessian
-from .engine import _as_removals
+from .engine import _as_removals, check_damping, check_maxiter, check_rtol
 from .kkt import INACTIVE, KKTPoint, solve
+from .krylov import check_krylov
 from .linearisation import Linearisation
 from .problem import ConstrainedProblem, Removal
 
@@ -43,6 +45,25 @@ def _stack(rows: list[np.ndarray], single: bool, d: int) -> torch.Tensor:
     return torch.as_tensor(arr[0] if single else arr)
 
 
+#: the penalties of Penalty-IF (:func:`penalty_if`, ``if_scores(kind="penalty")``)
+PENALTIES = ("quadratic", "hinge")
+
+
+def _check_penalty(penalty: Any, rho: Any) -> float:
+    """Penalty-IF's ``penalty`` and ``rho``, checked; ρ as a float.
+
+    ``penalty``: one of :data:`PENALTIES` (a typo must not fall to another penalty); ``rho``: a positive finite
+    number, a 0-d tensor or array counting as its number.
+    """
+    if not isinstance(penalty, str) or penalty not in PENALTIES:
+        raise ProblemError(f"penalty must be 'quadratic' or 'hinge', got {penalty!r}")
+    if isinstance(rho, (torch.Tensor, np.ndarray)) and rho.ndim == 0:
+        rho = rho.item()
+    if isinstance(rho, bool) or not isinstance(rho, (int, float, np.integer, np.floating)) or not 0 < rho < np.inf:
+        raise ProblemError(f"rho must be a positive finite number (the penalty weight), got {rho!r}")
+    return float(rho)
+
+
 def classic_if(problem: ConstrainedProblem, kkt: KKTPoint, removal: Removal | Sequence[Removal], *,
                damping: float = 0.0) -> torch.Tensor:
     """Classic influence function, constraints ignored: Δθ = −(∇²f₀ + damping·I)⁻¹c₀.
@@ -52,11 +73,13 @@ def classic_if(problem: ConstrainedProblem, kkt: KKTPoint, removal: Removal | Se
     problem, kkt : the problem and its KKT point
     removal : mapping ``{"objective": indices, ...}`` or a list of them (constraint entries are ignored)
     damping : float
+        A finite number >= 0 added to the Hessian's diagonal.
 
     Returns
     -------
     torch.Tensor (d,) or (k, d)
     """
+    damping = check_damping(damping, auto=False)
     lin = Linearisation(problem, kkt, hessian="objective")
     removals, single = _as_removals(removal)
     if len(removals) > 1:
@@ -77,6 +100,7 @@ def penalty_if(problem: ConstrainedProblem, kkt: KKTPoint, removal: Removal | Se
         Penalty weight (sweep it: the answer depends on it).
     penalty : {"quadratic", "hinge"}
     damping : float
+        A finite number >= 0 added to the Hessian's diagonal.
     renormalize : bool
         Removal semantics of the constraint terms (as :class:`DIF`).
 
@@ -84,10 +108,8 @@ def penalty_if(problem: ConstrainedProblem, kkt: KKTPoint, removal: Removal | Se
     -------
     torch.Tensor (d,) or (k, d)
     """
-    if penalty not in ("quadratic", "hinge"):
-        raise ProblemError(f"penalty must be 'quadratic' or 'hinge', got {penalty!r}")
-    if not np.isfinite(rho) or rho <= 0:
-        raise ProblemError(f"rho must be a positive number, got {rho}")
+    rho = _check_penalty(penalty, rho)
+    damping = check_damping(damping, auto=False)
     lin = Linearisation(problem, kkt, hessian="objective")
     act = np.array([s != INACTIVE for s in kkt.status], dtype=bool)
     g = np.where(act, lin.g, 0.0)
@@ -133,7 +155,10 @@ def retrain(problem: ConstrainedProblem, removal: Removal | Sequence[Removal], w
         Runs the re-solves with ``executor.map`` (threads, processes, or a Dask cluster via
         ``distributed.Client.get_executor()``). The problem must be picklable for process pools.
     tol : float
-        KKT residual of each re-solve (default 1e-10).
+        KKT residual of each re-solve (default 1e-10). Absolute, in the units of ∇f₀ and g, as in
+        :func:`~polyproj.adapters.dif.solve`: a re-solve whose warm start is already within it returns that start,
+        and where the start is not a minimiser at the problem's own scale (a loss of scale 1e-10) a
+        :class:`PolyprojWarning` says how many re-solves did so and suggests a smaller tol.
     progress : bool, optional
         Progress bar (default: for 50 or more removals without an executor).
     **solve_kw : passed to :func:`polyproj.adapters.dif.solve` (backend, max_iter, ...)
@@ -145,11 +170,21 @@ def retrain(problem: ConstrainedProblem, removal: Removal | Sequence[Removal], w
     removals, single = _as_removals(removal)
     for rem in removals:  # fail early, before any work is sent away
         problem.check_removal(rem)
+    if warm_start is not None and not isinstance(warm_start, KKTPoint):
+        raise ProblemError(f"warm_start must be a KKTPoint (dif.solve or KKTPoint.from_params) or None, got "
+                           f"{type(warm_start).__name__}")
     th0 = warm_start.theta if warm_start is not None else problem.theta0
     lam0 = warm_start.lambdas if warm_start is not None else None
     kw = {"tol": tol, "warn": False, **solve_kw}
     job = functools.partial(_retrain_one, problem, th0, lam0, kw)
     out = map_jobs(job, removals, executor=executor, progress=progress, bar_from=50, description="retraining")
+    # solve's own warning is off (warn=False, unless passed): a re-solve that returned its start unmoved while it
+    # is not a minimiser at the problem's scale (tol absolute, the loss small) is told here, once for the call
+    stuck = [i for i, k in enumerate(out) if "accepted_start" in k.info]
+    if stuck and not kw["warn"]:
+        first = out[stuck[0]].info["accepted_start"]
+        warnings.warn(f"retrain: re-solve #{stuck[0]} " + first["message"] + f" ({len(stuck)} of {len(out)} "
+                      "re-solves stopped at their start so)", PolyprojWarning, stacklevel=2)
     return out[0] if single else out
 
 
@@ -179,7 +214,9 @@ def if_scores(problem: ConstrainedProblem, kkt: KKTPoint, test_fn, removals: Seq
 
     ω = −H⁻¹c as in :func:`classic_if` / :func:`penalty_if`, with H applied by Hessian-vector
     products and s = H⁻¹∇F solved once (CG or MINRES), so a score is −sᵀc, linear in the removed
-    samples' gradients. ``preconditioner`` (≈ H⁻¹, SPD) is passed to the Krylov method.
+    samples' gradients. ``preconditioner`` (≈ H⁻¹, SPD) is passed to the Krylov method. ``rho`` and
+    ``penalty`` (used with ``kind="penalty"``) are checked as in :func:`penalty_if`; ``damping`` (a number
+    >= 0), ``krylov``, ``rtol`` and ``maxiter`` as in :class:`~polyproj.adapters.dif.DIF`.
     Returns (scores (n,), Krylov log).
     """
     from .engine import _test_grad
@@ -188,6 +225,12 @@ def if_scores(problem: ConstrainedProblem, kkt: KKTPoint, test_fn, removals: Seq
 
     if kind not in ("classic", "penalty"):
         raise ProblemError(f"kind must be 'classic' or 'penalty', got {kind!r}")
+    if kind == "penalty":
+        rho = _check_penalty(penalty, rho)
+    damping = check_damping(damping, auto=False)
+    check_krylov(krylov)
+    check_rtol(rtol)
+    check_maxiter(maxiter)
     lin = Linearisation(problem, kkt, hessian="objective")
     act = np.array([s != INACTIVE for s in kkt.status], dtype=bool)
     g = np.where(act, lin.g, 0.0)

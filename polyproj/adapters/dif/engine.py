@@ -43,7 +43,7 @@ from ...runtime import map_jobs
 from ...solution import Status
 from .hvp import DEFAULT_CHUNK, HessianOperator, chunk_size_arg
 from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
-from .krylov import KRYLOV_METHODS, SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError
+from .krylov import SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError, check_krylov
 from .linearisation import Linearisation, check_split
 from .matfree import DenseInverse, DualQP, KrylovInverse, null_basis, reduced_curvature
 from .problem import ConstrainedProblem, Removal, placement_error, sample_indices
@@ -114,6 +114,39 @@ def _as_removals(removal: Removal | Sequence[Removal]) -> tuple[list[Removal], b
         return list(removal), False
     raise ProblemError("removal must be a mapping {loss name: indices} or a list of such mappings, "
                        f"got {type(removal).__name__}")
+
+
+# ----------------------------------------------------------------------------- argument checks
+# One place for the Krylov and damping arguments of DIF and of the baselines (classic_if, penalty_if, if_scores);
+# ``krylov`` by :func:`~polyproj.adapters.dif.krylov.check_krylov`.
+def check_damping(damping: Any, *, auto: bool = True) -> float | str:
+    """``damping``: a finite number >= 0 (a 0-d tensor or array counts as its number), or ``"auto"`` where allowed."""
+    also = " or 'auto'" if auto else ""
+    if isinstance(damping, (torch.Tensor, np.ndarray)) and damping.ndim == 0:  # a 0-d tensor or array: its number
+        damping = damping.item()
+    if isinstance(damping, str):
+        if auto and damping == "auto":
+            return damping
+        raise ProblemError(f"damping must be a number >= 0{also}, got {damping!r}")
+    if (isinstance(damping, bool) or not isinstance(damping, (int, float, np.integer, np.floating))
+            or not np.isfinite(damping) or damping < 0):
+        raise ProblemError(f"damping must be a finite number >= 0{also}, got {damping!r}")
+    return float(damping)
+
+
+def check_rtol(rtol: Any) -> float:
+    """``rtol`` of the Krylov solves: a number in (0, 1)."""
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.floating)) or not 0 < rtol < 1:
+        raise ProblemError(f"rtol must be a number in (0, 1), got {rtol!r}")
+    return float(rtol)
+
+
+def check_maxiter(maxiter: Any) -> int | None:
+    """``maxiter`` of the Krylov solves: a positive integer, or None (the solver's default)."""
+    if maxiter is not None and (isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer))
+                                or maxiter < 1):
+        raise ProblemError(f"maxiter must be a positive integer or None, got {maxiter!r}")
+    return None if maxiter is None else int(maxiter)
 
 
 #: dual QPs of second-order steps kept for reuse (row sets and their free rows; least recently used dropped)
@@ -259,23 +292,13 @@ class DIF:
             raise ProblemError(f"method must be one of {METHODS}, got {method!r}")
         if rule not in RULES:
             raise ProblemError(f"rule must be one of {RULES}, got {rule!r}")
-        if krylov not in KRYLOV_METHODS:
-            raise ProblemError(f"krylov must be one of {KRYLOV_METHODS}, got {krylov!r}")
-        if isinstance(damping, (torch.Tensor, np.ndarray)) and damping.ndim == 0:  # a 0-d tensor or array: its number
-            damping = damping.item()
+        check_krylov(krylov)
         if not isinstance(renormalize, (bool, np.bool_)):
             raise ProblemError(f"renormalize must be True or False, got {renormalize!r}")
-        auto_damping = isinstance(damping, str)
-        if auto_damping and damping != "auto":
-            raise ProblemError(f"damping must be a number >= 0 or 'auto', got {damping!r}")
-        if not auto_damping and (isinstance(damping, bool) or not isinstance(damping, (int, float, np.number))
-                                 or not np.isfinite(damping) or damping < 0):
-            raise ProblemError(f"damping must be a finite number >= 0 or 'auto', got {damping}")
-        if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.floating)) or not 0 < rtol < 1:
-            raise ProblemError(f"rtol must be a number in (0, 1), got {rtol!r}")
-        if maxiter is not None and (isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer))
-                                    or maxiter < 1):
-            raise ProblemError(f"maxiter must be a positive integer or None, got {maxiter!r}")
+        damping = check_damping(damping)
+        auto_damping = damping == "auto"
+        check_rtol(rtol)
+        check_maxiter(maxiter)
         if preconditioner is not None and not callable(preconditioner) and \
                 not isinstance(preconditioner, spla.LinearOperator) and \
                 not (isinstance(preconditioner, np.ndarray) and preconditioner.ndim == 2) and \
@@ -817,7 +840,8 @@ class DIF:
 
         ``candidates``: the objective samples to rank (indices, or a boolean mask of shape (N₀,), as in a
         removal); default all. Returns the indices and the predicted change of removing them *together* (the
-        group's own dual QP, not the sum of the single scores).
+        group's own dual QP, not the sum of the single scores). ``k = 0`` selects nothing: an empty index array
+        and a change of 0.0, without scoring (also where removing one sample would empty the objective, N₀ = 1).
         """
         if not callable(test_fn):
             raise ProblemError(f"top_k: test_fn must be a callable params_or_model -> scalar, got "
@@ -827,6 +851,8 @@ class DIF:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < n:
             raise ProblemError(f"top_k: k must be an integer in [0, {n}) (the objective has {n} samples), got {k!r}")
         cand = np.arange(n) if candidates is None else sample_indices(candidates, n, "top_k: candidates")
+        if k == 0:  # nothing removed: nothing to rank, and the empty group changes nothing
+            return np.zeros(0, dtype=np.int64), 0.0
         if cand.size < k:
             raise ProblemError(f"top_k: {cand.size} candidates cannot give k = {k} samples")
         scores = self.influence(test_fn, [{"objective": [int(i)]} for i in cand]).numpy()

@@ -127,17 +127,23 @@ class KKTPoint:
             are recomputed by non-negative least squares on stationarity over the active constraints,
             ``min ‖∇f₀ + G_Aᵀλ‖₂  s.t. λ >= 0`` (free on equalities).
         tol : float
-            Accepted KKT residual (inf-norm); a larger one raises :class:`ProblemError`.
+            Accepted KKT residual (inf-norm); a larger one raises :class:`ProblemError`. Absolute, in the
+            units of ∇f₀ (stationarity) and of g (feasibility).
         active_tol : float
             |gⱼ| <= active_tol counts as active; so does a row whose given multiplier exceeds ``mult_tol``
             while λⱼ|gⱼ| <= ``tol`` (complementarity to tolerance: a KKT point at ``tol`` may leave such a
-            row slightly inside).
+            row slightly inside). Absolute, in the units of gⱼ.
         mult_tol : float
-            λⱼ > mult_tol counts as binding.
+            λⱼ > mult_tol counts as binding. Absolute, in the units of λ (those of f₀ over those of g).
+            The defaults suit a problem at unit scale; for another, scale them with it (docs/dif.md,
+            "Tolerances").
         polish : bool, optional
             Force (True) or forbid (False) the NNLS polish; default: when needed.
         warn : bool
-            Warn (:class:`PolyprojWarning`) when LICQ or strict complementarity fails.
+            Warn (:class:`PolyprojWarning`) when LICQ or strict complementarity fails, and when the
+            classification depends on the absolute tolerances' scale (:func:`_scale_ambiguity`): a row called
+            weakly active whose multiplier carries a share of ∇f₀, or a row counted active whose hyperplane
+            is far away in θ.
 
         Raises
         ------
@@ -198,6 +204,10 @@ class KKTPoint:
             warnings.warn(f"strict complementarity fails for {weak} (active with zero multiplier): the solution "
                           "is only directionally differentiable; DIF handles it, classic IF does not",
                           PolyprojWarning, stacklevel=2)
+        ambiguous = _scale_ambiguity(names, status, lam, gval, G, grad, th, tol=tol, active_tol=active_tol,
+                                     mult_tol=mult_tol) if warn else ""
+        if ambiguous:
+            warnings.warn(ambiguous, PolyprojWarning, stacklevel=2)
         return cls(theta=th.clone(), lambdas=torch.as_tensor(lam.copy()), g=gval, status=status, names=names,
                    residuals=res, active_tol=active_tol, mult_tol=mult_tol, info={"polished_multipliers": polished})
 
@@ -258,6 +268,71 @@ def _check_tolerances(**tols: Any) -> None:
     for name, v in tols.items():
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0.0 < v < np.inf:
             raise ProblemError(f"{name} must be a positive finite number, got {v!r}")
+
+
+#: :meth:`KKTPoint.from_params` calls a weakly active row's classification scale-ambiguous where its multiplier
+#: carries at least this share of the objective's gradient, λⱼ‖∇gⱼ‖₂ >= SCALE_SHARE·‖∇f₀(θ̄)‖₂ (and more than the
+#: point's ``tol`` of stationarity: λⱼ‖∇gⱼ‖∞ > tol, so that λⱼ is not rounding)
+SCALE_SHARE = 1e-3
+#: ... and an active row's, where |gⱼ| <= active_tol but its hyperplane gⱼ + ∇gⱼᵀδ = 0 is at least this times
+#: (1 + ‖θ̄‖₂) away in θ: |gⱼ| / ‖∇gⱼ‖₂ >= SCALE_DISTANCE·(1 + ‖θ̄‖₂)
+SCALE_DISTANCE = 1e-3
+#: the default active_tol and mult_tol: what a problem at unit scale calls a zero slack and a zero multiplier. Only
+#: values below them are suspected of being small for the problem's scale alone (a λ of 0.117 that the user's
+#: mult_tol = 10 calls weakly active is a choice, not an accident of scale)
+UNIT_ACTIVE_TOL, UNIT_MULT_TOL = 1e-6, 1e-7
+
+
+def _scale_ambiguity(names: tuple[str, ...], status: tuple[str, ...], lam: np.ndarray, g: np.ndarray, G: np.ndarray,
+                     grad: np.ndarray, theta: torch.Tensor, *, tol: float, active_tol: float,
+                     mult_tol: float) -> str:
+    """A warning's text where the classification depends on the absolute thresholds' scale ('' where not).
+
+    ``mult_tol`` is in the units of λ and ``active_tol`` in those of g, so a problem far from unit scale can be
+    misclassified by the defaults: an objective multiplied by 1e-8 has every multiplier 1e-8 times smaller, and a
+    binding row (λ = 1.6e-8) is called weakly active; a constraint multiplied by 1e-8 has its slack 1e-8 times
+    smaller, and an inactive row (g = −5e-10) is counted active. Two tests, free of the problem's scale, with the
+    derivatives at θ̄ the caller has (no further work):
+
+    * a row called weakly active with a multiplier small in absolute terms (0 < λⱼ <= min(mult_tol,
+      UNIT_MULT_TOL)) that still balances a share of the objective's gradient, λⱼ‖∇gⱼ‖₂ >= SCALE_SHARE·‖∇f₀‖₂,
+      beyond the point's own stationarity tolerance (λⱼ‖∇gⱼ‖∞ > tol: λⱼ is not rounding, and setting it to 0
+      would break stationarity): binding at the problem's own scale;
+    * a row counted active by a slack small in absolute terms (0 < |gⱼ| <= min(active_tol, UNIT_ACTIVE_TOL))
+      whose linearised hyperplane is far from θ̄, |gⱼ|/‖∇gⱼ‖₂ >= SCALE_DISTANCE·(1 + ‖θ̄‖₂): a step of that
+      length moves θ without reaching it (inactive at the constraint's own scale). A row with ∇gⱼ = 0 constrains
+      no step and is left alone.
+
+    A threshold raised above the unit-scale default on purpose (``mult_tol=1e-5`` for tiny multipliers) is the
+    user's choice and is not questioned: only values the default itself would call zero are.
+    """
+    shares = np.linalg.norm(G, axis=1) * lam if G.size else np.zeros(len(names))
+    gnorm = float(np.linalg.norm(grad))
+    reach = SCALE_DISTANCE * (1.0 + float(torch.linalg.vector_norm(theta)))
+    parts, weak_lams, far_gs = [], [], []
+    for j, st in enumerate(status):
+        if st == WEAK and 0.0 < lam[j] <= UNIT_MULT_TOL and gnorm > 0.0 and shares[j] >= SCALE_SHARE * gnorm and \
+                lam[j] * float(np.abs(G[j]).max(initial=0.0)) > tol:
+            weak_lams.append(float(lam[j]))
+            parts.append(f"{names[j]!r} is called weakly active (λ = {lam[j]:.3g} <= mult_tol = {mult_tol:g}) though "
+                         f"its multiplier balances {shares[j] / gnorm:.0%} of ‖∇f₀‖")
+        if st in (BINDING, WEAK) and 0.0 < abs(g[j]) <= min(active_tol, UNIT_ACTIVE_TOL):
+            gj = float(np.linalg.norm(G[j]))
+            if gj > 0.0 and abs(g[j]) >= reach * gj:
+                far_gs.append(abs(float(g[j])))
+                parts.append(f"{names[j]!r} is counted active (|g| = {abs(g[j]):.3g} <= active_tol = {active_tol:g}) "
+                             f"though its linearised boundary is {abs(g[j]) / gj:.3g} away in θ")
+    if not parts:
+        return ""
+    fix = []
+    if weak_lams:
+        fix.append(f"mult_tol below those multipliers (e.g. mult_tol={min(weak_lams) / 10:.1e}) to call them binding")
+    if far_gs:
+        fix.append(f"active_tol below those slacks (e.g. active_tol={min(far_gs) / 10:.1e}) to call them inactive")
+    return ("the classification of the constraints depends on the scale of the absolute tolerances (is the problem "
+            "far from unit scale?): " + "; ".join(parts) + ". Pass " + " and ".join(fix) + " (to solve or "
+            "KKTPoint.from_params), sized to the problem's units (docs/dif.md, 'Tolerances'): a misclassified row "
+            "blocks a direction that retraining moves along, or frees one it keeps, and ω is wrong along it")
 
 
 def _flat_lambdas(problem: ConstrainedProblem, lambdas: Any, what: str) -> np.ndarray:
@@ -527,7 +602,11 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
         Start (default ``problem.theta0``).
     lambdas0 : array-like, optional
     tol : float
-        Target KKT residual (inf-norm of stationarity, feasibility, complementarity).
+        Target KKT residual (inf-norm of stationarity, feasibility, complementarity). Absolute, in the units of
+        ∇f₀ and g: scale it with a problem far from unit scale (docs/dif.md, "Tolerances"). A start whose residual
+        is within ``tol`` is returned as it is; where it is not a minimiser at the problem's own scale (a step
+        from it, sized by the curvature there, would move θ by more than ``START_STEP``·(1 + ‖θ‖)) a
+        :class:`PolyprojWarning` says so and suggests a tol (``info["accepted_start"]`` has the numbers).
     max_iter : int
         A positive integer: SQP iterations (QP subproblems), or Newton iterations after the augmented
         Lagrangian.
@@ -564,18 +643,82 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     _check_backend(backend, settings)
     opts = {"tol": tol, "max_iter": max_iter, "active_tol": active_tol}
     if method == "auglag" or (method == "auto" and problem.dim > SQP_MAX_DIM):
-        return _solve_auglag(problem, th, lam, mult_tol=mult_tol, warn=warn, chunk_size=chunk, t0=t0, **opts)
-    try:
-        th_k, lam_k, it, res = _sqp(problem, th, lam, backend=backend, settings=settings, users_start=True, **opts)
-    except _SQPStalled as failure:
-        if method == "sqp":  # the user's error is a SolverError (the subclass only marks what auto falls back on)
-            raise SolverError(str(failure)) from None
-        return _auglag_fallback(problem, th, lam, failure, backend=backend, settings=settings, mult_tol=mult_tol,
-                                warn=warn, chunk_size=chunk, t0=t0, **opts)
-    kkt = KKTPoint.from_params(problem, th_k, lam_k, tol=max(tol, 10 * res), active_tol=active_tol,
-                               mult_tol=mult_tol, polish=False, warn=warn)
-    kkt.info.update(iterations=it, time=time.perf_counter() - t0, method="sqp")
+        kkt = _solve_auglag(problem, th, lam, mult_tol=mult_tol, warn=warn, chunk_size=chunk, t0=t0, **opts)
+    else:
+        try:
+            th_k, lam_k, it, res = _sqp(problem, th, lam, backend=backend, settings=settings, users_start=True,
+                                        **opts)
+        except _SQPStalled as failure:
+            if method == "sqp":  # the user's error is a SolverError (the subclass only marks what auto falls back on)
+                raise SolverError(str(failure)) from None
+            kkt = _auglag_fallback(problem, th, lam, failure, backend=backend, settings=settings, mult_tol=mult_tol,
+                                   warn=warn, chunk_size=chunk, t0=t0, **opts)
+        else:
+            kkt = KKTPoint.from_params(problem, th_k, lam_k, tol=max(tol, 10 * res), active_tol=active_tol,
+                                       mult_tol=mult_tol, polish=False, warn=warn)
+            kkt.info.update(iterations=it, time=time.perf_counter() - t0, method="sqp")
+    start = _accepted_start(problem, kkt, th, tol, chunk)
+    if start is not None:
+        kkt.info["accepted_start"] = start
+        if warn:
+            warnings.warn("solve " + start["message"], PolyprojWarning, stacklevel=2)
     return kkt
+
+
+#: solve and retrain warn where they return their start unmoved while a step along the start's (projected) KKT
+#: residual, sized by the curvature there, would move θ by more than this times (1 + ‖θ‖₂): tol is absolute, and
+#: on a problem at a small scale the start's residual is within it before any iteration
+START_STEP = 1e-4
+
+
+def _accepted_start(problem: ConstrainedProblem, kkt: KKTPoint, th0: torch.Tensor, tol: float,
+                    chunk_size: int) -> dict[str, Any] | None:
+    """Where :func:`solve` took no step (θ is its start) although its start is not a minimiser at the problem's scale.
+
+    tol is absolute (in the units of ∇f₀): an objective multiplied by 1e-11 has a residual of ~1e-11 anywhere, and
+    the start passed as "converged" (θ0 returned; a retraining warm-started from θ̄ moved θ by exactly 0, the truth
+    0.155). The start's residual alone cannot tell that from a start that *is* a KKT point (a re-solve from θ̄ after
+    a removal that leaves it optimal, a refined Cooper point), nor can ∇f₀ (nonzero at every binding row). The step
+    can: r, the stationarity residual ∇f₀ + Gᵀλ projected off the active rows' gradients (the directions left
+    free), and κ = rᵀHr/rᵀr its curvature (one Hessian-vector product) give the length ‖r‖/κ of the minimising step
+    along −r — a lower bound on the Newton step, and free of the problem's scale. A point converged to a tol that
+    suits its scale has it of the order of tol/κ; one accepted only because the problem is small has it of the
+    order of the distance to the solution. Returns None where the step is below ``START_STEP``·(1 + ‖θ‖₂), θ
+    moved, ∇f₀ = 0, or r has no positive curvature to size a step by; else the numbers and the warning's text.
+    """
+    from .hvp import HessianOperator
+
+    if not torch.equal(kkt.theta, th0):
+        return None
+    _, grad = objective_grad(problem, th0)
+    if not np.any(grad):
+        return None
+    G = constraint_jacobian(problem, th0)[1]
+    lam = kkt.lambdas.numpy()
+    r = grad + G.T @ lam
+    GA = G[[st != INACTIVE for st in kkt.status]]
+    if GA.shape[0]:
+        r = r - GA.T @ np.linalg.lstsq(GA.T, r, rcond=None)[0]
+    rr = float(r @ r)
+    if not 0.0 < rr < np.inf:
+        return None
+    curv = float(r @ HessianOperator(problem, th0, lam, chunk_size=chunk_size).matvec(r)) / rr
+    if not 0.0 < curv < np.inf:
+        return None
+    scale = 1.0 + float(torch.linalg.vector_norm(th0))
+    step = float(np.sqrt(rr)) / curv
+    if step <= START_STEP * scale:
+        return None
+    # the residual at which the same curvature gives a step of 1e-10 (1 + ‖θ‖): tol's default at unit scale
+    suggested = curv * 1e-10 * scale
+    message = (f"stopped at its start, with no iteration taken: the KKT residual there ({kkt.residual:.3e}) is "
+               f"already within tol ({tol:g}), though the objective's gradient is not zero (‖∇f₀‖∞ = "
+               f"{float(np.abs(grad).max()):.3e}) and a step along the residual, sized by the curvature there "
+               f"({curv:.3e}), would move θ by {step:.3e}. tol is absolute (in the units of ∇f₀): pass a smaller tol "
+               f"for a problem of this scale (about tol={suggested:.0e} asks for θ to 1e-10 relative here; "
+               "docs/dif.md, 'Tolerances')")
+    return {"residual": kkt.residual, "gradient": float(np.abs(grad).max()), "curvature": curv, "step": step,
+            "suggested_tol": suggested, "message": message}
 
 
 def _sqp(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray, *, tol: float, max_iter: int, backend: Any,

@@ -21,9 +21,19 @@ import scipy.sparse.linalg as spla
 from ...errors import ProblemError, SolverError
 
 __all__ = ["KRYLOV_METHODS", "IndefiniteHessianError", "KrylovInfo", "KrylovNotConvergedError", "check_converged",
-           "solve_hessian"]
+           "check_krylov", "solve_hessian"]
 
 KRYLOV_METHODS = ("cg", "minres")
+
+
+def check_krylov(value: Any, name: str = "krylov") -> str:
+    """A Krylov method's name, checked: one of :data:`KRYLOV_METHODS`, else a ``ProblemError`` naming the argument.
+
+    One check for ``DIF(krylov=...)``, ``if_scores(krylov=...)`` and :func:`solve_hessian`.
+    """
+    if not isinstance(value, str) or value not in KRYLOV_METHODS:
+        raise ProblemError(f"{name} must be one of {KRYLOV_METHODS}, got {value!r}")
+    return value
 
 
 class IndefiniteHessianError(SolverError):
@@ -139,11 +149,12 @@ def solve_hessian(op, b: np.ndarray, *, method: str = "cg", rtol: float = 1e-10,
 
     Raises
     ------
+    ProblemError
+        ``method`` is not one of :data:`KRYLOV_METHODS`, or ``b`` is not finite.
     IndefiniteHessianError
         ``method="cg"`` and H has a direction of non-positive curvature.
     """
-    if method not in KRYLOV_METHODS:
-        raise ValueError(f"method must be one of {KRYLOV_METHODS}, got {method!r}")
+    check_krylov(method, "method")
     b = np.asarray(b, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(b)):
         raise ProblemError("the right-hand side of a Krylov solve H x = b is not finite (NaN or inf): a gradient "

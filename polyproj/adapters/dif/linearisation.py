@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from ...errors import ProblemError
 from .calculus import constraint_jacobian, lagrangian_hessian, objective_grad, per_sample, per_sample_grads
@@ -103,6 +104,23 @@ def check_split(ambiguous: np.ndarray | None, cc: np.ndarray, names: Sequence[st
                        "them; remove the duplicate constraint, or use rule='derivative'")
 
 
+def _check_kkt_fields(kkt: KKTPoint) -> None:
+    """A ``ProblemError`` naming the field where ``kkt.theta`` or ``kkt.lambdas`` is not a finite 1-D float64 tensor.
+
+    On the CPU, as :func:`~polyproj.adapters.dif.solve` and ``KKTPoint.from_params`` make them. A KKTPoint built by hand
+    (``dataclasses.replace``) with a float32 θ, a NumPy λ or a θ of shape (1, d) otherwise failed deep inside torch.
+    """
+    again = "; build it with KKTPoint.from_params(problem, theta, lambdas) (which converts and checks them)"
+    for field, v in (("theta", kkt.theta), ("lambdas", kkt.lambdas)):
+        if not isinstance(v, torch.Tensor):
+            raise ProblemError(f"kkt.{field} must be a torch.Tensor (float64, 1-D), got {type(v).__name__}" + again)
+        if v.ndim != 1 or v.dtype != torch.float64 or v.device.type != "cpu":
+            raise ProblemError(f"kkt.{field} must be a 1-D float64 tensor on the CPU, got shape {tuple(v.shape)}, "
+                               f"dtype {v.dtype}, device {v.device.type}" + again)
+        if not bool(torch.isfinite(v).all()):
+            raise ProblemError(f"kkt.{field} contains NaN or inf" + again)
+
+
 class Linearisation:
     """First-order data of a problem at a KKT point: ∇f₀, g, ∇g; H formed only when asked (``.H``).
 
@@ -119,6 +137,7 @@ class Linearisation:
             raise ProblemError(f"problem must be a ConstrainedProblem, got {type(problem).__name__}")
         if not isinstance(kkt, KKTPoint):
             raise ProblemError(f"kkt must be a KKTPoint (dif.solve or KKTPoint.from_params), got {type(kkt).__name__}")
+        _check_kkt_fields(kkt)
         if kkt.theta.numel() != problem.dim or kkt.names != tuple(c.name for c in problem.constraints):
             raise ProblemError("kkt does not belong to this problem (parameter count or constraint names differ)")
         self.problem, self.kkt = problem, kkt

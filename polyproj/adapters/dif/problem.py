@@ -537,15 +537,19 @@ class ConstrainedProblem:
         (a constraint dropped, or called infeasible). The test is structural: θ must be in the value's autograd
         graph. ``out.requires_grad`` alone is not enough (the user's own module, called instead of the one the
         function is given, has parameters that require grad); a term that depends on θ with a zero gradient at
-        θ0 (e.g. ‖θ‖² at 0) passes.
+        θ0 (e.g. ‖θ‖² at 0) passes. Complex values are refused first: a loss is real (torch's autograd raised a
+        bare RuntimeError on them here).
         """
         t = theta.detach().clone().requires_grad_(True)
         data = loss.data if loss.data is None else _take(loss.data, torch.arange(min(4, loss.n_samples)))
+        what = "objective" if loss.name == "objective" else f"constraint {loss.name!r}"
         with torch.enable_grad():
             out = self.per_sample(loss, t, data if loss.data is not None else "all")
+            if out.is_complex():
+                raise ProblemError(f"{what}: fn returns complex values ({out.dtype}); the losses and constraints "
+                                   "must be real (take .real, .abs() or .abs() ** 2 of a complex quantity)")
             uses = computed_from(out, t)
         if not uses:
-            what = "objective" if loss.name == "objective" else f"constraint {loss.name!r}"
             raise ProblemError(f"{what}: fn's value does not depend on its parameter argument (it is not computed "
                                "from it: a detached copy, a NumPy or Python number, or the model used outside the "
                                "function?)")
