@@ -119,6 +119,15 @@ def shared_dir() -> str:
     return os.path.normpath(os.path.join(here, "..", "..", "shared"))
 
 
+@pytest.fixture
+def mm_dir(shared_dir) -> str:
+    """The Maros–Meszaros folder of shared/ (the test is skipped where it is absent)."""
+    path = os.path.join(shared_dir, "data", "maros_meszaros")
+    if not os.path.isdir(path):
+        pytest.skip(f"Maros–Meszaros data not found at {path}")
+    return path
+
+
 # ----------------------------------------------------------------------------- DIF modules
 # used with ``pytestmark = pytest.mark.usefixtures(...)`` by the DIF test modules (torch imported lazily:
 # the core test run has no torch)

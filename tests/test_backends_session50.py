@@ -148,14 +148,6 @@ def test_daqp_eps_rel_counts_relative_to_the_data():
     np.testing.assert_allclose(got.y, want.y, atol=1e-7)
 
 
-@pytest.fixture
-def mm_dir(shared_dir):
-    path = os.path.join(shared_dir, "data", "maros_meszaros")
-    if not os.path.isdir(path):
-        pytest.skip(f"Maros–Meszaros data not found at {path}")
-    return path
-
-
 @pytest.mark.parametrize("name", ["QAFIRO", "GENHS28", "QSC205"])
 def test_daqp_eps_rel_alone_on_maros_meszaros(mm_dir, name):
     """eps_abs = 0, eps_rel = 1e-6 ended QAFIRO and QSC205 "cycling", GENHS28 at 10,000 iterations."""

@@ -33,14 +33,6 @@ KNOWN_FAILURES = {
 SETTINGS = {"osqp": {"max_iter": 50_000}, "admm": {"max_iter": 50_000}}
 
 
-@pytest.fixture
-def mm_dir(shared_dir):
-    path = os.path.join(shared_dir, "data", "maros_meszaros")
-    if not os.path.isdir(path):
-        pytest.skip(f"Maros–Meszaros data not found at {path}")
-    return path
-
-
 @pytest.mark.core
 def test_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(DataNotFound, match="maros_meszaros_qpbenchmark"):
