@@ -82,3 +82,29 @@ def test_the_tightened_face_serves_the_backward():
     np.testing.assert_allclose(got, pp.hs_vjp(P, np.asarray(res.active), G), rtol=0, atol=1e-12)
     ref = pp.project(X, P, backend="daqp")
     np.testing.assert_array_equal(np.asarray(res.active), ref.active)
+
+
+def test_the_tightening_counts_against_max_polish_iter():
+    """``max_polish_iter`` bounds the polish's face solves: the tightening takes what the rounds leave."""
+    import polyproj.projection.polish as pol
+
+    P, X = _near_boundary(3)
+    calls = [0]
+    real = pol._round
+
+    def counted(*a, **k):
+        calls[0] += 1
+        return real(*a, **k)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pol._round = counted
+        try:
+            for limit in (1, 3):
+                calls[0] = 0
+                pp.project(X[40:80], P, backend="admm", max_polish_iter=limit)
+                passes = calls[0]
+                # every polish call (a first pass, a retry) runs at most `limit` rounds
+                assert passes <= 2 * limit, (limit, passes)
+        finally:
+            pol._round = real

@@ -1,4 +1,4 @@
-"""Fixed variables substituted in the IPM and Clarabel glue (as in HiGHS's and DAQP's, :mod:`polyproj.backends.presolve`).
+"""Fixed variables substituted in the IPM and Clarabel glue (as in HiGHS's and DAQP's, backends.presolve).
 
 A variable fixed at 1e6..1e8 beside one of unit scale: the IPM returned SOLVED with the unit-scale coordinate
 1e-4 to 20 % off (its tolerances relative to the largest entry); Clarabel ended SOLVED_INACCURATE or
@@ -43,3 +43,20 @@ def test_the_ipm_takes_a_warm_start_beside_fixed_variables():
     qp = pp.QP(P=np.eye(2), q=[-1.0, -2.0], lb=[3.0, 0.0], ub=[3.0, 1.0])
     s = pp.solve_qp(qp, backend="ipm", warm_start={"x": np.array([3.0, 0.5])})
     assert s.status is pp.Status.SOLVED and np.allclose(s.x, [3.0, 1.0], atol=1e-8)
+
+
+@pytest.mark.parametrize("v", [1e6, 1e7, 1e8])
+def test_the_ipm_batch_solves_elements_with_fixed_variables_exactly(v):
+    """The batch run itself did not substitute: x₂ = 0.8 and 0.857 for 1 as SOLVED at v = 1e7."""
+    if "ipm" not in CPU_BACKENDS:
+        pytest.skip("ipm unavailable")
+    qp = pp.QP(P=np.eye(2), q=[-1.0, -2.0], lb=[v, 0.0], ub=[v, 1.0])
+    b = pp.get_backend("ipm").solve_batch(qp, q=np.array([[-1.0, -2.0], [-1.0, -3.0]]))
+    assert all(s is pp.Status.SOLVED for s in b.status) and np.all(b.x[:, 0] == v)
+    np.testing.assert_allclose(b.x[:, 1], [1.0, 1.0], rtol=0, atol=1e-8)
+    # fixed in one element only (lb, ub batched): the other goes through the batch run
+    free = pp.QP(P=np.eye(2), q=[-1.0, -2.0], lb=[0.0, 0.0], ub=[1e9, 1.0])
+    c = pp.get_backend("ipm").solve_batch(free, lb=np.array([[v, 0.0], [0.0, 0.0]]),
+                                          ub=np.array([[v, 1.0], [1e9, 1.0]]))
+    assert all(s is pp.Status.SOLVED for s in c.status)
+    np.testing.assert_allclose(c.x, [[v, 1.0], [1.0, 1.0]], rtol=1e-12, atol=1e-8)

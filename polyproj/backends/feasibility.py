@@ -225,41 +225,40 @@ def refutes(qp: QP, x: np.ndarray | None) -> bool:
 
 
 def no_descent_ray(qp: QP) -> str | None:
-    """Why ``qp``'s objective is bounded below on its constraints, where an LP proves it; None otherwise.
+    """Why ``qp``'s objective is bounded below on its constraints, where that is proved; None otherwise.
 
     A convex QP on a non-empty polyhedron is unbounded below exactly when a direction ``d`` of the polyhedron's
     recession cone (``C_i d >= 0`` where ``l_i`` is finite, ``<= 0`` where ``u_i`` is, ``d_j >= 0`` where ``lb_j``
-    is finite, ``<= 0`` where ``ub_j`` is) has ``P d = 0`` (``dᵀ P d = 0`` for ``P ⪰ 0``) and ``qᵀ d < 0``. The
-    LP ``qᵀ d <= −1`` over that cone, each row scaled to entries of at most 1 (a cone: the normalisation is free),
-    that HiGHS finds infeasible proves that no ray exists (Clarabel said DUAL_INFEASIBLE for an LP whose optimum
-    lies on a row side at −1e10). Only a proof counts: an LP that fails or runs past :data:`LP_TIME_LIMIT`, or a
-    ``q`` whose entries span more than 1e8 (HiGHS drops the small ones), leaves the claim.
+    is finite, ``<= 0`` where ``ub_j`` is) has ``P d = 0`` (``dᵀ P d = 0`` for ``P ⪰ 0``) and ``qᵀ d < 0``. With
+    ``q = 0`` none does (the objective is ``½ xᵀPx >= 0``). Otherwise the LP ``qᵀ d <= −1`` over that cone, each row
+    scaled to entries of at most 1 (a cone: the normalisation is free), that HiGHS finds infeasible proves that no
+    ray exists (Clarabel said DUAL_INFEASIBLE for an LP whose optimum lies on a row side at −1e10). Only a proof
+    counts: an LP that fails or runs past :data:`LP_TIME_LIMIT` leaves the claim, and so does a row of ``q``, ``C``
+    or ``P`` whose non-zero entries span more than :data:`RAY_SPAN` (HiGHS drops entries below 1e-9 of a row's
+    largest: the LP it solves would be another, and a ray through the small entries, ``x₀ − 5.8e-11 x₁ <= 0``, was
+    "proved" absent).
     """
     from scipy.optimize import linprog
 
     n = qp.n
     if n == 0:
         return "the problem has no variables"
-    # every row scaled to entries of at most 1 (homogeneous in d): HiGHS drops entries below 1e-9, and q = (−1e-9, 0)
-    # read as 0 ≤ −1 refuted a true claim. Where q itself spans more than that, its small entries could be a ray's
-    # only descent: no proof is attempted.
-    qd = np.asarray(qp.q, dtype=np.float64)
-    big = float(np.abs(qd).max(initial=0.0))
-    if not big > 0 or np.any((qd != 0) & (np.abs(qd) < 1e-8 * big)):
+    q = np.asarray(qp.q, dtype=np.float64)
+    if not np.any(q):
+        return "q = 0: the objective ½ xᵀPx is bounded below by 0"
+    C = sp.csr_matrix(qp.C) if qp.m else sp.csr_matrix((0, n))
+    P = sp.csr_matrix(qp.P)
+    parts = [_unit_rows(sp.csr_matrix(q.reshape(1, n))), _unit_rows(C), _unit_rows(P)]
+    if any(part is None for part in parts):
         return None
-    rows, rhs = [sp.csr_matrix((qd / big).reshape(1, n))], [np.array([-1.0])]
-    if qp.m:
-        C = sp.csr_matrix(qp.C)
-        top = np.asarray(abs(C).max(axis=1).todense()).reshape(-1)
-        C = sp.diags(1.0 / np.where(top > 0, top, 1.0)) @ C
-        for side, sign in ((qp.u, 1.0), (qp.l, -1.0)):  # C d <= 0 under a finite u, −C d <= 0 over a finite l
-            fin = np.flatnonzero(np.isfinite(side))
-            if fin.size:
-                rows.append(sign * C[fin])
-                rhs.append(np.zeros(fin.size))
-    PD = sp.csr_matrix(qp.P)
-    top = np.asarray(abs(PD).max(axis=1).todense()).reshape(-1) if PD.nnz else np.zeros(n)
-    A_eq = sp.diags(1.0 / np.where(top > 0, top, 1.0)) @ PD if PD.nnz else None
+    qn, Cn, Pn = parts
+    rows, rhs = [qn], [np.array([-1.0])]
+    for side, sign in ((qp.u, 1.0), (qp.l, -1.0)):  # C d <= 0 under a finite u, −C d <= 0 over a finite l
+        fin = np.flatnonzero(np.isfinite(side))
+        if fin.size:
+            rows.append(sign * Cn[fin])
+            rhs.append(np.zeros(fin.size))
+    A_eq = Pn if Pn.nnz else None
     bounds = [(0.0 if np.isfinite(lo) else None, 0.0 if np.isfinite(hi) else None)
               for lo, hi in zip(qp.lb, qp.ub, strict=True)]
     res: Any = linprog(np.zeros(n), A_ub=sp.vstack(rows, format="csr"), b_ub=np.concatenate(rhs), A_eq=A_eq,
@@ -269,3 +268,21 @@ def no_descent_ray(qp: QP) -> str | None:
     if res.status == 2:
         return "no direction of the constraints' recession cone on which P vanishes descends (HiGHS)"
     return None
+
+
+#: the most a row's non-zero entries may span for :func:`no_descent_ray` to judge (HiGHS drops entries below 1e-9
+#: of the largest)
+RAY_SPAN = 1e8
+
+
+def _unit_rows(M: Any) -> Any:
+    """``M`` (CSR) with each row divided by its largest magnitude; None where a row's entries span beyond RAY_SPAN."""
+    M = sp.csr_matrix(M, dtype=np.float64)
+    M.eliminate_zeros()
+    if not M.nnz:
+        return M
+    top = np.asarray(abs(M).max(axis=1).todense()).reshape(-1)
+    scaled = sp.diags(1.0 / np.where(top > 0, top, 1.0)) @ M
+    if np.abs(scaled.data).min() * RAY_SPAN < 1.0:
+        return None
+    return sp.csr_matrix(scaled)

@@ -21,7 +21,7 @@ from ..linalg import own_contiguous
 from ..polydata import PolyData, qp_multipliers_to_rows
 from ..problem import QP
 from ..runtime import small_blas
-from ..solution import BatchSolution, ElementQPs, Solution
+from ..solution import BatchSolution, ElementQPs, Solution, Status
 from .base import Capabilities, QPSolver, report_batch
 from .options import nonnegative_int, one_of, positive_int
 from .presolve import solve_without_fixed
@@ -115,7 +115,7 @@ class IPMSolver(QPSolver):
 
         Fixed variables (``lb == ub``) are substituted first (:mod:`.presolve`): the IPM's tolerances are relative
         to the largest entry, and a variable fixed at 1e7 beside one of unit scale came back SOLVED with that one
-        0.8 instead of 1. Such a problem is solved without a warm start.
+        0.8 instead of 1. The reduced problem gets no warm start (its variables are others).
         """
         return solve_without_fixed(self, qp, lambda q: self._solve(q, warm_start if q is qp else None))
 
@@ -130,15 +130,35 @@ class IPMSolver(QPSolver):
                         backend=self.name, qp=qp, info=info[0])
 
     def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None) -> BatchSolution:
-        """Native batch: one batched IPM run over all elements (P and C shared)."""
+        """Native batch: one batched IPM run over all elements (P and C shared).
+
+        The elements with fixed variables (``lb == ub``) are solved one by one by :meth:`solve`, which substitutes
+        them (a variable fixed at 1e7: the batch run's x₂ = 0.8 for 1 as SOLVED).
+        """
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
         Q = vecs.get("q", np.broadcast_to(qp.q, (size, qp.n)))
         x0 = None if warm_start is None else np.asarray(warm_start.x, dtype=np.float64)
-        res, wall = self._run(qp, np.ascontiguousarray(Q), vecs.get("l", qp.l), vecs.get("u", qp.u),
-                              vecs.get("lb", qp.lb), vecs.get("ub", qp.ub), x0)
-        x, z, zb, st, it, info = self._collect(res)
+        LB, UB = vecs.get("lb", qp.lb), vecs.get("ub", qp.ub)
+        fixed = np.any(np.broadcast_to(LB == UB, (size, qp.n)), axis=1)
+        run = np.flatnonzero(~fixed)
         qps = ElementQPs(qp, vecs, size)  # per-element QPs for the residual methods, built on access
+        x, z, zb = np.full((size, qp.n), np.nan), np.full((size, qp.m), np.nan), np.full((size, qp.n), np.nan)
+        st, it, info, wall = [Status.NUMERICAL_ERROR] * size, np.zeros(size, dtype=np.int64), [{}] * size, 0.0
+        if run.size:
+            def part(v):  # the batched vectors of the elements the batch run takes
+                return v[run] if v.ndim == 2 else v
+
+            res, wall = self._run(qp, np.ascontiguousarray(Q[run]), part(vecs.get("l", qp.l)),
+                                  part(vecs.get("u", qp.u)), part(LB), part(UB), None if x0 is None else x0[run])
+            xr, zr, zbr, str_, itr, infor = self._collect(res)
+            x[run], z[run], zb[run], it[run] = xr, zr, zbr, itr
+            for j, i in enumerate(run):
+                st[i], info[i] = str_[j], infor[j]
+        for i in np.flatnonzero(fixed):
+            sol = self.solve(qps[int(i)])
+            x[i], z[i], zb[i], st[i], it[i], info[i] = sol.x, sol.z, sol.z_box, sol.status, sol.iterations, sol.info
+            wall += sol.solve_time
         return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
                              backend=self.name, qps=qps, info={"elements": info})
 

@@ -492,17 +492,24 @@ def check_batch(qp: QP, vecs: dict[str, np.ndarray], size: int, bs: Any, backend
                 notes[int(i)] = note
     qps = bs.qps if bs.qps is not None and len(bs.qps) == size else ElementQPs(qp, vecs, size)
     shared = _constraints_shared(vecs)  # the elements' constraints are qp's: one verdict for all
-    checked = 0
+    checked, rays = 0, {}
     for i in range(size):
         if statuses[i] is Status.PRIMAL_INFEASIBLE and (shared or checked < INFEASIBILITY_LPS):
             statuses[i], note = _infeasibility_verdict(qp if shared else qps[i])
             checked += 1
             if note:
                 notes[i] = note
-        elif statuses[i] is Status.DUAL_INFEASIBLE and (shared or checked < INFEASIBILITY_LPS):
-            # the constraints' verdicts are shared; the ray test takes the element's q (at most INFEASIBILITY_LPS)
-            statuses[i], note = _unboundedness_verdict(qp if shared else qps[i],
-                                                       qps[i] if checked < INFEASIBILITY_LPS else None)
+        elif statuses[i] is Status.DUAL_INFEASIBLE and shared:
+            # the constraints' verdicts are shared; the ray test takes the element's q: one verdict per distinct q
+            # (identical elements get one answer), ray tests for INFEASIBILITY_LPS of them at most
+            key = np.asarray(qps[i].q).tobytes()
+            if key not in rays:
+                rays[key] = _unboundedness_verdict(qp, qps[i] if len(rays) < INFEASIBILITY_LPS else None)
+            statuses[i], note = rays[key]
+            if note:
+                notes[i] = note
+        elif statuses[i] is Status.DUAL_INFEASIBLE and checked < INFEASIBILITY_LPS:
+            statuses[i], note = _unboundedness_verdict(qps[i], qps[i])
             checked += 1
             if note:
                 notes[i] = note

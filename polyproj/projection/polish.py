@@ -287,12 +287,14 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     weak = xp.where(backed, xp.full_like(dist0, -1e30), dist0)
     state = _State.start(xp, X, data, S, Ystart)
     faces: list[FaceRecord] | None = [] if record else None
+    rounds = 0
     for it in range(max_iter):
         left = int(xp.sum(xp.astype(state.todo, xp.int64)))
         if left == 0 or (it >= HANDOFF_AFTER and left <= handoff) or (it == 1 and left > give_up * X.shape[0]):
             break
         _round(xp, state, X, data, sc, weak, tol, block=it < block_iter, faces=faces)
-    _tighten(xp, state, X, data, sc, weak, tol, faces)
+        rounds += 1
+    _tighten(xp, state, X, data, sc, weak, tol, faces, min(TIGHTEN_ROUNDS, max_iter - rounds))
     return _finish(xp, state, X, data, sc, tol, faces)
 
 
@@ -381,7 +383,7 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
 TIGHTEN_ROUNDS = 2
 
 
-def _tighten(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, faces) -> None:
+def _tighten(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, faces, rounds: int) -> None:
     """Accepted answers that violate a row off their face beyond rounding: that face with those rows added, tried.
 
     The acceptance test lets a face point violate a row off the face by up to its tolerance (``tol`` relative,
@@ -391,10 +393,11 @@ def _tighten(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float
     had the row gave the exact point. The projection satisfies every row, so it lies on a face holding such a row:
     the face with the rows violated beyond rounding (:data:`~polyproj.projection.faces.REFINE_ROUNDINGS` ``eps``
     in place of ``tol``) added is solved (one :func:`_round`, the same tests) and replaces the answer where
-    accepted; the others keep the answer they had (accepted at the tolerance). At most :data:`TIGHTEN_ROUNDS`.
+    accepted; the others keep the answer they had (accepted at the tolerance). ``rounds`` at most: what the
+    polish's ``max_iter`` leaves, up to :data:`TIGHTEN_ROUNDS`.
     """
     rounding = REFINE_ROUNDINGS * machine_eps(xp, X.dtype)
-    for _ in range(TIGHTEN_ROUNDS):
+    for _ in range(rounds):
         if not bool(xp.any(state.accepted)):
             return
         slack = ineq_slack(state.Y, *_ineq_parts(data))
