@@ -287,14 +287,14 @@ def polish(X, data: PolyData, Y0, mult0, *, cand_tol: float, dist_tol: float, to
     weak = xp.where(backed, xp.full_like(dist0, -1e30), dist0)
     state = _State.start(xp, X, data, S, Ystart)
     faces: list[FaceRecord] | None = [] if record else None
-    rounds = 0
+    used = xp.zeros((X.shape[0],), dtype=xp.int64, device=_device(X))  # the rounds each sample took part in
     for it in range(max_iter):
         left = int(xp.sum(xp.astype(state.todo, xp.int64)))
         if left == 0 or (it >= HANDOFF_AFTER and left <= handoff) or (it == 1 and left > give_up * X.shape[0]):
             break
+        used = used + xp.astype(state.todo, xp.int64)
         _round(xp, state, X, data, sc, weak, tol, block=it < block_iter, faces=faces)
-        rounds += 1
-    _tighten(xp, state, X, data, sc, weak, tol, faces, min(TIGHTEN_ROUNDS, max_iter - rounds))
+    _tighten(xp, state, X, data, sc, weak, tol, faces, max_iter - used)
     return _finish(xp, state, X, data, sc, tol, faces)
 
 
@@ -383,7 +383,7 @@ def _round(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, 
 TIGHTEN_ROUNDS = 2
 
 
-def _tighten(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, faces, rounds: int) -> None:
+def _tighten(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float, faces, budget) -> None:
     """Accepted answers that violate a row off their face beyond rounding: that face with those rows added, tried.
 
     The acceptance test lets a face point violate a row off the face by up to its tolerance (``tol`` relative,
@@ -393,18 +393,20 @@ def _tighten(xp, state: _State, X, data: PolyData, sc: _Scales, weak, tol: float
     had the row gave the exact point. The projection satisfies every row, so it lies on a face holding such a row:
     the face with the rows violated beyond rounding (:data:`~polyproj.projection.faces.REFINE_ROUNDINGS` ``eps``
     in place of ``tol``) added is solved (one :func:`_round`, the same tests) and replaces the answer where
-    accepted; the others keep the answer they had (accepted at the tolerance). ``rounds`` at most: what the
-    polish's ``max_iter`` leaves, up to :data:`TIGHTEN_ROUNDS`.
+    accepted; the others keep the answer they had (accepted at the tolerance). At most :data:`TIGHTEN_ROUNDS`, and
+    for each sample at most its ``budget`` (b,): the rounds the polish's ``max_iter`` leaves it (counted per sample:
+    one hard sample of a batch must not spend the others').
     """
     rounding = REFINE_ROUNDINGS * machine_eps(xp, X.dtype)
-    for _ in range(rounds):
+    for _ in range(TIGHTEN_ROUNDS):
         if not bool(xp.any(state.accepted)):
             return
         slack = ineq_slack(state.Y, *_ineq_parts(data))
         sig = _point_scale(xp, state.Y, X, sc)
         off = _violation_tol(xp, X, state.Y, data, sc, sig, _row_tol(xp, sc, sig, rounding), rounding)
-        over = state.accepted[:, None] & ~state.S & sc.fin & (slack < -off)
+        over = (state.accepted & (budget > 0))[:, None] & ~state.S & sc.fin & (slack < -off)
         again = xp.any(over, axis=1)
+        budget = budget - xp.astype(again, xp.int64)
         if not bool(xp.any(again)):
             return
         before = (state.Y, state.mult, state.mu, state.S, state.forced)
