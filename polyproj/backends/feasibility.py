@@ -246,9 +246,7 @@ def no_descent_ray(qp: QP) -> str | None:
     q = np.asarray(qp.q, dtype=np.float64)
     if not np.any(q):
         return "q = 0: the objective ½ xᵀPx is bounded below by 0"
-    C = sp.csr_matrix(qp.C) if qp.m else sp.csr_matrix((0, n))
-    P = sp.csr_matrix(qp.P)
-    parts = [_unit_rows(sp.csr_matrix(q.reshape(1, n))), _unit_rows(C), _unit_rows(P)]
+    parts = [_unit_rows(q.reshape(1, n)), _unit_rows(qp.C if qp.m else sp.csr_matrix((0, n))), _unit_rows(qp.P)]
     if any(part is None for part in parts):
         return None
     qn, Cn, Pn = parts
@@ -276,8 +274,12 @@ RAY_SPAN = 1e8
 
 
 def _unit_rows(M: Any) -> Any:
-    """``M`` (CSR) with each row divided by its largest magnitude; None where a row's entries span beyond RAY_SPAN."""
-    M = sp.csr_matrix(M, dtype=np.float64)
+    """``M`` (dense or sparse) as a CSR copy, each row divided by its largest magnitude; None past RAY_SPAN.
+
+    None where a row's non-zero entries span beyond RAY_SPAN. A copy: the problem's own matrix is never edited
+    (``eliminate_zeros``).
+    """
+    M = sp.csr_matrix(M, dtype=np.float64, copy=True)
     M.eliminate_zeros()
     if not M.nnz:
         return M
