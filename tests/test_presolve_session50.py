@@ -54,6 +54,8 @@ def test_the_ipm_batch_solves_elements_with_fixed_variables_exactly(v):
     b = pp.get_backend("ipm").solve_batch(qp, q=np.array([[-1.0, -2.0], [-1.0, -3.0]]))
     assert all(s is pp.Status.SOLVED for s in b.status) and np.all(b.x[:, 0] == v)
     np.testing.assert_allclose(b.x[:, 1], [1.0, 1.0], rtol=0, atol=1e-8)
+    # stationarity x + q + z_box = 0: the fixed variable's multiplier from it, the bound x₂ <= 1's from the solve
+    np.testing.assert_allclose(b.z_box, [[-(v - 1.0), 1.0], [-(v - 1.0), 2.0]], rtol=1e-8)
     # fixed in one element only (lb, ub batched): the other goes through the batch run
     free = pp.QP(P=np.eye(2), q=[-1.0, -2.0], lb=[0.0, 0.0], ub=[1e9, 1.0])
     c = pp.get_backend("ipm").solve_batch(free, lb=np.array([[v, 0.0], [0.0, 0.0]]),

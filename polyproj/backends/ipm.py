@@ -132,11 +132,14 @@ class IPMSolver(QPSolver):
     def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None) -> BatchSolution:
         """Native batch: one batched IPM run over all elements (P and C shared).
 
-        The elements with fixed variables (``lb == ub``) are solved one by one by :meth:`solve`, which substitutes
-        them (a variable fixed at 1e7: the batch run's x₂ = 0.8 for 1 as SOLVED).
+        Fixed variables (``lb == ub``) are substituted (a variable fixed at 1e7: the batch run's x₂ = 0.8 for 1 as
+        SOLVED): for the whole batch where only ``q`` varies (:meth:`_batch_without_fixed`), else in the elements
+        that have them, one by one by :meth:`solve`.
         """
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
+        if set(vecs) <= {"q"} and np.any(qp.lb == qp.ub):
+            return self._batch_without_fixed(qp, vecs, size, warm_start)
         Q = vecs.get("q", np.broadcast_to(qp.q, (size, qp.n)))
         x0 = None if warm_start is None else np.asarray(warm_start.x, dtype=np.float64)
         LB, UB = vecs.get("lb", qp.lb), vecs.get("ub", qp.ub)
@@ -161,6 +164,38 @@ class IPMSolver(QPSolver):
             wall += sol.solve_time
         return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
                              backend=self.name, qps=qps, info={"elements": info})
+
+    def _batch_without_fixed(self, qp: QP, vecs: dict, size: int, warm_start: Any) -> BatchSolution:
+        """:meth:`solve_batch` where the elements share ``qp``'s fixed variables and differ in ``q`` only.
+
+        One substitution (:func:`.presolve.fixed_variables`) for the batch: the reduced problem's ``q`` moves with
+        each element's by the same shift ``P_fF x_F``; the answers are mapped back as
+        :meth:`~.presolve.FixedVariables.solution` does, the fixed variables' ``z_box`` from stationarity.
+        """
+        from .presolve import fixed_variables
+
+        red = fixed_variables(qp)
+        sub = red.problem(qp)
+        Q = np.broadcast_to(vecs.get("q", qp.q), (size, qp.n))
+        if sub.n:
+            x0 = None if warm_start is None else np.asarray(warm_start.x, dtype=np.float64)[:, red.free]
+            bs = self.solve_batch(sub, q=Q[:, red.free] + (sub.q - qp.q[red.free]),
+                                  warm_start=None if x0 is None else BatchSolution(
+                                      x=x0, z=np.zeros((size, sub.m)), z_box=np.zeros((size, sub.n)),
+                                      status=(Status.SOLVED,) * size))
+            xf, z, zbf = bs.x, np.asarray(bs.z, dtype=np.float64), bs.z_box
+            st, it, info, wall = bs.status, bs.iterations, bs.info["elements"], bs.solve_time
+        else:
+            xf, z, zbf = np.zeros((size, 0)), np.zeros((size, qp.m)), np.zeros((size, 0))
+            st, it, info, wall = (Status.SOLVED,) * size, np.zeros(size, dtype=np.int64), [{}] * size, 0.0
+        x = np.empty((size, qp.n))
+        x[:, red.free], x[:, red.fixed] = xf, red.values
+        zb = np.empty((size, qp.n))
+        zb[:, red.free] = zbf
+        grad = np.asarray((qp.P @ x.T).T) + Q + (np.asarray((qp.C.T @ z.T).T) if qp.m else 0.0)
+        zb[:, red.fixed] = -grad[:, red.fixed]
+        return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
+                             backend=self.name, qps=ElementQPs(qp, vecs, size), info={"elements": info})
 
     def solve_projections(self, X: Any, data: PolyData, *, rough: bool = False) -> ProjectionStart:
         """Native: one batched IPM run in the namespace and on the device of ``X`` (P = I, q = -x)."""
