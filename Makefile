@@ -8,6 +8,8 @@ MM_DIR ?= ../shared/data/maros_meszaros
 VENV_MIN  ?= .venv-min
 PY_MIN    := $(VENV_MIN)/bin/python
 STAMP_MIN := $(VENV_MIN)/.polyproj-min-installed
+# make test: pytest-xdist workers (CI has 2 cores; 1 runs the suite in one process)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-min test-dev lint bench clean
 
@@ -25,7 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/polyproj demo
 
 test: $(STAMP)
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q -p no:cacheprovider
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 	$(VENV)/bin/ruff check polyproj tests benchmarks
 
 $(STAMP_MIN): pyproject.toml .ci/min_requirements.py
@@ -41,7 +43,7 @@ test-min: $(STAMP_MIN)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY_MIN) -m pytest -q -p no:cacheprovider -m core
 
 test-dev: $(STAMP)
-	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -q
+	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check polyproj tests benchmarks
