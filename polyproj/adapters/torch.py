@@ -32,6 +32,7 @@ from ..runtime import is_vmapped, small_work
 from ..sets.base import Projector, as_namespace, third_party
 from ..sets.detect import recognise
 from ..sets.polyhedral import PARTS, Polyhedral, _as_like, polydata_from_arrays
+from ..sets.simplex import CappedSimplex
 
 __all__ = ["ProjectionLayer", "choose_backend", "project"]
 
@@ -106,6 +107,17 @@ class _Folded:
     rows: int
 
 
+@dataclass(frozen=True)
+class _Sliced:
+    """A result of :meth:`_Project.vmap` that projected each slice of the mapped level alone: ``parts[v]``.
+
+    For a third party's set with parameters (:func:`_per_point_names`), whose layout only the set knows.
+    """
+
+    parts: tuple
+    level: Any
+
+
 def _unfold(res: Any, g: torch.Tensor) -> Any:
     """The innermost result, once every fold's level has mapped ``g`` onto its rows (:meth:`_VJP.vmap`).
 
@@ -113,23 +125,36 @@ def _unfold(res: Any, g: torch.Tensor) -> Any:
     ``vmap(grad(lambda x: project(x).sum()))``) while the product differs from slice to slice: refused,
     rather than one slice's answer for all.
     """
-    while isinstance(res, _Folded):
-        if res.size > 1 or g.shape[0] != res.rows:
+    while isinstance(res, (_Folded, _Sliced)):
+        size = res.size if isinstance(res, _Folded) else len(res.parts)
+        if size > 1 or (isinstance(res, _Folded) and g.shape[0] != res.rows):
             raise ProblemError("torch.func.vmap of a derivative whose output gradient does not depend on the mapped "
                                "input (e.g. grad of project(x).sum()) is not supported: project the batch at once, "
                                "or use jacrev / a loss that depends on the output")
-        res = res.inner
+        res = res.inner if isinstance(res, _Folded) else res.parts[0]
     return res
 
 
-def _per_point(v: Any, N: int) -> bool:
-    return getattr(v, "ndim", 0) >= 1 and int(v.shape[0]) == N
+def _per_point_names(S: Projector) -> tuple[str, ...] | None:
+    """The names of ``S``'s parameters that hold one entry per point; None where only the set knows which.
+
+    polyproj's sets say it: a simplex's ``(batch,)`` total (``per_sample``; a 0-d total is shared), a Polyhedral
+    set's data under vmap (shared: per-sample data are refused there), no parameters for the others. A third
+    party's set declares nothing, and a shared vector of its parameters whose length is the number of points
+    cannot be told from one entry per point (a shared ``w`` of shape (n,) was tiled when a slice held n points).
+    """
+    if isinstance(S, CappedSimplex):
+        return ("total",) if S.per_sample else ()
+    if not third_party(S) or not S.parameters():
+        return ()
+    return None
 
 
-def _tile(v: Any, V: int, N: int) -> Any:
-    """``v`` repeated ``V`` times along its first axis when it holds one entry per point of a slice (N)."""
-    if not _per_point(v, N):
-        return v
+def _tile(v: Any, V: int, N: int, name: str) -> Any:
+    """``v``, one entry per point of a slice (N), repeated ``V`` times along its first axis."""
+    if getattr(v, "ndim", 0) < 1 or int(v.shape[0]) != N:
+        raise ProblemError(f"the set's {name} has shape {tuple(getattr(v, 'shape', ()))}, one entry per point, but "
+                           f"each slice of torch.func.vmap has {N} points")
     if isinstance(v, torch.Tensor):
         return v.repeat(V, *([1] * (v.ndim - 1)))
     return np.tile(np.asarray(v), (V,) + (1,) * (np.ndim(v) - 1))
@@ -227,16 +252,20 @@ class _Project(torch.autograd.Function):
         xb = x.movedim(in_dims[0], 0)
         V, N = xb.shape[0], xb.shape[1]
         level = torch._C._functorch.maybe_current_level()
-        # a set's per-sample parameters (one total per point of a slice) serve every slice: tiled V times
-        # (torch.repeat for the differentiated ones, whose gradient autograd sums back over the slices).
-        # Polyhedral data are shared here (per-sample data are refused above): never tiled, whatever their
-        # first dimension (lb of shape (n,) or A of shape (m, n) when a slice holds n or m points)
-        tiled = not isinstance(S, Polyhedral)
-        params = tuple(_tile(p, V, N) for p in params) if tiled else params
-        rest = {k: v for k, v in S.parameters().items() if k not in cfg.names} \
-            if tiled and isinstance(S, Projector) else {}
-        if any(_per_point(v, N) for v in rest.values()):
-            S = S.with_parameters(**{k: _tile(v, V, N) for k, v in rest.items()})
+        # Polyhedral data are shared here (per-sample data are refused above): never tiled, whatever their first
+        # dimension (lb of shape (n,) or A of shape (m, n) when a slice holds n or m points)
+        per_point = _per_point_names(S)
+        if per_point is None and V:  # a third party's parameters, shared or per point: each slice with the set as given
+            outs = [_Project.apply(xb[v], S, _Config(cfg.names), *params) for v in range(V)]
+            return (torch.stack([o[0] for o in outs]), _Sliced(tuple(o[1] for o in outs), level), outs[0][2]), \
+                (0, None, None)
+        # the per-point parameters (one total per point of a slice) serve every slice: tiled V times (torch.repeat
+        # for the differentiated ones, whose gradient autograd sums back over the slices)
+        per_point = per_point or ()
+        params = tuple(_tile(p, V, N, k) if k in per_point else p for k, p in zip(cfg.names, params, strict=True))
+        rest = {k: _tile(v, V, N, k) for k, v in S.parameters().items() if k in per_point and k not in cfg.names}
+        if rest:
+            S = S.with_parameters(**rest)
         y, res, Sx = _Project.apply(xb.reshape(V * N, xb.shape[-1]), S, _Config(cfg.names), *params)
         return (y.reshape(V, N, xb.shape[-1]), _Folded(res, level, V, N), Sx), (0, None, None)
 
@@ -449,17 +478,22 @@ class _VJP(torch.autograd.Function):
         """Map the backward over one vmap level.
 
         A level the forward folded into the batch (per-sample gradients: ``vmap(grad(f))``) is folded the
-        same way, slice ``v`` on rows ``v N .. (v+1) N`` of the result; any other level (``jacrev``'s
-        basis vectors) maps whole cotangents, one call each.
+        same way, slice ``v`` on rows ``v N .. (v+1) N`` of the result (and of a tiled per-point parameter's
+        gradient), a level it projected slice by slice (:class:`_Sliced`) slice by slice; any other level
+        (``jacrev``'s basis vectors) maps whole cotangents, one call each.
         """
         gb = gy.movedim(in_dims[0], 0)
-        if isinstance(res, _Folded) and res.level == torch._C._functorch.maybe_current_level() and \
-                res.size == gb.shape[0]:
+        level = torch._C._functorch.maybe_current_level()
+        if isinstance(res, _Sliced) and res.level == level and len(res.parts) == gb.shape[0]:
+            outs = [_VJP.apply(gb[v], S, part, wanted, need_x, *params) for v, part in enumerate(res.parts)]
+        elif isinstance(res, _Folded) and res.level == level and res.size == gb.shape[0]:
             V, N, rest = res.size, res.rows, res.inner
             flat = gb.reshape(V * N, *gb.shape[2:])
-            if not wanted:  # J is block diagonal over the samples: one product for all of them
+            # S is the folded set: its per-point parameters were tiled, slice v's own on rows v N .. (v+1) N
+            per_point = _per_point_names(S) or ()
+            if all(k in per_point for k in wanted):  # J block diagonal, a per-point gradient its point's: one product
                 out = _VJP.apply(flat, S, rest, wanted, need_x, *params)
-                return (out[0].reshape(gb.shape),), (0,)
+                return tuple(o.reshape(V, N, *o.shape[1:]) for o in out), tuple(0 for _ in out)
             if isinstance(S, Polyhedral):  # shared data: each slice's gradient summed over its own rows
                 out = _GroupedVJP.apply(flat, S, rest, wanted, need_x, V, *params)
                 return (out[0].reshape(gb.shape), *out[1:]), tuple(0 for _ in out)
@@ -468,7 +502,8 @@ class _VJP(torch.autograd.Function):
                 part = torch.zeros_like(flat)
                 part[v * N:(v + 1) * N] = gb[v]
                 o = _VJP.apply(part, S, rest, wanted, need_x, *params)
-                outs.append((o[0].reshape(gb.shape)[v], *o[1:]))
+                grads = (g[v * N:(v + 1) * N] if k in per_point else g for k, g in zip(wanted, o[1:], strict=True))
+                outs.append((o[0].reshape(gb.shape)[v], *grads))
         elif gb.shape[0] == 0:  # no cotangents (jacrev of an empty output): empty products of the right shapes
             one = _VJP.apply(gb.new_zeros(gb.shape[1:]), S, res, wanted, need_x, *params)
             stacked = tuple(o.new_zeros((0, *o.shape)) for o in one)
@@ -595,6 +630,9 @@ class _VJPGraph(torch.autograd.Function):
         ctx.wanted, ctx.need_x = inputs[3], inputs[4]
         ctx.x_dtype, ctx.x_device = inputs[5].dtype, inputs[5].device
         ctx.save_for_backward(*inputs[6:])
+        # inputs without a tangent reach jvp as None, not as zeros read as tangents on the data (forward-over-reverse
+        # in x was refused on a layer with learned a, b or bounds); unused outputs reach backward as None
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def jvp(ctx, gy_t, *tangents):  # J piecewise constant in x: the tangent is the product of gy's (or zero)
@@ -1072,6 +1110,7 @@ class ProjectionLayer(nn.Module):
                 raise ProblemError(f"{type(S).__name__} carries its own method: backend and settings do not apply")
             _refuse_unpolished({}, S)
             self.set, self.n = S, S.n
+            self._own(S)
             return
         self._dependent = bool(allow_dependent_rows) or (isinstance(S, Polyhedron) and S.allow_dependent_rows)
         if isinstance(S, Polyhedron):
@@ -1114,6 +1153,41 @@ class ProjectionLayer(nn.Module):
             else:
                 self.register_buffer(k, t)
         return P
+
+    def _own(self, S: Projector) -> None:
+        """The set's tensors, registered in the child module ``set_data``: optimisers, state_dict and .to() see them.
+
+        An ``nn.Parameter`` is registered as itself (a parameter), a tensor that needs no gradient as a buffer; a tensor
+        that requires grad without being a Parameter (a leaf the caller steps, or one computed from others) stays the
+        caller's. :meth:`forward` projects onto the set with the registered tensors (moved by ``.to()``, loaded by
+        ``load_state_dict``, swapped by ``torch.func.functional_call``). A Polyhedral set's data are fixed (not learned
+        through the layer: give its Polyhedron or the tensors): not registered.
+        """
+        self._set_names: tuple[str, ...] = ()
+        if isinstance(S, Polyhedral):
+            return
+        own = {k: v for k, v in S.parameters().items() if isinstance(v, torch.Tensor)
+               and (isinstance(v, nn.Parameter) or not v.requires_grad)}
+        if not own:
+            return
+        self.set_data = nn.Module()
+        for k, v in own.items():
+            try:
+                if isinstance(v, nn.Parameter):
+                    self.set_data.register_parameter(k, v)
+                else:
+                    self.set_data.register_buffer(k, v)
+            except (KeyError, TypeError) as exc:  # a name torch refuses: with a dot, empty, an nn.Module attribute
+                raise ProblemError(f"{type(S).__name__}'s parameter {k!r} cannot be registered on the layer "
+                                   f"({exc}): give it another name") from None
+        self._set_names = tuple(own)
+
+    def _current_set(self) -> Projector:
+        """:attr:`set` with the tensors registered in ``set_data`` as they are now (:meth:`_own`)."""
+        names = getattr(self, "_set_names", ())
+        if not names:
+            return self.set
+        return self.set.with_parameters(**{k: getattr(self.set_data, k) for k in names})
 
     def __getstate__(self) -> dict:
         """Pickling drops the warm start's last result (it holds the projection's factored faces)."""
@@ -1166,9 +1240,12 @@ class ProjectionLayer(nn.Module):
         parts = {k: getattr(self, k, None) for k in PARTS}  # (a layer of a structured set holds none)
         # data that a gradient is taken of (a buffer made to require grad, a parameter swapped in by
         # torch.func.functional_call) go the general way: the recognised set holds host copies, which cut their
-        # gradients (b.grad None, silently) or cannot be read at all under torch.func
-        general = any(isinstance(t, torch.Tensor) and (t.requires_grad or _ft.is_functorch_wrapped_tensor(t))
-                      for t in parts.values())
+        # gradients (b.grad None, silently) or cannot be read at all under torch.func; so do data with batch
+        # dimensions (per-sample data swapped in by functional_call), which are no Polyhedron to recognise a set in
+        # (refused as one when they needed no gradient, accepted when they did)
+        general = any(isinstance(t, torch.Tensor) and (t.requires_grad or _ft.is_functorch_wrapped_tensor(t)
+                                                       or t.ndim > (2 if k in ("A", "B") else 1))
+                      for k, t in parts.items())
         if not general:
             self._recognised()
         warm = self._last if self.warm_start and getattr(self, "_last_general", general) == general else None
@@ -1177,15 +1254,15 @@ class ProjectionLayer(nn.Module):
             for k, v in parts.items():  # the general path's rule (one dtype and device for x and the data)
                 if isinstance(v, torch.Tensor):
                     _as_like(v, k, x)
-            y, res = _project(x, self.set, dict.fromkeys(PARTS), "auto", {}, warm)
+            y, res = _project(x, self._current_set(), dict.fromkeys(PARTS), "auto", {}, warm)
         else:
             if isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[-1] != self.n:  # x is what is wrong here
                 raise ProblemError(f"x must have shape (..., {self.n}) to match the layer's constraints "
                                    f"(n = {self.n}), got {tuple(x.shape)}")
             y, res = _project(x, None, parts, self.backend, self.settings, warm)
         # an empty batch is no guess for the next one; nor is a vmap's folded result (the slices of a batch
-        # folded into one, _Folded): a later call outside the vmap does not project that batch
-        if self.warm_start and not isinstance(res, _Folded) and res.y.shape[0]:
+        # folded into one, _Folded, or sliced, _Sliced): a later call outside the vmap does not project that batch
+        if self.warm_start and not isinstance(res, (_Folded, _Sliced)) and res.y.shape[0]:
             self._last = res
         return y
 
