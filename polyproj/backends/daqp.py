@@ -30,7 +30,7 @@ from ..solution import Solution, Status
 from .base import Capabilities, QPSolver, report_batch
 from .cache import converted
 from .options import nonnegative, positive, positive_int
-from .presolve import solve_without_fixed
+from .presolve import fixed_variables, solve_without_fixed
 
 __all__ = ["DAQPSolver"]
 
@@ -225,20 +225,61 @@ class DAQPSolver(QPSolver):
 
         Fixed variables (``lb == ub``) are substituted first (:mod:`.presolve`: DAQP called an LP with a fixed
         variable and a free one of zero cost dual infeasible); such a problem is solved without a warm start.
+        A warm start is a hint: an answer after it that is not SOLVED and verified (:meth:`_verified`; TIME_LIMIT
+        aside: the time is spent) is solved again cold. Started from the multipliers of a problem where
+        ``x₁`` was fixed at 0, DAQP called ``0 <= x₁ <= 1`` with ``P = diag(0, 1)`` unbounded.
         """
-        return solve_without_fixed(self, qp, lambda q: self._solve(q, warm_start if q is qp else None))
+        start = self._dual_start(qp, warm_start)
+        sol = solve_without_fixed(self, qp, lambda q: self._solve(q, start if q is qp else None))
+        if start is None or sol.status is Status.TIME_LIMIT or (sol.status is Status.SOLVED and self._verified(sol)):
+            return sol
+        cold = solve_without_fixed(self, qp, self._solve)
+        return replace(cold, iterations=sol.iterations + cold.iterations, solve_time=sol.solve_time + cold.solve_time,
+                       setup_time=sol.setup_time + cold.setup_time,
+                       info={**cold.info, "warm_start": f"solved again cold: the warm-started answer "
+                             f"({sol.info.get('raw_status', sol.status.name)}) was not verified"})
 
-    def _solve(self, qp: QP, warm_start: Any = None) -> Solution:
+    def _dual_start(self, qp: QP, warm_start: Any) -> np.ndarray | None:
+        """DAQP's ``dual_start`` from a warm start's multipliers (``[z_box; z]``), None where none is used.
+
+        None too where ``qp`` has fixed variables (the reduced problem is solved cold).
+        """
+        if warm_start is None or not self.settings["warm_start"] or fixed_variables(qp) is not None:
+            return None
+        get = warm_start.get if isinstance(warm_start, dict) else (lambda k: getattr(warm_start, k, None))
+        z, zb = get("z"), get("z_box")
+        if z is None or zb is None or not (np.all(np.isfinite(z)) and np.all(np.isfinite(zb))):
+            return None
+        return np.concatenate([np.asarray(zb, dtype=np.float64), np.asarray(z, dtype=np.float64)])
+
+    def _verified(self, sol: Solution) -> bool:
+        """Whether ``sol`` solves its QP to DAQP's tolerance (``primal_tol``): the KKT conditions of the QP as given.
+
+        The primal residual, the dual residual with the multipliers on infinite sides
+        (:meth:`~polyproj.solution.Solution.dual_residual`) and the duality gap, each to the tolerance plus the
+        rounding of its terms (the gap to the tolerances times the other side's scale, as the guard's test).
+        """
+        qp, x, z, zb = sol.qp, sol.x, sol.z, sol.z_box
+        if not (np.isfinite(x).all() and np.isfinite(z).all() and np.isfinite(zb).all()):
+            return False
+        tol = float(self._kwargs(qp)["primal_tol"])
+        rnd = 1e3 * np.finfo(float).eps
+        cx = qp.C @ x if qp.m else x[:0]
+        cz = qp.C.T @ z if qp.m else x * 0.0
+        size_p = max(float(np.max(np.abs(v), initial=0.0)) for v in (x, cx))
+        size_d = max(float(np.max(np.abs(v), initial=0.0)) for v in (qp.P @ x, qp.q, cz, zb))
+        t_p, t_d = tol + rnd * size_p, tol + rnd * size_d
+        return (sol.primal_residual() <= t_p and sol.dual_residual() <= t_d
+                and sol.duality_gap() <= tol + t_p * size_d + t_d * size_p)
+
+    def _solve(self, qp: QP, dual_start: np.ndarray | None = None) -> Solution:
         import daqp
 
         t0 = time.perf_counter()
         H, A, upper, lower, sense = self._data(qp)
         kw = self._kwargs(qp)
-        if warm_start is not None and self.settings["warm_start"]:
-            get = warm_start.get if isinstance(warm_start, dict) else (lambda k: getattr(warm_start, k, None))
-            z, zb = get("z"), get("z_box")
-            if z is not None and zb is not None and np.all(np.isfinite(z)) and np.all(np.isfinite(zb)):
-                kw["dual_start"] = np.concatenate([np.asarray(zb, dtype=np.float64), np.asarray(z, dtype=np.float64)])
+        if dual_start is not None:
+            kw["dual_start"] = dual_start
         t1 = time.perf_counter()
         setup = t1 - t0
         x, _, flag, info = daqp.solve(H, own_contiguous(qp.q), A, upper, lower, sense.copy(), **kw)

@@ -335,21 +335,48 @@ class ProxSuiteSolver(QPSolver):
         proximal step ``rho`` = 1e-6); where an independent backend refutes the claim (the status is then
         NUMERICAL_ERROR) and ``rho`` is not set, the QP is solved again with ``rho`` = :data:`RETRY_RHO`,
         from a cold start (the warm start may be what misled it: multipliers of an infeasible problem's answer
-        made a trivial QP fail), and that answer is kept when it is SOLVED.
+        made a trivial QP fail), and that answer is kept when it is SOLVED. A warm-started answer that is SOLVED
+        but not verified (:meth:`_verified`), or NUMERICAL_ERROR, is first solved again cold.
         """
         sol = self._solve(qp, warm_start)
-        if warm_start is not None and self.settings["warm_start"] and sol.status is Status.SOLVED \
-                and not self._gap_closed(sol) and not self._past_limit(sol):
-            # ProxQP tests its stopping criteria on a warm start before its first iteration without the duality
-            # gap: another problem's answer that is primal and dual feasible here (the multiplier of a row now
-            # slack) came back SOLVED after 0 iterations with complementarity off by 0.5. Solved again, cold
-            sol = self._solve(qp, None)
+        if warm_start is not None and self.settings["warm_start"] and not self._past_limit(sol) and (
+                (sol.status is Status.SOLVED and not self._verified(sol)) or sol.status is Status.NUMERICAL_ERROR):
+            # a warm start is a hint: an answer after it that is not a solution of this QP (or a claim refuted) is
+            # solved again, cold. ProxQP tests its stopping criteria on a warm start before its first iteration,
+            # without the duality gap and without the sides' signs: another problem's answer came back SOLVED after
+            # 0 iterations with complementarity off by 0.5 (the multiplier of a row now slack), or with z_box = −1
+            # on a bound this QP does not have (x₂ <= 0 from x₂ = 0)
+            cold = self._solve(qp, None)
+            sol = replace(cold, iterations=sol.iterations + cold.iterations,
+                          solve_time=sol.solve_time + cold.solve_time, setup_time=sol.setup_time + cold.setup_time,
+                          info={**cold.info, "warm_start": f"solved again cold: the warm-started answer "
+                                f"({sol.info.get('raw_status', sol.status.name)}) was not verified"})
         return self._retried(qp, sol) if self._refuted(sol.status, sol.info) else sol
 
     def _past_limit(self, sol: Solution) -> bool:
         """Whether ``sol`` took the whole ``time_limit`` (then nothing is solved again: the guard judges it)."""
         tl = self.settings["time_limit"]
         return tl is not None and sol.solve_time + sol.setup_time > float(tl)
+
+    def _verified(self, sol: Solution) -> bool:
+        """Whether ``sol`` solves its QP to ProxQP's own tolerances: the KKT conditions of the problem as given.
+
+        The primal residual, the dual residual with the multipliers on infinite sides (:meth:`Solution.dual_residual`:
+        a multiplier pushing against a side the QP does not have breaks stationarity as much as a missing term;
+        ProxQP's own test leaves them out) and the duality gap (:meth:`_gap_closed`), each within ``eps_abs +
+        eps_rel`` times the largest term of its sum, to the rounding of those terms.
+        """
+        qp, x, z, zb = sol.qp, sol.x, sol.z, sol.z_box
+        if not (np.isfinite(x).all() and np.isfinite(z).all() and np.isfinite(zb).all()):
+            return False
+        cx = np.asarray(qp.C @ x).reshape(-1) if qp.m else np.zeros(0)
+        cz = np.asarray(qp.C.T @ z).reshape(-1) if qp.m else np.zeros(0)
+        size_p = max(float(np.max(np.abs(v), initial=0.0)) for v in (x, cx))
+        size_d = max(float(np.max(np.abs(v), initial=0.0)) for v in (np.asarray(qp.P @ x).reshape(-1), qp.q, cz, zb))
+        eps_abs, eps_rel = float(self.settings["eps_abs"]), float(self.settings["eps_rel"])
+        rel = eps_rel + 1e3 * np.finfo(float).eps
+        return (sol.primal_residual() <= eps_abs + rel * size_p and sol.dual_residual() <= eps_abs + rel * size_d
+                and self._gap_closed(sol))
 
     def _gap_closed(self, sol: Solution) -> bool:
         """Whether ``sol``'s duality gap meets ProxQP's own tolerance.
