@@ -25,7 +25,8 @@ from ...errors import PolyprojWarning, ProblemError
 from ...runtime import map_jobs
 from .calculus import lagrangian_hessian
 from .engine import _as_removals, check_damping, check_maxiter, check_rtol
-from .kkt import INACTIVE, KKTPoint, solve
+from .hvp import DEFAULT_CHUNK, chunk_size_arg
+from .kkt import INACTIVE, KKTPoint, check_flag, solve
 from .krylov import check_krylov
 from .linearisation import Linearisation
 from .problem import ConstrainedProblem, Removal
@@ -110,6 +111,7 @@ def penalty_if(problem: ConstrainedProblem, kkt: KKTPoint, removal: Removal | Se
     """
     rho = _check_penalty(penalty, rho)
     damping = check_damping(damping, auto=False)
+    renormalize = check_flag(renormalize, "renormalize")
     lin = Linearisation(problem, kkt, hessian="objective")
     act = np.array([s != INACTIVE for s in kkt.status], dtype=bool)
     g = np.where(act, lin.g, 0.0)
@@ -168,6 +170,7 @@ def retrain(problem: ConstrainedProblem, removal: Removal | Sequence[Removal], w
     KKTPoint or list of KKTPoint
     """
     removals, single = _as_removals(removal)
+    progress = check_flag(progress, "progress", none=True)
     for rem in removals:  # fail early, before any work is sent away
         problem.check_removal(rem)
     if warm_start is not None and not isinstance(warm_start, KKTPoint):
@@ -228,6 +231,8 @@ def if_scores(problem: ConstrainedProblem, kkt: KKTPoint, test_fn, removals: Seq
     if kind == "penalty":
         rho = _check_penalty(penalty, rho)
     damping = check_damping(damping, auto=False)
+    renormalize = check_flag(renormalize, "renormalize")
+    chunk_size = chunk_size_arg(chunk_size, DEFAULT_CHUNK)
     check_krylov(krylov)
     check_rtol(rtol)
     check_maxiter(maxiter)
@@ -266,15 +271,21 @@ def tracin_scores(problem: ConstrainedProblem, checkpoints: Sequence[tuple[Any, 
     For a removal R: Σ_c η_c ∇F(θ_c)ᵀ (Σ_{z∈R₀} ∇ℓ₀(z)/N₀ + Σⱼ λ_cⱼ Σ_{z∈Rⱼ} ∇ℓⱼ(z)/Nⱼ) — the first-order
     change of F that the removed samples' gradient steps caused along training (Pruthi et al., with
     the Lagrangian's gradient), signed as a predicted change of F on removal. ``checkpoints`` are
-    (θ_c, λ_c) pairs; ``weights`` the learning rates η_c (default 1).
+    (θ_c, λ_c) pairs; ``weights`` the learning rates η_c (default 1): one finite number per checkpoint.
+    ``chunk_size``: a positive integer, samples per chunk of per-sample gradients (as in :func:`if_scores`).
     """
     from .engine import _test_grad
     from .linearisation import loss_weights
     from .scores import ProjectedGradients
 
+    chunk_size = chunk_size_arg(chunk_size, DEFAULT_CHUNK)
     rems = [problem.check_removal(r) for r in _single_removals(problem, removals)]
     checkpoints = _checked_checkpoints(problem, checkpoints)
-    w = np.ones(len(checkpoints)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    try:
+        w = np.ones(len(checkpoints)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise ProblemError(f"weights: one finite learning rate per checkpoint ({len(checkpoints)}), got "
+                           f"{type(weights).__name__} {weights!r:.60}: {exc}") from None
     if w.shape != (len(checkpoints),) or not np.all(np.isfinite(w)):
         raise ProblemError(f"weights: one finite learning rate per checkpoint ({len(checkpoints)}), got {w.shape[0]} "
                            "values" + ("" if np.all(np.isfinite(w)) else " with NaN or inf"))

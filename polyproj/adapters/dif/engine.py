@@ -42,7 +42,7 @@ from ...errors import ProblemError, SolverError
 from ...runtime import map_jobs
 from ...solution import Status
 from .hvp import DEFAULT_CHUNK, HessianOperator, chunk_size_arg
-from .kkt import BINDING, EQUALITY, WEAK, KKTPoint
+from .kkt import BINDING, EQUALITY, WEAK, KKTPoint, check_flag
 from .krylov import SINGULAR_CURVATURE, IndefiniteHessianError, KrylovNotConvergedError, check_krylov
 from .linearisation import Linearisation, check_split
 from .matfree import DenseInverse, DualQP, KrylovInverse, null_basis, reduced_curvature
@@ -56,6 +56,12 @@ __all__ = ["AUTO_MAX_CONDITION", "DENSE_BATCH_BYTES", "DENSE_MAX_DIM", "DIF", "D
 
 #: steps (first order) and corrections (second) at most this times (1 + ‖θ̄‖) are rounding, not a removal's effect
 ROUNDING_STEP = 1e-10
+#: order-2 answers warn where θ̄'s own correction (the empty removal's second-order ω, a move towards the KKT point
+#: that θ̄'s residual says it is near, which every order-2 answer includes) exceeds this times (1 + ‖θ̄‖₂), a hundred
+#: times ROUNDING_STEP (below which a second-order step is rounding) ...
+OWN_CORRECTION = 1e-8
+#: ... and this share of the second-order correction ‖ω₂ − ω₁‖ of one of the call's removals (what order 2 adds)
+OWN_SHARE = 0.1
 _NOT_APPLIED = ("the second-order correction lowers the removed problem's KKT residual at no step length down to "
                 f"1/{1 / MIN_STEP:g} (outside the expansion's range around θ̄)")
 
@@ -88,6 +94,8 @@ class DIFResult:
         1, ½, …, 1/16 that lowers the removed problem's KKT residual
         (:mod:`~polyproj.adapters.dif.second_order`); 0 where none does: the correction is not applied
         and the result is the first-order one (``order`` 1). None for a removal that moves nothing.
+    correction_norm : float or None
+        With ``order=2`` applied: ‖ω − ω₁‖ = t‖δ‖, what the second-order correction added. None otherwise.
     """
 
     omega: torch.Tensor
@@ -98,6 +106,7 @@ class DIFResult:
     order: int = 1
     correction_ratio: float | None = None
     step_length: float | None = None
+    correction_norm: float | None = None
 
 
 def _check_order(order: Any) -> int:
@@ -293,8 +302,7 @@ class DIF:
         if rule not in RULES:
             raise ProblemError(f"rule must be one of {RULES}, got {rule!r}")
         check_krylov(krylov)
-        if not isinstance(renormalize, (bool, np.bool_)):
-            raise ProblemError(f"renormalize must be True or False, got {renormalize!r}")
+        renormalize = check_flag(renormalize, "renormalize")
         damping = check_damping(damping)
         auto_damping = damping == "auto"
         check_rtol(rtol)
@@ -360,6 +368,7 @@ class DIF:
         self._step_duals: dict[tuple, DualQP] = {}
         #: (‖δ‖/‖ω₁‖, step length t) of every second-order result, in order (t = 0: not applied)
         self.second_order_log: list[tuple[float, float | None]] = []
+        self._own: tuple[float, float] | None = None  # (damping, ‖ω₂({})‖): _own_correction
 
     def _setup_matrix_free(self, damping: float, auto: bool, krylov: str, rtol: float, maxiter: int | None,
                            preconditioner: Any) -> None:
@@ -530,7 +539,11 @@ class DIF:
         length tried (one when the full step is taken) per removal.
         """
         order = _check_order(order)
-        res = self._at_one_damping(lambda: self._result(removal, order))
+        warn = check_flag(warn, "warn")
+        if order == 2:
+            res = self._at_one_damping(lambda: (self._own_correction(), self._result(removal, order))[1])
+        else:
+            res = self._at_one_damping(lambda: self._result(removal, order))
         if warn and order == 2 and res.step_length == 0.0:
             import warnings
 
@@ -538,7 +551,49 @@ class DIF:
 
             warnings.warn(f"{_NOT_APPLIED} (‖δ‖/‖ω‖ = {res.correction_ratio:.3g}); the first-order answer is "
                           "returned", PolyprojWarning, stacklevel=2)
+        if warn and order == 2:
+            self._warn_own_correction([res], stacklevel=3)
         return res
+
+    def _own_correction(self) -> float:
+        """‖ω₂({})‖: the second-order answer of the empty removal (computed once per damping).
+
+        At an approximately stationary θ̄ (``KKTPoint.from_params`` at a loose ``tol``) the removed problem's KKT
+        point, which the chord step moves towards, includes θ̄'s own move to stationarity: the empty removal's
+        order-2 ω is that move, and every order-2 answer carries it (docs/dif.md, "Second order"). At an exact
+        KKT point it is rounding, and the correction is not applied (0).
+        """
+        if self._own is None or self._own[0] != self.damping:
+            damping, logged = self.damping, len(self.second_order_log)
+            res = self._result({}, 2)
+            del self.second_order_log[logged:]  # the log holds the caller's removals only
+            self._own = (damping, float(res.omega.norm()) if res.status.ok else 0.0)
+        return self._own[1]
+
+    def _warn_own_correction(self, results: list[DIFResult], stacklevel: int) -> None:
+        """Warn where θ̄'s own correction (:meth:`_own_correction`) matters to the order-2 ``results``.
+
+        It does where it is above ``OWN_CORRECTION``·(1 + ‖θ̄‖₂) (not rounding) and above ``OWN_SHARE`` of the
+        correction ‖ω₂ − ω₁‖ of one of the results that applied one (a result left at first order carries none).
+        """
+        own = self._own[1] if self._own is not None else 0.0
+        if not own > OWN_CORRECTION * (1.0 + float(self.kkt.theta.norm())):
+            return
+        shares = [(own / r.correction_norm, i) for i, r in enumerate(results) if r.correction_norm]
+        if not shares or max(shares)[0] < OWN_SHARE:
+            return
+        import warnings
+
+        from ...errors import PolyprojWarning
+
+        share, i = max(shares)
+        warnings.warn(f"order=2 at a KKT point with residual {self.kkt.residual:.2e}: the second-order step also "
+                      "moves θ̄ towards the KKT point that residual says it is near, and every order-2 answer "
+                      f"includes that move (the empty removal's: ‖ω₂({{}})‖ = {own:.3e}, {share:.3g} times the "
+                      f"second-order correction of removal #{i}). A removal's own effect is the difference from the "
+                      "empty removal's prediction (dif.delta_theta(rem, order=2) − dif.delta_theta({}, order=2); "
+                      "scores: minus dif.influence(F, [{}], order=2)); or train θ̄ further (solve(problem, "
+                      "theta0=kkt.theta)); docs/dif.md, 'Second order'", PolyprojWarning, stacklevel=stacklevel)
 
     def _at_one_damping(self, compute: Callable[[], Any]) -> Any:
         """``compute()`` again until no solve inside it raised the damping (``damping="auto"``, :meth:`_solve_h`).
@@ -596,7 +651,8 @@ class DIF:
         floor = 1e-10 * (1.0 + float(np.max(np.abs(lambdas), initial=0.0)))  # round-off multipliers
         names = tuple(self.kkt.names[j] for j in step.rows if eq[j] or lambdas[j] > floor)
         return DIFResult(omega=torch.as_tensor(omega), status=first.status, constraint_change=change, active=names,
-                         multipliers=lambdas - self.lin.lam, order=2, correction_ratio=ratio, step_length=t)
+                         multipliers=lambdas - self.lin.lam, order=2, correction_ratio=ratio, step_length=t,
+                         correction_norm=t * size_d)
 
     def _result_schur(self, c: np.ndarray, r: np.ndarray) -> DIFResult:
         y = self._solve_h(c, "H⁻¹c")
@@ -655,6 +711,8 @@ class DIF:
             warnings.warn(f"{len(rejected)} of {len(out)} removals: {_NOT_APPLIED}; their answers are the first-order "
                           f"ones (first: #{rejected[0][0]}, ‖δ‖/‖ω‖ = {rejected[0][1]:.3g})", PolyprojWarning,
                           stacklevel=2)
+        if order == 2:
+            self._warn_own_correction(results, stacklevel=3)
         return out[0] if single else torch.stack(out) if out else torch.zeros(0, self.problem.dim,
                                                                               dtype=torch.float64)
 
@@ -701,8 +759,7 @@ class DIF:
                                          and callable(getattr(executor, "submit", None))):
             raise ProblemError("executor must be a concurrent.futures.Executor (or None), got "
                                f"{type(executor).__name__}")
-        if progress is not None and not isinstance(progress, bool):
-            raise ProblemError(f"progress must be True, False or None, got {progress!r}")
+        progress = check_flag(progress, "progress", none=True)
         chunk_size_arg(chunk_size, self.chunk_size)
         if isinstance(removals, Mapping):
             raise ProblemError("removals is a list of removals ({loss name: indices} each): for one removal pass "
@@ -798,6 +855,7 @@ class DIF:
         if bad:
             raise SolverError(f"the DIF QP failed for {len(bad)} removals (first: #{bad[0]}, "
                               f"{omegas[bad[0]].status.name})")
+        self._warn_own_correction(omegas, stacklevel=4)
         if test_fn is None:
             return torch.stack([r.omega for r in omegas]) if omegas else torch.zeros(0, self.problem.dim,
                                                                                     dtype=torch.float64)

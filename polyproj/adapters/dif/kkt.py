@@ -125,7 +125,11 @@ class KKTPoint:
         lambdas : array-like (m,), optional
             Multipliers (e.g. from Cooper). Missing, or not satisfying stationarity to ``tol``, they
             are recomputed by non-negative least squares on stationarity over the active constraints,
-            ``min ‖∇f₀ + G_Aᵀλ‖₂  s.t. λ >= 0`` (free on equalities).
+            ``min ‖∇f₀ + G_Aᵀλ‖₂  s.t. λ >= 0`` (free on equalities). Where that leaves the KKT residual
+            above ``tol``, every inequality whose multiplier can meet complementarity to tol (λⱼ|gⱼ| <= tol: a
+            binding row that a point trained to tolerance left slightly inside) is a candidate too
+            (:func:`_complementary_multipliers`), and a candidate that takes a multiplier above ``mult_tol``
+            counts as active, as with given multipliers.
         tol : float
             Accepted KKT residual (inf-norm); a larger one raises :class:`ProblemError`. Absolute, in the
             units of ∇f₀ (stationarity) and of g (feasibility).
@@ -137,13 +141,16 @@ class KKTPoint:
             λⱼ > mult_tol counts as binding. Absolute, in the units of λ (those of f₀ over those of g).
             The defaults suit a problem at unit scale; for another, scale them with it (docs/dif.md,
             "Tolerances").
-        polish : bool, optional
-            Force (True) or forbid (False) the NNLS polish; default: when needed.
+        polish : bool or None
+            Force (True) or forbid (False) the NNLS polish; None (default): when needed. False needs
+            ``lambdas``.
         warn : bool
-            Warn (:class:`PolyprojWarning`) when LICQ or strict complementarity fails, and when the
+            Warn (:class:`PolyprojWarning`) when LICQ or strict complementarity fails, when the
             classification depends on the absolute tolerances' scale (:func:`_scale_ambiguity`): a row called
             weakly active whose multiplier carries a share of ∇f₀, or a row counted active whose hyperplane
-            is far away in θ.
+            is far away in θ, and when a row is called inactive although a multiplier on it would lower the
+            stationarity residual tenfold (:func:`_missed_rows`: a binding row left inside by more than
+            ``active_tol``, accepted because ``tol`` is loose).
 
         Raises
         ------
@@ -151,6 +158,11 @@ class KKTPoint:
             θ infeasible, or not stationary for any admissible multipliers (not a KKT point).
         """
         _check_tolerances(tol=tol, active_tol=active_tol, mult_tol=mult_tol)
+        polish = check_flag(polish, "polish", none=True)
+        warn = check_flag(warn, "warn")
+        if polish is False and lambdas is None:
+            raise ProblemError("polish=False forbids the NNLS polish, which is the only source of multipliers when "
+                               "none are given: pass lambdas, or polish=None (when needed) or True")
         th = _flat_theta(problem, theta)
         gval, G = constraint_jacobian(problem, th)
         _, grad = objective_grad(problem, th)
@@ -178,14 +190,29 @@ class KKTPoint:
         if need and polish is not False:
             lam = _nnls_multipliers(grad, G, active, eq)
             polished = True
+            if max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0) > tol:
+                # the rows within active_tol do not make θ stationary: a binding row that a point trained to
+                # tolerance left more than active_tol inside is a candidate as well, wherever its multiplier can
+                # meet complementarity to tol; one that takes a clear multiplier is active, as with given λ
+                lam_c, cand = _complementary_multipliers(grad, G, gval, eq, tol)
+                wider = active | (cand & (lam_c > mult_tol))
+                if np.any(wider != active):
+                    lam_w = _nnls_multipliers(grad, G, wider, eq)
+                    if max(kkt_residuals(grad, G, gval, lam_w, eq).values(), default=0.0) < \
+                            max(kkt_residuals(grad, G, gval, lam, eq).values(), default=0.0):
+                        lam, active = lam_w, wider
         res = kkt_residuals(grad, G, gval, lam, eq)
         if max(res.values(), default=0.0) > tol:
+            best = max(res.values(), default=0.0)
             raise ProblemError(
                 f"not a KKT point: stationarity residual {res['stationarity']:.3e}, feasibility "
                 f"{res['feasibility']:.3e}, complementarity {res['complementarity']:.3e}, dual {res['dual']:.3e}: "
                 f"the largest exceeds tol = {tol:g}"
-                + (" even with the best non-negative multipliers" if polished else "")
-                + "; train further (polyproj.adapters.dif.solve) or pass a looser tol")
+                + (f" even with the best non-negative multipliers found (KKT residual {best:.3e}), on the rows "
+                   f"within active_tol = {active_tol:g} and on every inequality whose multiplier can meet "
+                   "complementarity to tol" if polished else " with the given multipliers")
+                + "; train further (polyproj.adapters.dif.solve), pass the multipliers of the training (lambdas) "
+                  "or a larger active_tol (rows counted active), or a looser tol")
         if np.any(lam[~eq] < 0):  # within tol (checked above): λ >= 0 on inequalities is kept, not stored
             lam = np.where(eq, lam, np.maximum(lam, 0.0))
             res = kkt_residuals(grad, G, gval, lam, eq)
@@ -208,6 +235,10 @@ class KKTPoint:
                                      mult_tol=mult_tol) if warn else ""
         if ambiguous:
             warnings.warn(ambiguous, PolyprojWarning, stacklevel=2)
+        missed = _missed_rows(names, status, res, grad, G, gval, eq, tol=tol, active_tol=active_tol,
+                              mult_tol=mult_tol) if warn else ""
+        if missed:
+            warnings.warn(missed, PolyprojWarning, stacklevel=2)
         return cls(theta=th.clone(), lambdas=torch.as_tensor(lam.copy()), g=gval, status=status, names=names,
                    residuals=res, active_tol=active_tol, mult_tol=mult_tol, info={"polished_multipliers": polished})
 
@@ -237,6 +268,8 @@ class KKTPoint:
         """
         from .cooper import cooper_multipliers
 
+        if "polish" in kwargs:  # checked here too: the refined path reads it only where it is True
+            kwargs["polish"] = check_flag(kwargs["polish"], "polish", none=True)
         unknown = [k for k in kwargs if k not in _FROM_PARAMS_OPTIONS]
         if unknown:  # checked before any work, whatever ``refine`` (a misspelt mult_tol must not pass unread)
             hints = "".join(close_matches(k, _FROM_PARAMS_OPTIONS) for k in unknown)
@@ -261,6 +294,19 @@ class KKTPoint:
 
 #: the keyword options of :meth:`KKTPoint.from_params` that :meth:`KKTPoint.from_cooper` passes on
 _FROM_PARAMS_OPTIONS = ("active_tol", "mult_tol", "polish", "warn")
+
+
+def check_flag(value: Any, name: str, *, none: bool = False) -> bool | None:
+    """A flag argument as a bool: True or False (a NumPy bool too), or None where ``none`` allows it.
+
+    Anything else is a :class:`ProblemError`: a truthy string ("no") or number would silently mean True.
+    One check for every flag of the DIF adapter (``renormalize``, ``progress``, ``polish``, ``warn``).
+    """
+    if value is None and none:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise ProblemError(f"{name} must be True{', False or None' if none else ' or False'}, got {value!r}")
+    return bool(value)
 
 
 def _check_tolerances(**tols: Any) -> None:
@@ -435,6 +481,62 @@ def _check_module_state(problem: ConstrainedProblem, module: nn.Module) -> None:
         if not _same_values(b.detach(), theirs_b.get(k)):
             what = "is missing from the module" if k not in theirs_b else "of the module differs from the problem's"
             raise ProblemError(f"buffer {k!r} {what}" + again)
+
+
+#: :func:`_missed_rows` calls a row's multiplier missed where it lowers the stationarity residual by this factor
+MISSED_GAIN = 10.0
+
+
+def _complementary_multipliers(grad: np.ndarray, G: np.ndarray, g: np.ndarray, eq: np.ndarray,
+                               tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """The NNLS multipliers over every row whose multiplier meets complementarity to ``tol``, and those rows.
+
+    A point trained to tolerance (``tol``) may leave a binding row gⱼ ~ tol/λⱼ inside, beyond ``active_tol``; any
+    inequality is a candidate while its multiplier keeps λⱼ|gⱼ| <= tol. Starting from every row, the NNLS on
+    stationarity runs over the candidates and the rows whose multiplier breaks complementarity (λⱼ|gⱼ| > tol) are
+    dropped, until none is (each round drops one at least: at most m + 1 rounds). Returns (λ (m,), candidates).
+    """
+    cand = np.ones(G.shape[0], dtype=bool)
+    lam = np.zeros(G.shape[0])
+    for _ in range(G.shape[0] + 1):
+        lam = _nnls_multipliers(grad, G, cand, eq)
+        over = cand & ~eq & (np.abs(lam * g) > tol)
+        if not over.any():
+            break
+        cand &= ~over
+    return lam, cand
+
+
+def _missed_rows(names: tuple[str, ...], status: tuple[str, ...], res: dict[str, float], grad: np.ndarray,
+                 G: np.ndarray, g: np.ndarray, eq: np.ndarray, *, tol: float, active_tol: float,
+                 mult_tol: float) -> str:
+    """A warning's text where an accepted point calls a row inactive that a multiplier would make stationary.
+
+    With a loose ``tol`` a binding row left inside by more than ``active_tol`` is accepted as inactive (λ = 0) while
+    the stationarity residual stays at the size of that row's share of ∇f₀: the DIF is then the classic IF along it.
+    Called so where the candidates' multipliers (:func:`_complementary_multipliers`, complementarity to tol) lower
+    the stationarity residual by ``MISSED_GAIN`` at least, and give the row a multiplier that is binding (above
+    ``mult_tol``) and carries a share of the objective's gradient (λⱼ‖∇gⱼ‖₂ >= SCALE_SHARE·‖∇f₀‖₂, as in
+    :func:`_scale_ambiguity`); '' otherwise.
+    """
+    out = [j for j, st in enumerate(status) if st == INACTIVE]
+    if not out or not res["stationarity"] > 0.0:
+        return ""
+    lam_c, _ = _complementary_multipliers(grad, G, g, eq, tol)
+    stat_c = kkt_residuals(grad, G, g, lam_c, eq)["stationarity"]
+    if not stat_c * MISSED_GAIN <= res["stationarity"]:
+        return ""
+    gnorm = float(np.linalg.norm(grad))
+    rows = [j for j in out if lam_c[j] > mult_tol and lam_c[j] * float(np.linalg.norm(G[j])) >= SCALE_SHARE * gnorm]
+    if not rows:
+        return ""
+    what = ", ".join(f"{names[j]!r} (g = {g[j]:.3g}, λ = {lam_c[j]:.3g})" for j in rows)
+    slack = max(abs(float(g[j])) for j in rows)
+    return (f"constraint(s) {what} are called inactive (slack beyond active_tol = {active_tol:g}) though those "
+            f"multipliers would lower the stationarity residual from {res['stationarity']:.3e} to {stat_c:.3e} "
+            f"with complementarity within tol = {tol:g}: binding rows that training left slightly inside, accepted "
+            "because tol is loose. The DIF treats them as absent (the classic IF along them); pass the training's "
+            f"multipliers (lambdas), active_tol above the slack (e.g. active_tol={2 * slack:.1e}), or a tighter tol")
 
 
 def _nnls_multipliers(grad, G, active, eq) -> np.ndarray:
@@ -634,6 +736,7 @@ def solve(problem: ConstrainedProblem, theta0: Any = None, lambdas0: Any = None,
     """
     t0 = time.perf_counter()
     _check_tolerances(tol=tol, active_tol=active_tol, mult_tol=mult_tol)
+    warn = check_flag(warn, "warn")
     max_iter = _check_max_iter(max_iter)
     th = _flat_theta(problem, problem.theta0 if theta0 is None else theta0)
     lam = np.zeros(problem.m) if lambdas0 is None else _flat_lambdas(problem, lambdas0, "lambdas0")

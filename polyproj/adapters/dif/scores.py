@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ...errors import PolyprojError
+from .hvp import DEFAULT_CHUNK, chunk_size_arg
 from .linearisation import check_split, removal_terms
 from .problem import ConstrainedProblem, Removal, _take
 
@@ -118,6 +119,10 @@ class ProjectedGradients:
     G: np.ndarray
     chunk_size: int
     _proj: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a chunk size below 1 would leave fill's arrays unwritten (np.empty: garbage scores) or stop range()
+        self.chunk_size = chunk_size_arg(self.chunk_size, DEFAULT_CHUNK)
 
     def fill(self, removals: list[dict[str, np.ndarray]]) -> None:
         """Project the gradients of every sample named by ``removals`` (checked removals)."""
