@@ -42,8 +42,8 @@ def _delegate(path: str, args: argparse.Namespace) -> int:
     return int(getattr(mod, fn)(args) or 0)
 
 
-def _positive(kind: type, what: str):
-    """An argparse type: a finite number of ``kind`` greater than 0 (a clear error otherwise)."""
+def _positive(kind: type, what: str, zero: bool = False):
+    """An argparse type: a finite number of ``kind`` greater than 0 (>= 0 with ``zero``; a clear error otherwise)."""
 
     def parse(text: str):
         try:
@@ -51,8 +51,8 @@ def _positive(kind: type, what: str):
         except ValueError:
             whole = " (a whole number)" if kind is int else ""
             raise argparse.ArgumentTypeError(f"{what} must be a number{whole}, got {text!r}") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"{what} must be a finite number > 0, got {text}")
+        if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+            raise argparse.ArgumentTypeError(f"{what} must be a finite number > 0{' or 0' if zero else ''}, got {text}")
         return value
 
     return parse
@@ -95,15 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="run the property and conformance suites on a backend")
     p.add_argument("backend", help="registered name or module:Class")
     p.add_argument("--examples", type=_positive(int, "--examples"), default=None,
-                   help="hypothesis examples per property (>= 1)")
+                   help="hypothesis examples per property (>= 1, default 20; max(1, N // 2) for qp_contract_sparse, "
+                        "infeasibility, projection_contract, hs_contains_b)")
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--timeout", type=_positive(float, "--timeout"), default=900.0,
                    help="seconds each property may take before it is reported as an error (default 900)")
-    p.add_argument("--eps-abs", dest="eps_abs", type=_positive(float, "--eps-abs"), default=None,
-                   help="the backend's absolute tolerance (its default otherwise); the contract's tolerance "
+    # tolerances >= 0: eps_rel = 0 is every backend's default, eps_abs = 0 HiGHS's documented choice (both 0: the
+    # backend's own SettingsError)
+    p.add_argument("--eps-abs", dest="eps_abs", type=_positive(float, "--eps-abs", zero=True), default=None,
+                   help="the backend's absolute tolerance, >= 0 (its default otherwise); the contract's tolerance "
                         "follows it: max(1e-6, 100 eps_abs)")
-    p.add_argument("--eps-rel", dest="eps_rel", type=_positive(float, "--eps-rel"), default=None,
-                   help="the backend's relative tolerance (its default otherwise)")
+    p.add_argument("--eps-rel", dest="eps_rel", type=_positive(float, "--eps-rel", zero=True), default=None,
+                   help="the backend's relative tolerance, >= 0 (its default otherwise)")
     p.set_defaults(func=lambda a: _delegate("polyproj.testing.check:cli_main", a))
 
     p = sub.add_parser("bench", help="benchmarks")

@@ -31,9 +31,32 @@ def blocks(page: Path) -> list[tuple[int, str]]:
             if m.group("why") is None]
 
 
+#: what runs the test functions a page defines (``def test_...``, a reader puts them in a pytest file), under a
+#: hypothesis profile of few examples and a 1 ms deadline: a slower machine than the writer's, where a test that
+#: relies on the default deadline of 200 ms fails (the kit's properties take ~0.3 s an example)
+TESTS_BEFORE = """from hypothesis import settings as _settings
+_settings.register_profile("doc_examples", max_examples=3, deadline=1, derandomize=True, database=None)
+_settings.load_profile("doc_examples")
+"""
+TESTS_AFTER = """import inspect as _inspect
+_tests = [f for k, f in list(globals().items()) if k.startswith("test_") and callable(f)]
+for _test in _tests:  # a test of the page that takes no fixture (a @given one takes none) runs as pytest would
+    if not _inspect.signature(_test).parameters:
+        print("running", _test.__name__, flush=True)
+        _test()
+"""
+TEST_DEF = re.compile(r"^def test_\w*\(", re.M)
+
+
 def script(page: Path) -> str:
-    """The page's blocks as one script, each announcing its line (a failure's traceback names the block)."""
+    """The page's blocks as one script, each announcing its line (a failure's traceback names the block).
+
+    A page whose blocks define test functions has them called at the end (:data:`TESTS_AFTER`): a test function
+    that is only defined would pass whatever it does.
+    """
     parts = [f"print('{page.name}:{line}', flush=True)\n{code}" for line, code in blocks(page)]
+    if any(TEST_DEF.search(code) for _, code in blocks(page)):
+        parts = [TESTS_BEFORE, *parts, TESTS_AFTER]
     # under a main guard: an example that starts worker processes by spawning re-imports this script
     return "if __name__ == '__main__':\n" + textwrap.indent("\n".join(parts), "    ")
 

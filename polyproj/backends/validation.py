@@ -17,7 +17,8 @@
    original is chained). A backend that writes into the arrays it is given (the QP's, a batch's
    vectors) is a SolverError too: its answer would be judged against the changed data, and the
    caller's problem would be silently changed (dense arrays; small ones are compared with a copy, large ones
-   by checksum).
+   by checksum). So is one that rebinds a field of the frozen QP (``object.__setattr__(qp, "q", ...)``: by
+   identity), the field put back.
 4. **Output**: the result must be a :class:`~polyproj.solution.Solution` (``BatchSolution`` for a
    batch, one element per problem) with ``x``, ``z``, ``z_box`` of shapes ``(n,)``, ``(m,)``,
    ``(n,)``, else SolverError. Then a cheap scale-relative residual test (below) decides whether a
@@ -682,6 +683,41 @@ def _restore(a: np.ndarray, old: np.ndarray) -> None:
         owner.setflags(write=False)
 
 
+#: the attributes a QP is given at construction and never changes (its cached forms, ``eq_mask``, ``memo``, are
+#: added on first use, by any thread)
+_QP_FIELDS = ("P", "q", "C", "l", "u", "lb", "ub", "check_psd", "psd_known")
+
+
+def _qp_state(qp: QP | None) -> tuple[dict, dict] | None:
+    """The QP's attributes (its fields, its cached forms) and memo, by reference: a cheap snapshot."""
+    if qp is None:
+        return None
+    attrs = dict(vars(qp))
+    memo = attrs.get("memo")
+    return attrs, dict(memo) if isinstance(memo, dict) else {}
+
+
+def _rebound(qp: QP | None, state: tuple[dict, dict] | None) -> list[str]:
+    """The fields of ``qp`` that a call rebound (``object.__setattr__`` on the frozen QP), put back as they were.
+
+    A QP never changes, so each field must be the same object after the call (identity: no pass over the data).
+    Where one was rebound, what the call cached (``eq_mask``, memo entries) may derive from the changed data:
+    the attributes and the memo are reset to the snapshot.
+    """
+    if qp is None or state is None:
+        return []
+    attrs, memo = state
+    now = vars(qp)
+    rebound = [k for k in _QP_FIELDS if k in attrs and now.get(k, _QP_FIELDS) is not attrs[k]]
+    if rebound:
+        now.clear()
+        now.update(attrs)
+        if isinstance(attrs.get("memo"), dict):
+            attrs["memo"].clear()
+            attrs["memo"].update(memo)
+    return rebound
+
+
 def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     name = solver.name or type(solver).__name__
     if not hasattr(solver, "settings"):  # every guard reads them; an AttributeError from deep inside said nothing
@@ -690,6 +726,8 @@ def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     given = _inputs(args, kw)
     # read-only arrays too (a problem's): torch.from_numpy, ctypes or a cast in compiled code write through the flag
     before = {k: _fingerprint(v) for k, v in given.items()}
+    qp = args[0] if args and isinstance(args[0], QP) else None
+    state = _qp_state(qp)
     token = _INSIDE.set(_INSIDE.get() | {id(solver)})
     try:
         with _named_errors(name):
@@ -700,9 +738,11 @@ def _call(solver: Any, fn: Callable, *args: Any, **kw: Any) -> Any:
     for k in changed:  # the caller's arrays back as they were, where a copy was kept
         if isinstance(before[k], bytes):
             _restore(given[k], np.frombuffer(before[k], dtype=given[k].dtype).reshape(given[k].shape))
-    if changed:
-        raise SolverError(f"backend {name!r} wrote into the problem it was given ({', '.join(changed)} changed in "
-                          "place): a backend must not modify its input; copy an array before changing it")
+    rebound = _rebound(qp, state)
+    if changed or rebound:
+        what = ", ".join([f"{k} changed in place" for k in changed] + [f"{k} replaced" for k in rebound])
+        raise SolverError(f"backend {name!r} wrote into the problem it was given ({what}): a backend must not "
+                          "modify its input; copy an array before changing it")
     if isinstance(out, (Solution, BatchSolution)) and not isinstance(out.info, dict):  # the guards add to it
         raise SolverError(f"backend {name!r} returned info of type {type(out.info).__name__}; expected a dict")
     return out

@@ -274,9 +274,10 @@ def _assert_not_demoted(solver: QPSolver, sol: Solution, what: str) -> None:
 def _assert_kkt(solver: QPSolver, qp: QP, sol: Solution, what: str) -> None:
     tol = kkt_tolerance(solver)
     _assert_not_demoted(solver, sol, what)
+    raw = sol.info.get("raw_status")  # the solver's own word for it, where the backend gave one
     assert sol.status is Status.SOLVED, (
-        f"[{solver.name}] {what}: expected status SOLVED on {_describe(qp)}, got {sol.status.name} "
-        f"({sol.info.get('raw_status', '')})")
+        f"[{solver.name}] {what}: expected status SOLVED on {_describe(qp)}, got {sol.status.name}"
+        + (f" ({raw})" if raw not in (None, "") else ""))
     shapes_ok = sol.x.shape == (qp.n,) and sol.z.shape == (qp.m,) and sol.z_box.shape == (qp.n,)
     assert shapes_ok, (
         f"[{solver.name}] {what}: shapes x {sol.x.shape}, z {sol.z.shape}, z_box {sol.z_box.shape}; expected "
@@ -407,7 +408,7 @@ def _expect_status(solver: QPSolver, rng: np.random.Generator, make: Callable[..
             claimed = sol.info.get("claimed_status", sol.status.name)
             assert claimed not in (Status.SOLVED.name, Status.SOLVED_INACCURATE.name), (
                 f"[{solver.name}] {what} {_describe(qp)}: the backend claimed {claimed}; polyproj's output check "
-                f"made it {sol.status.name}: {sol.info.get('validation', '')}")
+                f"made it {sol.status.name}" + (f": {sol.info['validation']}" if sol.info.get("validation") else ""))
             continue
         sol = solver.solve(qp)
         _assert_not_demoted(solver, sol, what)
