@@ -31,6 +31,7 @@ from .base import Capabilities, QPSolver, report_batch
 from .cache import converted
 from .options import nonnegative, positive, positive_int
 from .presolve import fixed_variables, solve_without_fixed
+from .warm import kkt_sizes, solved_again_cold
 
 __all__ = ["DAQPSolver"]
 
@@ -233,11 +234,7 @@ class DAQPSolver(QPSolver):
         sol = solve_without_fixed(self, qp, lambda q: self._solve(q, start if q is qp else None))
         if start is None or sol.status is Status.TIME_LIMIT or (sol.status is Status.SOLVED and self._verified(sol)):
             return sol
-        cold = solve_without_fixed(self, qp, self._solve)
-        return replace(cold, iterations=sol.iterations + cold.iterations, solve_time=sol.solve_time + cold.solve_time,
-                       setup_time=sol.setup_time + cold.setup_time,
-                       info={**cold.info, "warm_start": f"solved again cold: the warm-started answer "
-                             f"({sol.info.get('raw_status', sol.status.name)}) was not verified"})
+        return solved_again_cold(sol, solve_without_fixed(self, qp, self._solve))
 
     def _dual_start(self, qp: QP, warm_start: Any) -> np.ndarray | None:
         """DAQP's ``dual_start`` from a warm start's multipliers (``[z_box; z]``), None where none is used.
@@ -259,15 +256,12 @@ class DAQPSolver(QPSolver):
         (:meth:`~polyproj.solution.Solution.dual_residual`) and the duality gap, each to the tolerance plus the
         rounding of its terms (the gap to the tolerances times the other side's scale, as the guard's test).
         """
-        qp, x, z, zb = sol.qp, sol.x, sol.z, sol.z_box
-        if not (np.isfinite(x).all() and np.isfinite(z).all() and np.isfinite(zb).all()):
+        sizes = kkt_sizes(sol)
+        if sizes is None:
             return False
-        tol = float(self._kwargs(qp)["primal_tol"])
+        size_p, size_d = sizes
+        tol = float(self._kwargs(sol.qp)["primal_tol"])
         rnd = 1e3 * np.finfo(float).eps
-        cx = qp.C @ x if qp.m else x[:0]
-        cz = qp.C.T @ z if qp.m else x * 0.0
-        size_p = max(float(np.max(np.abs(v), initial=0.0)) for v in (x, cx))
-        size_d = max(float(np.max(np.abs(v), initial=0.0)) for v in (qp.P @ x, qp.q, cz, zb))
         t_p, t_d = tol + rnd * size_p, tol + rnd * size_d
         return (sol.primal_residual() <= t_p and sol.dual_residual() <= t_d
                 and sol.duality_gap() <= tol + t_p * size_d + t_d * size_p)

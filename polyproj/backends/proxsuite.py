@@ -23,6 +23,7 @@ from ..solution import BatchSolution, ElementQPs, Solution, Status, all_finite
 from .base import Capabilities, QPSolver
 from .cache import converted
 from .options import boolean, positive, positive_int
+from .warm import kkt_sizes, solved_again_cold
 
 __all__ = ["FIRST_BUDGET", "RETRY_RHO", "ProxSuiteSolver"]
 
@@ -346,11 +347,7 @@ class ProxSuiteSolver(QPSolver):
             # without the duality gap and without the sides' signs: another problem's answer came back SOLVED after
             # 0 iterations with complementarity off by 0.5 (the multiplier of a row now slack), or with z_box = −1
             # on a bound this QP does not have (x₂ <= 0 from x₂ = 0)
-            cold = self._solve(qp, None)
-            sol = replace(cold, iterations=sol.iterations + cold.iterations,
-                          solve_time=sol.solve_time + cold.solve_time, setup_time=sol.setup_time + cold.setup_time,
-                          info={**cold.info, "warm_start": f"solved again cold: the warm-started answer "
-                                f"({sol.info.get('raw_status', sol.status.name)}) was not verified"})
+            sol = solved_again_cold(sol, self._solve(qp, None))
         return self._retried(qp, sol) if self._refuted(sol.status, sol.info) else sol
 
     def _past_limit(self, sol: Solution) -> bool:
@@ -366,13 +363,10 @@ class ProxSuiteSolver(QPSolver):
         ProxQP's own test leaves them out) and the duality gap (:meth:`_gap_closed`), each within ``eps_abs +
         eps_rel`` times the largest term of its sum, to the rounding of those terms.
         """
-        qp, x, z, zb = sol.qp, sol.x, sol.z, sol.z_box
-        if not (np.isfinite(x).all() and np.isfinite(z).all() and np.isfinite(zb).all()):
+        sizes = kkt_sizes(sol)
+        if sizes is None:
             return False
-        cx = np.asarray(qp.C @ x).reshape(-1) if qp.m else np.zeros(0)
-        cz = np.asarray(qp.C.T @ z).reshape(-1) if qp.m else np.zeros(0)
-        size_p = max(float(np.max(np.abs(v), initial=0.0)) for v in (x, cx))
-        size_d = max(float(np.max(np.abs(v), initial=0.0)) for v in (np.asarray(qp.P @ x).reshape(-1), qp.q, cz, zb))
+        size_p, size_d = sizes
         eps_abs, eps_rel = float(self.settings["eps_abs"]), float(self.settings["eps_rel"])
         rel = eps_rel + 1e3 * np.finfo(float).eps
         return (sol.primal_residual() <= eps_abs + rel * size_p and sol.dual_residual() <= eps_abs + rel * size_d
