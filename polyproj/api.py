@@ -77,9 +77,9 @@ def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish:
         :class:`~polyproj.sets.Projector` (``pp.sets.Simplex(n)``, ``pp.sets.Box(lb, ub)``, a set of yours).
     backend : str or QPSolver
         For a Polyhedron: any registered backend, or ``"auto"`` (default): chosen per call by measurement
-        (:func:`polyproj.backends.defaults.auto_projection`: the ADMM start for a batch, DAQP for a few
-        points, the batched IPM for per-sample data); batches use the backend's native batch path. Not
-        for other Projectors.
+        (:func:`polyproj.backends.defaults.auto_projection`: the ADMM start for a batch, DAQP per point
+        for a few points or on long thin polytopes (m >= 3n), the batched IPM for per-sample data); batches use
+        the backend's native batch path. Not for other Projectors.
     polish : bool
         Polish to the exact projection on the identified active face (default True).
     tol : float

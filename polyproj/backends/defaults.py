@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import PolyprojError
 
 __all__ = ["PROJECTION_DEFAULT", "QP_DEFAULT", "auto_projection", "direct_points", "exact_points", "fallback_for",
-           "independent_of", "per_point_limit", "retries_of"]
+           "independent_of", "per_point_limit", "retries_of", "thin"]
 
 #: default backend of :func:`polyproj.solve_qp` (best at 1e-8 and 1e-9 on the Maros–Meszaros dense subset)
 QP_DEFAULT = "piqp"
@@ -28,6 +28,12 @@ AUTO_SMALL_BATCH = 16
 #: at n 50, ~6 at n 100, ~3 at n 120, 1 at n 150-200, none at n 300-500 (batch 1: 33 against 45 ms at
 #: n 300, 105 against 221 ms at n 500)
 PER_POINT_N = 50.0
+#: long thin polytopes: from AUTO_THIN n rows of A on, the ADMM start identifies faces poorly (its polish takes
+#: many rounds and leaves samples to the batched IPM) and DAQP per point is faster at every batch size.
+#: pp.project on random polytopes (shared A with m rows, one equality, box; bench-style points; one core;
+#: docs/performance.md, "Long thin polytopes"): ADMM / DAQP time 0.83 (n 50, m 2n), 1.15 (n 50, 3n),
+#: 0.87 (n 100, 3n), 1.40 (n 200, 3n), 6.1 (n 400, 3n), 2.0-4.0 at 4n, 3.4-5.6 at 8n, 10-75 at m = 100-500 n
+AUTO_THIN = 3.0
 
 
 def per_point_limit(n: int | None) -> int:
@@ -70,18 +76,24 @@ def _available(name: str, **settings: Any) -> bool:
     return True
 
 
+def thin(n: int | None, m: int | None) -> bool:
+    """Whether ``m`` inequality rows in dimension ``n`` make a long thin polytope (:data:`AUTO_THIN`)."""
+    return n is not None and m is not None and m >= AUTO_THIN * max(int(n), 1)
+
+
 def auto_projection(shared_matrices: bool, batch: int | None = None, on_cpu: bool = True,
-                    settings: dict | None = None, n: int | None = None) -> str:
+                    settings: dict | None = None, n: int | None = None, m: int | None = None) -> str:
     """The ``backend="auto"`` rule for projections.
 
     The ADMM start + polish for shared matrices (DAQP, when installed and the settings are unified ones,
     for batches of fewer than :data:`AUTO_SMALL_BATCH` CPU points and at most :func:`per_point_limit`
-    of dimension ``n``), the batched IPM for per-sample matrices.
+    of dimension ``n``, and for CPU batches of any size with ``m`` >= :data:`AUTO_THIN` ``n`` rows of A),
+    the batched IPM for per-sample matrices.
     """
     if not shared_matrices:
         return AUTO_PER_SAMPLE
-    if batch is not None and batch < AUTO_SMALL_BATCH and batch <= per_point_limit(n) and on_cpu and \
-            _available(AUTO_SMALL, **(settings or {})):
+    small = batch is not None and batch < AUTO_SMALL_BATCH and batch <= per_point_limit(n)
+    if on_cpu and (small or (batch is not None and thin(n, m))) and _available(AUTO_SMALL, **(settings or {})):
         return AUTO_SMALL
     return AUTO_SHARED
 

@@ -220,7 +220,7 @@ class Polyhedral(Projector):
         from the direct path's solves when DAQP is that choice).
         """
         from ..backends.daqp import DAQPSolver
-        from ..backends.defaults import direct_points
+        from ..backends.defaults import direct_points, thin
         from ..projection import direct
         from ..projection.pipeline import _unit_exponent
 
@@ -228,7 +228,8 @@ class Polyhedral(Projector):
         # has none of the direct path's internals (and, named, is used as the backend it is)
         if not (isinstance(X, np.ndarray) and 0 < X.shape[0] <= direct.DIRECT_BATCH and X.shape[1]
                 and not data.batched and opts.polish and opts.max_rounds is None and not self.settings
-                and ((self.auto and X.shape[0] <= direct_points(X.shape[1])) or type(self.solver) is DAQPSolver)) \
+                and ((self.auto and (X.shape[0] <= direct_points(X.shape[1]) or thin(X.shape[1], data.m)))
+                     or type(self.solver) is DAQPSolver)) \
                 or _unit_exponent(X, data):
             return None
         dd = self._like.get("direct")
@@ -270,7 +271,7 @@ class Polyhedral(Projector):
 
         dev = _device(X)
         name = auto_projection(self.data.shared_matrices, X.shape[0], str(getattr(dev, "type", dev)) == "cpu",
-                               self.settings, n=X.shape[1])
+                               self.settings, n=X.shape[1], m=self.data.m)
         if name not in self._solvers:
             self._solvers[name] = get_backend(name, **self.settings)
         return self._solvers[name]
