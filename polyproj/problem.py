@@ -67,6 +67,18 @@ def _asarray(v: Any, name: str) -> np.ndarray:
     return arr
 
 
+def _shape(v: Any, name: str) -> tuple[int, ...]:
+    """The shape of ``v``: an array's, a tensor's or a sparse matrix's own, else that of ``_asarray(v)``.
+
+    Every shape read from user data goes through here: ``np.shape`` of a ragged nested list raises NumPy's
+    ValueError, which is a ProblemError naming the argument here.
+    """
+    shp = getattr(v, "shape", None)
+    if shp is not None and not callable(shp):
+        return tuple(int(s) for s in shp)
+    return tuple(np.shape(_asarray(v, name)))
+
+
 def _check_numeric(arr: Any, name: str) -> None:
     dtype = arr.dtype if sp.issparse(arr) else np.asarray(arr).dtype
     if dtype.kind not in "biuf":
@@ -454,7 +466,7 @@ class QP:
                                                                   and self.check_psd in (0, 1))):
             # None or "" silently skipped the check (0 and 1 are flags, as in the backends' options)
             raise ProblemError(f"check_psd must be True or False, got {self.check_psd!r}")
-        q = _vector(self.q, "q", int(np.prod(np.shape(self.q), dtype=np.int64)), cost=True)
+        q = _vector(self.q, "q", int(np.prod(_shape(self.q, "q"), dtype=np.int64)), cost=True)
         n = q.shape[0]
         P = _matrix(self.P, "P", n, allow_none=False, one_row=False)
         if P.shape != (n, n):
@@ -711,10 +723,14 @@ class Polyhedron:
         for M, name in ((self.A, "A"), (self.B, "B")):
             if M is not None and n is None:
                 shp = M.shape if sp.issparse(M) or hasattr(M, "shape") else np.shape(_asarray(M, name))
-                n = int(shp[-1]) if len(shp) else None
-        for v in (self.lb, self.ub):
-            if v is not None and n is None and np.ndim(v) > 0:  # a scalar bound does not tell n
-                n = int(np.prod(np.shape(v), dtype=np.int64))  # np.size would call a tensor's .size()
+                if not len(shp):  # a scalar or a string: what is wrong is A (B) itself, not a missing n
+                    _check_numeric(_asarray(M, name), name)
+                    raise ProblemError(f"{name} must be a 2-D matrix, got shape {tuple(shp)}")
+                n = int(shp[-1])
+        for v, name in ((self.lb, "lb"), (self.ub, "ub")):
+            shp = _shape(v, name) if v is not None and n is None else ()
+            if shp:  # a scalar bound does not tell n
+                n = int(np.prod(shp, dtype=np.int64))  # np.size would call a tensor's .size()
         if n is None or n <= 0:
             raise ProblemError("cannot tell the number of variables: give A, B, lb/ub or n")
         A = _matrix(self.A, "A", n)
@@ -725,11 +741,11 @@ class Polyhedron:
         _check_row_scale(big_b, "B")
         if A is None:
             A = np.zeros((0, n))
-            if self.a is not None and np.prod(np.shape(self.a)):
+            if self.a is not None and np.prod(_shape(self.a, "a")):
                 raise ProblemError("a given without A")
         if B is None:
             B = np.zeros((0, n))
-            if self.b is not None and np.prod(np.shape(self.b)):
+            if self.b is not None and np.prod(_shape(self.b, "b")):
                 raise ProblemError("b given without B")
         a = _vector(self.a, "a", A.shape[0], default=np.inf if A.shape[0] == 0 else None, allow_inf=1,
                     rows=(A, "A", "a[i]", "", 1))
@@ -809,15 +825,28 @@ class Polyhedron:
     def projection_qp(self, x: np.ndarray | None = None) -> QP:
         """The QP whose solution is the projection of ``x``: P = I, q = -x."""
         C, l, u, lb, ub = self.constraint_form()
-        x = np.zeros(self.n) if x is None else x
+        x = np.zeros(self.n) if x is None else self._points(x, "x", batch=False)
         eye = sp.identity(self.n, format="csc") if sp.issparse(C) else np.eye(self.n)
         qp = QP(P=eye, q=-np.asarray(x, dtype=np.float64), C=C, l=l, u=u, lb=lb, ub=ub, check_psd=False)
         return qp
 
     # -- evaluation (batched)
+    def _points(self, Y: Any, name: str = "Y", batch: bool = True) -> np.ndarray:
+        """``Y`` as float64 points of this set's n coordinates, shape (n,) (or (batch, n) where ``batch``).
+
+        Real numbers only (a complex Y lost its imaginary part in the cast, silently), of the right width (a
+        wrong one was NumPy's matmul ValueError), rectangular (a ragged list was NumPy's ValueError).
+        """
+        arr = _asarray(Y, name)
+        _check_numeric(arr, name)
+        if not (arr.shape == (self.n,) or (batch and arr.ndim == 2 and arr.shape[1] == self.n)):
+            want = f"({self.n},) or (batch, {self.n})" if batch else f"({self.n},)"
+            raise ProblemError(f"{name} must have shape {want} (the set's number of variables), got {arr.shape}")
+        return np.asarray(arr, dtype=np.float64)
+
     def violation(self, Y: np.ndarray) -> np.ndarray:
         """Largest constraint violation of each row of ``Y`` ((n,) or (batch, n))."""
-        Y = np.asarray(Y, dtype=np.float64)
+        Y = self._points(Y)
         Y2 = np.atleast_2d(Y)
         v = np.zeros(Y2.shape[0])
         if self.m_ineq:
@@ -834,7 +863,7 @@ class Polyhedron:
         """Slack ``rhs - row·y`` of every inequality row (compact numbering), shape (batch, n_ineq)."""
         from .polydata import RowLayout, ineq_slack
 
-        Y2 = np.atleast_2d(np.asarray(Y, dtype=np.float64))
+        Y2 = np.atleast_2d(self._points(Y))
         return ineq_slack(Y2, self.A_dense, self.a, self.lb, self.ub)[:, RowLayout.of(self).cols]
 
     def __repr__(self) -> str:

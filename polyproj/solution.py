@@ -130,15 +130,16 @@ class Solution:
         qp = qp if qp is not None else self.qp
         if qp is None:
             raise PolyprojError("this Solution carries no problem; pass qp= to the residual method")
-        from .problem import QP
+        from .problem import QP, _shape
 
         if not isinstance(qp, QP):
             raise ProblemError(f"qp must be a polyproj.QP, got {type(qp).__name__}")
         sizes = {"x": (self.x, (qp.n,))}
         if duals:
             sizes.update(z=(self.z, (qp.m,)), z_box=(self.z_box, (qp.n,)))
-        bad = [f"{k} {'missing' if v is None else np.shape(v)} (the problem's: {want})"
-               for k, (v, want) in sizes.items() if v is None or np.shape(v) != want]
+        shapes = {k: None if v is None else _shape(v, f"this Solution's {k}") for k, (v, _) in sizes.items()}
+        bad = [f"{k} {'missing' if shapes[k] is None else shapes[k]} (the problem's: {want})"
+               for k, (_, want) in sizes.items() if shapes[k] != want]
         if bad:
             raise ProblemError(f"this Solution does not fit the problem: {', '.join(bad)}")
         for k in ("x", "z", "z_box") if duals else ("x",):  # a Solution built by hand may hold lists

@@ -567,12 +567,13 @@ def check_warm_start(qp: QP, warm_start: Any) -> None:
         if unknown or not warm_start:
             raise ProblemError(f"warm_start takes the keys 'x', 'z', 'z_box'; got {sorted(map(str, warm_start))} "
                                "(a misspelt key would be ignored)")
-    from ..problem import _asarray, _check_numeric
+    from ..problem import _asarray, _check_numeric, _shape
 
     for key, size in (("x", qp.n), ("z", qp.m), ("z_box", qp.n)):
         v = _warm_part(warm_start, key)
-        if v is not None and np.shape(v) != (size,):
-            raise ProblemError(f"warm_start {key} must have shape ({size},) for this problem, got {np.shape(v)}")
+        shape = None if v is None else _shape(v, f"warm_start {key}")  # a ragged list: a ProblemError
+        if v is not None and shape != (size,):
+            raise ProblemError(f"warm_start {key} must have shape ({size},) for this problem, got {shape}")
         if v is not None:
             _check_numeric(_asarray(v, f"warm_start {key}"), f"warm_start {key}")
 

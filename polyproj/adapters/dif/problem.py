@@ -87,7 +87,10 @@ def sample_indices(idx: Any, n: int, what: str) -> np.ndarray:
     """
     if isinstance(idx, torch.Tensor):
         idx = idx.detach().cpu().numpy()
-    arr = np.atleast_1d(np.asarray(idx))
+    try:
+        arr = np.atleast_1d(np.asarray(idx))
+    except ValueError as exc:  # a ragged nested list: NumPy's ValueError named neither the loss nor the fix
+        raise ProblemError(f"{what}: indices must be a 1-D list of integers ({exc})") from exc
     if arr.dtype == bool:
         if arr.shape != (n,):
             raise ProblemError(f"{what}: a boolean mask must have shape ({n},), got {arr.shape}")
