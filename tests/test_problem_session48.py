@@ -103,8 +103,13 @@ def test_fixed_variables_meeting_their_rows_to_rounding_are_feasible(backend):
     # exactly (fsum), which their rounded sum misses by 2.3e-10 at a magnitude of 1.5e6
     c = np.array([-324471.85628543916, -1221223.3497261363, 201910.00196010992])
     v = np.array([-0.03883503855807973, 1.066324553166257, -0.9216339244978112])
-    rhs = math.fsum(c * v)
-    assert c @ v != rhs
+    # the exact sum (fsum), moved by whole ulps until no rounded evaluation of the row hits it: BLAS kernels
+    # differ by machine (FMA, order), and on some c @ v is the exact sum itself
+    rhs = exact = math.fsum(c * v)
+    rounded = {float(c @ v), float(np.dot(c, v)), float((c * v).sum()), float(c[0] * v[0] + c[1] * v[1] + c[2] * v[2])}
+    while rhs in rounded:
+        rhs = float(np.nextafter(rhs, np.inf))
+    assert rhs != c @ v and abs(rhs - exact) <= 8 * np.spacing(abs(exact))
     C = np.array([[*c, 0.0], [0.0, 0.0, 0.0, 1.0]])
     qp = pp.QP(P=np.eye(4), q=[0.0, 0.0, 0.0, -0.5], C=C, l=[rhs, -np.inf], u=[rhs, 2.0],
                lb=[*v, -1.0], ub=[*v, 1.0])
