@@ -5,8 +5,14 @@ for backpropagation is the orthogonal projector onto the null space of the activ
 
     J(x) = I_n − H (HᵀH)⁺ Hᵀ,     H = [A_Iᵀ, Bᵀ, e_i for active bounds],
 
-computed from one factorisation of the active rows (:class:`~polyproj.projection.faces.Face`): no
-multiplier and no LICQ needed — dependent active rows leave the null space, hence ``J``, unchanged.
+computed from one factorisation of the active rows: no multiplier and no LICQ needed — dependent active
+rows leave the null space, hence ``J``, unchanged.
+
+The factorisation is a Householder QR of ``M_nᵀ`` (the active rows on the free coordinates, normalised, as
+columns): ``J = I_F − Q Qᵀ`` on the free coordinates, accurate to ``eps cond(M_n)`` like an SVD (Cholesky of
+the Gram matrix would square the condition number) at a fraction of its cost. A face whose ``R`` has a pivot
+below :data:`QR_PIVOT` — dependent or nearly dependent rows, where unpivoted QR does not reveal the rank —
+takes the rank-revealing SVD (:class:`~polyproj.projection.faces.Face`, ``method="svd"``).
 """
 
 from __future__ import annotations
@@ -17,9 +23,13 @@ import numpy as np
 
 from ..errors import ProblemError
 from ..polydata import RowLayout
-from .faces import Face
+from .faces import ActiveRows, Face, gather_active_rows
 
-__all__ = ["hs_jacobian", "hs_vjp"]
+__all__ = ["QR_PIVOT", "hs_jacobian", "hs_vjp"]
+
+#: smallest ``|R_jj|`` of the QR factor of a face's unit rows (so ``|R_jj| <= 1``) for QR to settle it; the
+#: pivot test of the layer's Cholesky factor of the Gram matrix (``G = RᵀR``, so ``L_jj = |R_jj|``): eps^(1/4)
+QR_PIVOT = float(np.finfo(np.float64).eps) ** 0.25
 
 
 def _check_polyhedron(polyhedron: Any) -> None:
@@ -30,7 +40,7 @@ def _check_polyhedron(polyhedron: Any) -> None:
                            "set use S.as_polyhedron() (or S.vjp on its projection result)")
 
 
-def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool, Face]:
+def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool, ActiveRows]:
     from ..problem import _asarray
 
     _check_polyhedron(polyhedron)
@@ -60,7 +70,39 @@ def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool,
     m, n = polyhedron.m_ineq, polyhedron.n
     at_ub = full[:, m + n:]
     fixed = (full[:, m: m + n] | at_ub).astype(np.float64)
-    return single, Face.factor(polyhedron.A_dense, polyhedron.B_dense, full[:, :m], 1.0 - fixed, method="svd")
+    return single, gather_active_rows(polyhedron.A_dense, polyhedron.B_dense, full[:, :m], 1.0 - fixed)
+
+
+def _null_basis(R: ActiveRows) -> tuple[np.ndarray, np.ndarray]:
+    """``(Q, ok)``: an orthonormal basis (b, n, kk) of the span of each face's rows, and whether QR settled it.
+
+    ``Q`` is zero on the face's fixed coordinates; ``ok``: every pivot at least :data:`QR_PIVOT`. A zero row
+    (padding, or a row whose support the bounds fix) gets a unit column outside the n coordinates of its own,
+    so it has a unit pivot and adds nothing to the basis.
+    """
+    b, kk = R.scale.shape
+    n = R.free.shape[1]
+    T = np.zeros((b, n + kk, kk))
+    T[:, :n, :] = np.swapaxes(R.Mn, 1, 2)
+    diag = np.arange(kk)
+    T[:, n + diag, diag] = R.scale <= 0
+    Q, U = np.linalg.qr(T)
+    ok = (np.abs(np.diagonal(U, axis1=1, axis2=2)) >= QR_PIVOT).all(axis=1)
+    # Q's first n rows are Mnᵀ U⁻¹, zero on the fixed coordinates but for the reflections' rounding: masked
+    return Q[:, :n, :] * R.free[:, :, None], ok
+
+
+def _null_apply(R: ActiveRows, V: np.ndarray) -> np.ndarray:
+    """``J v`` (b, n) for V (b, n): ``f⊙v − Q Qᵀ (f⊙v)``; the faces QR does not settle by the SVD."""
+    fv = R.free * V
+    if R.scale.shape[1] == 0 or fv.shape[0] == 0:
+        return fv
+    Q, ok = _null_basis(R)
+    out = fv - np.einsum("bnk,bk->bn", Q, np.einsum("bnk,bn->bk", Q, fv))
+    if not ok.all():
+        idx = np.flatnonzero(~ok)
+        out[idx] = Face.of_rows(R.take(idx), method="svd").null_apply(V[idx])
+    return out
 
 
 def hs_jacobian(polyhedron: Any, active: Any) -> np.ndarray:
@@ -87,11 +129,19 @@ def hs_jacobian(polyhedron: Any, active: Any) -> np.ndarray:
     array([[0., 0.],
            [0., 1.]])
     """
-    single, F = _face(polyhedron, active)
+    single, R = _face(polyhedron, active)
     n = polyhedron.n
-    batch = F.free.shape[0]
-    eye = np.broadcast_to(np.eye(n), (batch, n, n))
-    J = np.stack([F.null_apply(np.ascontiguousarray(eye[:, :, j])) for j in range(n)], axis=-1)
+    batch = R.free.shape[0]
+    J = np.zeros((batch, n, n))
+    J[:, np.arange(n), np.arange(n)] = R.free  # diag(f) − Q Qᵀ (the fixed coordinates' rows and columns are 0)
+    if R.scale.shape[1] and batch:
+        Q, ok = _null_basis(R)
+        J -= Q @ np.swapaxes(Q, 1, 2)
+        if not ok.all():
+            idx = np.flatnonzero(~ok)
+            F = Face.of_rows(R.take(idx), method="svd")
+            eye = np.broadcast_to(np.eye(n), (idx.size, n, n))
+            J[idx] = np.stack([F.null_apply(np.ascontiguousarray(eye[:, :, j])) for j in range(n)], axis=-1)
     return J[0] if single else J
 
 
@@ -130,6 +180,6 @@ def hs_vjp(polyhedron: Any, active: Any, V: Any) -> np.ndarray:
     V2 = np.atleast_2d(V)
     if V2.shape[-1] != polyhedron.n:
         raise ProblemError(f"V must have {polyhedron.n} columns, got shape {V.shape}")
-    _, F = _face(polyhedron, active, batch=V2.shape[0])
-    out = F.null_apply(V2).astype(out_dtype, copy=False)  # computed in float64, rounded once
+    _, R = _face(polyhedron, active, batch=V2.shape[0])
+    out = _null_apply(R, V2).astype(out_dtype, copy=False)  # computed in float64, rounded once
     return out[0] if single_v else out
