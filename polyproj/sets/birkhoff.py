@@ -13,6 +13,7 @@ with a warning).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +150,12 @@ class SumsProjector(Projector):
                               stop=xp.take(stop, idx, axis=0))
             face = _put_face(xp, face, idx, polish(Ci, S, yi, si, t_kkt, t_round, rounds=last))
         face = finish(xp, S, self._final(xp, C, face, scale * t_round), t_round)
+        # I(x) is every row with aᵢᵀy = aᵢ, weakly active ones too (DESIGN §6: J projects onto the null space of
+        # all of them): before finish a far sample's line sums carry C's rounding (1 − 6e-8 at |C| 1e8), so a row
+        # at its bound only after finish's correction was left off the active set (ties of a 4 × 4 matching at
+        # 1e8: two column sums exactly 1, reported inactive, J from the other rows). Rows only, at X's rounding:
+        # no entry leaves the support now (that would move the sums finish made exact).
+        face = self._final(xp, C, face, None)
         Y = xp.reshape(face.X, (b, self.n)) + 0.0  # Z ⊙ Ω leaves −0.0 off the support: +0.0 there
         Z = z_of(C, face.y, S.has_w)
         # X = Z ⊙ Ω (the face's own Z): X − Z is 0 on the support and −Z off it
@@ -239,10 +246,10 @@ class SumsProjector(Projector):
         """The reported face: the entries and rows at their bound, and their systems.
 
         Support entries at zero to rounding (``<= zero`` (b, 1); below zero within the KKT test's
-        tolerance) are set to 0 and leave the support, rows at their bound join ``D`` (both weakly
-        active); the samples whose face changed are factored again (the backward is ``J`` there).
+        tolerance; none when ``zero`` is None) are set to 0 and leave the support, rows at their bound join
+        ``D`` (both weakly active); the samples whose face changed are factored again (the backward is ``J`` there).
         """
-        small = face.omega & (face.X <= zero[:, :, None])
+        small = face.omega & (face.X <= zero[:, :, None]) if zero is not None else xp.zeros_like(face.omega)
         changed = xp.any(xp.reshape(small, (small.shape[0], -1)), axis=1)
         rows = self._final_rows(xp, face)
         if rows is not None:
@@ -304,9 +311,26 @@ class SumsProjector(Projector):
         from .polyhedral import Polyhedral
 
         xp = array_namespace(X)
-        G = Polyhedral(self.as_polyhedron(), PROJECTION_DEFAULT)
-        sub = G.project_batch(xp.take(X, idx, axis=0), record=True)
+        Xi = xp.take(X, idx, axis=0)
+        G = Polyhedral(self.as_polyhedron(), PROJECTION_DEFAULT, tol=self._generic_tol(xp, Xi))
+        sub = G.project_batch(Xi, record=True)
         return self._merged(X, result, idx, G, sub, sub.y, sub.violation)
+
+    def _generic_tol(self, xp: Any, X: Any) -> float:
+        """The generic polish's ``tol`` that verifies the samples ``X`` to this set's own accuracy.
+
+        The generic KKT tests are relative to the sample's scale ``s = 1 + max|x|`` (a multiplier is refused
+        below ``−tol·s``), while this set's points have entries and line sums of at most 1 (``max_matches``
+        at most ``min(r, c)``): a wrong face whose multiplier misses by ``δ`` moves ``X`` by about ``δ``. At
+        the default ``tol`` (1e-9) and ``|x|`` 2e8 that let faces 0.17-0.375 off the projection pass as polished
+        (ties of a partial matching at 1e8, the structured face's rounds exhausted). So ``tol / s`` of the
+        farthest sample, for ``tol·s/s = tol`` in the units of ``X`` as the structured test (``_verify``'s
+        ``tol · (1 + max|X|)``), and never below the rounding of ``x − y`` (``2 (r + c) eps`` relative: a right
+        face computed at ``s`` is only exact to that).
+        """
+        _, t_kkt, t_round = self._tols(xp, X.dtype)
+        far = 1.0 + float(xp.max(xp.abs(X))) if X.shape[0] else 1.0
+        return max(t_kkt / far, t_round) if math.isfinite(far) else t_kkt
 
     def _merged(self, X: Any, result: ProjectionResult, idx: Any, gen: Any, sub: ProjectionResult, y: Any,
                 viol: Any) -> ProjectionResult:

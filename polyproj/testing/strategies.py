@@ -375,8 +375,12 @@ def degenerate_points(cases=None, *, weakly_active: int = 1, max_lambda: int = 2
         lam[idx] = lam_act
         mu = np.array(draw(st.lists(st.integers(-2, 2), min_size=P.m_eq, max_size=P.m_eq)), dtype=float)
         x = case.y_star + _ineq_rows(P).T @ lam + (P.B_dense.T @ mu if P.m_eq else 0.0)
-        n_act = idx.size
-        kind = "facet" if n_act == 1 else "vertex" if n_act + P.m_eq >= P.n else "edge"
+        # the face of y* is {y : G_I y = h_I, B y = b}, of dimension n − rank([G_I; B]): count independent rows,
+        # not rows (a duplicated or scaled facet row, LICQ failing, was labelled an edge or a vertex)
+        M = np.vstack([_ineq_rows(P)[idx], P.B_dense]) if P.m_eq else _ineq_rows(P)[idx]
+        rank = int(np.linalg.matrix_rank(M)) if M.shape[0] else 0
+        codim = rank - (int(np.linalg.matrix_rank(P.B_dense)) if P.m_eq else 0)  # tight rows beyond B's
+        kind = "facet" if codim == 1 else "vertex" if rank >= P.n else "edge"
         return DegeneratePoint(case, x, lam, mu, kind=kind)
 
     return build()
