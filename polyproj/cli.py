@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0)
     p.set_defaults(func=lambda a: _delegate("polyproj.demo:main", a))
 
-    p = sub.add_parser("check", help="run the property and conformance suites on a backend")
-    p.add_argument("backend", help="registered name or module:Class")
+    p = sub.add_parser("check", help="run the property and conformance suites on a backend or a set")
+    p.add_argument("backend", help="registered name or module:Class of a backend; or module:attr of a set (a "
+                                   "Projector or Polyhedron, or a function of no arguments that builds one)")
     p.add_argument("--examples", type=_positive(int, "--examples"), default=None,
                    help="hypothesis examples per property (>= 1, default 20; max(1, N // 2) for qp_contract_sparse, "
                         "infeasibility, projection_contract, hs_contains_b)")

@@ -564,6 +564,41 @@ def check_backend(name_or_solver: Any, max_examples: int = DEFAULT_EXAMPLES, see
     return CheckReport(str(label), tuple(results), seed, max_examples, contract_tolerance(solver, tol))
 
 
+def set_target(spec: str) -> Any:
+    """The set ``polyproj check module:attr`` names, or None when ``spec`` names a backend.
+
+    ``attr`` may be a :class:`~polyproj.sets.Projector` or :class:`~polyproj.Polyhedron` instance, a Projector
+    class that needs no arguments, or a function of no arguments returning either (DESIGN §12: third-party sets
+    that break the contract are caught by ``polyproj check`` too). Anything else (a QPSolver class, a name) is
+    left to :func:`check_backend`, whose errors say what a backend must be.
+    """
+    from ..backends.base import QPSolver
+    from ..errors import ProblemError
+    from ..problem import Polyhedron
+    from ..registry import _import_path
+    from ..sets.base import Projector
+
+    if ":" not in spec:
+        return None
+    obj = _import_path(spec)
+    if isinstance(obj, (Projector, Polyhedron)):
+        return obj
+    if isinstance(obj, type) and issubclass(obj, QPSolver):
+        return None
+    if (isinstance(obj, type) and issubclass(obj, Projector)) or (callable(obj) and not isinstance(obj, type)):
+        try:
+            made = obj()
+        except TypeError as exc:
+            raise ProblemError(f"{spec!r} needs arguments ({exc}); point polyproj check at an instance or at a "
+                               "function of no arguments that builds the set") from exc
+        except Exception as exc:  # the user's factory failing is a report, not a traceback
+            raise ProblemError(f"{spec!r} raised {type(exc).__name__}: {exc}") from exc
+        if isinstance(made, (Projector, Polyhedron)):
+            return made
+        raise ProblemError(f"{spec!r} returned {type(made).__name__}, not a polyproj Projector or Polyhedron")
+    return None
+
+
 def cli_main(args: Any) -> int:
     """``polyproj check NAME|module:Class [--examples N] [--seed S]``: print the table; 1 on failure."""
     from rich.console import Console
@@ -582,8 +617,16 @@ def cli_main(args: Any) -> int:
     done: list[PropertyResult] = []
     examples = args.examples or DEFAULT_EXAMPLES
     try:
-        report = check_backend(args.backend, max_examples=examples, seed=args.seed, progress=console.is_terminal,
-                               timeout=getattr(args, "timeout", 900.0), finished=done, **settings)
+        target = set_target(args.backend)
+        if target is not None and settings:
+            raise PolyprojError("--eps-abs / --eps-rel set a backend's tolerances; a set is checked at its own")
+        if target is not None:
+            from .projector import check_projector
+
+            report = check_projector(target, examples=examples, seed=args.seed)
+        else:
+            report = check_backend(args.backend, max_examples=examples, seed=args.seed, progress=console.is_terminal,
+                                   timeout=getattr(args, "timeout", 900.0), finished=done, **settings)
     except PolyprojError as exc:
         print(f"polyproj check: {exc}", file=sys.stderr)
         return 2
