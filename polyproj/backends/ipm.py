@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -74,8 +75,13 @@ class IPMSolver(QPSolver):
         return np.asarray(a.cpu() if hasattr(a, "cpu") else a, dtype=np.float64)
 
     def _run(self, qp: QP, q: np.ndarray, l: np.ndarray, u: np.ndarray, lb: np.ndarray, ub: np.ndarray,
-             x0: np.ndarray | None):
+             x0: np.ndarray | None, stall: bool = True, time_limit: float | None = None):
+        """The IPM on the batch ``q`` (b, n); ``stall``: stop elements stalled near their tolerances (then polished).
+
+        ``time_limit``: seconds left of the call's ``time_limit`` (None: the setting itself).
+        """
         from ..solvers.ipm import solve_qp_batch
+        from ..solvers.ipm.termination import STALL_ITER
 
         P = qp.P.toarray() if sp.issparse(qp.P) else qp.P
         C = qp.C.toarray() if sp.issparse(qp.C) else qp.C
@@ -90,10 +96,10 @@ class IPMSolver(QPSolver):
                 self._to(P), self._to(q), self._to(C), self._to(l), self._to(u), self._to(lb), self._to(ub),
                 eps_abs=float(s["eps_abs"]), eps_rel=float(s["eps_rel"]),
                 max_iter=int(s["max_iter"]) if s["max_iter"] is not None else 100,
-                warm_start=warm, time_limit=s["time_limit"],
+                warm_start=warm, time_limit=s["time_limit"] if time_limit is None else time_limit,
                 ruiz_iter=int(self.backend_options.get("ruiz_iter", 10)),
                 batch_chunk=self.backend_options.get("batch_chunk"),
-                threads=self.backend_options.get("threads"),
+                threads=self.backend_options.get("threads"), stall_iter=STALL_ITER if stall else None,
             )
         wall = time.perf_counter() - t0
         if s["verbose"]:
@@ -119,15 +125,46 @@ class IPMSolver(QPSolver):
         """
         return solve_without_fixed(self, qp, lambda q: self._solve(q, warm_start if q is qp else None))
 
-    def _solve(self, qp: QP, warm_start: Any = None) -> Solution:
+    def _solve(self, qp: QP, warm_start: Any = None, stall: bool = True, time_limit: float | None = None) -> Solution:
         x0 = None
         if warm_start is not None:
             x0 = warm_start.get("x") if isinstance(warm_start, dict) else getattr(warm_start, "x", None)
             x0 = None if x0 is None else np.asarray(x0, dtype=np.float64)[None, :]
-        res, wall = self._run(qp, qp.q[None, :], qp.l, qp.u, qp.lb, qp.ub, x0)
+        res, wall = self._run(qp, qp.q[None, :], qp.l, qp.u, qp.lb, qp.ub, x0, stall, time_limit)
         x, z, zb, st, it, info = self._collect(res)
-        return Solution(x=x[0], z=z[0], z_box=zb[0], status=st[0], iterations=int(it[0]), solve_time=wall,
-                        backend=self.name, qp=qp, info=info[0])
+        sol = Solution(x=x[0], z=z[0], z_box=zb[0], status=st[0], iterations=int(it[0]), solve_time=wall,
+                       backend=self.name, qp=qp, info=info[0])
+        return self._end_game(sol, stall, lambda left: self._solve(qp, warm_start, stall=False, time_limit=left),
+                              time.perf_counter() - wall)
+
+    def _end_game(self, sol: Solution, stalled_early: bool, again: Any, started: float | None = None) -> Solution:
+        """A SOLVED_INACCURATE answer (the IPM stalled near its tolerances) polished on its active set.
+
+        :func:`.active_polish.polish_active`: SOLVED when the exact KKT point of the active set the multipliers
+        name meets the tolerances. Otherwise an element the stall rule stopped before ``max_iter`` is solved
+        ``again(seconds_left)`` without it (the creep may still reach the tolerances), and the answer is that
+        run's, within what is left of ``time_limit`` since ``started`` (``time.perf_counter``; None: now); none
+        left, the answer stands.
+        """
+        if sol.status is not Status.SOLVED_INACCURATE:
+            return sol
+        from .active_polish import polish_active
+
+        t0 = time.perf_counter()
+        got = polish_active(sol.qp, sol.x, sol.z, sol.z_box, float(self.settings["eps_abs"]),
+                            float(self.settings["eps_rel"]))
+        wall = sol.solve_time + time.perf_counter() - t0
+        if got is not None:
+            x, z, zb = got
+            return replace(sol, x=x, z=z, z_box=zb, status=Status.SOLVED, solve_time=wall,
+                           info={**sol.info, "polished": True, "ipm_status": sol.status.name})
+        cap = self.settings["max_iter"] if self.settings["max_iter"] is not None else 100
+        limit = self.settings["time_limit"]
+        left = None if limit is None else float(limit) - (time.perf_counter() - (started or t0))
+        if not stalled_early or sol.iterations >= int(cap) or (left is not None and left <= 0):
+            return replace(sol, solve_time=wall)
+        full = again(left)
+        return replace(full, iterations=sol.iterations + full.iterations, solve_time=wall + full.solve_time)
 
     def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None) -> BatchSolution:
         """Native batch: one batched IPM run over all elements (P and C shared).
@@ -136,6 +173,7 @@ class IPMSolver(QPSolver):
         SOLVED): for the whole batch where only ``q`` varies (:meth:`_batch_without_fixed`), else in the elements
         that have them, one by one by :meth:`solve`.
         """
+        t_batch = time.perf_counter()  # the call's time_limit bounds the re-solves of stalled elements too
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
         if set(vecs) <= {"q"} and np.any(qp.lb == qp.ub):
@@ -158,6 +196,15 @@ class IPMSolver(QPSolver):
             x[run], z[run], zb[run], it[run] = xr, zr, zbr, itr
             for j, i in enumerate(run):
                 st[i], info[i] = str_[j], infor[j]
+                if st[i] is Status.SOLVED_INACCURATE:  # stalled: polished, or solved again alone (_end_game)
+                    q_i = qps[int(i)]
+                    sol = self._end_game(Solution(x=x[i], z=z[i], z_box=zb[i], status=st[i], iterations=int(it[i]),
+                                                  backend=self.name, qp=q_i, info=info[i]),
+                                         True, lambda left, q_i=q_i: self._solve(q_i, stall=False, time_limit=left),
+                                         t_batch)
+                    x[i], z[i], zb[i], st[i], it[i], info[i] = sol.x, sol.z, sol.z_box, sol.status, sol.iterations, \
+                        sol.info
+                    wall += sol.solve_time
         for i in np.flatnonzero(fixed):
             sol = self.solve(qps[int(i)])
             x[i], z[i], zb[i], st[i], it[i], info[i] = sol.x, sol.z, sol.z_box, sol.status, sol.iterations, sol.info
@@ -198,8 +245,12 @@ class IPMSolver(QPSolver):
                              backend=self.name, qps=ElementQPs(qp, vecs, size), info={"elements": info})
 
     def solve_projections(self, X: Any, data: PolyData, *, rough: bool = False) -> ProjectionStart:
-        """Native: one batched IPM run in the namespace and on the device of ``X`` (P = I, q = -x)."""
+        """Native: one batched IPM run in the namespace and on the device of ``X`` (P = I, q = -x).
+
+        Elements stalled near the tolerances stop there (``stall_iter``): the pipeline's exact polish follows.
+        """
         from ..solvers.ipm import solve_qp_batch
+        from ..solvers.ipm.termination import STALL_ITER
 
         xp = data.xp
         N, n = X.shape
@@ -220,7 +271,7 @@ class IPMSolver(QPSolver):
                              max_iter=int(s["max_iter"]) if s["max_iter"] is not None else 100,
                              time_limit=s["time_limit"], ruiz_iter=int(self.backend_options.get("ruiz_iter", 10)),
                              batch_chunk=self.backend_options.get("batch_chunk"),
-                             threads=self.backend_options.get("threads"))
+                             threads=self.backend_options.get("threads"), stall_iter=STALL_ITER)
         z = res.z
         mu = z[:, data.m:]
         return ProjectionStart(res.x, qp_multipliers_to_rows(xp, z, res.z_box, data.m),

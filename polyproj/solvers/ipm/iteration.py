@@ -28,13 +28,18 @@ __all__ = ["Settings", "Setup", "init", "run", "start", "step"]
 
 @dataclass(frozen=True)
 class Settings:
-    """Options of a run: tolerances, iteration limit, Ruiz passes, deadline (``time.perf_counter``) or None."""
+    """Options of a run: tolerances, iteration limit, Ruiz passes, deadline (``time.perf_counter``) or None.
+
+    ``stall_iter``: stop an element near its tolerances that has stalled for this many iterations
+    (:func:`~.termination.record`); None: iterate on to ``max_iter``.
+    """
 
     eps_abs: float
     eps_rel: float
     max_iter: int
     ruiz_iter: int
     deadline: float | None
+    stall_iter: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ def init(xp: Any, qp: BatchQP, settings: Settings, resume: ResumeState | None = 
               tolerances(xp, qp, rows, num, settings.eps_abs, settings.eps_rel), settings, codes)
     if resume is not None:
         return s, resume.loop
-    return s, LoopState(0, start(s), None, codes.running, codes.zeros, codes.zeros, codes.zeros)
+    return s, LoopState(0, start(s), None, codes.running, codes.zeros, codes.zeros, codes.zeros, codes.zeros)
 
 
 def start(s: Setup) -> Iterate:
@@ -194,7 +199,7 @@ def step(s: Setup, loop: LoopState, point: KKTPoint) -> LoopState:
     keep = (status == RUNNING)[:, None]
     kept = Iterate(*(xp.where(keep, a, o) for a, o in
                      zip((new.x, new.sl, new.zl, new.su, new.zu, new.y), (it.x, it.sl, it.zl, it.su, it.zu, it.y))))
-    return LoopState(loop.it + 1, kept, loop.best, status, iterations, pin_cnt, din_cnt)
+    return LoopState(loop.it + 1, kept, loop.best, status, iterations, pin_cnt, din_cnt, loop.stale, loop.ref)
 
 
 def terminate(s: Setup, loop: LoopState) -> tuple[LoopState, KKTPoint, int]:
@@ -203,7 +208,7 @@ def terminate(s: Setup, loop: LoopState) -> tuple[LoopState, KKTPoint, int]:
     it = loop.iterate
     x, z, z_box = s.sqp.unscale(it.x, it.zl, it.zu, it.y)
     point = kkt_point(xp, s.qp, s.rows, s.tol, s.num.zero, x, z, z_box)
-    loop = record(xp, s.codes, point, loop)
+    loop = record(xp, s.codes, point, loop, s.settings.stall_iter)
     n_run = int(xp.sum(xp.astype(loop.status == RUNNING, xp.int32)))
     return loop, point, n_run
 

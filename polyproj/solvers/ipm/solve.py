@@ -31,6 +31,7 @@ def solve_qp_batch(
     ruiz_iter: int = 10,
     batch_chunk: int | None = None,
     threads: int | None = 1,
+    stall_iter: int | None = None,
 ) -> IPMResult:
     """Solve a batch of convex QPs ``min ½xᵀPx + qᵀx s.t. l <= Cx <= u, lb <= x <= ub``.
 
@@ -64,6 +65,10 @@ def solve_qp_batch(
         With batch threads, or when n <= 256, BLAS and torch run single-threaded inside the call
         (batched small matrices gain nothing from intra-op threads). Other namespaces and devices
         ignore it.
+    stall_iter : int, optional
+        Stop an element near its tolerances (within 1000 of each) as SOLVED_INACCURATE once this many
+        iterations have not halved its distance to them (:func:`~.termination.record`: the precision floor
+        of the Newton systems); None (default): iterate on to ``max_iter``.
 
     Returns
     -------
@@ -89,10 +94,11 @@ def solve_qp_batch(
     ['SOLVED', 'SOLVED']
     """
     _check_settings(eps_abs=eps_abs, eps_rel=eps_rel, max_iter=max_iter, time_limit=time_limit, ruiz_iter=ruiz_iter,
-                    batch_chunk=batch_chunk, threads=threads)
+                    batch_chunk=batch_chunk, threads=threads, stall_iter=stall_iter)
     xp, qp = as_batch_qp(P, q, C, l, u, lb, ub, warm_start)
     settings = Settings(float(eps_abs), float(eps_rel), int(max_iter), int(ruiz_iter),
-                        None if time_limit is None else time.perf_counter() + float(time_limit))
+                        None if time_limit is None else time.perf_counter() + float(time_limit),
+                        None if stall_iter is None else int(stall_iter))
     chunk, n_workers = plan_parts(xp, qp, batch_chunk, threads)
     # batched small matrices gain nothing from intra-op threads, and on a loaded machine OpenMP /
     # OpenBLAS thread wake-ups cost more than the kernels
@@ -107,7 +113,8 @@ def _check_settings(**given: Any) -> None:
     from ...errors import ProblemError
 
     checks = {"eps_abs": nonnegative, "eps_rel": nonnegative, "max_iter": positive_int, "time_limit": nonnegative,
-              "ruiz_iter": nonnegative_int, "batch_chunk": positive_int, "threads": positive_int}
+              "ruiz_iter": nonnegative_int, "batch_chunk": positive_int, "threads": positive_int,
+              "stall_iter": positive_int}
     for k, v in given.items():
         why = None if v is None else checks[k](v)
         if why is not None:

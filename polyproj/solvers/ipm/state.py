@@ -109,6 +109,11 @@ class LoopState:
     iterations : (b,) int32
     pin_cnt, din_cnt : (b,) int32
         Consecutive iterations with a primal / dual infeasibility certificate.
+    stale : (b,) int32
+        Iterations since the best point's distance to the tolerances was last halved (:func:`~.termination.record`:
+        an element near them that stays stale has stalled).
+    ref : (b,) float or None
+        That distance when it was last halved (None before the first point).
     """
 
     it: int
@@ -118,11 +123,15 @@ class LoopState:
     iterations: Any
     pin_cnt: Any
     din_cnt: Any
+    stale: Any
+    ref: Any = None
 
     def take(self, xp: Any, idx: Any) -> LoopState:
         """The elements ``idx``."""
         return LoopState(self.it, self.iterate.take(xp, idx), None if self.best is None else self.best.take(xp, idx),
-                         *(take_rows(xp, a, idx) for a in (self.status, self.iterations, self.pin_cnt, self.din_cnt)))
+                         *(take_rows(xp, a, idx) for a in (self.status, self.iterations, self.pin_cnt, self.din_cnt,
+                                                            self.stale)),
+                         None if self.ref is None else take_rows(xp, self.ref, idx))
 
 
 @dataclass(frozen=True)
