@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_layer import make_problem
 from common import quick_name, write_json
 
 #: (n, ratios m / n, batch)
@@ -33,15 +34,11 @@ QUICK = [(20, (2, 4), 256), (50, (2, 4), 64)]
 
 
 def polytope(n: int, m: int, batch: int, seed: int = 0):
+    """bench_layer.py's data (:func:`bench_layer.make_problem`) as a Polyhedron and its points."""
     import polyproj as pp
 
-    rng = np.random.default_rng(seed)
-    x0 = rng.normal(size=n)
-    A = rng.normal(size=(m, n))
-    a = A @ x0 + rng.uniform(0.1, 1.0, size=m)
-    B = rng.normal(size=(1, n))
-    P = pp.Polyhedron(A=A, a=a, B=B, b=B @ x0, lb=x0 - 2.0, ub=x0 + 2.0)
-    return P, x0 + 3.0 * rng.normal(size=(batch, n))
+    d = make_problem(batch, n, m, seed)
+    return pp.Polyhedron(**{k: d[k] for k in ("A", "a", "B", "b", "lb", "ub")}), d["X"]
 
 
 def timed(X, P, backend: str) -> tuple[float, str, bool]:
