@@ -860,7 +860,8 @@ def project(x: torch.Tensor, S: Any = None, a: Any = None, B: Any = None, b: Any
     S : Projector, Polyhedron, or the tensor A
         The set. Alternatively the constraint data ``A, a, B, b, lb, ub`` (positionally from here, or as
         keywords): ``A (m, n)``, ``a (m,)`` — or with the batch dimensions of x (input-dependent
-        constraints), ``B, b`` likewise, ``lb, ub (n,)`` or batched; ``±inf`` allowed in bounds.
+        constraints), ``B, b`` likewise, ``lb, ub (n,)`` or batched; ``±inf`` allowed in bounds. Tensors
+        must have x's dtype (else a ProblemError); NumPy arrays, lists and numbers are taken in x's dtype.
     backend : str
         Polyhedra only: ``"auto"`` (:func:`polyproj.backends.defaults.auto_projection`: the ADMM start
         for shared matrices, the batched IPM for per-sample ones), ``"admm"``, ``"ipm"`` or any
@@ -1157,7 +1158,8 @@ class ProjectionLayer(nn.Module):
     def _own(self, S: Projector) -> None:
         """The set's tensors, registered in the child module ``set_data``: optimisers, state_dict and .to() see them.
 
-        An ``nn.Parameter`` is registered as itself (a parameter), a tensor that needs no gradient as a buffer; a tensor
+        An ``nn.Parameter`` is registered as itself (a parameter), a copy of a tensor that needs no gradient as a buffer
+        (the caller's tensor is never written by the layer: ``load_state_dict`` copies into buffers in place); a tensor
         that requires grad without being a Parameter (a leaf the caller steps, or one computed from others) stays the
         caller's. :meth:`forward` projects onto the set with the registered tensors (moved by ``.to()``, loaded by
         ``load_state_dict``, swapped by ``torch.func.functional_call``). A Polyhedral set's data are fixed (not learned
@@ -1175,8 +1177,9 @@ class ProjectionLayer(nn.Module):
             try:
                 if isinstance(v, nn.Parameter):
                     self.set_data.register_parameter(k, v)
-                else:
-                    self.set_data.register_buffer(k, v)
+                else:  # a copy, as the constraint data's buffers are: load_state_dict, .copy_() or .fill_() on
+                    # the layer's buffer write into it in place and must not reach the caller's tensor (nor the set)
+                    self.set_data.register_buffer(k, v.detach().clone())
             except (KeyError, TypeError) as exc:  # a name torch refuses: with a dot, empty, an nn.Module attribute
                 raise ProblemError(f"{type(S).__name__}'s parameter {k!r} cannot be registered on the layer "
                                    f"({exc}): give it another name") from None
@@ -1269,7 +1272,11 @@ class ProjectionLayer(nn.Module):
     def extra_repr(self) -> str:
         """Sizes of the constraint data and the backend."""
         if self.set is not None and not hasattr(self, "B"):
-            return repr(self.set)
+            # with the registered tensors the forward projects with (_own); a meta tensor has no value to show
+            owned = [*self.set_data.parameters(), *self.set_data.buffers()] if getattr(self, "_set_names", ()) else []
+            if any(t.is_meta for t in owned):
+                return f"{type(self.set).__name__}(n={self.n}, {', '.join(self._set_names)} on the 'meta' device)"
+            return repr(self._current_set())
 
         def rows(t):
             return 0 if t is None else int(t.shape[-2])
