@@ -28,6 +28,7 @@ def polytope(n: int, m: int, batch: int, seed: int = 0):
 def test_thin_rule():
     assert thin(10, int(AUTO_THIN * 10)) and not thin(10, int(AUTO_THIN * 10) - 1)
     assert not thin(None, 100) and not thin(10, None)
+    assert not thin(2, 8) and thin(2, 16) and thin(4, 12)  # tiny n: the batched start up to 8n rows
     # thin: DAQP on the CPU whatever the batch; not thin: the batch rule as before; per-sample data: the IPM
     assert auto_projection(True, 4096, n=50, m=150) == "daqp"
     assert auto_projection(True, 4096, n=50, m=100) == "admm"

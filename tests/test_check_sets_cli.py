@@ -33,6 +33,9 @@ MODULE = textwrap.dedent('''
 
     def needs_args(n):
         return pp.sets.Simplex(n)
+
+    def factory_raising():
+        return pp.sets.Simplex("four")
 ''')
 
 
@@ -57,6 +60,7 @@ def test_a_set_that_breaks_it_fails(tmp_path):
 
 @pytest.mark.parametrize(("target", "says"), [("mysets:not_a_set", "returned int"),
                                               ("mysets:needs_args", "needs arguments"),
+                                              ("mysets:factory_raising", "raised"),
                                               ("mysets:missing", "has no attribute")])
 def test_what_is_not_a_set_is_a_clear_error(tmp_path, target, says):
     r = check(tmp_path, target)

@@ -165,12 +165,16 @@ def test_set_conservativity_fd_and_path_integral(S_):
 @QUICK
 @given(S.degenerate_points(S.polyhedron_cases(min_n=1, max_n=5, licq=False)))
 def test_degenerate_point_kind_counts_independent_rows(pt):
-    """``kind`` is the face of ``y*``: its codimension is the rank of the tight rows (beyond B), not their count."""
+    """``kind`` is the face of ``y*`` by its dimension (the null space of its tight rows and B, from an SVD), not by
+    the count of tight rows: a point is a vertex, one dimension below the set's affine hull a facet."""
+    import scipy.linalg
+
     P = pt.polyhedron
     G, _, B, _ = _rows(P)
     M = np.vstack([G[pt.case.active], B])
-    codim = np.linalg.matrix_rank(M) - P.m_eq
-    want = "facet" if codim == 1 else "vertex" if codim + P.m_eq >= P.n else "edge"
+    dim_face = scipy.linalg.null_space(M).shape[1] if M.shape[0] else P.n
+    dim_set = scipy.linalg.null_space(B).shape[1] if P.m_eq else P.n
+    want = "vertex" if dim_face == 0 else "facet" if dim_face == dim_set - 1 else "edge"
     assert pt.kind == want
     assert _kkt_residual(P, pt.x, pt.y, act_tol=1e-12) <= 1e-12  # and Π(x) = y*
 

@@ -29,11 +29,14 @@ AUTO_SMALL_BATCH = 16
 #: n 300, 105 against 221 ms at n 500)
 PER_POINT_N = 50.0
 #: long thin polytopes: from AUTO_THIN n rows of A on, the ADMM start identifies faces poorly (its polish takes
-#: many rounds and leaves samples to the batched IPM) and DAQP per point is faster at every batch size.
-#: pp.project on random polytopes (shared A with m rows, one equality, box; bench-style points; one core;
-#: docs/performance.md, "Long thin polytopes"): ADMM / DAQP time 0.83 (n 50, m 2n), 1.15 (n 50, 3n),
-#: 0.87 (n 100, 3n), 1.40 (n 200, 3n), 6.1 (n 400, 3n), 2.0-4.0 at 4n, 3.4-5.6 at 8n, 10-75 at m = 100-500 n
+#: many rounds and leaves samples to the batched IPM) and DAQP per point is faster at most batch sizes.
+#: benchmarks/bench_auto_thin.py (pp.project, bench_layer's data with m rows; docs/performance.md, "Long thin
+#: polytopes"), ADMM / DAQP time at m = 2n / 3n / 4n: n 50 0.82 / 1.27 / 1.96, n 100 0.42 / 0.80 / 1.95, n 200
+#: 0.19 / 1.80 / 4.46, n 400 0.13 / 6.33 (3n); n 20 1.31 / - / 1.94; 10-75 at m = 100-500 n (probe of
+#: 2026-12-07). Below THIN_MIN_N coordinates the batched start stays ahead up to THIN_TINY n rows (n 2 and 3 at
+#: m 4n, 20,000 points: 0.13 / 0.17 and 0.16 / 0.19 s; n 2 at m 100n: 0.71 / 0.26 s)
 AUTO_THIN = 3.0
+THIN_MIN_N, THIN_TINY = 4, 8.0
 
 
 def per_point_limit(n: int | None) -> int:
@@ -78,7 +81,10 @@ def _available(name: str, **settings: Any) -> bool:
 
 def thin(n: int | None, m: int | None) -> bool:
     """Whether ``m`` inequality rows in dimension ``n`` make a long thin polytope (:data:`AUTO_THIN`)."""
-    return n is not None and m is not None and m >= AUTO_THIN * max(int(n), 1)
+    if n is None or m is None:
+        return False
+    n = max(int(n), 1)
+    return m >= (AUTO_THIN if n >= THIN_MIN_N else THIN_TINY) * n
 
 
 def auto_projection(shared_matrices: bool, batch: int | None = None, on_cpu: bool = True,

@@ -82,6 +82,7 @@ class IPMSolver(QPSolver):
         """
         from ..solvers.ipm import solve_qp_batch
         from ..solvers.ipm.termination import STALL_ITER
+        from .active_polish import MAX_SIZE
 
         P = qp.P.toarray() if sp.issparse(qp.P) else qp.P
         C = qp.C.toarray() if sp.issparse(qp.C) else qp.C
@@ -99,7 +100,8 @@ class IPMSolver(QPSolver):
                 warm_start=warm, time_limit=s["time_limit"] if time_limit is None else time_limit,
                 ruiz_iter=int(self.backend_options.get("ruiz_iter", 10)),
                 batch_chunk=self.backend_options.get("batch_chunk"),
-                threads=self.backend_options.get("threads"), stall_iter=STALL_ITER if stall else None,
+                threads=self.backend_options.get("threads"),
+                stall_iter=STALL_ITER if stall and qp.n <= MAX_SIZE else None,  # the polish runs up to MAX_SIZE
             )
         wall = time.perf_counter() - t0
         if s["verbose"]:
@@ -126,25 +128,26 @@ class IPMSolver(QPSolver):
         return solve_without_fixed(self, qp, lambda q: self._solve(q, warm_start if q is qp else None))
 
     def _solve(self, qp: QP, warm_start: Any = None, stall: bool = True, time_limit: float | None = None) -> Solution:
+        t0 = time.perf_counter()
         x0 = None
         if warm_start is not None:
             x0 = warm_start.get("x") if isinstance(warm_start, dict) else getattr(warm_start, "x", None)
             x0 = None if x0 is None else np.asarray(x0, dtype=np.float64)[None, :]
         res, wall = self._run(qp, qp.q[None, :], qp.l, qp.u, qp.lb, qp.ub, x0, stall, time_limit)
         x, z, zb, st, it, info = self._collect(res)
-        sol = Solution(x=x[0], z=z[0], z_box=zb[0], status=st[0], iterations=int(it[0]), solve_time=wall,
-                       backend=self.name, qp=qp, info=info[0])
-        return self._end_game(sol, stall, lambda left: self._solve(qp, warm_start, stall=False, time_limit=left),
-                              time.perf_counter() - wall)
+        sol = self._polished(Solution(x=x[0], z=z[0], z_box=zb[0], status=st[0], iterations=int(it[0]),
+                                      solve_time=wall, backend=self.name, qp=qp, info=info[0]))
+        left = self._again(sol, stall, t0)
+        if left is False:
+            return sol
+        return self._resolved(sol, self._solve(qp, warm_start, stall=False, time_limit=left))
 
-    def _end_game(self, sol: Solution, stalled_early: bool, again: Any, started: float | None = None) -> Solution:
-        """A SOLVED_INACCURATE answer (the IPM stalled near its tolerances) polished on its active set.
+    # ---------------------------------------------------------------- the end game (active_polish)
+    def _polished(self, sol: Solution) -> Solution:
+        """A SOLVED_INACCURATE answer (stalled near its tolerances, or at the cap) polished on its active set.
 
         :func:`.active_polish.polish_active`: SOLVED when the exact KKT point of the active set the multipliers
-        name meets the tolerances. Otherwise an element the stall rule stopped before ``max_iter`` is solved
-        ``again(seconds_left)`` without it (the creep may still reach the tolerances), and the answer is that
-        run's, within what is left of ``time_limit`` since ``started`` (``time.perf_counter``; None: now); none
-        left, the answer stands.
+        name passes the tolerances; otherwise ``sol`` as it is (the polish's time added).
         """
         if sol.status is not Status.SOLVED_INACCURATE:
             return sol
@@ -154,26 +157,50 @@ class IPMSolver(QPSolver):
         got = polish_active(sol.qp, sol.x, sol.z, sol.z_box, float(self.settings["eps_abs"]),
                             float(self.settings["eps_rel"]))
         wall = sol.solve_time + time.perf_counter() - t0
-        if got is not None:
-            x, z, zb = got
-            return replace(sol, x=x, z=z, z_box=zb, status=Status.SOLVED, solve_time=wall,
-                           info={**sol.info, "polished": True, "ipm_status": sol.status.name})
-        cap = self.settings["max_iter"] if self.settings["max_iter"] is not None else 100
-        limit = self.settings["time_limit"]
-        left = None if limit is None else float(limit) - (time.perf_counter() - (started or t0))
-        if not stalled_early or sol.iterations >= int(cap) or (left is not None and left <= 0):
+        if got is None:
             return replace(sol, solve_time=wall)
-        full = again(left)
-        return replace(full, iterations=sol.iterations + full.iterations, solve_time=wall + full.solve_time)
+        x, z, zb = got
+        return replace(sol, x=x, z=z, z_box=zb, status=Status.SOLVED, solve_time=wall,
+                       info={**sol.info, "polished": True, "ipm_status": sol.status.name})
+
+    def _again(self, sol: Solution, stall: bool, started: float) -> float | bool | None:
+        """Whether a stalled answer the polish did not settle is solved again without the stall rule.
+
+        Only an element the rule stopped before ``max_iter`` (the creep may still reach the tolerances), with time
+        left of ``time_limit`` since ``started``: returns the seconds left (None: no limit), or False.
+        """
+        cap = self.settings["max_iter"] if self.settings["max_iter"] is not None else 100
+        if not stall or sol.status is not Status.SOLVED_INACCURATE or sol.iterations >= int(cap):
+            return False
+        limit = self.settings["time_limit"]
+        if limit is None:
+            return None
+        left = float(limit) - (time.perf_counter() - started)
+        return left if left > 0 else False
+
+    @staticmethod
+    def _resolved(stalled: Solution, full: Solution) -> Solution:
+        """The answer for an element solved again without the stall rule (``full``) after it stalled (``stalled``).
+
+        ``full`` repeats the stalled run's iterations and goes on, so where it ends SOLVED or SOLVED_INACCURATE
+        (converged, or its closest point by the cap) it is at least as close; where a time limit or the cap cut it
+        short otherwise (TIME_LIMIT, MAX_ITER, ...) the stalled answer stands. Iterations: the run that answers;
+        times: both.
+        """
+        wall = stalled.solve_time + full.solve_time
+        if full.status in (Status.SOLVED, Status.SOLVED_INACCURATE):
+            return replace(full, solve_time=wall, info={**full.info, "stalled_at": stalled.iterations})
+        return replace(stalled, solve_time=wall)
 
     def solve_batch(self, qp, q=None, l=None, u=None, lb=None, ub=None, warm_start=None) -> BatchSolution:
         """Native batch: one batched IPM run over all elements (P and C shared).
 
         Fixed variables (``lb == ub``) are substituted (a variable fixed at 1e7: the batch run's x₂ = 0.8 for 1 as
         SOLVED): for the whole batch where only ``q`` varies (:meth:`_batch_without_fixed`), else in the elements
-        that have them, one by one by :meth:`solve`.
+        that have them, one by one by :meth:`solve`. Elements that stall are polished, and those the polish does
+        not settle are solved again without the stall rule in one batched run (:meth:`_solve`'s end game).
         """
-        t_batch = time.perf_counter()  # the call's time_limit bounds the re-solves of stalled elements too
+        t_batch = time.perf_counter()  # the call's time_limit bounds the re-solve of stalled elements too
         vecs = self._batch_vectors(qp, q=q, l=l, u=u, lb=lb, ub=ub)
         size = self._batch_size(vecs)
         if set(vecs) <= {"q"} and np.any(qp.lb == qp.ub):
@@ -186,27 +213,30 @@ class IPMSolver(QPSolver):
         qps = ElementQPs(qp, vecs, size)  # per-element QPs for the residual methods, built on access
         x, z, zb = np.full((size, qp.n), np.nan), np.full((size, qp.m), np.nan), np.full((size, qp.n), np.nan)
         st, it, info, wall = [Status.NUMERICAL_ERROR] * size, np.zeros(size, dtype=np.int64), [{}] * size, 0.0
-        if run.size:
-            def part(v):  # the batched vectors of the elements the batch run takes
-                return v[run] if v.ndim == 2 else v
+        sols: dict[int, Solution] = {}
 
-            res, wall = self._run(qp, np.ascontiguousarray(Q[run]), part(vecs.get("l", qp.l)),
-                                  part(vecs.get("u", qp.u)), part(LB), part(UB), None if x0 is None else x0[run])
+        def batch_run(idx: np.ndarray, stall: bool, time_limit: float | None = None) -> None:
+            def part(v):  # the batched vectors of the elements idx
+                return v[idx] if v.ndim == 2 else v
+
+            res, w = self._run(qp, np.ascontiguousarray(Q[idx]), part(vecs.get("l", qp.l)), part(vecs.get("u", qp.u)),
+                               part(LB), part(UB), None if x0 is None else x0[idx], stall, time_limit)
             xr, zr, zbr, str_, itr, infor = self._collect(res)
-            x[run], z[run], zb[run], it[run] = xr, zr, zbr, itr
-            for j, i in enumerate(run):
-                st[i], info[i] = str_[j], infor[j]
-                if st[i] is Status.SOLVED_INACCURATE:  # stalled: polished, or solved again alone (_end_game)
-                    q_i = qps[int(i)]
-                    sol = self._end_game(Solution(x=x[i], z=z[i], z_box=zb[i], status=st[i], iterations=int(it[i]),
-                                                  backend=self.name, qp=q_i, info=info[i]),
-                                         True, lambda left, q_i=q_i: self._solve(q_i, stall=False, time_limit=left),
-                                         t_batch)
-                    x[i], z[i], zb[i], st[i], it[i], info[i] = sol.x, sol.z, sol.z_box, sol.status, sol.iterations, \
-                        sol.info
-                    wall += sol.solve_time
+            for j, i in enumerate(idx):
+                i = int(i)
+                sol = self._polished(Solution(x=xr[j], z=zr[j], z_box=zbr[j], status=str_[j], iterations=int(itr[j]),
+                                              solve_time=w / idx.size, backend=self.name, qp=qps[i], info=infor[j]))
+                sols[i] = sol if stall else self._resolved(sols[i], sol)
+
+        if run.size:
+            batch_run(run, True)
+            again = [i for i in run if self._again(sols[int(i)], True, t_batch) is not False]
+            left = self._again(sols[int(again[0])], True, t_batch) if again else False
+            if again and left is not False:
+                batch_run(np.asarray(again), False, left)
         for i in np.flatnonzero(fixed):
-            sol = self.solve(qps[int(i)])
+            sols[int(i)] = self.solve(qps[int(i)])
+        for i, sol in sols.items():
             x[i], z[i], zb[i], st[i], it[i], info[i] = sol.x, sol.z, sol.z_box, sol.status, sol.iterations, sol.info
             wall += sol.solve_time
         return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
@@ -247,7 +277,8 @@ class IPMSolver(QPSolver):
     def solve_projections(self, X: Any, data: PolyData, *, rough: bool = False) -> ProjectionStart:
         """Native: one batched IPM run in the namespace and on the device of ``X`` (P = I, q = -x).
 
-        Elements stalled near the tolerances stop there (``stall_iter``): the pipeline's exact polish follows.
+        ``rough``: elements stalled near the tolerances stop there too (``stall_iter``): the pipeline's exact polish
+        follows.
         """
         from ..solvers.ipm import solve_qp_batch
         from ..solvers.ipm.termination import STALL_ITER
@@ -271,7 +302,7 @@ class IPMSolver(QPSolver):
                              max_iter=int(s["max_iter"]) if s["max_iter"] is not None else 100,
                              time_limit=s["time_limit"], ruiz_iter=int(self.backend_options.get("ruiz_iter", 10)),
                              batch_chunk=self.backend_options.get("batch_chunk"),
-                             threads=self.backend_options.get("threads"), stall_iter=STALL_ITER)
+                             threads=self.backend_options.get("threads"), stall_iter=STALL_ITER if rough else None)
         z = res.z
         mu = z[:, data.m:]
         return ProjectionStart(res.x, qp_multipliers_to_rows(xp, z, res.z_box, data.m),

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
 import signal
 import sys
@@ -587,10 +588,14 @@ def set_target(spec: str) -> Any:
         return None
     if (isinstance(obj, type) and issubclass(obj, Projector)) or (callable(obj) and not isinstance(obj, type)):
         try:
-            made = obj()
-        except TypeError as exc:
+            inspect.signature(obj).bind()
+        except TypeError as exc:  # the call itself may raise a TypeError of its own: told apart here
             raise ProblemError(f"{spec!r} needs arguments ({exc}); point polyproj check at an instance or at a "
                                "function of no arguments that builds the set") from exc
+        except ValueError:  # no signature to read (a builtin): the call says
+            pass
+        try:
+            made = obj()
         except Exception as exc:  # the user's factory failing is a report, not a traceback
             raise ProblemError(f"{spec!r} raised {type(exc).__name__}: {exc}") from exc
         if isinstance(made, (Projector, Polyhedron)):

@@ -380,7 +380,7 @@ def degenerate_points(cases=None, *, weakly_active: int = 1, max_lambda: int = 2
         M = np.vstack([_ineq_rows(P)[idx], P.B_dense]) if P.m_eq else _ineq_rows(P)[idx]
         rank = int(np.linalg.matrix_rank(M)) if M.shape[0] else 0
         codim = rank - (int(np.linalg.matrix_rank(P.B_dense)) if P.m_eq else 0)  # tight rows beyond B's
-        kind = "facet" if codim == 1 else "vertex" if rank >= P.n else "edge"
+        kind = "vertex" if rank >= P.n else "facet" if codim == 1 else "edge"  # a point first (n 2, B and a row)
         return DegeneratePoint(case, x, lam, mu, kind=kind)
 
     return build()
