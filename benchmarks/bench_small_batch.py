@@ -4,9 +4,9 @@
 The figures behind ``per_point_limit`` (docs/torch.md) and the one-backward ``vmap(grad)`` path. For an
 A/B against another commit, run the script once per checkout in alternating processes on one core::
 
-    git archive <sha> polyproj | tar -x -C /tmp/base
-    taskset -c 1 benchmarks/bench_small_batch.py                        # this checkout
-    PYTHONPATH=/tmp/base taskset -c 1 benchmarks/bench_small_batch.py   # the other
+    mkdir -p /tmp/base && git archive <sha> polyproj | tar -x -C /tmp/base
+    taskset -c 1 .venv/bin/python benchmarks/bench_small_batch.py                        # this checkout
+    PYTHONPATH=/tmp/base taskset -c 1 .venv/bin/python benchmarks/bench_small_batch.py   # the other
 
 ``--crossover``: the figures behind ``direct_points`` (docs/torch.md): each case as ``"auto"`` chooses,
 with the direct path forced (its limits lifted), and with it switched off (``direct.DIRECT_BATCH = 0``:

@@ -268,6 +268,12 @@ def cached_study(cache_dir: str, wd: float):
                                widths=(16, 32, 40), chunk=4096, threads=1, cache=cache_dir, resume=False,
                                precondition=True)
     cache = Path(cache_dir) / f"seed0_w16-32-40_nNone_wd{wd:g}"
+    # the probes read a trained study, never train one: without these files train() would train the full
+    # study (d = 10,370) from scratch, and the ground truth (truth.jsonl) would still be missing at its end
+    missing = [f for f in ("study.npz", "kkt.npz", "H.npy", "truth.jsonl") if not (cache / f).exists()]
+    if missing:
+        raise SystemExit(f"no trained study in {cache} (missing {', '.join(missing)}): run "
+                         f"benchmarks/dif_fairness.py --cache {cache_dir} --wd {wd:g} first")
     S, kkt, frozen, _ = train(sargs, cache)
     truth = {r["key"]: r for r in map(json.loads, (cache / "truth.jsonl").read_text().splitlines())}
     return S, kkt, frozen, removals_for(S, sargs), float(S.test_loss(S.problem.wrap(kkt.theta))), sargs, truth

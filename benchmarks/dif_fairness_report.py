@@ -39,6 +39,11 @@ def main(argv=None) -> int:
     tol = float(argv[4]) if len(argv) > 4 else 1e-10  # dif_fairness.py's --tol
     pen_file = cache / "penalty_scores.json"
     penalty = json.loads(pen_file.read_text()) if pen_file.exists() else {}
+    sw_file = cache / f"penalty_sweep_{n}.jsonl"  # dif_fairness.py's cache: one row per (penalty, ρ)
+    if not penalty and sw_file.exists():  # the quadratic penalty's rows that scored, keyed by ρ as above
+        penalty = {str(r["rho"]): {"scores": r["scores"], "damping": r["damping"], "iterations": r["cg_iterations"]}
+                   for r in map(json.loads, sw_file.read_text().splitlines())
+                   if r["penalty"] == "quadratic" and "scores" in r}
     rows, cut = {}, {}
     for line in truth.read_text().splitlines():
         r = json.loads(line)
