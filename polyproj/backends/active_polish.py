@@ -1,49 +1,91 @@
-"""An interior-point method's end game: its answer polished on the active set its multipliers name.
+"""An interior-point method's end game: the QP on the active set its multipliers name, solved exactly.
 
 Near the end of an interior-point run the rows are weighted by ``D = z/s``, which spans 20-30 orders of
 magnitude; the normal equations then lose the stationarity residual to rounding (about
 ``eps · max D · |G|² · |dx|``) and the iteration can stall a little above a tight tolerance (random QPs at
 n 400: dual residual 3.6e-8 against eps_abs 1e-8 for 90 iterations, then SOLVED_INACCURATE at the
-100-iteration cap). At such an iterate the active set is plain, and the exact active-set polish of QPs
-(:func:`polyproj.projection.qp_polish.polish_qp`: the projection polish in the metric of P, started from the
-iterate's candidates, exact face solves, KKT verified) finds the solution. The polished point is taken only
-when it also passes the solver's own tests at its tolerances — every side within the primal tolerance,
-multipliers of their side's sign, stationarity and duality gap within theirs, measured by
-:class:`~polyproj.solution.Solution`'s residual methods; otherwise the solver's answer stands.
+100-iteration cap). At such an iterate the active set is plain: a side is active where its multiplier
+outweighs its slack (``|z_i| > s_i``, i.e. ``D_i > 1``). With those sides ``W`` as equalities the KKT system
+
+    [P    A_Wᵀ] [x]   [−q ]
+    [A_W   0  ] [ν] = [c_W]
+
+(``A_W`` the active rows of C and unit rows of the active bounds, ``c_W`` their sides' values) gives the
+solution exactly when ``W`` is right: ``z = ν`` on W (positive: upper side, negative: lower side), 0 elsewhere.
+The polished point is taken only when it passes the solver's own tests at its tolerances — every side within
+the primal tolerance, multipliers of their side's sign, stationarity and duality gap within theirs, measured by
+:class:`~polyproj.solution.Solution`'s residual methods. A side of the wrong sign is dropped from W and a
+violated one added, for a few rounds; otherwise the solver's answer stands.
+
+This module is self-contained (NumPy, SciPy): backends sit below :mod:`polyproj.projection` in the dependency
+order (DESIGN §1), so the projection polish of QPs (:mod:`polyproj.projection.qp_polish`, which the DIF engine
+uses) is not called from here.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 
 from ..problem import QP
 from ..solution import Solution, Status
 
-__all__ = ["MAX_SIZE", "polish_active"]
+__all__ = ["MAX_SIZE", "REFINE", "ROUNDS", "polish_active"]
 
-#: largest n polished (and stopped by the ``ipm`` backend's stall rule): dense factorisations of P and of a face
-#: per active-set round, O(n³) each; at n 1,000 up to 50 rounds took seconds (Maros–Meszaros CVXQP3_M ran past its
-#: time limit), at n 400 the polish takes ~0.05 s
+#: largest n polished (and stopped by the ``ipm`` backend's stall rule): a dense LU of the KKT system, O((n + k)³)
+#: per round; the stall rule without a polish only adds iterations before the same re-solve
 MAX_SIZE = 500
+#: rounds of corrections to the active set (drop a side of the wrong sign, add a violated one)
+ROUNDS = 3
+#: iterative refinement steps of the KKT solve
+REFINE = 2
 #: no tolerance is below this many roundings of its residual's largest term (the IPM termination's rule)
 ROUNDINGS = 16.0
 
 
-def _one_sided(qp: QP) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(G, u, eq, row, sign)``: the finite sides of ``l <= Cx <= u, lb <= x <= ub`` as rows ``G x <= u``.
+def _dense(M):
+    return M.toarray() if sp.issparse(M) else np.asarray(M, dtype=np.float64)
 
-    Equalities once (``eq``); ``row`` the index of each side in ``[C; I]``, ``sign`` +1 upper, −1 lower.
-    """
-    C = qp.C.toarray() if sp.issparse(qp.C) else np.asarray(qp.C, dtype=np.float64)
-    M = np.vstack([C, np.eye(qp.n)]) if qp.m else np.eye(qp.n)
+
+def _sides(qp: QP, x: np.ndarray, z: np.ndarray, z_box: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(upper, lower)`` bool (m + n,): the sides the multipliers name active (rows of C, then bounds)."""
+    C = _dense(qp.C)
+    gx = np.concatenate([C @ x if qp.m else np.zeros(0), x])
     lo, up = np.concatenate([qp.l, qp.lb]), np.concatenate([qp.u, qp.ub])
+    zz = np.concatenate([z, z_box])
     eq = lo == up
-    upper = np.flatnonzero(np.isfinite(up))
-    lower = np.flatnonzero(np.isfinite(lo) & ~eq)
-    row = np.concatenate([upper, lower])
-    sign = np.concatenate([np.ones(upper.size), -np.ones(lower.size)])
-    return M[row] * sign[:, None], np.where(sign > 0, up[row], -lo[row]), eq[row], row, sign
+    upper = (zz > 0) & np.isfinite(up) & (zz > up - gx)
+    lower = (zz < 0) & np.isfinite(lo) & (-zz > gx - lo)
+    upper |= eq & np.isfinite(up)  # an equality row is always active (its multiplier is free)
+    return upper, lower & ~upper
+
+
+def _kkt_solve(P: np.ndarray, q: np.ndarray, A: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(x, ν)`` of the equality-constrained QP; None when its KKT matrix is singular to working precision.
+
+    LU with partial pivoting, then :data:`REFINE` steps of iterative refinement on the residual ``rhs − K s``:
+    the Maros–Meszaros KKT matrices are ill-conditioned, and one solve left stationarity and duality-gap
+    residuals far above what the iterate's own last steps reached.
+    """
+    n, k = P.shape[0], A.shape[0]
+    K = np.zeros((n + k, n + k))
+    K[:n, :n], K[:n, n:], K[n:, :n] = P, A.T, A
+    rhs = np.concatenate([-q, c])
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)  # ill-conditioned: the KKT tests decide
+            lu = scipy.linalg.lu_factor(K, check_finite=False)
+            sol = scipy.linalg.lu_solve(lu, rhs, check_finite=False)
+            for _ in range(REFINE):
+                sol = sol + scipy.linalg.lu_solve(lu, rhs - K @ sol, check_finite=False)
+    except (np.linalg.LinAlgError, ValueError):
+        return None
+    if not np.all(np.isfinite(sol)):
+        return None
+    return sol[:n], sol[n:]
 
 
 def _within(sol: Solution, eps_abs: float, eps_rel: float) -> bool:
@@ -68,26 +110,39 @@ def _within(sol: Solution, eps_abs: float, eps_rel: float) -> bool:
 
 def polish_active(qp: QP, x: np.ndarray, z: np.ndarray, z_box: np.ndarray, eps_abs: float,
                   eps_rel: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The exact KKT point of the active set that ``(x, z, z_box)`` names, or None (module docstring).
+    """The exact KKT point on the active set that ``(x, z, z_box)`` names, or None (module docstring).
 
-    Returns ``(x, z, z_box)`` in polyproj's sign convention (``P x + q + Cᵀz + z_box = 0``) when the polished point
-    passes the tests at ``eps_abs`` / ``eps_rel``; None when it does not, when the iterate is not finite, when P is
-    not positive semidefinite, or when n is above :data:`MAX_SIZE`.
+    Returns ``(x, z, z_box)`` in polyproj's sign convention (``P x + q + Cᵀz + z_box = 0``) when the polished
+    point passes the tests at ``eps_abs`` / ``eps_rel``; None when it does not, when the iterate is not finite, or
+    when n is above :data:`MAX_SIZE`.
     """
-    from ..projection.qp_polish import polish_qp
-
     if qp.n > MAX_SIZE or not (np.all(np.isfinite(x)) and np.all(np.isfinite(z)) and np.all(np.isfinite(z_box))):
         return None
-    P = qp.P.toarray() if sp.issparse(qp.P) else np.asarray(qp.P, dtype=np.float64)
-    G, u, eq, row, sign = _one_sided(qp)
-    zz = np.concatenate([z, z_box])[row] * sign  # the one-sided rows' multipliers: >= 0 where their side binds
-    got = polish_qp(P, qp.q, G, u, eq, x, zz)
-    if got is None:
-        return None
-    xp_, zp, _ = got
-    full = np.zeros(qp.m + qp.n)
-    np.add.at(full, row, zp * sign)
-    z_new, zb_new = full[: qp.m], full[qp.m:]
-    if not _within(Solution(x=xp_, z=z_new, z_box=zb_new, status=Status.SOLVED, qp=qp), eps_abs, eps_rel):
-        return None
-    return xp_, z_new, zb_new
+    m, n = qp.m, qp.n
+    upper, lower = _sides(qp, x, z, z_box)
+    P, C = _dense(qp.P), _dense(qp.C)
+    G = np.vstack([C, np.eye(n)]) if m else np.eye(n)
+    lo, up = np.concatenate([qp.l, qp.lb]), np.concatenate([qp.u, qp.ub])
+    for _ in range(ROUNDS):
+        W = np.flatnonzero(upper | lower)
+        if W.size > MAX_SIZE:
+            return None
+        got = _kkt_solve(P, qp.q, G[W], np.where(upper[W], up[W], lo[W]))
+        if got is None:
+            return None
+        xp_, nu = got
+        zz = np.zeros(m + n)
+        zz[W] = nu
+        eq = lo == up
+        wrong = (upper & ~eq & (zz < 0)) | (lower & (zz > 0))
+        if not wrong.any() and _within(Solution(x=xp_, z=zz[:m], z_box=zz[m:], status=Status.SOLVED, qp=qp),
+                                       eps_abs, eps_rel):
+            return xp_, zz[:m], zz[m:]
+        # one correction of the set: sides whose multiplier has the other sign leave, violated sides join
+        gx = G @ xp_
+        scale = 1.0 + np.abs(gx)
+        over, under = gx - up > 1e-12 * scale, lo - gx > 1e-12 * scale
+        if not (wrong.any() or ((over & ~upper) | (under & ~lower)).any()):
+            return None
+        upper, lower = (upper & ~wrong) | over, (lower & ~wrong) | (under & ~over)
+    return None

@@ -3,8 +3,8 @@
 With ``P = L Lᵀ`` and ``v = Lᵀx`` the QP ``min ½xᵀPx + qᵀx  s.t. C_eq x = u_eq, C_in x <= u_in`` is the projection
 of ``−L⁻¹q`` onto ``{v : C_in L⁻ᵀ v <= u_in, C_eq L⁻ᵀ v = u_eq}``, whose KKT multipliers are the QP's; the polish of
 :mod:`polyproj.projection.polish` (candidates from a start, exact face solves, KKT verified, active-set changes)
-then serves QPs as it serves projections. Used by the DIF engine's QPs (:mod:`polyproj.adapters.dif.qp`) and by
-the ``ipm`` backend's end game (:mod:`polyproj.backends.active_polish`).
+then serves QPs as it serves projections. Used by the DIF engine's QPs (:mod:`polyproj.adapters.dif.qp`); the
+backends, below this package in the dependency order, have their own end game (:mod:`polyproj.backends.active_polish`).
 """
 
 from __future__ import annotations
