@@ -32,7 +32,7 @@ from array_api_compat import device as _device
 from ..linalg import cho_solve, cholesky, identity_where, in_chunks
 
 __all__ = ["REFINE_ROUNDINGS", "REFINE_STEPS", "ActiveRows", "Face", "expand_rows", "face_rhs", "gather_active_rows",
-           "off_rounding", "put_rows", "scatter_rows", "svd_factor"]
+           "off_rounding", "put_rows", "qr_null_basis", "scatter_rows", "svd_factor"]
 
 
 #: a face point whose equations miss by more than this many roundings of their terms (``|M||y| + |c|``) gets
@@ -303,6 +303,34 @@ def svd_factor(Mn, n: int):
     keep = s > tol
     s_inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))
     return U, s_inv, Vh * xp.astype(keep, Mn.dtype)[:, :, None]
+
+
+#: smallest ``|R_jj|`` of the QR factor of a face's unit rows (so ``|R_jj| <= 1``) for QR to settle it; the
+#: pivot test of :func:`gram_cholesky` (``G = RᵀR``, so ``L_jj = |R_jj|``): eps^(1/4)
+QR_PIVOT = float(np.finfo(np.float64).eps) ** 0.25
+
+
+def qr_null_basis(R: ActiveRows) -> tuple[np.ndarray, np.ndarray]:
+    """``(Q, ok)``: an orthonormal basis (b, n, kk) of the span of each face's rows, and whether QR settled it.
+
+    NumPy rows (the HS-Jacobian functions on a Polyhedron): a Householder QR of ``M_nᵀ``, accurate to
+    ``eps cond(M_n)`` as the SVD (:func:`svd_factor`) and a fraction of its cost; the faces it does not settle
+    (a pivot below :data:`QR_PIVOT`: dependent rows, where unpivoted QR does not reveal the rank) take the SVD.
+
+    ``Q`` is zero on the face's fixed coordinates; ``ok``: every pivot at least :data:`QR_PIVOT`. A zero row
+    (padding, or a row whose support the bounds fix) gets a unit column outside the n coordinates of its own,
+    so it has a unit pivot and adds nothing to the basis.
+    """
+    b, kk = R.scale.shape
+    n = R.free.shape[1]
+    T = np.zeros((b, n + kk, kk))
+    T[:, :n, :] = np.swapaxes(R.Mn, 1, 2)
+    diag = np.arange(kk)
+    T[:, n + diag, diag] = R.scale <= 0
+    Q, U = np.linalg.qr(T)
+    ok = (np.abs(np.diagonal(U, axis1=1, axis2=2)) >= QR_PIVOT).all(axis=1)
+    # Q's first n rows are Mnᵀ U⁻¹, zero on the fixed coordinates but for the reflections' rounding: masked
+    return Q[:, :n, :] * R.free[:, :, None], ok
 
 
 def gram_cholesky(xp, R: ActiveRows, eps: float):

@@ -23,13 +23,9 @@ import numpy as np
 
 from ..errors import ProblemError
 from ..polydata import RowLayout
-from .faces import ActiveRows, Face, gather_active_rows
+from .faces import QR_PIVOT, ActiveRows, Face, gather_active_rows, qr_null_basis
 
 __all__ = ["QR_PIVOT", "hs_jacobian", "hs_vjp"]
-
-#: smallest ``|R_jj|`` of the QR factor of a face's unit rows (so ``|R_jj| <= 1``) for QR to settle it; the
-#: pivot test of the layer's Cholesky factor of the Gram matrix (``G = RᵀR``, so ``L_jj = |R_jj|``): eps^(1/4)
-QR_PIVOT = float(np.finfo(np.float64).eps) ** 0.25
 
 
 def _check_polyhedron(polyhedron: Any) -> None:
@@ -73,31 +69,12 @@ def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool,
     return single, gather_active_rows(polyhedron.A_dense, polyhedron.B_dense, full[:, :m], 1.0 - fixed)
 
 
-def _null_basis(R: ActiveRows) -> tuple[np.ndarray, np.ndarray]:
-    """``(Q, ok)``: an orthonormal basis (b, n, kk) of the span of each face's rows, and whether QR settled it.
-
-    ``Q`` is zero on the face's fixed coordinates; ``ok``: every pivot at least :data:`QR_PIVOT`. A zero row
-    (padding, or a row whose support the bounds fix) gets a unit column outside the n coordinates of its own,
-    so it has a unit pivot and adds nothing to the basis.
-    """
-    b, kk = R.scale.shape
-    n = R.free.shape[1]
-    T = np.zeros((b, n + kk, kk))
-    T[:, :n, :] = np.swapaxes(R.Mn, 1, 2)
-    diag = np.arange(kk)
-    T[:, n + diag, diag] = R.scale <= 0
-    Q, U = np.linalg.qr(T)
-    ok = (np.abs(np.diagonal(U, axis1=1, axis2=2)) >= QR_PIVOT).all(axis=1)
-    # Q's first n rows are Mnᵀ U⁻¹, zero on the fixed coordinates but for the reflections' rounding: masked
-    return Q[:, :n, :] * R.free[:, :, None], ok
-
-
 def _null_apply(R: ActiveRows, V: np.ndarray) -> np.ndarray:
     """``J v`` (b, n) for V (b, n): ``f⊙v − Q Qᵀ (f⊙v)``; the faces QR does not settle by the SVD."""
     fv = R.free * V
     if R.scale.shape[1] == 0 or fv.shape[0] == 0:
         return fv
-    Q, ok = _null_basis(R)
+    Q, ok = qr_null_basis(R)
     out = fv - np.einsum("bnk,bk->bn", Q, np.einsum("bnk,bn->bk", Q, fv))
     if not ok.all():
         idx = np.flatnonzero(~ok)
@@ -135,7 +112,7 @@ def hs_jacobian(polyhedron: Any, active: Any) -> np.ndarray:
     J = np.zeros((batch, n, n))
     J[:, np.arange(n), np.arange(n)] = R.free  # diag(f) − Q Qᵀ (the fixed coordinates' rows and columns are 0)
     if R.scale.shape[1] and batch:
-        Q, ok = _null_basis(R)
+        Q, ok = qr_null_basis(R)
         J -= Q @ np.swapaxes(Q, 1, 2)
         if not ok.all():
             idx = np.flatnonzero(~ok)

@@ -341,7 +341,9 @@ class DIF:
             self.u0 = np.zeros(self.rows.size)
         self.C = self.lin.G[self.rows]
         #: (m, k) the directions λ̄ may move along at θ̄ (left null vectors of the active gradients: LICQ fails)
-        self._ambiguous = _multiplier_null_space(self.lin.G, active)
+        # (a row called weakly active has λ̄ⱼ = 0: a multiplier the split cannot take below zero)
+        at_zero = np.array([s == WEAK for s in st], dtype=bool)
+        self._ambiguous = _multiplier_null_space(self.lin.G, active, at_zero)
         #: the dense QP's linear term is c − Cᵀλ̄ under the finite rule (its multipliers are then λ̄ + μ)
         self._c_shift = self.floor @ self.C
         floor = kkt.suggested_damping if auto_damping else float(damping)
@@ -1008,11 +1010,17 @@ def _check_status(problem: ConstrainedProblem, kkt: KKTPoint, lam: np.ndarray, a
                                + again)
 
 
-def _multiplier_null_space(G: np.ndarray, active: np.ndarray) -> np.ndarray:
-    """(m, k) the directions the active multipliers may move along at θ̄: left null vectors of ``G_A``.
+def _multiplier_null_space(G: np.ndarray, active: np.ndarray, at_zero: np.ndarray | None = None) -> np.ndarray:
+    """(m, k) the directions the active multipliers may move along at θ̄, an orthonormal basis of their span.
 
-    ``k = 0`` under LICQ. A removal whose constraint terms have a component along one is not defined by the
-    data under the finite rule.
+    The multipliers of θ̄ are the set {λ : G_Aᵀλ_A = −∇f₀, λⱼ >= 0 on inequalities}; near λ̄ it is λ̄ + K with
+    K = {v ∈ null(G_Aᵀ) : vⱼ >= 0 on the inequality rows whose multiplier is zero (``at_zero``, (m,) bool)}: a
+    left null vector of ``G_A`` that would take such a multiplier below zero in both of its directions moves
+    nothing (two duplicated weakly active rows with λ̄ = 0: v = (1, −1) is no split of λ̄, which is unique).
+    The span of the cone K is {v ∈ null : v_E = 0}, E its implicit equalities (rows of ``at_zero`` that are 0 on
+    all of K), found by one LP: max Σtⱼ s.t. vⱼ >= tⱼ, 0 <= tⱼ <= 1 — a sum of cone points is a cone point, so
+    one maximiser has tⱼ > 0 on every row that some v of K makes positive. ``k = 0`` under LICQ. A removal
+    whose constraint terms have a component along one is not defined by the data under the finite rule.
     """
     rows = np.flatnonzero(active)
     if rows.size < 2:
@@ -1020,8 +1028,25 @@ def _multiplier_null_space(G: np.ndarray, active: np.ndarray) -> np.ndarray:
     U, s, _ = np.linalg.svd(G[rows], full_matrices=True)
     tol = 1e-9 * max(1.0, float(s[0]) if s.size else 1.0)
     rank = int(np.sum(s > tol))
-    out = np.zeros((G.shape[0], rows.size - rank))
-    out[rows] = U[:, rank:]
+    basis = U[:, rank:]
+    zero = np.zeros(rows.size, dtype=bool) if at_zero is None else np.asarray(at_zero, dtype=bool)[rows]
+    # only rows the null space reaches (a row at 0 in every null vector constrains nothing)
+    zero &= np.abs(basis).max(axis=1, initial=0.0) > 1e-12
+    if basis.shape[1] and zero.any():
+        from scipy.optimize import linprog
+
+        a, nz = basis.shape[1], int(zero.sum())
+        # variables (z, t): v = basis z; −v_Z + t <= 0, t in [0, 1], z free; minimise −Σt
+        A = np.hstack([-basis[zero], np.eye(nz)])
+        lp = linprog(np.r_[np.zeros(a), -np.ones(nz)], A_ub=A, b_ub=np.zeros(nz),
+                     bounds=[(None, None)] * a + [(0.0, 1.0)] * nz, method="highs")
+        implicit = np.flatnonzero(zero)[lp.x[a:] < 0.5] if lp.status == 0 else np.flatnonzero(zero)
+        if implicit.size:
+            _, si, Vt = np.linalg.svd(basis[implicit], full_matrices=True)
+            keep = Vt[int(np.sum(si > 1e-9)):].T  # null space of the implicit rows, in the basis' coordinates
+            basis = basis @ keep
+    out = np.zeros((G.shape[0], basis.shape[1]))
+    out[rows] = basis
     return out
 
 
