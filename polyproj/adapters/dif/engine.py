@@ -1040,7 +1040,8 @@ def _multiplier_null_space(G: np.ndarray, active: np.ndarray, at_zero: np.ndarra
         A = np.hstack([-basis[zero], np.eye(nz)])
         lp = linprog(np.r_[np.zeros(a), -np.ones(nz)], A_ub=A, b_ub=np.zeros(nz),
                      bounds=[(None, None)] * a + [(0.0, 1.0)] * nz, method="highs")
-        implicit = np.flatnonzero(zero)[lp.x[a:] < 0.5] if lp.status == 0 else np.flatnonzero(zero)
+        # an LP that fails keeps every direction (the refusal is the safe side)
+        implicit = np.flatnonzero(zero)[lp.x[a:] < 0.5] if lp.status == 0 else np.zeros(0, dtype=np.int64)
         if implicit.size:
             _, si, Vt = np.linalg.svd(basis[implicit], full_matrices=True)
             keep = Vt[int(np.sum(si > 1e-9)):].T  # null space of the implicit rows, in the basis' coordinates

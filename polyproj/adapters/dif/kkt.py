@@ -859,16 +859,30 @@ def _sqp(problem: ConstrainedProblem, th: torch.Tensor, lam: np.ndarray, *, tol:
                 raise _SQPStalled(f"the SQP diverged: the Hessian of the Lagrangian is not finite at iteration {it}",
                                   _stall_hint(problem, gval, tol))
         sol = None
-        for _ in range(6):  # convexify the QP; a subproblem still reported unbounded gets a larger shift
+        work = eq | (lam > 0) | (gval >= -active_tol)
+        for _ in range(6 + problem.m):  # convexify the QP; a subproblem still reported unbounded gets a larger shift
             try:
-                Hq, q = _convexified(H, grad, G, gval, eq | (lam > 0) | (gval >= -active_tol), shift)
+                Hq, q = _convexified(H, grad, G, gval, work, shift)
             except np.linalg.LinAlgError as exc:  # an eigensolver that fails on a finite but huge H
                 raise _SQPStalled(f"the SQP diverged: the eigenvalues of the Hessian of the Lagrangian (largest entry "
                                   f"{float(np.max(np.abs(H))):.3e}) could not be computed at iteration {it} ({exc})",
                                   _stall_hint(problem, gval, tol)) from None
             sol = solve_qp_exact(Hq, q, G, -gval, eq, backend=backend, **settings)
             if sol.status is not Status.DUAL_INFEASIBLE:
-                break
+                # The augmented-Lagrangian term ρ/2‖G_W d + g_W‖² leaves the QP's solution alone only on rows the
+                # solution keeps at equality. An inequality row in W only by its multiplier (λⱼ > 0 while θ is
+                # strictly inside it: a warm start's multiplier on a row the removal made inactive) that the
+                # solution leaves inside too (G_j d + g_j < 0) had the term pull d towards its boundary, off the
+                # QP's solution: the step ascended the merit and a warm-started re-solve crawled at its start's
+                # residual for max_iter. Such rows leave W and the QP is solved again. (Rows violated or active at
+                # θ keep the term: there it pulls an overshooting linearisation back towards the boundary.)
+                # ``_convexified`` returns ``grad`` itself where it added no term: then nothing to correct.
+                inside = (work & ~eq & (gval < -active_tol) & (G @ sol.x + gval < -active_tol)
+                          if sol.status.ok and q is not grad else None)
+                if inside is None or not inside.any():
+                    break
+                work = work & ~inside
+                continue
             shift *= 100.0
         if not sol.status.ok:
             raise SolverError(f"SQP iteration {it}: the QP subproblem returned {sol.status.name} "
