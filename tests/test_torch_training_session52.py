@@ -308,3 +308,14 @@ def test_leading_dimensions_and_empty_batches(shape, warm):
     _assert_same(got, [flat[0].reshape(x.shape), flat[1].reshape(x.shape), *flat[2:]])
     if x.numel() == 0:
         assert all(float(g.abs().sum()) == 0 for g in got[2:])
+
+
+def test_crossed_learned_bounds_name_the_coordinate_and_sample():
+    """Learned bounds that cross during training: the InfeasibleError names the first crossing and its values."""
+    x = torch.zeros(2, 3, dtype=torch.float64)
+    lb = torch.tensor([0.0, 2.0, 0.0], dtype=torch.float64)
+    with pytest.raises(pp.InfeasibleError, match=r"coordinate 1 \(lb 2 > ub 1\)"):
+        project(x, lb=lb, ub=torch.ones(3, dtype=torch.float64))
+    ub = torch.tensor([[1.0, 1.0, 1.0], [1.0, -1.0, -2.0]], dtype=torch.float64)
+    with pytest.raises(pp.InfeasibleError, match=r"coordinate 1 of sample 1 \(lb 0 > ub -1, and elsewhere\)"):
+        project(x, lb=torch.zeros(2, 3, dtype=torch.float64), ub=ub)

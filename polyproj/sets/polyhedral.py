@@ -421,8 +421,15 @@ def polydata_from_arrays(like: Any, A: Any = None, a: Any = None, B: Any = None,
         out[M], out[v] = _matrix_pair(xp, vals[M], vals[v], M, v, n, batch_shape, N, like)
     for k, sign in (("lb", -1), ("ub", 1)):
         out[k] = _bound(xp, vals[k], k, sign, n, batch_shape, N, like)
-    if bool(xp.any(out["lb"] > out["ub"])):
-        raise InfeasibleError("lb > ub for some coordinate: the polyhedron is empty")
+    crossed = out["lb"] > out["ub"]
+    if bool(xp.any(crossed)):  # name the first crossing (learned bounds cross during training: which, and where)
+        lb_, ub_ = (xp.broadcast_to(out[k], crossed.shape) for k in ("lb", "ub"))
+        first = int(xp.nonzero(xp.reshape(crossed, (-1,)))[0][0])
+        at = f"coordinate {first % n}" + (f" of sample {first // n}" if crossed.ndim == 2 else "")
+        flat_lb, flat_ub = xp.reshape(lb_, (-1,)), xp.reshape(ub_, (-1,))
+        raise InfeasibleError(f"lb > ub at {at} (lb {float(flat_lb[first]):.6g} > ub {float(flat_ub[first]):.6g}"
+                              f"{', and elsewhere' if int(xp.sum(xp.astype(crossed, xp.int32))) > 1 else ''}): "
+                              "the polyhedron is empty")
     why = empty_row(xp, out["A"], out["a"], out["B"], out["b"])
     if why is not None:
         raise InfeasibleError(why)
