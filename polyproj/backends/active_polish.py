@@ -28,10 +28,10 @@ import warnings
 
 import numpy as np
 import scipy.linalg
-import scipy.sparse as sp
 
 from ..problem import QP
 from ..solution import Solution, Status
+from .warm import kkt_sizes
 
 __all__ = ["MAX_SIZE", "REFINE", "ROUNDS", "polish_active"]
 
@@ -46,20 +46,12 @@ REFINE = 2
 ROUNDINGS = 16.0
 
 
-def _dense(M):
-    return M.toarray() if sp.issparse(M) else np.asarray(M, dtype=np.float64)
-
-
-def _sides(qp: QP, x: np.ndarray, z: np.ndarray, z_box: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(upper, lower)`` bool (m + n,): the sides the multipliers name active (rows of C, then bounds)."""
-    C = _dense(qp.C)
-    gx = np.concatenate([C @ x if qp.m else np.zeros(0), x])
-    lo, up = np.concatenate([qp.l, qp.lb]), np.concatenate([qp.u, qp.ub])
-    zz = np.concatenate([z, z_box])
-    eq = lo == up
+def _sides(G: np.ndarray, lo: np.ndarray, up: np.ndarray, x: np.ndarray, zz: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(upper, lower)`` bool (m + n,): the sides of the rows ``G = [C; I]`` that the multipliers ``zz`` name."""
+    gx = G @ x
     upper = (zz > 0) & np.isfinite(up) & (zz > up - gx)
     lower = (zz < 0) & np.isfinite(lo) & (-zz > gx - lo)
-    upper |= eq & np.isfinite(up)  # an equality row is always active (its multiplier is free)
+    upper |= (lo == up) & np.isfinite(up)  # an equality row is always active (its multiplier is free)
     return upper, lower & ~upper
 
 
@@ -90,20 +82,17 @@ def _kkt_solve(P: np.ndarray, q: np.ndarray, A: np.ndarray, c: np.ndarray) -> tu
 
 def _within(sol: Solution, eps_abs: float, eps_rel: float) -> bool:
     """The IPM termination's acceptance: each residual within ``eps_abs + eps_rel·size``, or its rounding floor."""
-    qp, x, z, zb = sol.qp, sol.x, sol.z, sol.z_box
-    rounding = ROUNDINGS * float(np.finfo(np.float64).eps)
-    cx = np.asarray(qp.C @ x).reshape(-1) if qp.m else np.zeros(0)
-    px = np.asarray(qp.P @ x).reshape(-1)
-    ctz = np.asarray(qp.C.T @ z).reshape(-1) if qp.m else np.zeros_like(x)
-    zz = np.concatenate([z, zb])
+    qp, x = sol.qp, sol.x
+    size_p, size_d = kkt_sizes(sol)  # the largest primal and stationarity terms (finite: the caller's point is)
+    zz = np.concatenate([sol.z, sol.z_box])
     sides = np.where(zz > 0, np.concatenate([qp.u, qp.ub]), np.concatenate([qp.l, qp.lb]))
-    size_p = max(float(np.max(np.abs(cx), initial=0.0)), float(np.max(np.abs(x), initial=0.0)))
-    size_d = max(float(np.max(np.abs(v), initial=0.0)) for v in (px, qp.q, ctz, zb))
     with np.errstate(invalid="ignore"):
         supp = float(np.sum(np.where(zz != 0, sides * zz, 0.0)))
     if not np.isfinite(supp):  # a multiplier on an infinite side: no KKT point
         return False
+    px = np.asarray(qp.P @ x).reshape(-1)
     size_g = max(abs(float(x @ px)), abs(float(qp.q @ x)), abs(supp))
+    rounding = ROUNDINGS * float(np.finfo(np.float64).eps)
     checks = ((sol.primal_residual(), size_p), (sol.dual_residual(), size_d), (sol.duality_gap(), size_g))
     return all(np.isfinite(r) and r <= max(eps_abs + eps_rel * s, rounding * s) for r, s in checks)
 
@@ -119,10 +108,11 @@ def polish_active(qp: QP, x: np.ndarray, z: np.ndarray, z_box: np.ndarray, eps_a
     if qp.n > MAX_SIZE or not (np.all(np.isfinite(x)) and np.all(np.isfinite(z)) and np.all(np.isfinite(z_box))):
         return None
     m, n = qp.m, qp.n
-    upper, lower = _sides(qp, x, z, z_box)
-    P, C = _dense(qp.P), _dense(qp.C)
-    G = np.vstack([C, np.eye(n)]) if m else np.eye(n)
+    dense = qp.dense()
+    P = dense.P
+    G = np.vstack([dense.C, np.eye(n)]) if m else np.eye(n)
     lo, up = np.concatenate([qp.l, qp.lb]), np.concatenate([qp.u, qp.ub])
+    upper, lower = _sides(G, lo, up, x, np.concatenate([z, z_box]))
     for _ in range(ROUNDS):
         W = np.flatnonzero(upper | lower)
         if W.size > MAX_SIZE:

@@ -163,15 +163,24 @@ class IPMSolver(QPSolver):
         return replace(sol, x=x, z=z, z_box=zb, status=Status.SOLVED, solve_time=wall,
                        info={**sol.info, "polished": True, "ipm_status": sol.status.name})
 
-    def _again(self, sol: Solution, stall: bool, started: float) -> float | bool | None:
-        """Whether a stalled answer the polish did not settle is solved again without the stall rule.
+    def _stalled_early(self, sol: Solution) -> bool:
+        """Whether ``sol`` is SOLVED_INACCURATE before ``max_iter``: stopped by the stall rule.
 
-        Only an element the rule stopped before ``max_iter`` (the creep may still reach the tolerances), with time
-        left of ``time_limit`` since ``started``: returns the seconds left (None: no limit), or False.
+        The creep may still reach the tolerances: such an answer the polish did not settle is solved again.
         """
         cap = self.settings["max_iter"] if self.settings["max_iter"] is not None else 100
-        if not stall or sol.status is not Status.SOLVED_INACCURATE or sol.iterations >= int(cap):
-            return False
+        return sol.status is Status.SOLVED_INACCURATE and sol.iterations < int(cap)
+
+    def _again(self, sol: Solution, stall: bool, started: float) -> float | bool | None:
+        """Whether a stalled answer is solved again without the stall rule.
+
+        The seconds left (None: no limit), or False: not stopped by the rule, at the cap, or no time left since
+        ``started``.
+        """
+        return self._time_left(started) if stall and self._stalled_early(sol) else False
+
+    def _time_left(self, started: float) -> float | bool | None:
+        """Seconds left of ``time_limit`` since ``started`` (None: no limit; False: none left)."""
         limit = self.settings["time_limit"]
         if limit is None:
             return None
@@ -213,34 +222,51 @@ class IPMSolver(QPSolver):
         qps = ElementQPs(qp, vecs, size)  # per-element QPs for the residual methods, built on access
         x, z, zb = np.full((size, qp.n), np.nan), np.full((size, qp.m), np.nan), np.full((size, qp.n), np.nan)
         st, it, info, wall = [Status.NUMERICAL_ERROR] * size, np.zeros(size, dtype=np.int64), [{}] * size, 0.0
-        sols: dict[int, Solution] = {}
 
-        def batch_run(idx: np.ndarray, stall: bool, time_limit: float | None = None) -> None:
+        def batch_run(idx: np.ndarray, stall: bool, time_limit: float | None = None) -> tuple[list, float]:
+            """One IPM run on the elements ``idx``; returns their SOLVED_INACCURATE answers (polished) and the wall."""
             def part(v):  # the batched vectors of the elements idx
                 return v[idx] if v.ndim == 2 else v
 
             res, w = self._run(qp, np.ascontiguousarray(Q[idx]), part(vecs.get("l", qp.l)), part(vecs.get("u", qp.u)),
                                part(LB), part(UB), None if x0 is None else x0[idx], stall, time_limit)
-            xr, zr, zbr, str_, itr, infor = self._collect(res)
+            x[idx], z[idx], zb[idx], str_, it[idx], infor = self._collect(res)
             for j, i in enumerate(idx):
-                i = int(i)
-                sol = self._polished(Solution(x=xr[j], z=zr[j], z_box=zbr[j], status=str_[j], iterations=int(itr[j]),
-                                              solve_time=w / idx.size, backend=self.name, qp=qps[i], info=infor[j]))
-                sols[i] = sol if stall else self._resolved(sols[i], sol)
+                st[i], info[i] = str_[j], infor[j]
+            # the end game per element only where the run ended SOLVED_INACCURATE (stalled, or at the cap)
+            return [self._polished(self._element(qps, int(i), x, z, zb, st, it, info)) for i in idx
+                    if st[i] is Status.SOLVED_INACCURATE], w
 
-        if run.size:
-            batch_run(run, True)
-            again = [i for i in run if self._again(sols[int(i)], True, t_batch) is not False]
-            left = self._again(sols[int(again[0])], True, t_batch) if again else False
-            if again and left is not False:
-                batch_run(np.asarray(again), False, left)
-        for i in np.flatnonzero(fixed):
-            sols[int(i)] = self.solve(qps[int(i)])
-        for i, sol in sols.items():
+        def put(sol: Solution, i: int) -> None:
+            nonlocal wall
             x[i], z[i], zb[i], st[i], it[i], info[i] = sol.x, sol.z, sol.z_box, sol.status, sol.iterations, sol.info
             wall += sol.solve_time
+
+        if run.size:
+            ended, wall = batch_run(run, True)
+            for sol in ended:
+                put(sol, sol.info["index"])
+            again = [sol for sol in ended if self._stalled_early(sol)]
+            left = self._time_left(t_batch) if again else False
+            if left is not False:
+                full, w = batch_run(np.asarray([sol.info["index"] for sol in again]), False, left)
+                wall += w
+                full = {sol.info["index"]: sol for sol in full}
+                for sol in again:  # where the re-solve ended elsewhere than SOLVED_INACCURATE it is the arrays' already
+                    i = sol.info["index"]
+                    answer = full.get(i) or self._element(qps, i, x, z, zb, st, it, info)
+                    put(replace(self._resolved(sol, answer), solve_time=0.0), i)
+        for i in np.flatnonzero(fixed):
+            put(self.solve(qps[int(i)]), int(i))
+        for i in range(size):
+            info[i] = {k: v for k, v in info[i].items() if k != "index"}
         return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
                              backend=self.name, qps=qps, info={"elements": info})
+
+    def _element(self, qps: Any, i: int, x, z, zb, st, it, info) -> Solution:
+        """Element ``i`` of a batch run as a Solution (its index in ``info["index"]``, for the end game)."""
+        return Solution(x=x[i].copy(), z=z[i].copy(), z_box=zb[i].copy(), status=st[i], iterations=int(it[i]),
+                        backend=self.name, qp=qps[i], info={**info[i], "index": i})
 
     def _batch_without_fixed(self, qp: QP, vecs: dict, size: int, warm_start: Any) -> BatchSolution:
         """:meth:`solve_batch` where the elements share ``qp``'s fixed variables and differ in ``q`` only.
