@@ -6,11 +6,12 @@ per n over 10 seeds (docs/ipm.md, "Known limitation").
 
 Run::
 
-    .venv/bin/python benchmarks/probe_ipm_dense.py
+    .venv/bin/python benchmarks/probe_ipm_dense.py [--ns 50 100 200 400]
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import time
 import warnings
@@ -20,10 +21,14 @@ import numpy as np
 import polyproj as pp
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ns", type=int, nargs="+", default=[50, 100, 200], help="dimensions (10 seeds each)")
+    args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    for n in (50, 100, 200):
+    for n in args.ns:
         counts: collections.Counter = collections.Counter()
+        iterations = []
         t0 = time.perf_counter()
         for seed in range(10):
             rng = np.random.default_rng(seed)
@@ -32,8 +37,10 @@ def main() -> None:
             L = rng.standard_normal((n, n))
             u = C @ rng.standard_normal(n) + rng.random(m)
             qp = pp.QP(L @ L.T / n, 10 * rng.standard_normal(n), C, np.full(m, -np.inf), u)
-            counts[pp.solve_qp(qp, backend="ipm").status.name] += 1
-        print(f"n {n}: {dict(counts)} ({time.perf_counter() - t0:.1f} s)")
+            sol = pp.solve_qp(qp, backend="ipm")
+            counts[sol.status.name] += 1
+            iterations.append(sol.iterations)
+        print(f"n {n}: {dict(counts)} ({time.perf_counter() - t0:.1f} s; iterations {iterations})")
 
 
 if __name__ == "__main__":
