@@ -22,19 +22,14 @@ PROJECTION_DEFAULT = "auto"
 #: per-sample matrices → the batched IPM
 AUTO_SHARED, AUTO_SMALL, AUTO_PER_SAMPLE = "admm", "daqp", "ipm"
 AUTO_SMALL_BATCH = 16
-#: DAQP costs ~0.3 ms a point at n 50 and grows like n^2.5, the ADMM start + polish of a batch has a fixed
-#: cost that grows more slowly: per-point solves pay up to AUTO_SMALL_BATCH (50/n)^2 points. Measured
-#: crossovers (benchmarks/bench_layer.py data, m = 2n, fwd+bwd, one thread; docs/torch.md): >= 16 points
-#: at n 50, ~6 at n 100, ~3 at n 120, 1 at n 150-200, none at n 300-500 (batch 1: 33 against 45 ms at
-#: n 300, 105 against 221 ms at n 500)
+#: DAQP's cost per point grows like n^2.5, the ADMM start + polish of a batch has a fixed cost that grows more
+#: slowly: per-point solves pay up to AUTO_SMALL_BATCH (PER_POINT_N/n)^2 points, the crossovers measured with
+#: benchmarks/bench_layer.py's data (docs/torch.md, section "Backends and backend=auto")
 PER_POINT_N = 50.0
 #: long thin polytopes: from AUTO_THIN n rows of A on, the ADMM start identifies faces poorly (its polish takes
-#: many rounds and leaves samples to the batched IPM) and DAQP per point is faster at most batch sizes.
-#: benchmarks/bench_auto_thin.py (pp.project, bench_layer's data with m rows; docs/performance.md, "Long thin
-#: polytopes"), ADMM / DAQP time at m = 2n / 3n / 4n: n 50 0.82 / 1.27 / 1.96, n 100 0.42 / 0.80 / 1.95, n 200
-#: 0.19 / 1.80 / 4.46, n 400 0.13 / 6.33 (3n); n 20 1.31 / - / 1.94; 10-75 at m = 100-500 n (probe of
-#: 2026-12-07). Below THIN_MIN_N coordinates the batched start stays ahead up to THIN_TINY n rows (n 2 and 3 at
-#: m 4n, 20,000 points: 0.13 / 0.17 and 0.16 / 0.19 s; n 2 at m 100n: 0.71 / 0.26 s)
+#: many rounds and leaves samples to the batched IPM) and DAQP per point is faster at most batch sizes; below
+#: THIN_MIN_N coordinates the batched start stays ahead up to THIN_TINY n rows (benchmarks/bench_auto_thin.py,
+#: docs/performance.md, "Long thin polytopes")
 AUTO_THIN = 3.0
 THIN_MIN_N, THIN_TINY = 4, 8.0
 
@@ -46,10 +41,9 @@ def per_point_limit(n: int | None) -> int:
     return int(min(AUTO_SMALL_BATCH, AUTO_SMALL_BATCH * (PER_POINT_N / max(int(n), 1)) ** 2))
 
 #: the direct path (DAQP per point, then every point's face exact in one pass: polyproj.projection.direct)
-#: against the ADMM start + polish of the batch, fwd+bwd through the torch layer on bench_layer data (m = 2n,
-#: one thread; docs/torch.md, benchmarks/bench_small_batch.py --crossover): the two are equally fast at ~500
-#: points at n 30, ~170 at n 40, ~50 at n 50, ~35 at n 60, ~12 at n 70, ~8 at n 80, and the direct path is
-#: still 1.04-1.2x faster at 1024 points at n 10 and 20: DIRECT_POINTS (50/n)^4, capped by DIRECT_BATCH
+#: against the ADMM start + polish of the batch: the direct path's cost grows like DAQP's (n^2.5 a point), the
+#: start's crossover falls steeply with n, so the direct path takes up to DIRECT_POINTS (50/n)^4 points, capped by
+#: DIRECT_BATCH (crossovers: benchmarks/bench_small_batch.py --crossover, docs/torch.md)
 DIRECT_POINTS = 50.0
 
 
@@ -105,8 +99,8 @@ def auto_projection(shared_matrices: bool, batch: int | None = None, on_cpu: boo
 
 
 #: the exact per-point fallback: DAQP (a dual active-set method) ends on the exact active set, which the
-#: polish verifies in one round; it costs ~0.25 ms a point at n 50 and grows like n^2.5, against ~2 ms for
-#: one more polish round on the few samples left, so it takes EXACT_POINTS (50/n)^2.5 CPU points
+#: polish verifies in one round; its cost grows like n^2.5 against one more polish round on the few samples
+#: left, so it takes EXACT_POINTS (50/n)^2.5 CPU points (docs/performance.md, the fallback's figures)
 EXACT_FALLBACK, EXACT_POINTS, EXACT_POINTS_MAX = "daqp", 64, 256
 
 

@@ -282,9 +282,8 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
     return ActiveRows(xp, scale, order, k, m, p, free, rows=rows, Mn=_scaled(xp, Mf, scale, own=Mf is not rows))
 
 
-#: a torch GPU batch of at most this many entries is decomposed on the host: on an H200 beside 16 CPU cores,
-#: faces of (101, 50) in float64 took 8.0 / 124 / 991 ms for 4 / 64 / 512 of them with cuSOLVER's batched
-#: Jacobi SVD against 2.8 / 37 / 307 ms copied to the host, LAPACK there and back (benchmarks/gpu_probe.py)
+#: a torch GPU batch of at most this many entries is decomposed on the host: copied there, LAPACK's SVD and the
+#: copy back beat cuSOLVER's batched Jacobi SVD on such faces (benchmarks/gpu_probe.py; docs/torch.md, CUDA)
 SVD_HOST_ENTRIES = 1 << 22
 
 

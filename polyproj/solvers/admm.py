@@ -498,9 +498,8 @@ class _Watch:
         # are near unit scale, the guard normalises the others), not to the scale alone (OSQP's): at x* = 0 the
         # primal scale |Cx|, |z| vanishes with x, a primal residual far below eps_abs read as a fifth of that
         # scale, and the balance raised ρ to RHO_MAX, where ρ on an inactive bound row is a proximal weight that
-        # moves x by O(1/ρ) an iteration: the dual residual stalled (1.6e-8 at x = 8e-9 on P = [[2, 1], [1, 2]],
-        # q = (0, 2), x₂ = 0: MAX_ITER after 4,000 iterations, SOLVED in 50 now; on 1,200 random small QPs 3
-        # MAX_ITER instead of 14, the small Maros–Meszaros problems as before)
+        # moves x by O(1/ρ) an iteration: the dual residual stalled (e.g. at x = 8e-9 on P = [[2, 1], [1, 2]],
+        # q = (0, 2), x₂ = 0)
         self.ratio = xp.sqrt((prim / (1.0 + scale_p)) / (dual / (1.0 + scale_d) + tiny))
         running = self.code == MAX_ITER
         newly = running & ok

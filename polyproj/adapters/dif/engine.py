@@ -199,8 +199,8 @@ def clear_of_singular(damping: float, w: np.ndarray) -> float:
 
 
 #: memory the dense path's batches of DIF QPs may take at once: a backend's batch (ProxSuite's BatchQP) holds
-#: its own copy of H and its factorisation per element, ~6 d² doubles measured (d = 561: 2.9 GB for 200 QPs in
-#: one batch; d = 1,921, 200 QPs: killed at 24 GB), so all-point scores go in chunks of dense_batch_size(d)
+#: its own copy of H and its factorisation per element, ~6 d² doubles, so all-point scores go in chunks of
+#: dense_batch_size(d)
 DENSE_BATCH_BYTES = 512 * 2**20
 
 
