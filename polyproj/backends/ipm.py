@@ -137,7 +137,8 @@ class IPMSolver(QPSolver):
         x, z, zb, st, it, info = self._collect(res)
         sol = self._polished(Solution(x=x[0], z=z[0], z_box=zb[0], status=st[0], iterations=int(it[0]),
                                       solve_time=wall, backend=self.name, qp=qp, info=info[0]))
-        left = self._again(sol, stall, t0)
+        # the re-solve ends two of the stalled run's iterations before the limit (:meth:`_reserve`)
+        left = self._again(sol, stall, t0, self._reserve(wall, sol.iterations))
         if left is False:
             return sol
         return self._resolved(sol, self._solve(qp, warm_start, stall=False, time_limit=left))
@@ -160,8 +161,10 @@ class IPMSolver(QPSolver):
         if got is None:
             return replace(sol, solve_time=wall)
         x, z, zb = got
-        return replace(sol, x=x, z=z, z_box=zb, status=Status.SOLVED, solve_time=wall,
-                       info={**sol.info, "polished": True, "ipm_status": sol.status.name})
+        done = replace(sol, x=x, z=z, z_box=zb, status=Status.SOLVED, solve_time=wall)
+        # the residuals in info describe the point returned (the polished one), not the iterate it replaced
+        return replace(done, info={**sol.info, "prim_res": done.primal_residual(), "dual_res": done.dual_residual(),
+                                   "gap": done.duality_gap(), "polished": True, "ipm_status": sol.status.name})
 
     def _stalled_early(self, sol: Solution) -> bool:
         """Whether ``sol`` is SOLVED_INACCURATE before ``max_iter``: stopped by the stall rule.
@@ -171,21 +174,32 @@ class IPMSolver(QPSolver):
         cap = self.settings["max_iter"] if self.settings["max_iter"] is not None else 100
         return sol.status is Status.SOLVED_INACCURATE and sol.iterations < int(cap)
 
-    def _again(self, sol: Solution, stall: bool, started: float) -> float | bool | None:
+    def _again(self, sol: Solution, stall: bool, started: float, reserve: float = 0.0) -> float | bool | None:
         """Whether a stalled answer is solved again without the stall rule.
 
         The seconds left (None: no limit), or False: not stopped by the rule, at the cap, or no time left since
-        ``started``.
+        ``started`` once ``reserve`` seconds are kept back (:meth:`_time_left`).
         """
-        return self._time_left(started) if stall and self._stalled_early(sol) else False
+        return self._time_left(started, reserve) if stall and self._stalled_early(sol) else False
 
-    def _time_left(self, started: float) -> float | bool | None:
-        """Seconds left of ``time_limit`` since ``started`` (None: no limit; False: none left)."""
+    def _time_left(self, started: float, reserve: float = 0.0) -> float | bool | None:
+        """Seconds left of ``time_limit`` since ``started``, less ``reserve`` (None: no limit; False: none left)."""
         limit = self.settings["time_limit"]
         if limit is None:
             return None
-        left = float(limit) - (time.perf_counter() - started)
+        left = float(limit) - (time.perf_counter() - started) - reserve
         return left if left > 0 else False
+
+    @staticmethod
+    def _reserve(wall: float, iterations: int) -> float:
+        """Seconds a run after the first keeps back from the limit: two iterations of the first (``wall / iterations``).
+
+        An IPM run checks its deadline before each iteration, so it ends up to one iteration past it, and an answer
+        that comes after ``time_limit`` is TIME_LIMIT (the guard): a re-solve (or an element solved after the batch
+        run) that ran to the limit turned the answers already in hand into TIME_LIMIT, the stalled one it was to
+        keep included. Stopping two iterations early leaves the last one and the end game inside the limit.
+        """
+        return 2.0 * wall / max(1, int(iterations))
 
     @staticmethod
     def _resolved(stalled: Solution, full: Solution) -> Solution:
@@ -242,12 +256,14 @@ class IPMSolver(QPSolver):
             x[i], z[i], zb[i], st[i], it[i], info[i] = sol.x, sol.z, sol.z_box, sol.status, sol.iterations, sol.info
             wall += sol.solve_time
 
+        reserve = 0.0
         if run.size:
             ended, wall = batch_run(run, True)
+            reserve = self._reserve(wall, int(np.max(it[run])))  # later runs end before the limit (_reserve)
             for sol in ended:
                 put(sol, sol.info["index"])
             again = [sol for sol in ended if self._stalled_early(sol)]
-            left = self._time_left(t_batch) if again else False
+            left = self._time_left(t_batch, reserve) if again else False
             if left is not False:
                 full, w = batch_run(np.asarray([sol.info["index"] for sol in again]), False, left)
                 wall += w
@@ -257,11 +273,24 @@ class IPMSolver(QPSolver):
                     answer = full.get(i) or self._element(qps, i, x, z, zb, st, it, info)
                     put(replace(self._resolved(sol, answer), solve_time=0.0), i)
         for i in np.flatnonzero(fixed):
-            put(self.solve(qps[int(i)]), int(i))
+            put(self._fixed_element(qps[int(i)], t_batch, reserve), int(i))
         for i in range(size):
             info[i] = {k: v for k, v in info[i].items() if k != "index"}
         return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
                              backend=self.name, qps=qps, info={"elements": info})
+
+    def _fixed_element(self, qp: QP, started: float, reserve: float = 0.0) -> Solution:
+        """An element with fixed variables, solved by :meth:`solve` within what is left of ``time_limit``.
+
+        The call's ``time_limit`` bounds the whole batch, not each of its elements: each gets the seconds left since
+        ``started``, less ``reserve`` (:meth:`_reserve`; none left: TIME_LIMIT with NaN values, without a run).
+        """
+        left = self._time_left(started, reserve)
+        if left is None:
+            return self.solve(qp)
+        if left is False:
+            return self._nan_solution(qp, Status.TIME_LIMIT, self.name)
+        return type(self)(**{**self.settings, "time_limit": left}, **self.backend_options).solve(qp)
 
     def _element(self, qps: Any, i: int, x, z, zb, st, it, info) -> Solution:
         """Element ``i`` of a batch run as a Solution (its index in ``info["index"]``, for the end game)."""
@@ -286,7 +315,7 @@ class IPMSolver(QPSolver):
                                   warm_start=None if x0 is None else BatchSolution(
                                       x=x0, z=np.zeros((size, sub.m)), z_box=np.zeros((size, sub.n)),
                                       status=(Status.SOLVED,) * size))
-            xf, z, zbf = bs.x, np.asarray(bs.z, dtype=np.float64), bs.z_box
+            xf, z, zbf = bs.x, np.array(bs.z, dtype=np.float64), bs.z_box
             st, it, info, wall = bs.status, bs.iterations, bs.info["elements"], bs.solve_time
         else:
             xf, z, zbf = np.zeros((size, 0)), np.zeros((size, qp.m)), np.zeros((size, 0))
@@ -297,6 +326,10 @@ class IPMSolver(QPSolver):
         zb[:, red.free] = zbf
         grad = np.asarray((qp.P @ x.T).T) + Q + (np.asarray((qp.C.T @ z.T).T) if qp.m else 0.0)
         zb[:, red.fixed] = -grad[:, red.fixed]
+        # an element without a point (infeasible, unbounded, failed) is NaN throughout, as solve's answer for it
+        # (presolve.solve_without_fixed): not its fixed values beside NaN free ones
+        failed = np.array([not s.ok and s not in (Status.TIME_LIMIT, Status.MAX_ITER) for s in st], dtype=bool)
+        x[failed], z[failed], zb[failed] = np.nan, np.nan, np.nan
         return BatchSolution(x=x, z=z, z_box=zb, status=tuple(st), iterations=it, solve_time=wall,
                              backend=self.name, qps=ElementQPs(qp, vecs, size), info={"elements": info})
 
