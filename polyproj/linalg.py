@@ -21,8 +21,8 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
-__all__ = ["SMALL", "batched_solves", "cho_solve", "cholesky", "eigh", "entrywise", "identity_where", "in_chunks",
-           "small_cho_solve", "small_cholesky", "tri_inv"]
+__all__ = ["SMALL", "batched_solves", "cho_solve", "cholesky", "cumulative_sum", "eigh", "entrywise", "identity_where",
+           "in_chunks", "nnls", "small_cho_solve", "small_cholesky", "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
 #: NumPy batches without torch solve by substitution over the batch, a pass per row: worth it up to this order
@@ -32,6 +32,39 @@ try:  # NumPy's batched Cholesky gufunc (what np.linalg.cholesky calls), for its
     from numpy.linalg._umath_linalg import cholesky_lo as _CHOLESKY_LO
 except ImportError:  # pragma: no cover - every NumPy since 1.8 has it
     _CHOLESKY_LO = None
+
+
+def nnls(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    """``min ||A x − b|| over x >= 0``, as ``(x, ||A x − b||)`` (``scipy.optimize.nnls``'s answer).
+
+    The problem always has a solution (a convex quadratic bounded below on a closed convex cone). SciPy
+    1.12–1.14's ``nnls`` (the declared floor is SciPy 1.13) raises on rank-deficient ``A`` — "Matrix is
+    singular", "Maximum number of iterations reached" — e.g. for the rows ``[G; B; −B]`` of an equality. Then
+    the same problem is solved by bounded-variable least squares (``lsq_linear``, BVLS: an active-set method
+    on least-squares subproblems, which tolerates dependent columns), its residual norm taken from its ``x``.
+    """
+    from scipy.optimize import lsq_linear
+    from scipy.optimize import nnls as _nnls
+
+    try:
+        x, rnorm = _nnls(A, b)
+        return x, float(rnorm)
+    except (RuntimeError, np.linalg.LinAlgError):
+        x = lsq_linear(A, b, bounds=(0.0, np.inf), method="bvls", tol=1e-15, lsmr_tol="auto").x
+        x = np.maximum(x, 0.0)
+        return x, float(np.linalg.norm(A @ x - b))
+
+
+def cumulative_sum(xp: Any, x: Any, axis: int | None = None) -> Any:
+    """``xp.cumulative_sum(x, axis=axis)``, for every namespace polyproj passes, the bare ``numpy`` module included.
+
+    ``cumulative_sum`` is the array API's (2023.12); the ``numpy`` module has it from NumPy 2.1 only, and the
+    declared floor is NumPy 2.0, where polyproj's NumPy paths pass ``numpy`` itself as ``xp``. On NumPy arrays
+    it is ``np.cumsum`` (the same running sums, same dtype; ``axis=None`` only for 1-D input, as the standard).
+    """
+    if is_numpy_namespace(xp):
+        return np.cumsum(x, axis=axis)
+    return xp.cumulative_sum(x, axis=axis)
 
 
 def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:

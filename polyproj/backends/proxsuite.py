@@ -227,7 +227,7 @@ class ProxSuiteSolver(QPSolver):
         then judged by :meth:`~polyproj.problem.QP.is_primal_infeasibility_certificate` like any other: a
         certificate proves the constraints empty whatever produced it, and on a feasible problem none exists.
         """
-        from scipy.optimize import nnls
+        from ..linalg import nnls
 
         if not np.all(np.isfinite(x)):
             return False

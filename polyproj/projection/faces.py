@@ -29,7 +29,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
-from ..linalg import cho_solve, cholesky, identity_where, in_chunks
+from ..linalg import cho_solve, cholesky, cumulative_sum, identity_where, in_chunks
 
 __all__ = ["REFINE_ROUNDINGS", "REFINE_STEPS", "ActiveRows", "Face", "expand_rows", "face_rhs", "gather_active_rows",
            "off_rounding", "put_rows", "qr_null_basis", "scatter_rows", "svd_factor"]
@@ -72,7 +72,7 @@ def scatter_rows(xp: Any, full: Any, mask: Any, part: Any) -> Any:
     m = xp.reshape(mask, (-1,) + (1,) * (full.ndim - 1))
     if is_torch_namespace(xp):  # one kernel: the True rows take part's rows in order
         return full.masked_scatter(m, part.to(full.dtype))
-    pos = xp.cumulative_sum(xp.astype(mask, xp.int64)) - 1
+    pos = cumulative_sum(xp, xp.astype(mask, xp.int64)) - 1
     pos = xp.where(pos > 0, pos, xp.zeros_like(pos))
     return xp.where(m, xp.take(part, pos, axis=0), full)
 

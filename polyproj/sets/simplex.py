@@ -288,7 +288,9 @@ class CappedSimplex(Projector):
         top = xp.max(X, axis=1, keepdims=True)
         far = xp.abs(top) > size
         if self.upper != float("inf"):
-            m = xp.clip(xp.ceil(t / self.upper), 1, n)  # (b, 1), float
+            # float bounds for a float array: array-api-compat 1.9 (the declared floor) reads a Python int bound
+            # as an integer limit of x's dtype (iinfo(float64): ValueError)
+            m = xp.clip(xp.ceil(t / self.upper), 1.0, float(n))  # (b, 1), float
             near = xp.sum(xp.astype(X >= -size, X.dtype), axis=1, keepdims=True)
             far = far | (near < m)
         if not bool(xp.any(far)):

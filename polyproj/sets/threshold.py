@@ -28,6 +28,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
+from ..linalg import cumulative_sum
 from ..projection.faces import put_rows
 
 __all__ = ["Threshold", "native_module", "sorted_threshold", "threshold"]
@@ -318,7 +319,7 @@ def sorted_threshold(X: Any, total: Any, upper: float = float("inf")) -> Any:
     n = X.shape[1]
     if upper == float("inf"):
         u = xp.flip(xp.sort(X, axis=1), axis=1)
-        css = xp.cumulative_sum(u, axis=1) - total
+        css = cumulative_sum(xp, u, axis=1) - total
         j = xp.arange(1, n + 1, dtype=X.dtype, device=_device(X))
         rho = xp.sum(xp.astype(u * j > css, xp.int64), axis=1)
         rho = xp.maximum(rho, xp.ones_like(rho))
@@ -329,9 +330,9 @@ def sorted_threshold(X: Any, total: Any, upper: float = float("inf")) -> Any:
     order = xp.flip(xp.argsort(xp.concat([X, X - upper], axis=1), axis=1, stable=True), axis=1)
     bp = xp.take_along_axis(xp.concat([X, X - upper], axis=1), order, axis=1)
     ones = xp.ones_like(X)
-    free = xp.cumulative_sum(xp.take_along_axis(xp.concat([ones, -ones], axis=1), order, axis=1), axis=1)
+    free = cumulative_sum(xp, xp.take_along_axis(xp.concat([ones, -ones], axis=1), order, axis=1), axis=1)
     steps = (bp[:, :-1] - bp[:, 1:]) * free[:, :-1]
-    f = xp.concat([xp.zeros_like(bp[:, :1]), xp.cumulative_sum(steps, axis=1)], axis=1)
+    f = xp.concat([xp.zeros_like(bp[:, :1]), cumulative_sum(xp, steps, axis=1)], axis=1)
     reach = xp.sum(xp.astype(f < total, xp.int64), axis=1)  # f increases as θ decreases
     reach = xp.minimum(reach, xp.full_like(reach, 2 * n - 1))
     t1 = xp.take_along_axis(bp, reach[:, None], axis=1)

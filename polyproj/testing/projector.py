@@ -338,8 +338,7 @@ def _decided(P: Any, X: np.ndarray, Y: np.ndarray, A: np.ndarray, margin: np.nda
     a dependent row another can stand in for, an answer decided only at the polish's tolerance) are a choice
     among HS elements that a set may make either way.
     """
-    from scipy.optimize import nnls
-
+    from ..linalg import nnls
     from .properties import _independent_rows, _rank, exact_certificate, ineq_form
 
     G, h = ineq_form(P)

@@ -179,7 +179,7 @@ def _index_sets(G: np.ndarray, B: np.ndarray, I: np.ndarray, r: np.ndarray, eps:
     a non-negative least-squares multiplier (its columns independent) and ``samples`` random maximal independent
     sets of active rows containing it. None where ``rng`` is needed and not given.
     """
-    from scipy.optimize import nnls
+    from ..linalg import nnls
 
     M = np.vstack([G[I], B]).reshape(-1, G.shape[1])
     out: list[tuple[int, ...]] = [tuple(I.tolist())]
@@ -703,7 +703,7 @@ def exact_certificate(P: Polyhedron, x: np.ndarray, y: np.ndarray, active: np.nd
     solution with ``ν >= 0`` (non-negative least squares, so dependent active rows are no obstacle),
     each within :data:`ROUNDING` times ``1 + max |x| + max |y| + max |G|``.
     """
-    from scipy.optimize import nnls
+    from ..linalg import nnls
 
     G, h = ineq_form(P)
     Bm = P.B_dense.reshape(-1, P.n)

@@ -21,6 +21,7 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
+from ...linalg import cumulative_sum
 from ...runtime import MIN_PER_THREAD
 from . import iteration
 from .iteration import Settings
@@ -131,7 +132,7 @@ def solve_compacted(xp: Any, qp: BatchQP, settings: Settings, resume: ResumeStat
     idx = xp.nonzero(running)[0]  # indices on the device (no host round trip of the status array)
     sub = solve_compacted(xp, qp.take(xp, idx), settings, resume=state.take(xp, idx))
     # element i of the merged result: its place in the continued batch if it was running, else its own
-    rank = xp.cumulative_sum(xp.astype(running, idx.dtype)) - 1
+    rank = cumulative_sum(xp, xp.astype(running, idx.dtype)) - 1
     gidx = xp.where(running, b + rank, xp.arange(b, dtype=idx.dtype, device=_device(qp.q)))
     return IPMResult(*[xp.take(xp.concat([getattr(part, f), getattr(sub, f)], axis=0), gidx, axis=0)
                        for f in FIELDS])
