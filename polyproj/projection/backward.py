@@ -8,6 +8,11 @@ coordinates ``F`` and ``J = I − H(HᵀH)⁺Hᵀ`` (the projector onto the null
     ∂L/∂v_E   = g_E − (Mᵀ r)_E            (v the value of an active bound: lb or ub),
     ∂L/∂M     = −λ (J g)ᵀ − r yᵀ          (A_I, B; λ the multipliers of the projection).
 
+With dependent active rows ``r`` is not unique (only ``Mᵀr``, the part of ``g`` in the rows' span, is): the one
+computed is ``s ⊙ (M_n⁺)ᵀ g``, the least-norm solution in the normalised rows ``M_n = diag(s) M_F``, which equals
+``(M_F⁺)ᵀ g`` for independent rows and, unlike it, does not change when a row and its right-hand side are scaled
+together (the same set).
+
 Computed without forming ``J``: samples whose final face the polish factored reuse that factorisation
 (:class:`~polyproj.projection.polish.FaceRecord`), the others are factored here
 (:class:`~polyproj.projection.faces.Face`). Shared data receive the gradient summed over the batch.

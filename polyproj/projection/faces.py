@@ -9,12 +9,15 @@ backpropagation need is an operator of ``M_n``:
   multipliers ``λ = s ⊙ G⁺ s⊙(M z − c)``;
 * the HS-Jacobian ``J v = f⊙v − M_nᵀ G⁺ M_n (f⊙v)`` — the orthogonal projector onto the null space of
   the active rows (no multiplier and no LICQ needed: dependent rows leave the null space unchanged);
-* the gradient with respect to the active right-hand sides, ``r = (M_F⁺)ᵀ g = s ⊙ G⁺ M_n (f⊙g)``.
+* the gradient with respect to the active right-hand sides, ``r = s ⊙ G⁺ M_n (f⊙g)`` (``= (M_F⁺)ᵀ g`` for
+  independent rows; for dependent ones the least-norm solution in the normalised rows: projection.backward).
 
 :class:`Face` factors ``G = L Lᵀ`` by Cholesky (``O(k³)`` batched); a sample whose Gram matrix is
-singular or ill-conditioned (a pivot below ``eps^(1/4)``: dependent active rows, LICQ fails) takes the
-rank-revealing SVD of ``M_n`` instead, whose dropped directions are exactly those of the dependent rows.
-A smallest pivot ``ρ`` bounds cond(G) by ``ρ⁻²``, so the products by ``G⁻¹`` (``J v``, ``r``) are accurate to
+singular or ill-conditioned (a pivot below ``eps^(1/4)``: dependent active rows, LICQ fails; or, since pivots
+bound ``λ_min(G)`` from above only, a lower bound of ``1/λ_min(G)`` above ``2 / eps^(1/2)``) takes the
+rank-revealing SVD of ``M_n`` instead, whose dropped directions are exactly those of the dependent rows. With
+``λ_min(G)`` near ``ρ² / 2`` (``G_ii = 1``; within the bound's factor ~k) the products by ``G⁻¹`` (``J v``, ``r``)
+are accurate to
 about ``eps / ρ²`` relative: ``eps^(1/2)`` at the threshold (two unit rows at an angle of 1.5e-4: 3e-9),
 rounding on well-separated rows; the projection itself is refined to rounding (:data:`REFINE_STEPS`).
 Every operator is written against the array API and returns arrays of the input's namespace and device.
@@ -22,6 +25,7 @@ Every operator is written against the array API and returns arrays of the input'
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,6 +232,24 @@ def _inverse_norms(xp, norms):
     return xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)), xp.zeros_like(norms))
 
 
+def _row_norms(xp, rows):
+    """Euclidean norms of ``rows`` along the last axis, without overflow of the squares.
+
+    ``sqrt(Σ r_j²)`` is inf once an entry passes sqrt(max) (1.3e154 in float64, 1.8e19 in float32) although the
+    norm is finite; ``1/inf = 0`` then reads as a zero row and its constraint is dropped from the face (J = I on a
+    row [1e160, 1e160, 0]). The rows are finite (validated), so an infinite norm means overflow: those are recomputed
+    as ``b ||r / b||`` with ``b = max|r_j|`` (the entries of ``r / b`` are at most 1). Tiny rows are refused where the
+    data are validated (``polyproj.problem.TINY_ROW``), so the squares do not underflow.
+    """
+    with np.errstate(over="ignore"):  # NumPy's warning of the overflow this handles
+        norms = xp.linalg.vector_norm(rows, axis=-1)
+    if rows.shape[-1] == 0 or bool(xp.all(xp.isfinite(norms))):
+        return norms
+    big = xp.max(xp.abs(rows), axis=-1)
+    safe = xp.where(big > 0, big, xp.ones_like(big))
+    return xp.linalg.vector_norm(rows / safe[..., None], axis=-1) * big
+
+
 def gather_active_rows(A, B, active, free) -> ActiveRows:
     """Gather the active rows of A (and all of B), mask the fixed columns, normalise the rows.
 
@@ -260,7 +282,7 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
         bidx = xp.broadcast_to(xp.arange(m + 1, m + 1 + p, dtype=ridx.dtype, device=dev)[None, :], (batch, p))
         ridx = xp.concat([ridx, bidx], axis=1)
         if is_torch_namespace(xp) or isinstance(table, np.ndarray):
-            inv_tn = _inverse_norms(xp, xp.linalg.vector_norm(table, axis=-1))
+            inv_tn = _inverse_norms(xp, _row_norms(xp, table))
             tabn = table * inv_tn[:, None]
             scale = xp.reshape(xp.take(inv_tn, xp.reshape(ridx, (-1,)), axis=0), tuple(ridx.shape))
             if not bool(xp.all(free == 1)):  # a sample's rows on its free columns only
@@ -278,7 +300,7 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
         Bb = xp.broadcast_to(B[None, ...], (batch, p, n)) if B.ndim == 2 else B
         rows = xp.concat([rowsA, Bb], axis=1)
     Mf = _masked(xp, rows, free, own=False)
-    scale = _inverse_norms(xp, xp.linalg.vector_norm(Mf, axis=-1))
+    scale = _inverse_norms(xp, _row_norms(xp, Mf))
     return ActiveRows(xp, scale, order, k, m, p, free, rows=rows, Mn=_scaled(xp, Mf, scale, own=Mf is not rows))
 
 
@@ -336,7 +358,8 @@ def gram_cholesky(xp, R: ActiveRows, eps: float):
     """Cholesky of the face Gram matrices of ``R`` (padding rows get a unit pivot).
 
     Returns ``(L, ok)``: ``ok`` accepts well-conditioned faces only (every pivot of a real row at
-    least ``eps^(1/4)``); ``L`` is the identity where it is False.
+    least ``eps^(1/4)``, and the lower bound of ``1/λ_min(G)`` of :func:`_inverse_norm_estimate` at most
+    ``2 / eps^(1/2)``); ``L`` is the identity where it is False.
     """
     pos = R.scale > 0
     kk = pos.shape[1]
@@ -353,7 +376,46 @@ def gram_cholesky(xp, R: ActiveRows, eps: float):
     L, ok = cholesky(xp, G)
     diag = xp.linalg.diagonal(L)
     ok = ok & xp.all(xp.where(pos, diag, xp.ones_like(diag)) >= eps ** 0.25, axis=1)
-    return identity_where(xp, ok, L, own=True), ok
+    L = identity_where(xp, ok, L, own=True)
+    if kk > 1 and bool(xp.any(ok)):
+        ok = ok & (_inverse_norm_estimate(xp, L) <= 2.0 / eps ** 0.5)
+        L = identity_where(xp, ok, L, own=True)
+    return L, ok
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_start(k: int) -> np.ndarray:
+    """A fixed pseudo-random unit vector of length ``k`` (read-only)."""
+    v = np.random.default_rng(k).standard_normal(k)
+    v /= np.linalg.norm(v)
+    v.flags.writeable = False
+    return v
+
+
+def _inverse_norm_estimate(xp, L):
+    """(b,) ``vᵀ G⁻¹ v = ||L⁻¹ v||²`` for ``G = L Lᵀ`` and a fixed unit vector ``v``: a lower bound of ``||G⁻¹||₂``.
+
+    Cholesky pivots bound ``λ_min(G)`` from above only (``λ_min <= min L_jj²``): unit rows can have every pivot near
+    1e-4 and ``λ_min`` ~ 1e-24 (Kahan's matrix, 40 rows), and the products by ``G⁻¹`` are then off by O(1).
+    ``vᵀ G⁻¹ v = Σ (v·u_i)² / λ_i >= (v·u_min)² / λ_min``: for a pseudo-random ``v`` (fixed: reproducible) it is
+    within a factor ~k of ``1/λ_min``, and never above it, so a face it puts beyond the pivot test's own level
+    (``1/λ_min`` of two unit rows at the angle eps^(1/4): ``2/eps^(1/2)``) is ill-conditioned for certain. One
+    triangular solve: O(k²) a sample beside the factorisation's O(k³).
+    """
+    b, kk = L.shape[0], L.shape[-1]
+    v = _unit_start(kk)
+    if is_torch_namespace(xp):
+        w = xp.asarray(v.copy(), dtype=L.dtype, device=_device(L))  # the cached v is read-only
+        z = xp.linalg.solve_triangular(L, xp.broadcast_to(w[None, :, None], (b, kk, 1)), upper=False)[:, :, 0]
+    elif isinstance(L, np.ndarray):  # forward substitution for the whole batch, one row at a time
+        z = np.empty((b, kk), dtype=L.dtype)
+        for i in range(kk):
+            z[:, i] = (v[i] - np.einsum("bj,bj->b", L[:, i, :i], z[:, :i])) / L[:, i, i]
+    else:
+        w = xp.asarray(v.copy(), dtype=L.dtype, device=_device(L))  # the cached v is read-only
+        z = xp.linalg.solve(L, xp.broadcast_to(w[None, :, None], (b, kk, 1)))[:, :, 0]
+    est = xp.sum(z * z, axis=-1)
+    return xp.where(xp.isfinite(est), est, xp.full_like(est, float("inf")))
 
 
 # ----------------------------------------------------------------------------- the face factorisation

@@ -136,14 +136,15 @@ def hs_vjp(polyhedron: Any, active: Any, V: Any) -> np.ndarray:
     Returns
     -------
     ndarray shaped like V, a NumPy array also for a torch V. Computed in float64 and rounded once to V's
-    dtype when it is float16, float32 or float64 (a tensor's too: torch.float32 gives float32); float64 for
-    integers and other floats (bfloat16).
+    dtype when it is float16, float32 or float64 (a tensor's or another array API array's too: torch.float32
+    gives float32); float64 for integers and other floats (bfloat16).
     """
     from ..problem import _asarray
 
     _check_polyhedron(polyhedron)
-    # the result's dtype: V's float16/32/64 (a tensor's by name: _asarray reads it in float64), else float64
-    name = str(getattr(V, "dtype", "")).removeprefix("torch.")
+    # the result's dtype: V's float16/32/64 by the dtype's name, whatever its namespace prefix ("torch.float32",
+    # "array_api_strict.float32": _asarray reads a tensor in float64), else float64
+    name = str(getattr(V, "dtype", "")).rsplit(".", 1)[-1]
     out_dtype = np.dtype(name) if name in ("float16", "float32", "float64") else np.dtype(np.float64)
     raw = _asarray(V, "V")  # a tensor on the host (a 'meta' one, holding no values, refused)
     if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)):
