@@ -400,17 +400,18 @@ def _inverse_norm_estimate(xp, L):
     ``vᵀ G⁻¹ v = Σ (v·u_i)² / λ_i >= (v·u_min)² / λ_min``: for a pseudo-random ``v`` (fixed: reproducible) it is
     within a factor ~k of ``1/λ_min``, and never above it, so a face it puts beyond the pivot test's own level
     (``1/λ_min`` of two unit rows at the angle eps^(1/4): ``2/eps^(1/2)``) is ill-conditioned for certain. One
-    triangular solve: O(k²) a sample beside the factorisation's O(k³).
+    triangular solve (NumPy: the two of :func:`~polyproj.linalg.cho_solve`, batched): O(k²) a sample beside the
+    factorisation's O(k³).
     """
     b, kk = L.shape[0], L.shape[-1]
     v = _unit_start(kk)
     if is_torch_namespace(xp):
         w = xp.asarray(v.copy(), dtype=L.dtype, device=_device(L))  # the cached v is read-only
         z = xp.linalg.solve_triangular(L, xp.broadcast_to(w[None, :, None], (b, kk, 1)), upper=False)[:, :, 0]
-    elif isinstance(L, np.ndarray):  # forward substitution for the whole batch, one row at a time
-        z = np.empty((b, kk), dtype=L.dtype)
-        for i in range(kk):
-            z[:, i] = (v[i] - np.einsum("bj,bj->b", L[:, i, :i], z[:, :i])) / L[:, i, i]
+    elif isinstance(L, np.ndarray):  # vᵀ G⁻¹ v by the batched Cholesky solves (linalg: one call, not a pass a row)
+        with np.errstate(all="ignore"):  # an overflow is an infinite estimate: refused below
+            est = cho_solve(np, L, np.repeat(v[None, :].astype(L.dtype), b, axis=0)) @ v.astype(L.dtype)
+        return np.where(np.isfinite(est), est, np.inf)
     else:
         w = xp.asarray(v.copy(), dtype=L.dtype, device=_device(L))  # the cached v is read-only
         z = xp.linalg.solve(L, xp.broadcast_to(w[None, :, None], (b, kk, 1)))[:, :, 0]

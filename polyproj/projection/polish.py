@@ -84,14 +84,14 @@ def face_solve(X, data: PolyData, S, *, method: str = "auto", floor=None):
     Y = Z - step
     resid = R.dot(Y) - c
 
-    def row_size(Y):
+    def row_size(Rs, Ys, cs, fl):
         # the size of each row's terms |M_i||y| + |c_i|, the scale of its rounding. Taken at the current y: at a
         # far point (|x| >> |y|) the first face point carries an error ~eps |x| (cancellation in y = z - M^T lam),
         # and terms taken there would call a row "at rounding" while it still misses by eps |x| times
-        # (cond(G) eps)^k, k the steps done (1e-9 at |x| = 1e21 after one step, where the next reaches 1e-16)
-        return R.abs_dot(xp.abs(Y) if floor is None else xp.maximum(xp.abs(Y), floor)) + xp.abs(c)
+        # (cond(G) eps)^k, k the steps done; each refinement step takes them again at the refined points
+        return Rs.abs_dot(xp.abs(Ys) if fl is None else xp.maximum(xp.abs(Ys), fl)) + xp.abs(cs)
 
-    size = row_size(Y)
+    size = row_size(R, Y, c, floor)
     # up to REFINE_STEPS steps of iterative refinement on the samples whose face equations miss rounding
     # (faces.off_rounding: an ill-conditioned face, or cancellation at a far point), their multipliers added to
     # λ so that stationarity holds
@@ -104,8 +104,9 @@ def face_solve(X, data: PolyData, S, *, method: str = "auto", floor=None):
         Y = put_rows(xp, Y, idx, xp.take(Y, idx, axis=0) - corr)
         lam_c = put_rows(xp, lam_c, idx, xp.take(lam_c, idx, axis=0) + dlam)
         Mt_lam = put_rows(xp, Mt_lam, idx, xp.take(Mt_lam, idx, axis=0) + dMt)
-        resid = put_rows(xp, resid, idx, R.take(idx).dot(xp.take(Y, idx, axis=0)) - xp.take(c, idx, axis=0))
-        size = row_size(Y)
+        Ri, Yi, ci = R.take(idx), xp.take(Y, idx, axis=0), xp.take(c, idx, axis=0)
+        resid = put_rows(xp, resid, idx, Ri.dot(Yi) - ci)
+        size = put_rows(xp, size, idx, row_size(Ri, Yi, ci, None if floor is None else xp.take(floor, idx, axis=0)))
     lamA, mu = expand_rows(R, lam_c)
     z_box = (X - Y - Mt_lam) * fixed  # stationarity on the fixed coordinates
     mult = xp.concat([lamA, -z_box * at_lb, z_box * at_ub], axis=1)
