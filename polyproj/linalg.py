@@ -22,7 +22,7 @@ from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
 __all__ = ["SMALL", "batched_solves", "cho_solve", "cholesky", "cumulative_sum", "eigh", "entrywise", "identity_where",
-           "in_chunks", "nnls", "small_cho_solve", "small_cholesky", "tri_inv"]
+           "in_chunks", "nnls", "row_norms", "small_cho_solve", "small_cholesky", "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
 #: NumPy batches without torch solve by substitution over the batch, a pass per row: worth it up to this order
@@ -53,6 +53,31 @@ def nnls(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
         x = lsq_linear(A, b, bounds=(0.0, np.inf), method="bvls", tol=1e-15, lsmr_tol="auto").x
         x = np.maximum(x, 0.0)
         return x, float(np.linalg.norm(A @ x - b))
+
+
+def row_norms(xp: Any, rows: Any) -> Any:
+    """Euclidean norms of ``rows`` along the last axis, without overflow or underflow of the squares.
+
+    ``sqrt(Σ r_j²)`` is inf once an entry passes sqrt(max) (1.3e154 in float64, 1.8e19 in float32) and loses its
+    digits or vanishes once the entries fall below sqrt(smallest normal) (1.5e-154, 1.1e-19): a row then reads as a
+    zero row and its constraint is dropped. The rows are finite (validated), so such norms are recomputed as
+    ``b ||r / b||`` with ``b = max|r_j|`` (the entries of ``r / b`` are at most 1, the largest is 1).
+    """
+    with np.errstate(over="ignore", under="ignore"):  # NumPy's warnings of what this handles
+        norms = xp.linalg.vector_norm(rows, axis=-1)
+    if rows.shape[-1] == 0 or any(int(d) == 0 for d in rows.shape[:-1]):
+        return norms
+    fi = xp.finfo(rows.dtype)
+    tiny = float(getattr(fi, "smallest_normal", None) or fi.tiny) ** 0.5
+    bad, small = ~xp.isfinite(norms), norms < tiny
+    if not bool(xp.any(bad | small)):
+        return norms
+    big = xp.max(xp.abs(rows), axis=-1)
+    redo = bad | (small & (big > 0))  # a zero row's norm is 0 already
+    if not bool(xp.any(redo)):
+        return norms
+    safe = xp.where(big > 0, big, xp.ones_like(big))
+    return xp.where(redo, xp.linalg.vector_norm(rows / safe[..., None], axis=-1) * big, norms)
 
 
 def cumulative_sum(xp: Any, x: Any, axis: int | None = None) -> Any:

@@ -25,7 +25,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from .errors import ProblemError
-from .linalg import own_contiguous
+from .linalg import own_contiguous, row_norms
 
 __all__ = ["PolyData", "RowLayout", "empty_row", "ineq_slack", "matvec"]
 
@@ -124,7 +124,7 @@ class PolyData:
     def row_norms(self) -> tuple[Any, Any]:
         """The 2-norms of the rows of ``A`` and of ``B`` ((m,) and (p,), or per sample): computed once."""
         xp = self.xp
-        return xp.linalg.vector_norm(self.A, axis=-1), xp.linalg.vector_norm(self.B, axis=-1)
+        return row_norms(xp, self.A), row_norms(xp, self.B)  # no overflow of the squares at entries ~1e160
 
     @cached_property
     def distance_size(self) -> float:

@@ -257,3 +257,42 @@ def test_auto_on_a_thin_polytope_is_the_exact_projection(batch, scale):
     for i in range(0, batch, max(1, batch // 60)):
         viol, stat = kkt_residual(P, X[i], Y[i])
         assert viol < 1e-12 and stat < 1e-12, (i, viol, stat)
+
+
+@pytest.mark.parametrize(("k", "s"), [(25, 0.68), (40, 0.795)])
+def test_kahan_rows_with_signs_against_the_estimates_start_vector(k, s):
+    """Row signs leave the face (and J) unchanged but move G's eigenvectors: signs chosen so that the estimate's
+    fixed start vector v is nearly orthogonal to u_min made vᵀG⁻¹v miss 1/λ_min by ~1e12, the face passed, and J g
+    was off by 0.1-0.4 (review of session 53). The second, data-chosen right-hand side sign(G⁻¹v) still sees it."""
+    from polyproj.projection.faces import _unit_start
+
+    M = kahan_rows(k, s, 3, seed=0)
+    _, U = np.linalg.eigh(M @ M.T)
+    u, v = U[:, 0], _unit_start(k)
+    signs, run = np.ones(k), 0.0
+    for i in np.argsort(-np.abs(v * u)):  # greedy: keep Σ sᵢ vᵢ uᵢ near 0
+        signs[i] = -1.0 if run * v[i] * u[i] > 0 else 1.0
+        run += signs[i] * v[i] * u[i]
+    Ms = M * signs[:, None]
+    assert (v @ (signs * u)) ** 2 < 1e-6 / k  # the start vector is blind to the small eigenvalue
+    n = Ms.shape[1]
+    face = Face.factor(Ms, np.zeros((0, n)), np.ones((1, k), dtype=bool), np.ones((1, n)))
+    assert not bool(face.ok[0])
+    J = reference_J(pp.Polyhedron(A=Ms, a=np.zeros(k)), np.ones(k, dtype=bool))
+    g = np.random.default_rng(k).normal(size=(1, n))
+    tol = 100 * np.finfo(float).eps / np.linalg.svd(Ms, compute_uv=False)[-1]  # the SVD's own accuracy
+    np.testing.assert_allclose(face.null_apply(g), g @ J, rtol=0, atol=tol)
+
+
+def test_float32_rows_whose_squares_underflow_stay_in_the_face():
+    """A float32 row [1e-25, 1e-25, 0]: its squares underflow to 0, and the row read as a zero row (J = I)."""
+    torch = pytest.importorskip("torch")
+    M = torch.tensor([[1e-25, 1e-25, 0.0]], dtype=torch.float32)
+    face = Face.factor(M, torch.zeros((0, 3), dtype=torch.float32), torch.ones((1, 1), dtype=torch.bool),
+                       torch.ones((1, 3), dtype=torch.float32))
+    out = face.null_apply(torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float32)).numpy()
+    np.testing.assert_allclose(out, [[0.5, -0.5, 0.0]], rtol=0, atol=1e-6)
+    from polyproj.linalg import row_norms
+
+    np.testing.assert_allclose(row_norms(np, np.array([[1e-170, 1e-170], [1e160, 1e160], [0.0, 0.0]])),
+                               [np.sqrt(2) * 1e-170, np.sqrt(2) * 1e160, 0.0], rtol=1e-15)

@@ -10,8 +10,9 @@ coordinates ``F`` and ``J = I − H(HᵀH)⁺Hᵀ`` (the projector onto the null
 
 With dependent active rows ``r`` is not unique (only ``Mᵀr``, the part of ``g`` in the rows' span, is): the one
 computed is ``s ⊙ (M_n⁺)ᵀ g``, the least-norm solution in the normalised rows ``M_n = diag(s) M_F``, which equals
-``(M_F⁺)ᵀ g`` for independent rows and, unlike it, does not change when a row and its right-hand side are scaled
-together (the same set).
+``(M_F⁺)ᵀ g`` for independent rows and, unlike it, does not depend on the rows' scales in its choice: scaling a row
+and its right-hand side by α (the same set) divides that row's ``r_i`` by α, as the chain rule asks, and leaves the
+others unchanged.
 
 Computed without forming ``J``: samples whose final face the polish factored reuse that factorisation
 (:class:`~polyproj.projection.polish.FaceRecord`), the others are factored here

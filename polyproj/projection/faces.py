@@ -16,15 +16,16 @@ backpropagation need is an operator of ``M_n``:
 singular or ill-conditioned (a pivot below ``eps^(1/4)``: dependent active rows, LICQ fails; or, since pivots
 bound ``λ_min(G)`` from above only, a lower bound of ``1/λ_min(G)`` above ``2 / eps^(1/2)``) takes the
 rank-revealing SVD of ``M_n`` instead, whose dropped directions are exactly those of the dependent rows. With
-``λ_min(G)`` near ``ρ² / 2`` (``G_ii = 1``; within the bound's factor ~k) the products by ``G⁻¹`` (``J v``, ``r``)
-are accurate to
-about ``eps / ρ²`` relative: ``eps^(1/2)`` at the threshold (two unit rows at an angle of 1.5e-4: 3e-9),
-rounding on well-separated rows; the projection itself is refined to rounding (:data:`REFINE_STEPS`).
+``λ_min(G)`` near ``ρ² / 2`` (``G_ii = 1``; as far as the estimate of ``1/λ_min`` sees) the products by ``G⁻¹``
+(``J v``, ``r``) are accurate to about ``eps / ρ²`` relative: ``eps^(1/2)`` at the threshold (two unit rows at an
+angle of 1.5e-4: 3e-9), rounding on well-separated rows; the projection itself is refined to rounding
+(:data:`REFINE_STEPS`).
 Every operator is written against the array API and returns arrays of the input's namespace and device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_torch_namespace
 from array_api_compat import device as _device
 
-from ..linalg import cho_solve, cholesky, cumulative_sum, identity_where, in_chunks
+from ..linalg import cho_solve, cholesky, cumulative_sum, identity_where, in_chunks, row_norms
 
 __all__ = ["REFINE_ROUNDINGS", "REFINE_STEPS", "ActiveRows", "Face", "expand_rows", "face_rhs", "gather_active_rows",
            "off_rounding", "put_rows", "qr_null_basis", "scatter_rows", "svd_factor"]
@@ -232,24 +233,6 @@ def _inverse_norms(xp, norms):
     return xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, xp.ones_like(norms)), xp.zeros_like(norms))
 
 
-def _row_norms(xp, rows):
-    """Euclidean norms of ``rows`` along the last axis, without overflow of the squares.
-
-    ``sqrt(Σ r_j²)`` is inf once an entry passes sqrt(max) (1.3e154 in float64, 1.8e19 in float32) although the
-    norm is finite; ``1/inf = 0`` then reads as a zero row and its constraint is dropped from the face (J = I on a
-    row [1e160, 1e160, 0]). The rows are finite (validated), so an infinite norm means overflow: those are recomputed
-    as ``b ||r / b||`` with ``b = max|r_j|`` (the entries of ``r / b`` are at most 1). Tiny rows are refused where the
-    data are validated (``polyproj.problem.TINY_ROW``), so the squares do not underflow.
-    """
-    with np.errstate(over="ignore"):  # NumPy's warning of the overflow this handles
-        norms = xp.linalg.vector_norm(rows, axis=-1)
-    if rows.shape[-1] == 0 or bool(xp.all(xp.isfinite(norms))):
-        return norms
-    big = xp.max(xp.abs(rows), axis=-1)
-    safe = xp.where(big > 0, big, xp.ones_like(big))
-    return xp.linalg.vector_norm(rows / safe[..., None], axis=-1) * big
-
-
 def gather_active_rows(A, B, active, free) -> ActiveRows:
     """Gather the active rows of A (and all of B), mask the fixed columns, normalise the rows.
 
@@ -282,7 +265,7 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
         bidx = xp.broadcast_to(xp.arange(m + 1, m + 1 + p, dtype=ridx.dtype, device=dev)[None, :], (batch, p))
         ridx = xp.concat([ridx, bidx], axis=1)
         if is_torch_namespace(xp) or isinstance(table, np.ndarray):
-            inv_tn = _inverse_norms(xp, _row_norms(xp, table))
+            inv_tn = _inverse_norms(xp, row_norms(xp, table))
             tabn = table * inv_tn[:, None]
             scale = xp.reshape(xp.take(inv_tn, xp.reshape(ridx, (-1,)), axis=0), tuple(ridx.shape))
             if not bool(xp.all(free == 1)):  # a sample's rows on its free columns only
@@ -300,7 +283,7 @@ def gather_active_rows(A, B, active, free) -> ActiveRows:
         Bb = xp.broadcast_to(B[None, ...], (batch, p, n)) if B.ndim == 2 else B
         rows = xp.concat([rowsA, Bb], axis=1)
     Mf = _masked(xp, rows, free, own=False)
-    scale = _inverse_norms(xp, _row_norms(xp, Mf))
+    scale = _inverse_norms(xp, row_norms(xp, Mf))
     return ActiveRows(xp, scale, order, k, m, p, free, rows=rows, Mn=_scaled(xp, Mf, scale, own=Mf is not rows))
 
 
@@ -357,9 +340,9 @@ def qr_null_basis(R: ActiveRows) -> tuple[np.ndarray, np.ndarray]:
 def gram_cholesky(xp, R: ActiveRows, eps: float):
     """Cholesky of the face Gram matrices of ``R`` (padding rows get a unit pivot).
 
-    Returns ``(L, ok)``: ``ok`` accepts well-conditioned faces only (every pivot of a real row at
-    least ``eps^(1/4)``, and the lower bound of ``1/λ_min(G)`` of :func:`_inverse_norm_estimate` at most
-    ``2 / eps^(1/2)``); ``L`` is the identity where it is False.
+    Returns ``(L, ok)``: ``ok`` refuses the faces known to be ill-conditioned (a pivot of a real row below
+    ``eps^(1/4)``, or the lower bound of ``1/λ_min(G)`` of :func:`_inverse_norm_estimate` above
+    ``2 / eps^(1/2)``; an estimate, so a face it underrates can pass); ``L`` is the identity where it is False.
     """
     pos = R.scale > 0
     kk = pos.shape[1]
@@ -393,29 +376,26 @@ def _unit_start(k: int) -> np.ndarray:
 
 
 def _inverse_norm_estimate(xp, L):
-    """(b,) ``vᵀ G⁻¹ v = ||L⁻¹ v||²`` for ``G = L Lᵀ`` and a fixed unit vector ``v``: a lower bound of ``||G⁻¹||₂``.
+    """(b,) a lower bound of ``||G⁻¹||₂ = 1/λ_min(G)`` for ``G = L Lᵀ``: two batched Cholesky solves.
 
     Cholesky pivots bound ``λ_min(G)`` from above only (``λ_min <= min L_jj²``): unit rows can have every pivot near
     1e-4 and ``λ_min`` ~ 1e-24 (Kahan's matrix, 40 rows), and the products by ``G⁻¹`` are then off by O(1).
-    ``vᵀ G⁻¹ v = Σ (v·u_i)² / λ_i >= (v·u_min)² / λ_min``: for a pseudo-random ``v`` (fixed: reproducible) it is
-    within a factor ~k of ``1/λ_min``, and never above it, so a face it puts beyond the pivot test's own level
-    (``1/λ_min`` of two unit rows at the angle eps^(1/4): ``2/eps^(1/2)``) is ill-conditioned for certain. One
-    triangular solve (NumPy: the two of :func:`~polyproj.linalg.cho_solve`, batched): O(k²) a sample beside the
-    factorisation's O(k³).
+    ``||G⁻¹ v|| / ||v||`` is at most ``||G⁻¹||₂`` for any ``v``, and at least ``|v·u_min| / (||v|| λ_min)``. The first
+    ``v`` is a fixed pseudo-random unit vector (reproducible); its component along ``u_min`` can be small (a sign
+    pattern of the rows, which leaves the face unchanged, can make it so), so the second is ``ξ = sign(G⁻¹ v)``,
+    chosen by the data as LINPACK's condition estimator chooses its right-hand side: ``G⁻¹ v`` already leans
+    towards ``u_min``, and ``ξ`` follows its signs. The larger ratio is returned. A face it puts beyond the pivot
+    test's own level (``1/λ_min`` of two unit rows at the angle eps^(1/4): ``2/eps^(1/2)``) is ill-conditioned for
+    certain; one it misses keeps the pivot test's accuracy claim only.
     """
     b, kk = L.shape[0], L.shape[-1]
-    v = _unit_start(kk)
-    if is_torch_namespace(xp):
-        w = xp.asarray(v.copy(), dtype=L.dtype, device=_device(L))  # the cached v is read-only
-        z = xp.linalg.solve_triangular(L, xp.broadcast_to(w[None, :, None], (b, kk, 1)), upper=False)[:, :, 0]
-    elif isinstance(L, np.ndarray):  # vᵀ G⁻¹ v by the batched Cholesky solves (linalg: one call, not a pass a row)
-        with np.errstate(all="ignore"):  # an overflow is an infinite estimate: refused below
-            est = cho_solve(np, L, np.repeat(v[None, :].astype(L.dtype), b, axis=0)) @ v.astype(L.dtype)
-        return np.where(np.isfinite(est), est, np.inf)
-    else:
-        w = xp.asarray(v.copy(), dtype=L.dtype, device=_device(L))  # the cached v is read-only
-        z = xp.linalg.solve(L, xp.broadcast_to(w[None, :, None], (b, kk, 1)))[:, :, 0]
-    est = xp.sum(z * z, axis=-1)
+    v = xp.asarray(_unit_start(kk).copy(), dtype=L.dtype, device=_device(L))  # the cached v is read-only
+    ctx = np.errstate(all="ignore") if isinstance(L, np.ndarray) else contextlib.nullcontext()
+    with ctx:  # an overflow is an infinite estimate: refused by the caller
+        w = cho_solve(xp, L, xp.asarray(xp.broadcast_to(v[None, :], (b, kk)), copy=True))
+        sign = xp.where(w >= 0, xp.ones_like(w), -xp.ones_like(w))
+        z = cho_solve(xp, L, sign)
+        est = xp.maximum(xp.linalg.vector_norm(w, axis=-1), xp.linalg.vector_norm(z, axis=-1) / kk ** 0.5)
     return xp.where(xp.isfinite(est), est, xp.full_like(est, float("inf")))
 
 

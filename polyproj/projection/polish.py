@@ -31,6 +31,7 @@ from typing import Any
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
+from ..linalg import row_norms
 from ..polydata import PolyData, ineq_slack, matvec
 from .faces import (
     REFINE_ROUNDINGS,
@@ -187,7 +188,7 @@ def _scales(xp, X, data: PolyData) -> _Scales:
                      xp.broadcast_to(ub, (batch, n))], axis=1)
     ones = xp.ones((batch, 2 * n), dtype=dtype, device=dev)
     rn1 = xp.concat([xp.broadcast_to(xp.sum(xp.abs(A), axis=-1), (batch, m)), ones], axis=1)
-    rn2 = xp.concat([xp.broadcast_to(xp.linalg.vector_norm(A, axis=-1), (batch, m)), ones], axis=1)
+    rn2 = xp.concat([xp.broadcast_to(row_norms(xp, A), (batch, m)), ones], axis=1)
     rn2 = xp.where(rn2 > 0, rn2, xp.ones_like(rn2))
     bn1 = xp.broadcast_to(xp.sum(xp.abs(B), axis=-1), (batch, p))
     fin = can_bind(xp, rhs, rn1)
