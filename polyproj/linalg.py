@@ -67,9 +67,15 @@ def row_norms(xp: Any, rows: Any) -> Any:
         norms = xp.linalg.vector_norm(rows, axis=-1)
     if rows.shape[-1] == 0 or any(int(d) == 0 for d in rows.shape[:-1]):
         return norms
+    from .problem import TINY_ROW
+
     fi = xp.finfo(rows.dtype)
     tiny = float(getattr(fi, "smallest_normal", None) or fi.tiny) ** 0.5
-    bad, small = ~xp.isfinite(norms), norms < tiny
+    bad = ~xp.isfinite(norms)
+    # underflow needs entries below sqrt(smallest normal): validated rows have a largest entry of at least TINY_ROW
+    # (1e-100), above float64's 1.5e-154, so only lower precisions (float32: 1.1e-19) are checked (the check reads
+    # every entry once more: padding rows and zero rows have norm 0 too)
+    small = norms < tiny if tiny > TINY_ROW else xp.zeros_like(bad)
     if not bool(xp.any(bad | small)):
         return norms
     big = xp.max(xp.abs(rows), axis=-1)

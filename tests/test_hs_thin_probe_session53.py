@@ -294,5 +294,9 @@ def test_float32_rows_whose_squares_underflow_stay_in_the_face():
     np.testing.assert_allclose(out, [[0.5, -0.5, 0.0]], rtol=0, atol=1e-6)
     from polyproj.linalg import row_norms
 
-    np.testing.assert_allclose(row_norms(np, np.array([[1e-170, 1e-170], [1e160, 1e160], [0.0, 0.0]])),
-                               [np.sqrt(2) * 1e-170, np.sqrt(2) * 1e160, 0.0], rtol=1e-15)
+    # float32 rows below sqrt(smallest normal) and above sqrt(max), and a zero row; float64 rows above sqrt(max)
+    # (validated float64 rows have an entry of at least problem.TINY_ROW, whose square does not underflow)
+    rows32 = np.array([[1e-25, 1e-25], [1e20, 1e20], [0.0, 0.0]], dtype=np.float32)
+    np.testing.assert_allclose(row_norms(np, rows32), np.sqrt(2) * rows32[:, 0].astype(np.float64), rtol=1e-6)
+    np.testing.assert_allclose(row_norms(np, np.array([[1e160, 1e160], [0.0, 0.0], [3.0, 4.0]])),
+                               [np.sqrt(2) * 1e160, 0.0, 5.0], rtol=1e-15)
