@@ -31,6 +31,7 @@ import scipy.linalg
 
 from ..problem import QP
 from ..solution import Solution, Status
+from ..solvers.ipm.termination import ROUNDINGS  # no tolerance below this many roundings: the IPM's own rule
 from .warm import kkt_sizes
 
 __all__ = ["MAX_SIZE", "REFINE", "ROUNDS", "polish_active"]
@@ -42,8 +43,6 @@ MAX_SIZE = 500
 ROUNDS = 3
 #: iterative refinement steps of the KKT solve
 REFINE = 2
-#: no tolerance is below this many roundings of its residual's largest term (the IPM termination's rule)
-ROUNDINGS = 16.0
 
 
 def _sides(G: np.ndarray, lo: np.ndarray, up: np.ndarray, x: np.ndarray, zz: np.ndarray) -> tuple[np.ndarray, ...]:

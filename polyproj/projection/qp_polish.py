@@ -32,12 +32,11 @@ def metric_factor(P: np.ndarray) -> np.ndarray | None:
 
 
 def polish_qp(P, q, C, u, eq, x, z, max_rounds: int = 50) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The exact active-set polish of the projections (:func:`polyproj.projection.polish.polish`).
+    """``(x, z, active)`` of the QP, polished as a projection in the metric of P (module docstring).
 
-    With ``P = L Lᵀ`` and ``v = Lᵀω`` the QP ``min ½ωᵀPω + qᵀω  s.t. C_eq ω = u_eq, C_in ω <= u_in`` is the
-    projection of ``−L⁻¹q`` onto ``{v : C_in L⁻ᵀ v <= u_in, C_eq L⁻ᵀ v = u_eq}``, whose KKT multipliers
-    are the QP's (``Pω + q + Cᵀz = 0``). Started from the backend's ``(x, z)``; None when the polish
-    cannot verify the KKT conditions (or P is not positive semidefinite).
+    The QP: ``min ½xᵀPx + qᵀx  s.t. C_eq x = u_eq, C_in x <= u_in``, multipliers with ``Px + q + Cᵀz = 0``.
+    Started from the backend's ``(x, z)``; None when the polish cannot verify the KKT conditions (or P is not
+    positive semidefinite).
     """
     from ..polydata import PolyData
     from .polish import polish

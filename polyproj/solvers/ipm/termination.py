@@ -147,6 +147,9 @@ def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState, stall_
     else:
         closer = _distance(xp, point) <= _distance(xp, loop.best)
         best = loop.best.update(xp, running & finite & (conv | closer | ~xp.isfinite(loop.best.pres)), point)
+    if stall_iter is None:  # no stall rule: the progress record is not kept
+        return LoopState(loop.it, loop.iterate, best, status, loop.iterations, loop.pin_cnt, loop.din_cnt,
+                         loop.stale, loop.ref)
     # progress: the best distance halved since the last time it was (steady convergence, even 1.4x an iteration,
     # halves it every other iteration; the precision floor's creep of a few % an iteration does not)
     dist = _distance(xp, best)
@@ -154,9 +157,8 @@ def record(xp: Any, codes: StatusCodes, point: KKTPoint, loop: LoopState, stall_
     halved = ~(dist > 0.5 * ref)  # NaN distances (no finite best point yet) count as progress
     ref = xp.where(halved, dist, ref)
     stale = xp.where(halved, xp.zeros_like(loop.stale), loop.stale + 1)
-    if stall_iter is not None:
-        stalled = (status == RUNNING) & best.near & xp.isfinite(best.pres) & (stale >= stall_iter)
-        status = codes.set(status, stalled, "SOLVED_INACCURATE")
+    stalled = (status == RUNNING) & best.near & xp.isfinite(best.pres) & (stale >= stall_iter)
+    status = codes.set(status, stalled, "SOLVED_INACCURATE")
     return LoopState(loop.it, loop.iterate, best, status, loop.iterations, loop.pin_cnt, loop.din_cnt, stale, ref)
 
 
