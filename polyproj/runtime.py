@@ -174,8 +174,8 @@ def torch_single_thread() -> Iterator[None]:
     if prev == 1:
         yield
         return
-    set_torch_threads(1)
-    try:
+    try:  # the change inside the try: an interrupt raised as it returns still restores the caller's count
+        set_torch_threads(1)
         yield
     finally:
         set_torch_threads(prev)
@@ -217,13 +217,15 @@ def _one_blas_thread(ctl: Any) -> Iterator[None]:
     The pools above one thread are set to one and restored after the block (~1 µs against ~10 µs).
     """
     changed = []
-    for lc in _blas_pools(ctl):
-        threads = lc.get_num_threads()
-        if threads is not None and threads > 1:
-            changed.append((lc, threads))
-    for lc, _ in changed:
-        lc.set_num_threads(1)
     try:
+        for lc in _blas_pools(ctl):
+            threads = lc.get_num_threads()
+            if threads is not None and threads > 1:
+                # recorded before it is changed, inside the try: an interrupt that lands anywhere in this loop (a
+                # signal arriving during a set_num_threads call is raised as it returns) still restores every
+                # pool changed so far, instead of leaving the process on one BLAS thread for good
+                changed.append((lc, threads))
+                lc.set_num_threads(1)
         yield
     finally:
         for lc, threads in changed:
@@ -348,13 +350,21 @@ def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
                 stop.set()
                 return
 
-    helpers = [_shared_pool(cpu_count() - 1).submit(work) for _ in range(workers)]
-    work()
-    for f in helpers:
-        f.cancel()  # not started: queued behind another caller's work, and nothing is left for it
-    for f in helpers:
-        if not f.cancelled():
-            f.result()
+    helpers: list[Any] = []
+    try:
+        helpers.extend(_shared_pool(cpu_count() - 1).submit(work) for _ in range(workers))
+        work()
+    finally:
+        # However the caller's share ends: its items all taken (the flag then changes nothing), an item's error,
+        # or an interrupt that lands between items (outside ``fn``, where ``work`` does not record it), no helper
+        # takes another item; without this, the helpers went on through the whole batch after the
+        # KeyboardInterrupt had left, and the interpreter's exit waited for them.
+        stop.set()
+        for f in helpers:
+            f.cancel()  # not started: queued behind another caller's work, and nothing is left for it
+        for f in helpers:
+            if not f.cancelled():
+                f.result()
     if errors:
         raise errors[0]
     return out
@@ -419,6 +429,23 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
             return seq
         return track(seq, total=len(items), description=description, transient=True, console=console)
 
+    def drained(seq, job):
+        """``[job(v) for v in tracked(seq)]``; the bar's generator and ``seq`` are closed however it ends.
+
+        An error or a KeyboardInterrupt leaves both suspended at their ``yield``, and the traceback (kept by
+        IPython as ``sys.last_traceback``, by a debugger, by ``except ... as e``) keeps them alive: the bar's
+        refresh thread went on drawing after the interrupt, and ``executor.map``'s iterator kept its queued jobs
+        (its ``close`` cancels the futures not yet running, so that a ``with executor:`` does not wait for them).
+        """
+        it = tracked(seq)
+        try:
+            return [job(v) for v in it]
+        finally:
+            for gen in (it, seq):
+                close = getattr(gen, "close", None)
+                if callable(close):
+                    close()
+
     if executor is not None:
         try:
             submitted = executor.map(_Job(fn), items)
@@ -428,7 +455,7 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
             raise ProblemError(f"{description}: the executor refused the jobs ({type(exc).__name__}: {exc}); "
                                "is it shut down (or its client closed)?") from exc
         try:
-            return list(tracked(submitted))
+            return drained(submitted, lambda v: v)
         except Exception as exc:
             import pickle
             from concurrent.futures import ThreadPoolExecutor
@@ -443,7 +470,7 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
                                "a process pool needs the problem's functions defined at module level (not "
                                "lambdas or local functions): use them, a thread pool, or a Dask executor "
                                "(cloudpickle)") from exc
-    return [fn(i) for i in tracked(items)]
+    return drained(items, fn)
 
 
 def is_vmapped(t: Any) -> bool:

@@ -567,8 +567,10 @@ class DIF:
         """
         if self._own is None or self._own[0] != self.damping:
             damping, logged = self.damping, len(self.second_order_log)
-            res = self._result({}, 2)
-            del self.second_order_log[logged:]  # the log holds the caller's removals only
+            try:
+                res = self._result({}, 2)
+            finally:  # the log holds the caller's removals only (also where the run is interrupted or fails)
+                del self.second_order_log[logged:]
             self._own = (damping, float(res.omega.norm()) if res.status.ok else 0.0)
         return self._own[1]
 
@@ -602,11 +604,17 @@ class DIF:
 
         A solve that meets curvature the earlier ones did not re-damps the path; answers computed before it
         (ω₁, H⁻¹q, other removals' ω) used the old damping and are computed again, so every answer of one call
-        uses one damping. The entries the discarded rounds left in :attr:`second_order_log` are dropped.
+        uses one damping. The entries the discarded rounds left in :attr:`second_order_log` are dropped, and so are
+        those of a round that raised (a KeyboardInterrupt, a failed solve): the log holds the results returned, one
+        entry per removal of each call that returned, whatever calls were interrupted before it.
         """
         for _ in range(21):  # each re-damping at least doubles, at most 20 (_solve_h)
             damping, logged = self.damping, len(self.second_order_log)
-            out = compute()
+            try:
+                out = compute()
+            except BaseException:
+                del self.second_order_log[logged:]
+                raise
             if self.damping == damping:
                 return out
             del self.second_order_log[logged:]
