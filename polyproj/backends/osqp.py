@@ -150,6 +150,10 @@ class OSQPSolver(QPSolver):
     def _collect(self, qp: QP, res: Any, box: np.ndarray, setup_time: float) -> Solution:
         info_o = res.info
         raw, status = _status_of(info_o.status_val)
+        if raw == "OSQP_SIGINT":
+            # OSQP's C library catches Ctrl-C during its solve and returns this status: the user's interrupt,
+            # raised as Python's (a status would let a batch run on, or answer as if the solve had failed)
+            raise KeyboardInterrupt
         m = qp.m
         info: dict[str, Any] = {"raw_status": raw, "status_polish": int(info_o.status_polish),
                                 "pri_res": float(info_o.prim_res), "dua_res": float(info_o.dual_res),

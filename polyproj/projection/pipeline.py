@@ -766,14 +766,18 @@ def _late_polish(X, data: PolyData, solver, opts: PolishOptions, start: Projecti
                  handoff: int) -> PipelineOutput:
     """The polish after the caller's ``time_limit`` cut some starts short (``late``): ``rounds`` at most.
 
-    A late start that shows no face (:func:`_no_face`) is not polished: polishing it would cost more than the solve
-    the limit cut short. The other samples get the short polish. The late samples it does not verify keep the
-    backend's point and the active set it shows, with their status TIME_LIMIT and a warning; no retry or fallback
-    runs after the caller's limit (:func:`_fall_back` leaves them).
+    A late start that shows no face (:func:`_no_face`) or has no finite point (never begun) is not polished:
+    polishing it would cost more than the solve the limit cut short. The other samples get the short polish. The
+    late samples it does not verify keep the backend's point and the active set it shows, with their status
+    TIME_LIMIT and a warning; no retry or fallback runs after the caller's limit (:func:`_fall_back` leaves them).
     """
     xp = array_namespace(X)
     shown = _unverified_active(X, data, start.y, start.mult, start.accuracy)
-    blind = late & _no_face(data, shown)
+    # a start with no finite point was never begun (a per-point backend stopped by the limit before it): its
+    # "polish" would be a whole solve from the input point, the work the limit forbids (20,000 DAQP points under
+    # a 0.5 s limit took 13 s in it); it keeps its NaN point as TIME_LIMIT
+    unstarted = ~xp.all(xp.isfinite(start.y), axis=1)
+    blind = late & (_no_face(data, shown) | unstarted)
     if not bool(xp.any(blind)):
         out = _output(data, start, _polish(X, data, start, opts, rounds, handoff=handoff), solver.name)
     else:
