@@ -21,8 +21,9 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_namespace, is_torch_namespace
 
-__all__ = ["SMALL", "batched_solves", "cho_solve", "cholesky", "cumulative_sum", "eigh", "entrywise", "identity_where",
-           "in_chunks", "nnls", "row_norms", "small_cho_solve", "small_cholesky", "tri_inv"]
+__all__ = ["SMALL", "batched_solves", "cho_solve", "cholesky", "cumulative_sum", "eigh", "entrywise", "holds",
+           "host_copy", "identity_where", "in_chunks", "nnls", "require_int64", "row_norms", "small_cho_solve",
+           "small_cholesky", "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
 #: NumPy batches without torch solve by substitution over the batch, a pass per row: worth it up to this order
@@ -138,8 +139,23 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
                 except np.linalg.LinAlgError:
                     L[i], ok[i] = np.eye(n, dtype=K.dtype), False
             return L, ok
+        # other namespaces (array_api_strict; CuPy under errstate(linalg="raise")): the failed elements only,
+        # not the whole batch (every element had been reported failed: faces called dependent, IPM steps lost).
+        # Small matrices by the entrywise recurrence (one array operation per entry over the batch), larger ones
+        # one at a time
+        if n <= SUBSTITUTION_ROWS:
+            return small_cholesky(xp, K)
         eye = xp.eye(n, dtype=K.dtype, device=_device(K))
-        return xp.broadcast_to(eye, K.shape), xp.zeros((b,), dtype=xp.bool, device=_device(K))
+        rows, oks = [], []
+        for i in range(b):
+            try:
+                Li = xp.linalg.cholesky(K[i, ...])
+                good = bool(xp.all(xp.isfinite(Li)))
+            except Exception:  # this element is not positive definite
+                Li, good = eye, False
+            rows.append(Li if good else eye)
+            oks.append(good)
+        return xp.stack(rows, axis=0), xp.asarray(oks, dtype=xp.bool, device=_device(K))
 
 
 #: largest batch one batched eigendecomposition (or SVD) call takes: torch.linalg.eigh on CUDA (cuSOLVER's
@@ -262,6 +278,62 @@ def own_contiguous(a: np.ndarray) -> np.ndarray:
     """
     a = np.ascontiguousarray(a)
     return a if a.flags.writeable else a.copy()
+
+
+def host_copy(v: Any) -> np.ndarray:
+    """A NumPy array of ``v`` (any namespace and device), its dtype kept: one explicit transfer.
+
+    ``np.asarray`` is refused by arrays off the host (CuPy raises TypeError, ``array_api_strict`` off its CPU
+    device RuntimeError), so the transfer is asked for by name: torch ``.cpu()``, CuPy ``.get()``, else DLPack
+    (a copy to the host where the producer supports it), ``np.asarray`` last.
+    """
+    if isinstance(v, np.ndarray):
+        return v
+    if hasattr(v, "detach") and hasattr(v, "cpu"):  # torch
+        return v.detach().cpu().numpy()
+    if type(v).__module__.split(".")[0] == "cupy":
+        return v.get()
+    for kw in ({"device": "cpu", "copy": True}, {}):
+        try:
+            return np.from_dlpack(v, **kw)
+        except Exception:  # a producer without that DLPack path (or without its keywords): the next way
+            continue
+    return np.asarray(v)
+
+
+#: (namespace, device, dtype) known to be held (:func:`holds`)
+_HELD: set = set()
+
+
+def holds(xp: Any, dtype: Any, device: Any) -> bool:
+    """Whether ``device`` holds arrays of ``dtype`` (torch's MPS has no float64; a JAX-like device no int64).
+
+    Asked of the device itself, by making a 0-d array (any namespace: the standard has no such query before
+    2023.12's ``__array_namespace_info__().dtypes(device=...)``, which not every library implements).
+    """
+    key = (getattr(xp, "__name__", ""), str(device), str(dtype))
+    if key in _HELD:  # asked once per namespace, device and dtype
+        return True
+    try:
+        xp.zeros((), dtype=dtype, device=device)
+    except Exception:  # torch's MPS: TypeError; array_api_strict: ValueError; others: RuntimeError
+        return False
+    _HELD.add(key)
+    return True
+
+
+def require_int64(xp: Any, X: Any, what: str) -> None:
+    """ProblemError unless X's device holds int64: polyproj indexes (``nonzero``, ``take``, counts) in int64.
+
+    A device without int64 (``array_api_strict``'s ``"no_x64"``, JAX without x64) failed deep inside with the
+    namespace's own ValueError.
+    """
+    dev = _device(X)
+    if not holds(xp, xp.int64, dev):
+        from .errors import ProblemError
+
+        raise ProblemError(f"{what}: the device {dev} has no int64 arrays, which polyproj's array code needs "
+                           "for its indices: use a device (or a configuration) with 64-bit integers")
 
 
 #: matrices up to this order may be factored entry by entry (:func:`small_cholesky`)

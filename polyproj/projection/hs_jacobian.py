@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProblemError
+from ..linalg import host_copy
 from ..polydata import RowLayout
 from .faces import QR_PIVOT, ActiveRows, Face, gather_active_rows, qr_null_basis
 
@@ -36,11 +37,24 @@ def _check_polyhedron(polyhedron: Any) -> None:
                            "set use S.as_polyhedron() (or S.vjp on its projection result)")
 
 
+def _on_host(v: Any) -> Any:
+    """An array API array other than NumPy's and torch's (CuPy, ``array_api_strict`` on any device) read to the host.
+
+    These functions compute on the host (NumPy) and ``pp.project`` returns ``active`` on the input's device:
+    ``np.asarray`` of a CuPy array or of an ``array_api_strict`` array off its CPU device raises the library's own
+    TypeError / RuntimeError, so the copy is asked for explicitly (one transfer). torch tensors are read by
+    ``_asarray`` (which refuses a 'meta' one).
+    """
+    if isinstance(v, np.ndarray) or hasattr(v, "detach") or not hasattr(v, "__array_namespace__"):
+        return v
+    return host_copy(v)
+
+
 def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool, ActiveRows]:
     from ..problem import _asarray
 
     _check_polyhedron(polyhedron)
-    raw = _asarray(active, "active")  # a tensor on the host (a 'meta' one, holding no values, refused)
+    raw = _asarray(_on_host(active), "active")  # a tensor on the host (a 'meta' one, holding no values, refused)
     if raw.size == 0 and raw.dtype.kind == "f":  # [] reads as float64: an empty mask of no rows
         raw = raw.astype(bool)
     # A mask only: integers are refused, 0/1 ones included, since an index list of 0s and 1s ([0]: "row 0 is
@@ -89,7 +103,8 @@ def hs_jacobian(polyhedron: Any, active: Any) -> np.ndarray:
     ----------
     polyhedron : Polyhedron
     active : (n_ineq,) or (batch, n_ineq) bool
-        Active inequality rows (``ProjectionResult.active``): a boolean mask (NumPy, torch, a list of bools).
+        Active inequality rows (``ProjectionResult.active``): a boolean mask (NumPy, torch, a list of bools, any
+        array API array such as CuPy's: read on the host).
         Integers are refused, 0/1 ones too (an index list ``[1, 0]`` would read as a mask): convert 0/1 flags
         with ``.astype(bool)``, and build the mask from row indices.
 
@@ -131,7 +146,7 @@ def hs_vjp(polyhedron: Any, active: Any, V: Any) -> np.ndarray:
     active : (n_ineq,) or (batch, n_ineq) bool
         A boolean mask, as for :func:`hs_jacobian`.
     V : (n,) or (batch, n) array
-        Real numbers: NumPy, a list, or a torch tensor (read on the host).
+        Real numbers: NumPy, a list, a torch tensor or any array API array (CuPy: read on the host).
 
     Returns
     -------
@@ -146,7 +161,7 @@ def hs_vjp(polyhedron: Any, active: Any, V: Any) -> np.ndarray:
     # "array_api_strict.float32": _asarray reads a tensor in float64), else float64
     name = str(getattr(V, "dtype", "")).rsplit(".", 1)[-1]
     out_dtype = np.dtype(name) if name in ("float16", "float32", "float64") else np.dtype(np.float64)
-    raw = _asarray(V, "V")  # a tensor on the host (a 'meta' one, holding no values, refused)
+    raw = _asarray(_on_host(V), "V")  # a tensor on the host (a 'meta' one, holding no values, refused)
     if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)):
         raise ProblemError(f"V must hold real numbers, got dtype {raw.dtype}")
     V = raw.astype(np.float64)

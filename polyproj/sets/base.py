@@ -41,7 +41,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError, SolverError
-from ..linalg import own_contiguous
+from ..linalg import holds, host_copy, own_contiguous, require_int64
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from ..solution import Status
@@ -64,8 +64,8 @@ def as_array(X: Any) -> Any:
         raise ProblemError(f"X must be an array (NumPy, torch, CuPy, ...), got {type(X).__name__}") from exc
     if xp.isdtype(X.dtype, "bool") or not xp.isdtype(X.dtype, ("real floating", "integral")):
         raise ProblemError(f"X must hold real numbers, got dtype {X.dtype}")
-    if not xp.isdtype(X.dtype, "real floating"):
-        X = xp.astype(X, xp.float64)
+    if not xp.isdtype(X.dtype, "real floating"):  # integers: float64, or float32 on a device without float64
+        X = xp.astype(X, xp.float64 if holds(xp, xp.float64, _device(X)) else xp.float32)
     return X
 
 
@@ -78,8 +78,50 @@ def as_namespace(v: Any, like: Any) -> Any:
         same = False
     if same and str(_device(v)) == str(_device(like)):
         return v if v.dtype == like.dtype else xp.astype(v, like.dtype)
-    host = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+    # another namespace or another device: through the host, by an explicit transfer (np.asarray is refused by
+    # arrays off the host: CuPy's TypeError, array_api_strict's RuntimeError; same-namespace arrays of two devices
+    # do not combine). Lists and scalars are read by NumPy.
+    host = host_copy(v) if hasattr(v, "__array_namespace__") or hasattr(v, "detach") else np.asarray(v)
     return xp.asarray(own_contiguous(np.asarray(host, dtype=np.float64)), dtype=like.dtype, device=_device(like))
+
+
+def result_on(res: ProjectionResult, like: Any, dtype: Any = None) -> ProjectionResult:
+    """A result computed on the host (NumPy) moved to the namespace and device of ``like`` (its dtypes kept).
+
+    For the samples a set solves in float64 on a device that has no float64 (torch's MPS, array_api_strict's
+    ``"no_float64"``): the float32 points are exact in float64, so their float64 projection, rounded once to
+    float32 (by the caller, or here: real arrays to the NumPy ``dtype`` when given), is the answer. Boolean arrays
+    stay boolean; an array ``face`` (the simplices' active mask) moves too, any other face is the set's to handle.
+    """
+    from dataclasses import replace
+
+    xp, dev = array_namespace(like), _device(like)
+
+    def move(a: Any) -> Any:
+        if not isinstance(a, np.ndarray):
+            return a
+        if dtype is not None and a.dtype.kind == "f":
+            a = a.astype(dtype)
+        return xp.asarray(own_contiguous(a), device=dev)
+
+    dg = res.degenerate
+    return replace(res, y=move(res.y), active=move(res.active), multipliers=move(res.multipliers),
+                   violation=move(res.violation), polished=move(np.asarray(res.polished)), face=move(res.face),
+                   degenerate=None if dg is None else Degeneracy(move(np.asarray(dg.weak)),
+                                                                 move(np.asarray(dg.dependent))))
+
+
+class OnHost:
+    """The backward of samples projected on the host (:func:`result_on`): ``J g`` there, returned on G's device."""
+
+    def __init__(self, S: Projector, res: ProjectionResult) -> None:
+        self.S, self.res = S, res
+
+    def vjp(self, _result: Any, G: Any) -> Any:
+        """``J g`` at the host result (float64), in G's namespace, device and dtype."""
+        h = host_copy(G)
+        g = np.asarray(self.S.vjp(self.res, h.astype(np.float64)), dtype=h.dtype)
+        return array_namespace(G).asarray(own_contiguous(g), device=_device(G))
 
 
 class Projector(abc.ABC):
@@ -202,6 +244,7 @@ class Projector(abc.ABC):
                                "project")
         if getattr(X, "requires_grad", False):
             X = X.detach()
+        require_int64(array_namespace(X), X, f"projecting onto {type(self).__name__}")
         S = self._without_graph()
         X2, single, shape = S._as_batch(X)
         xp = array_namespace(X2)
@@ -339,8 +382,8 @@ def _checked_vjp(fn: Any) -> Any:
     def vjp(self: Any, result: Any, G: Any) -> Any:
         y = getattr(result, "y", None)
         if y is not None:  # G in the result's namespace (a NumPy G at a torch result failed inside the set)
-            try:
-                same = array_namespace(G) is array_namespace(y)
+            try:  # and on its device: a G on another device of the same namespace failed inside the set
+                same = array_namespace(G) is array_namespace(y) and str(_device(G)) == str(_device(y))
             except TypeError:
                 same = False
             if not same:

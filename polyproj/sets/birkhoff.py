@@ -23,10 +23,11 @@ from array_api_compat import device as _device
 
 from ..backends.options import positive
 from ..errors import ProblemError
+from ..linalg import holds, host_copy, own_contiguous
 from ..problem import Polyhedron
 from ..projection.faces import put_rows
 from ..projection.result import Degeneracy, ProjectionResult
-from .base import Projector
+from .base import OnHost, Projector, result_on
 from .bipartite import (
     Dual,
     DualSystem,
@@ -299,11 +300,27 @@ class SumsProjector(Projector):
         takes the float64 face (as ``CappedSimplex._in_float64`` does for its far rows).
         """
         xp = array_namespace(X)
+        if not holds(xp, xp.float64, _device(X)):
+            # a device without float64 (torch's MPS): these samples solved on the host in float64, moved back
+            # (in the device's float32 the faces are wrong, as above); their backward on the host (OnHost)
+            Xi = host_copy(xp.take(X, idx, axis=0))
+            return self._merged(X, result, idx, *self._host_part(Xi, X))
         sub = self.project_batch(xp.astype(xp.take(X, idx, axis=0), xp.float64))
         y = xp.astype(sub.y, X.dtype)
         S = self.sums
         viol = self._violation(xp, xp.reshape(xp.astype(y, xp.float64), (y.shape[0], S.r, S.c)))
         return self._merged(X, result, idx, self, sub, y, viol)
+
+    def _host_part(self, Xi: np.ndarray, like: Any) -> tuple[Any, ProjectionResult, Any, Any]:
+        """``(gen, sub, y, viol)`` for :meth:`_merged` of the float32 host samples ``Xi`` solved in float64."""
+        hp = array_namespace(Xi)
+        sub = self.project_batch(Xi.astype(np.float64))
+        y = np.asarray(sub.y, dtype=Xi.dtype)
+        viol = self._violation(hp, np.reshape(y.astype(np.float64), (y.shape[0], self.sums.r, self.sums.c)))
+        moved = result_on(sub, like, Xi.dtype)
+        xp, dev = array_namespace(like), _device(like)
+        return (OnHost(self, sub), moved, xp.asarray(own_contiguous(y), device=dev),
+                xp.asarray(own_contiguous(np.asarray(viol, dtype=Xi.dtype)), device=dev))
 
     def _fall_back(self, X: Any, result: ProjectionResult, idx: Any) -> ProjectionResult:
         """Samples ``idx`` by the generic QP path of :meth:`as_polyhedron` (polished, verified)."""

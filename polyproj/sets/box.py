@@ -9,7 +9,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError
-from ..linalg import own_contiguous
+from ..linalg import host_copy, own_contiguous
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from .base import Projector
@@ -37,6 +37,10 @@ class Box(Projector):
                 raise ProblemError(f"Box holds fixed bounds, but {name} is a tensor that requires a gradient; for "
                                    f"gradients with respect to the bounds project with them: "
                                    f"polyproj.adapters.torch.project(x, lb=lb, ub=ub)")
+        # held on the host (NumPy): bounds given as CuPy arrays or on another device are copied there explicitly
+        # (np.asarray refuses them: CuPy's TypeError); torch tensors, lists and numbers are read by Polyhedron
+        lb, ub = (host_copy(v) if hasattr(v, "__array_namespace__") and not hasattr(v, "detach") else v
+                  for v in (lb, ub))
         self._polyhedron = Polyhedron(lb=lb, ub=ub, n=n)  # validates: shapes, NaN, lb <= ub
         self.lb, self.ub = self._polyhedron.lb, self._polyhedron.ub
 

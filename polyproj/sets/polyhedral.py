@@ -287,8 +287,8 @@ class Polyhedral(Projector):
         if act.shape != (X.shape[0], self.data.m + 2 * self.data.n):
             return None  # another batch size: no guess
         xp = array_namespace(X)
-        try:
-            same = array_namespace(act) is xp
+        try:  # and on X's device: a previous result from another device failed with the namespace's ValueError
+            same = array_namespace(act) is xp and str(_device(act)) == str(_device(X))
         except TypeError:
             same = False
         return act if same else xp.asarray(np.asarray(_host(act) > 0), device=_device(X))

@@ -19,11 +19,12 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError
+from ..linalg import holds, host_copy
 from ..problem import _INF_THRESHOLD as NO_BOUND
 from ..problem import Polyhedron
 from ..projection.result import Degeneracy, ProjectionResult
 from ..runtime import is_vmapped
-from .base import Projector, as_namespace
+from .base import Projector, as_namespace, result_on
 from .threshold import native_module, threshold
 
 #: rows with an entry beyond FAR times the set's size (t + min(u, t)) are solved shifted by one of their entries
@@ -253,6 +254,12 @@ class CappedSimplex(Projector):
         from dataclasses import replace
 
         xp = array_namespace(X)
+        if not holds(xp, xp.float64, _device(X)):
+            # a device without float64 (torch's MPS): the same float64 solve on the host (these rows only reach
+            # here: far ones, or a total beyond float32), the float32 answer moved back (the device's float32
+            # arithmetic would leave the sums off by the rounding at |x|, as above)
+            host = self if not self._array_total else self.with_parameters(total=host_copy(self.total))
+            return result_on(host._in_float64(host_copy(X)), X)
         X64 = xp.astype(X, xp.float64)
         wide = self if not self._array_total else self.with_parameters(total=as_namespace(self.total, X64))
         res = wide.project_batch(X64)

@@ -20,6 +20,7 @@ from array_api_compat import array_namespace, is_numpy_namespace
 from array_api_compat import device as _device
 
 from ...errors import ProblemError
+from ...linalg import holds, require_int64
 from ...problem import _INF_THRESHOLD
 from .arrays import take_rows
 
@@ -113,13 +114,19 @@ def _as_batch_vec(xp: Any, v: Any, b: int, size: int, name: str, fill: float, dt
     raise ProblemError(f"{name} must have shape ({size},) or ({b}, {size}), got {tuple(v.shape)}")
 
 
-def _float_dtype(xp: Any, P: Any, q: Any, C: Any) -> Any:
-    """float32 when every matrix given is float32, else float64; other dtypes must be real."""
+def _float_dtype(xp: Any, P: Any, q: Any, C: Any, dev: Any = None) -> Any:
+    """float32 when every matrix given is float32, else float64; other dtypes must be real.
+
+    On a device without float64 (torch's MPS, array_api_strict's ``"no_float64"``) float32: integer data there
+    had been cast to float64, which the device refuses (the namespace's own error).
+    """
     dtypes = [a.dtype for a in (P, q, C) if a is not None and hasattr(a, "dtype")]
     for a, name in ((P, "P"), (q, "q"), (C, "C")):
         if a is not None and hasattr(a, "dtype") and not xp.isdtype(a.dtype, ("real floating", "integral", "bool")):
             raise ProblemError(f"{name} must hold real numbers, got dtype {a.dtype}")
-    return xp.float32 if dtypes and all(d == xp.float32 for d in dtypes) else xp.float64
+    if dtypes and all(d == xp.float32 for d in dtypes):
+        return xp.float32
+    return xp.float64 if dev is None or holds(xp, xp.float64, dev) else xp.float32
 
 
 def _start_point(conv: Any, xp: Any, warm_start: Any, b: int, n: int) -> Any:
@@ -175,7 +182,8 @@ def as_batch_qp(P: Any, q: Any, C: Any, l: Any, u: Any, lb: Any, ub: Any, warm_s
     if q.ndim != 2:
         raise ProblemError(f"q must have shape (batch, n), got {tuple(q.shape)}")
     dev = _device(q)
-    dtype = _float_dtype(xp, P, q, C)
+    require_int64(xp, q, "solve_qp_batch")
+    dtype = _float_dtype(xp, P, q, C, dev)
     b, n = q.shape
     if n == 0:
         raise ProblemError("a QP with no variables (q of shape (batch, 0)) has nothing to solve")
