@@ -57,7 +57,18 @@ def _eager_under_compile(fn: Any) -> Any:
             return disabled[0](*args, **kwargs)
         return fn(*args, **kwargs)
 
+    run.__prepare_scriptable__ = _refuse_script  # type: ignore[attr-defined]  # torch.jit.script of a caller
     return run
+
+
+def _refuse_script(*_: Any) -> Any:
+    """``torch.jit.script`` of the layer (its ``__prepare_scriptable__``) or of a function calling :func:`project`.
+
+    TorchScript compiles Python source; the projection's is not TorchScript (it runs NumPy and the solvers), and
+    the compiler's own error named a construct of this module ("Lambda aren't supported"), not the layer.
+    """
+    raise ProblemError("torch.jit.script cannot compile the projection layer (its forward runs solvers outside "
+                       "torch); torch.compile works (the layer is a graph break)")
 
 
 def choose_backend(x: torch.Tensor, shared: bool) -> str:
@@ -723,14 +734,42 @@ def _refuse_unpolished(settings: dict, S: Any = None) -> None:
                             "pp.project(..., polish=False) gives a backend's raw answer (not differentiable)")
 
 
+def _tracer(x: Any) -> str | None:
+    """The graph tracer recording ``x`` now, by name; None where the projection runs on values.
+
+    The forward reads x's values (NumPy, the solvers): a tracer that runs it on placeholders or records it as a
+    graph cannot. ``torch.jit.trace``, ``torch.export`` (fake / functional tensors), ``make_fx`` (a proxy dispatch
+    mode: ``torch.func.linearize`` traces with it), ``torch.func.functionalize`` (no functionalisation rule for a
+    custom autograd.Function) and ``torch.fx.symbolic_trace`` (a Proxy for x). Their own errors came from inside
+    autograd.Function or a ``.item()`` ("trying to get value out of a tracing tensor"), naming neither.
+    """
+    if isinstance(x, torch.fx.Proxy):
+        return "torch.fx.symbolic_trace"
+    if not isinstance(x, torch.Tensor):
+        return None
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    if torch.jit.is_tracing() or exporting():
+        return "torch.jit.trace and torch.export"
+    key = getattr(torch._C, "_TorchDispatchModeKey", None)
+    if key is not None and torch._C._get_dispatch_mode(key.PROXY) is not None:
+        return "make_fx (and torch.func.linearize, which traces with it)"
+    if type(x).__name__ in ("FakeTensor", "FunctionalTensor"):
+        return "torch.jit.trace and torch.export (fake and functional tensors)"
+    functionalize = getattr(_ft.TransformType, "Functionalize", None)
+    stack = getattr(_ft, "get_interpreter_stack", lambda: None)() or ()
+    if functionalize is not None and any(level.key() == functionalize for level in stack):
+        return "torch.func.functionalize"
+    return None
+
+
 def _check_x(x: Any) -> torch.Tensor:
+    tracer = _tracer(x)
+    if tracer is not None:
+        raise ProblemError(f"{tracer} cannot record the projection layer (its forward runs solvers outside torch, on "
+                           "the values of x); torch.compile works (the layer is a graph break), and so do "
+                           "torch.func's vmap, grad, vjp, jvp, jacrev, jacfwd and hessian")
     if not isinstance(x, torch.Tensor):
         raise ProblemError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
-    fake = type(x).__name__ in ("FakeTensor", "FunctionalTensor")  # torch.export's tracing tensors
-    if torch.jit.is_tracing() or exporting() or fake:  # their own errors came from inside autograd.Function
-        raise ProblemError("torch.jit.trace and torch.export cannot record the projection layer (its forward runs "
-                           "solvers outside torch); torch.compile works (the layer is a graph break)")
     _refuse_meta({"x": x})
     if x.is_nested:
         raise ProblemError("x is a nested tensor: the projection takes one tensor of points (..., n); project each "
@@ -1191,6 +1230,8 @@ class ProjectionLayer(nn.Module):
         if not names:
             return self.set
         return self.set.with_parameters(**{k: getattr(self.set_data, k) for k in names})
+
+    __prepare_scriptable__ = _refuse_script  # torch.jit.script(layer), or of a module holding it: a ProblemError
 
     def __getstate__(self) -> dict:
         """Pickling drops the warm start's last result (it holds the projection's factored faces)."""

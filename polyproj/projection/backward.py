@@ -14,6 +14,10 @@ computed is ``s ⊙ (M_n⁺)ᵀ g``, the least-norm solution in the normalised r
 and its right-hand side by α (the same set) divides that row's ``r_i`` by α, as the chain rule asks, and leaves the
 others unchanged.
 
+Where the active rows and the active bounds are dependent together (no data near the given ones keep them all
+active), the data gradients are the mean of the one-sided derivatives of the adjacent pieces
+(:func:`_independent_pieces`).
+
 Computed without forming ``J``: samples whose final face the polish factored reuse that factorisation
 (:class:`~polyproj.projection.polish.FaceRecord`), the others are factored here
 (:class:`~polyproj.projection.faces.Face`). Shared data receive the gradient summed over the batch.
@@ -28,6 +32,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError
+from ..linalg import host_copy
 from .faces import Face, expand_rows, machine_eps, put_rows
 
 __all__ = ["VJPParts", "data_vjp", "hs_vjp", "vjp_parts"]
@@ -35,7 +40,12 @@ __all__ = ["VJPParts", "data_vjp", "hs_vjp", "vjp_parts"]
 
 @dataclass(frozen=True)
 class VJPParts:
-    """``J g``, the row gradients ``rA`` (b, m), ``rB`` (b, p), ``Mᵀ r`` and the bound masks."""
+    """``J g``, the row gradients ``rA`` (b, m), ``rB`` (b, p), ``Mᵀ r`` and the bound masks.
+
+    ``dependent`` (b,) bool: samples whose free rows are dependent (:func:`_dependent`). ``g_lb``, ``g_ub`` (b, n),
+    ``mult`` (b, m) and ``mu`` (b, p): the bound gradients and the multipliers of the rows of A and B where
+    :func:`_independent_pieces` replaced them (None: ``mask ⊙ (g − Mᵀr)`` and the projection's multipliers).
+    """
 
     Jg: Any
     rA: Any
@@ -43,6 +53,11 @@ class VJPParts:
     Mr: Any
     at_lb: Any
     at_ub: Any
+    dependent: Any = None
+    g_lb: Any = None
+    g_ub: Any = None
+    mult: Any = None
+    mu: Any = None
 
 
 def vjp_parts(info: Any, G: Any) -> VJPParts:
@@ -60,8 +75,9 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
         face = info.faces[0].face
         Jg, r, Mr = face.vjp(g)
         rA, rB = expand_rows(face.rows, r)
-        return VJPParts(_exact_zero(xp, Jg, g, Mr), rA, rB, Mr, at_lb, at_ub)
+        return VJPParts(_exact_zero(xp, Jg, g, Mr), rA, rB, Mr, at_lb, at_ub, _dependent(xp, face, activeA))
     Jg, Mr = xp.zeros_like(g), xp.zeros_like(g)
+    svd = xp.zeros((batch,), dtype=xp.bool, device=_device(g))  # samples whose free rows are dependent
     rA = xp.zeros((batch, m), dtype=g.dtype, device=_device(g))
     rB = xp.zeros((batch, p), dtype=g.dtype, device=_device(g))
     covered = xp.zeros((batch,), dtype=xp.bool, device=_device(g))
@@ -76,6 +92,8 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
         Jg, Mr = put_rows(xp, Jg, sel, xp.take(Jg_r, use, axis=0)), put_rows(xp, Mr, sel, xp.take(Mr_r, use, axis=0))
         rA, rB = put_rows(xp, rA, sel, xp.take(rA_r, use, axis=0)), put_rows(xp, rB, sel, xp.take(rB_r, use, axis=0))
         covered = put_rows(xp, covered, sel, xp.ones(sel.shape, dtype=xp.bool, device=_device(g)))
+        act_r = activeA if rec.idx is None else xp.take(activeA, rec.idx, axis=0)
+        svd = put_rows(xp, svd, sel, xp.take(_dependent(xp, rec.face, act_r), use, axis=0))
     rest = xp.nonzero(~covered)[0]
     if rest.shape[0]:
         sub = d.take(rest)
@@ -84,7 +102,240 @@ def vjp_parts(info: Any, G: Any) -> VJPParts:
         rA_r, rB_r = expand_rows(face.rows, r)
         Jg, Mr = put_rows(xp, Jg, rest, Jg_r), put_rows(xp, Mr, rest, Mr_r)
         rA, rB = put_rows(xp, rA, rest, rA_r), put_rows(xp, rB, rest, rB_r)
-    return VJPParts(_exact_zero(xp, Jg, g, Mr), rA, rB, Mr, at_lb, at_ub)
+        svd = put_rows(xp, svd, rest, _dependent(xp, face, xp.take(activeA, rest, axis=0)))
+    return VJPParts(_exact_zero(xp, Jg, g, Mr), rA, rB, Mr, at_lb, at_ub, svd)
+
+
+def _dependent(xp: Any, face: Any, activeA: Any) -> Any:
+    """(b,) bool: samples whose active rows restricted to the free coordinates are dependent.
+
+    Those the Cholesky factorisation refused (the rank-revealing path), and those with an active row of A or a row
+    of B that is zero on the free coordinates (its normalising scale is 0: a row the active bounds alone determine,
+    which the Gram matrix leaves out as it does padding).
+    """
+    R = face.rows
+    if not hasattr(face, "ok"):  # the direct path's faces are well posed (every row has free support, Cholesky)
+        return xp.zeros((activeA.shape[0],), dtype=xp.bool, device=_device(activeA))
+    live = xp.sum(xp.astype(R.scale > 0, xp.int32), axis=1)
+    want = xp.sum(xp.astype(activeA, xp.int32), axis=1) + R.p
+    return ~face.ok | (live < want)
+
+
+def _independent_pieces(info: Any, g: Any, v: VJPParts) -> VJPParts:
+    """``v`` with the data gradients of samples whose active rows and active bounds are dependent made exact.
+
+    The data gradients ``r = (M_F⁺)ᵀ g``, ``g_E − (Mᵀr)_E`` are those of the piece on which every active row stays
+    active; that piece exists (for data near the given ones) only where the active rows ``H = [A_I; B; ±e_E]`` are
+    independent. Where they are not — a dependency that involves an inequality row, e.g. ``Σy = b`` with every
+    coordinate at a bound (a capped simplex with ``b = k·ub``, a one-hot point under ``ub = 1``) — no data near
+    the given ones keep them all active, and that formula gave ``∂L/∂b = 0`` and ``∂L/∂ub_i = g_i``, which
+    contradict ``1ᵀy = b``. There ``y`` is not differentiable in the data; an element of its Clarke Jacobian is
+    the derivative on an adjacent piece ``K``: active rows made independent by dropping inequality rows that a
+    multiplier of the projection leaves at zero (``supp λ ⊆ K``), the piece where the dropped rows are loosened.
+    :func:`_pieces` finds them by the ratio test along the multipliers' null directions (both ends of each, so
+    that the answer is the mean of the two one-sided derivatives, as :class:`~polyproj.sets.CappedSimplex`'s
+    total; :func:`_one_dependency` for the common single dependency); on ``K``, ``ρ = (H_K⁺)ᵀ g`` gives the
+    gradient of each kept row's right-hand side (a lower bound's row is ``−e_i``: its gradient is ``−ρ``), the
+    dropped rows get zero, and the A and B rows' multipliers are the piece's. ``J g`` does not change: a dependent
+    row adds nothing to the span of the others. Only samples whose free rows are dependent (``v.dependent``,
+    :func:`_dependent`) can have such a dependency (with ``M_F`` of full row rank, ``H`` is independent); they are
+    solved on the host (NumPy, float64), stacked by their number of active rows.
+    """
+    xp = array_namespace(g)
+    svd = v.dependent
+    if svd is None or v.g_lb is not None or not bool(xp.any(svd)):
+        return v
+    import numpy as np
+
+    d = info.data
+    m, p, n = d.m, d.p, d.n
+    dev = _device(g)
+
+    def host(t):  # an explicit transfer: np.asarray is refused off the host (CuPy, array_api_strict's devices)
+        return np.asarray(host_copy(t), dtype=np.float64)
+
+    idx = host(xp.nonzero(svd)[0]).astype(np.int64)
+    mult, mu = host(info.mult), host(info.mu)
+    at_lb, at_ub, G = host(v.at_lb), host(v.at_ub), host(g)
+    rA, rB, Mr = host(v.rA), host(v.rB), host(v.Mr)
+    glb, gub = at_lb * (G - Mr), at_ub * (G - Mr)
+    lamA, lamB = mult[:, :m].copy(), mu.copy()
+    activeA = host(info.active[:, :m]) > 0
+    A_all, B_all = host(d.A), host(d.B)
+    eye = np.eye(n)
+    rows = []  # per sample: (its active rows H, which are inequalities, their multipliers, the index lists)
+    for s in idx:
+        A = A_all[s] if A_all.ndim == 3 else A_all
+        B = B_all[s] if B_all.ndim == 3 else B_all
+        ia, il, iu = np.flatnonzero(activeA[s]), np.flatnonzero(at_lb[s]), np.flatnonzero(at_ub[s])
+        H = np.concatenate([A[ia], B, -eye[il], eye[iu]], axis=0)
+        ineq = np.concatenate([np.ones(ia.size, bool), np.zeros(p, bool), np.ones(il.size + iu.size, bool)])
+        lam = np.concatenate([mult[s, ia], mu[s], mult[s, m + il], mult[s, m + n + iu]])
+        rows.append((H, ineq, lam, ia, il, iu))
+    solved = _one_dependency(rows, G[idx])  # batched over the samples with one dependency; None for the others
+    changed = False
+    for j, s in enumerate(idx):
+        H, ineq, lam, ia, il, iu = rows[j]
+        if solved[j] is not None:
+            rho, lam = solved[j]
+        else:
+            pieces = _pieces(H, ineq, lam)
+            if pieces is None:  # no dependency through an inequality row: the least-norm split stands
+                continue
+            rho, lam = np.zeros(H.shape[0]), np.zeros(H.shape[0])
+            for keep, lam_k in pieces:
+                rho[keep] += np.linalg.lstsq(H[keep].T, G[s], rcond=None)[0] / len(pieces)
+                lam = lam + lam_k / len(pieces)
+        if rho is None:
+            continue
+        changed = True
+        ka, kb, kl = ia.size, ia.size + p, ia.size + p + il.size
+        rA[s], lamA[s] = 0.0, 0.0
+        rA[s, ia], lamA[s, ia] = rho[:ka], lam[:ka]
+        rB[s], lamB[s] = rho[ka:kb], lam[ka:kb]
+        glb[s], gub[s] = 0.0, 0.0
+        glb[s, il], gub[s, iu] = -rho[kb:kl], rho[kl:]
+        Mr[s] = H[:kb].T @ rho[:kb]
+    if not changed:
+        return v
+
+    def back(a):
+        return xp.asarray(a, dtype=v.rA.dtype, device=dev)
+
+    return VJPParts(v.Jg, back(rA), back(rB), back(Mr), v.at_lb, v.at_ub, svd, back(glb), back(gub), back(lamA),
+                    back(lamB))
+
+
+#: an entry of a null vector below this fraction of its largest is taken as zero (a row outside the dependency)
+NULL_ENTRY = 1e-9
+
+
+def _one_dependency(rows: list, G: Any) -> list:
+    """:func:`_pieces` and the pieces' ``(ρ, λ)`` for the samples whose active rows have exactly one dependency.
+
+    ``rows[j] = (H, ineq, λ, ...)`` of a sample, ``G[j]`` its cotangent. Samples with as many active rows are
+    stacked and decomposed at once (one rank-revealing SVD of the unit rows, the ratio test at both ends of the
+    null direction ``w``, one solve of each end's normal equations ``H_K H_Kᵀ ρ = H_K g`` with the dropped row's
+    equation replaced by ``ρ_j = 0``). ``(None, None)`` for a sample whose dependency involves no inequality row
+    (nothing to change), None for one with several dependencies (:func:`_pieces`, one at a time).
+    """
+    import numpy as np
+
+    out: list = [None] * len(rows)
+    eps = np.finfo(np.float64).eps
+    by_size: dict[int, list[int]] = {}
+    for j, r in enumerate(rows):
+        by_size.setdefault(r[0].shape[0], []).append(j)
+    for k, js in by_size.items():
+        H = np.stack([rows[j][0] for j in js])  # (s, k, n)
+        ineq = np.stack([rows[j][1] for j in js])
+        lam = np.stack([rows[j][2] for j in js])
+        g = G[js]
+        norms = np.linalg.norm(H, axis=2)
+        scale = 1.0 / np.where(norms > 0, norms, 1.0)
+        Hn = H * scale[:, :, None]
+        U, sv, _ = np.linalg.svd(Hn, full_matrices=True)
+        tol = max(k, H.shape[2]) * eps * sv[:, :1]
+        rank = np.sum(sv > tol, axis=1)
+        one = rank == k - 1
+        w = U[:, :, -1] * scale  # the left null vector in the rows' own scale (rank k - 1: U's last column)
+        big = np.max(np.abs(w), axis=1, keepdims=True)
+        involved = np.any(ineq & (np.abs(w) > NULL_ENTRY * big), axis=1)
+        rho_sum, lam_sum, ends = np.zeros((len(js), k)), np.zeros((len(js), k)), np.zeros(len(js))
+        for sign in (1.0, -1.0):  # λ − t w with t of this sign: the first inequality row it zeroes is dropped
+            cand = ineq & (sign * w > NULL_ENTRY * big)
+            t = np.where(cand, lam / np.where(cand, w, 1.0), np.inf)
+            drop = np.argmin(np.abs(t), axis=1)
+            has = np.any(cand, axis=1) & one & involved
+            tj = np.take_along_axis(t, drop[:, None], axis=1)
+            lam_e = lam - np.where(has[:, None], tj, 0.0) * w
+            dropped = np.arange(k)[None, :] == drop[:, None]
+            lam_e[dropped] = 0.0
+            keep = ~dropped
+            Gram = Hn @ np.swapaxes(Hn, 1, 2) * (keep[:, :, None] & keep[:, None, :]) + np.eye(k) * dropped[:, :, None]
+            rhs = np.einsum("skn,sn->sk", Hn, g) * keep
+            solve = np.where(has[:, None], 1.0, 0.0)  # samples without this end solve a harmless identity system
+            Gram = np.where(has[:, None, None], Gram, np.eye(k))
+            rho_e = np.linalg.solve(Gram, rhs[:, :, None])[:, :, 0] * scale * solve
+            rho_sum += rho_e
+            lam_sum += np.where(has[:, None], lam_e, 0.0)
+            ends += has
+        for i, j in enumerate(js):
+            if not one[i]:
+                continue  # several dependencies (or none: not flagged by the SVD here): one at a time
+            if not involved[i] or not ends[i]:
+                out[j] = (None, None)
+                continue
+            out[j] = (rho_sum[i] / ends[i], lam_sum[i] / ends[i])
+    return out
+
+
+#: at most this many pieces are averaged (each dependency doubles them; beyond, the nearer end is followed)
+MAX_PIECES = 16
+
+
+def _pieces(H: Any, ineq: Any, lam: Any) -> list | None:
+    """Independent subsets ``K`` of the rows of ``H`` (NumPy) with multipliers ``λ_K`` (zero off ``K``), or None.
+
+    ``Hᵀλ`` is the projection's ``x − y`` and must stay so with ``λ ≥ 0`` on the inequality rows (``ineq``).
+    While the kept rows are dependent through an inequality row (a left null vector ``w`` of ``H_K``, found on unit
+    rows, chosen in the null space to weigh the inequality rows most), ``λ − t w`` is a multiplier for every ``t``
+    between the two ratio-test ends, each of which zeroes an inequality row that is then dropped. Each dependency
+    is followed to both of its ends (so that separate dependencies each get the mean of their one-sided
+    derivatives) until :data:`MAX_PIECES` pieces, then to the nearer end. None where no dependency involves an
+    inequality row (dependent equality rows alone: the split of ``r`` is already a derivative along every
+    consistent change of the data).
+    """
+    import numpy as np
+
+    norms = np.linalg.norm(H, axis=1)
+    scale = 1.0 / np.where(norms > 0, norms, 1.0)
+    eps = np.finfo(np.float64).eps
+
+    def null_vector(keep):
+        Hn = H[keep] * scale[keep, None]
+        U, sv, _ = np.linalg.svd(Hn, full_matrices=True)
+        rank = int(np.sum(sv > max(Hn.shape) * eps * (sv[0] if sv.size else 0.0)))
+        if rank == Hn.shape[0]:
+            return None
+        N = U[:, rank:]  # the left null space of the kept unit rows
+        Nq = N[ineq[keep]]
+        if Nq.size == 0 or np.max(np.abs(Nq)) <= NULL_ENTRY:
+            return None  # only equality rows depend on each other
+        c = np.linalg.svd(Nq, full_matrices=False)[2][0]  # the null direction that weighs the inequality rows most
+        w = np.zeros(H.shape[0])
+        w[keep] = (N @ c) * scale[keep]  # Hᵀw = 0 in the rows' own scale
+        return w
+
+    def ends(keep, lam, w):
+        big = np.max(np.abs(w))
+        out = []
+        for sign in (1.0, -1.0):  # λ − t w with t of this sign: the first inequality row it zeroes
+            cand = np.flatnonzero(keep & ineq & (sign * w > NULL_ENTRY * big))
+            if cand.size:
+                t = lam[cand] / w[cand]
+                j = cand[np.argmin(np.abs(t))]
+                out.append((j, lam[j] / w[j]))
+        return out
+
+    def follow(keep, lam, budget):
+        w = null_vector(keep)
+        e = [] if w is None else ends(keep, lam, w)
+        if not e:
+            return [(keep, np.where(keep, lam, 0.0))]
+        if budget < 2 * len(e) or len(e) == 1:
+            e = [min(e, key=lambda jt: abs(jt[1]))]
+        out = []
+        for j, t in e:
+            k2, l2 = keep.copy(), lam - t * w
+            k2[j], l2[j] = False, 0.0
+            out += follow(k2, l2, budget // len(e))
+        return out
+
+    keep0 = np.ones(H.shape[0], dtype=bool)
+    if null_vector(keep0) is None:
+        return None
+    return follow(keep0, lam, MAX_PIECES)
 
 
 def _one_face(xp: Any, info: Any) -> bool:
@@ -135,7 +386,8 @@ def data_vjp(info: Any, G: Any, names: tuple[str, ...], ndims: dict[str, int], p
     instead of over all of it (a leading dimension ``groups``).
     """
     xp = array_namespace(G)
-    v = vjp_parts(info, G) if parts is None else parts
+    # the data gradients at dependent faces are those of the adjacent independent pieces (J g needs no such care)
+    v = _independent_pieces(info, _flat(xp, G, info.data.n), vjp_parts(info, G) if parts is None else parts)
     d = info.data
     m = d.m
     if groups is not None and (groups < 1 or G.shape[0] % groups):
@@ -150,15 +402,17 @@ def data_vjp(info: Any, G: Any, names: tuple[str, ...], ndims: dict[str, int], p
 
     out: dict[str, Any] = {}
     gv = (v.at_lb + v.at_ub) * (xp.astype(_flat(xp, G, d.n), v.Jg.dtype) - v.Mr)  # on the fixed coordinates
+    g_lb = gv * v.at_lb if v.g_lb is None else v.g_lb
+    g_ub = gv * v.at_ub if v.g_ub is None else v.g_ub
+    mult = info.mult[:, :m] if v.mult is None else v.mult
+    mu = info.mu if v.mu is None else v.mu
     rules = {
         "a": lambda: red(v.rA, ndims["a"]),
         "b": lambda: red(v.rB, ndims["b"]),
-        "lb": lambda: red(gv * v.at_lb, ndims["lb"]),
-        "ub": lambda: red(gv * v.at_ub, ndims["ub"]),
-        "A": lambda: red(-(info.mult[:, :m, None] * v.Jg[:, None, :] + v.rA[:, :, None] * info.Y[:, None, :]),
-                         ndims["A"]),
-        "B": lambda: red(-(info.mu[:, :, None] * v.Jg[:, None, :] + v.rB[:, :, None] * info.Y[:, None, :]),
-                         ndims["B"]),
+        "lb": lambda: red(g_lb, ndims["lb"]),
+        "ub": lambda: red(g_ub, ndims["ub"]),
+        "A": lambda: red(-(mult[:, :, None] * v.Jg[:, None, :] + v.rA[:, :, None] * info.Y[:, None, :]), ndims["A"]),
+        "B": lambda: red(-(mu[:, :, None] * v.Jg[:, None, :] + v.rB[:, :, None] * info.Y[:, None, :]), ndims["B"]),
     }
     for k in names:
         out[k] = xp.astype(rules[k](), G.dtype)
