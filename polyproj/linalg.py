@@ -18,12 +18,12 @@ import sys
 from typing import Any
 
 import numpy as np
+from array_api_compat import array_namespace, is_numpy_namespace, is_torch_namespace
 from array_api_compat import device as _device
-from array_api_compat import is_numpy_namespace, is_torch_namespace
 
-__all__ = ["SMALL", "batched_solves", "cho_solve", "cholesky", "cumulative_sum", "eigh", "entrywise", "holds",
-           "host_copy", "identity_where", "in_chunks", "nnls", "require_int64", "row_norms", "small_cho_solve",
-           "small_cholesky", "tri_inv"]
+__all__ = ["SMALL", "TINY_ROW", "batched_solves", "cho_solve", "cholesky", "cumulative_sum", "eigh", "entrywise",
+           "from_host", "holds", "host_copy", "identity_where", "in_chunks", "nnls", "require_int64", "row_norms",
+           "small_cho_solve", "small_cholesky", "to_host", "tri_inv"]
 
 _FEW = 8  # up to this many matrices NumPy solves call LAPACK per matrix
 #: NumPy batches without torch solve by substitution over the batch, a pass per row: worth it up to this order
@@ -56,6 +56,12 @@ def nnls(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
         return x, float(np.linalg.norm(A @ x - b))
 
 
+#: A nonzero row of a Polyhedron whose largest entry is below this is refused (``problem.Polyhedron``): its squared
+#: norm underflows (below ~1e-154), so the solvers' tolerances and the polish's normalisation would take it for a
+#: zero row and drop its constraint (a row [1e-200, 0, ...] <= 0 was ignored by every backend).
+TINY_ROW = 1e-100
+
+
 def row_norms(xp: Any, rows: Any) -> Any:
     """Euclidean norms of ``rows`` along the last axis, without overflow or underflow of the squares.
 
@@ -68,8 +74,6 @@ def row_norms(xp: Any, rows: Any) -> Any:
         norms = xp.linalg.vector_norm(rows, axis=-1)
     if rows.shape[-1] == 0 or any(int(d) == 0 for d in rows.shape[:-1]):
         return norms
-    from .problem import TINY_ROW
-
     fi = xp.finfo(rows.dtype)
     tiny = float(getattr(fi, "smallest_normal", None) or fi.tiny) ** 0.5
     bad = ~xp.isfinite(norms)
@@ -278,6 +282,18 @@ def own_contiguous(a: np.ndarray) -> np.ndarray:
     """
     a = np.ascontiguousarray(a)
     return a if a.flags.writeable else a.copy()
+
+
+def to_host(v: Any) -> np.ndarray:
+    """A float64 NumPy copy of an array of any namespace and device (:func:`host_copy`, then float64)."""
+    return np.asarray(host_copy(v), dtype=np.float64)
+
+
+def from_host(a: np.ndarray, like: Any) -> Any:
+    """``a`` in the namespace, device and dtype of ``like``."""
+    if isinstance(like, np.ndarray):
+        return np.asarray(a, dtype=like.dtype)
+    return array_namespace(like).asarray(np.ascontiguousarray(a), dtype=like.dtype, device=_device(like))
 
 
 def host_copy(v: Any) -> np.ndarray:

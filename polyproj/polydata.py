@@ -26,6 +26,7 @@ from array_api_compat import device as _device
 
 from .errors import ProblemError
 from .linalg import own_contiguous, row_norms
+from .linalg import to_host as _host
 
 __all__ = ["PolyData", "RowLayout", "empty_row", "ineq_slack", "matvec"]
 
@@ -179,8 +180,6 @@ class PolyData:
         limit" box of ±1e6 on every coordinate outvoted the rows and excused a miss of 0.35 where they did. (A box
         alone sets the size: at ±1e6 a miss of 0.35 is 3.5e-7 of it, as a miss of 3.5e-7 is in a unit box.)
         """
-        from .backends.projection import to_host as _host
-
         norm_a, norm_b = self.row_norms
 
         def dists(pairs):

@@ -27,6 +27,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from .errors import ProblemError
+from .linalg import TINY_ROW
 from .polydata import empty_row
 
 __all__ = ["QP", "Polyhedron"]
@@ -124,10 +125,6 @@ def _matrix(M: Any, name: str, cols: int | None, *, allow_none: bool = True, one
     return M
 
 
-#: A nonzero row of a Polyhedron whose largest entry is below this is refused: its squared norm underflows
-#: (below ~1e-154), so the solvers' tolerances and the polish's normalisation would take it for a zero row
-#: and drop its constraint (a row [1e-200, 0, ...] <= 0 was ignored by every backend).
-TINY_ROW = 1e-100
 
 
 #: relative tolerance at which a backend's infeasibility claim is checked against its certificate (OSQP tests

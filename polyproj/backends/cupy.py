@@ -17,11 +17,12 @@ import numpy as np
 from array_api_compat import array_namespace, is_cupy_namespace
 from array_api_compat import device as _device
 
+from ..linalg import from_host, to_host
 from ..polydata import PolyData
 from .base import Capabilities, QPSolver
 from .ipm import IPMSolver
 from .options import nonnegative_int, positive_int
-from .projection import ProjectionStart, from_host, to_host
+from .projection import ProjectionStart
 
 __all__ = ["CuPySolver"]
 

@@ -141,7 +141,8 @@ class DAQPSolver(QPSolver):
         ``solved``: what :meth:`solve_points` already returned for ``X`` on these arrays (the direct path's
         solves), taken instead of solving again where this path applies.
         """
-        from .projection import _host_data, _sample, projection_qp, solve_on_host, start_from_solution, to_host
+        from ..linalg import to_host
+        from .projection import _host_data, _sample, projection_qp, solve_on_host, start_from_solution
         from .scaling import plan
 
         d = _host_data(data)

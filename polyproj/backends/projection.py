@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from array_api_compat import array_namespace
-from array_api_compat import device as _device
 
+from ..linalg import from_host, to_host
 from ..polydata import PolyData, qp_multipliers_to_rows
 from ..problem import QP
 from ..solution import BatchSolution, Status
@@ -25,7 +24,7 @@ from ..solution import BatchSolution, Status
 if TYPE_CHECKING:  # pragma: no cover
     from .base import QPSolver
 
-__all__ = ["ProjectionStart", "projection_qp", "solve_on_host", "to_host"]
+__all__ = ["ProjectionStart", "projection_qp", "solve_on_host"]
 
 
 @dataclass(frozen=True)
@@ -59,28 +58,6 @@ class ProjectionStart:
     dist_factor: float = 1.0
     rough: bool = False
     solution: BatchSolution | None = None
-
-
-def to_host(v: Any) -> np.ndarray:
-    """A float64 NumPy copy of an array of any namespace and device (DLPack where possible)."""
-    if isinstance(v, np.ndarray):
-        return np.asarray(v, dtype=np.float64)
-    if hasattr(v, "detach"):  # torch
-        return v.detach().cpu().numpy().astype(np.float64, copy=False)
-    if hasattr(v, "get"):  # CuPy
-        return np.asarray(v.get(), dtype=np.float64)
-    try:
-        return np.asarray(np.from_dlpack(v), dtype=np.float64)
-    except Exception:  # array_api_strict and others without a host DLPack path
-        return np.asarray(v, dtype=np.float64)
-
-
-def from_host(a: np.ndarray, like: Any) -> Any:
-    """``a`` in the namespace, device and dtype of ``like``."""
-    xp = array_namespace(like)
-    if isinstance(like, np.ndarray):
-        return np.asarray(a, dtype=like.dtype)
-    return xp.asarray(np.ascontiguousarray(a), dtype=like.dtype, device=_device(like))
 
 
 def projection_qp(A: np.ndarray, a: np.ndarray, B: np.ndarray, b: np.ndarray, lb: np.ndarray, ub: np.ndarray,

@@ -46,7 +46,7 @@ def least_violation(data: PolyData, reach: float = 0.0) -> float | None:
     import scipy.sparse as sp
     from scipy.optimize import linprog
 
-    from ..backends.projection import to_host
+    from ..linalg import to_host
 
     A, a, B, b, lb, ub, norm_a, norm_b = (np.asarray(to_host(v), dtype=np.float64)
                                           for v in (*data.parts(), *data.row_norms))

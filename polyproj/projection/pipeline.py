@@ -876,7 +876,7 @@ def _as_solution(start: ProjectionStart, data: PolyData, name: str) -> Any:
 
     ``z`` = the rows of A, then B's; ``z_box`` upper positive (:func:`~polyproj.polydata.rows_to_qp_multipliers`).
     """
-    from ..backends.projection import to_host
+    from ..linalg import to_host
     from ..polydata import rows_to_qp_multipliers
 
     y, mult, mu = (np.asarray(to_host(v), dtype=np.float64) for v in (start.y, start.mult, start.mu))

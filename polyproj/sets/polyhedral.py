@@ -392,7 +392,7 @@ def _holds(xp: Any, dtype: Any, device: Any) -> bool:
 
 
 def _host(v: Any) -> np.ndarray:
-    from ..backends.projection import to_host
+    from ..linalg import to_host
 
     return to_host(v)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.projection import to_host
+from ..linalg import to_host
 from .check import CheckReport, PropertyResult, check_arguments
 from .properties import finite_or_fail
 
