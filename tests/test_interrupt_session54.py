@@ -67,6 +67,13 @@ def test_an_interrupt_between_two_items_stops_the_helper_threads(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- thread limits
+def _set_then_interrupted(setter, threads: int) -> None:
+    """The setter's call, then a KeyboardInterrupt where it set one thread: a signal raised as the call returns."""
+    setter()
+    if threads == 1:
+        raise KeyboardInterrupt
+
+
 def test_small_blas_restores_the_blas_pools_when_interrupted_while_limiting_them(monkeypatch):
     """A signal arriving while ``small_blas`` set a BLAS pool to one thread (raised as the call returned) left the pool
     at one thread for the rest of the process: the change was made before the block's try."""
@@ -81,13 +88,7 @@ def test_small_blas_restores_the_blas_pools_when_interrupted_while_limiting_them
             pytest.skip("the BLAS pools do not take two threads here")
         cls = type(pools[0])
         orig = cls.set_num_threads
-
-        def set_then_interrupted(self, num_threads):
-            orig(self, num_threads)
-            if num_threads == 1:
-                raise KeyboardInterrupt
-
-        monkeypatch.setattr(cls, "set_num_threads", set_then_interrupted)
+        monkeypatch.setattr(cls, "set_num_threads", lambda self, k: _set_then_interrupted(lambda: orig(self, k), k))
         with pytest.raises(KeyboardInterrupt), runtime.small_blas():
             pytest.fail("the block ran")
         monkeypatch.undo()
@@ -108,13 +109,7 @@ def test_torch_single_thread_restores_the_count_when_interrupted_while_setting_i
         if torch.get_num_threads() != 2:
             pytest.skip("torch does not take two threads here")
         orig = runtime.set_torch_threads
-
-        def set_then_interrupted(threads):
-            orig(threads)
-            if threads == 1:
-                raise KeyboardInterrupt
-
-        monkeypatch.setattr(runtime, "set_torch_threads", set_then_interrupted)
+        monkeypatch.setattr(runtime, "set_torch_threads", lambda k: _set_then_interrupted(lambda: orig(k), k))
         with pytest.raises(KeyboardInterrupt), runtime.torch_single_thread():
             pytest.fail("the block ran")
         monkeypatch.undo()
