@@ -143,10 +143,10 @@ def cholesky(xp: Any, K: Any, out: Any = None) -> tuple[Any, Any]:
                 except np.linalg.LinAlgError:
                     L[i], ok[i] = np.eye(n, dtype=K.dtype), False
             return L, ok
-        # other namespaces (array_api_strict; CuPy under errstate(linalg="raise")): the failed elements only,
-        # not the whole batch (every element had been reported failed: faces called dependent, IPM steps lost).
-        # Small matrices by the entrywise recurrence (one array operation per entry over the batch), larger ones
-        # one at a time
+        # other namespaces (array_api_strict; CuPy under errstate(linalg="raise")): the failed elements only are
+        # marked, not the whole batch (a face is called dependent, an IPM step refused, only where its own
+        # factorisation fails). Small matrices by the entrywise recurrence (one array operation per entry over the
+        # batch), larger ones one at a time
         if n <= SUBSTITUTION_ROWS:
             return small_cholesky(xp, K)
         eye = xp.eye(n, dtype=K.dtype, device=_device(K))
@@ -285,7 +285,10 @@ def own_contiguous(a: np.ndarray) -> np.ndarray:
 
 
 def to_host(v: Any) -> np.ndarray:
-    """A float64 NumPy copy of an array of any namespace and device (:func:`host_copy`, then float64)."""
+    """A float64 NumPy array of an array of any namespace and device (:func:`host_copy`, then float64).
+
+    Not always a copy: a float64 NumPy array, or a float64 torch tensor on the CPU, may come back as a view.
+    """
     return np.asarray(host_copy(v), dtype=np.float64)
 
 
@@ -341,8 +344,8 @@ def holds(xp: Any, dtype: Any, device: Any) -> bool:
 def require_int64(xp: Any, X: Any, what: str) -> None:
     """ProblemError unless X's device holds int64: polyproj indexes (``nonzero``, ``take``, counts) in int64.
 
-    A device without int64 (``array_api_strict``'s ``"no_x64"``, JAX without x64) failed deep inside with the
-    namespace's own ValueError.
+    Asked before any work: a device without int64 (``array_api_strict``'s ``"no_x64"``, JAX without x64) cannot
+    hold the indices.
     """
     dev = _device(X)
     if not holds(xp, xp.int64, dev):

@@ -357,8 +357,7 @@ def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     finally:
         # However the caller's share ends: its items all taken (the flag then changes nothing), an item's error,
         # or an interrupt that lands between items (outside ``fn``, where ``work`` does not record it), no helper
-        # takes another item; without this, the helpers went on through the whole batch after the
-        # KeyboardInterrupt had left, and the interpreter's exit waited for them.
+        # takes another item, and the call returns (or raises) only once the helpers have stopped.
         stop.set()
         for f in helpers:
             f.cancel()  # not started: queued behind another caller's work, and nothing is left for it
@@ -433,9 +432,9 @@ def map_jobs(fn: Callable[[Any], Any], items: Sequence[Any], *, executor: Any = 
         """``[job(v) for v in tracked(seq)]``; the bar's generator and ``seq`` are closed however it ends.
 
         An error or a KeyboardInterrupt leaves both suspended at their ``yield``, and the traceback (kept by
-        IPython as ``sys.last_traceback``, by a debugger, by ``except ... as e``) keeps them alive: the bar's
-        refresh thread went on drawing after the interrupt, and ``executor.map``'s iterator kept its queued jobs
-        (its ``close`` cancels the futures not yet running, so that a ``with executor:`` does not wait for them).
+        IPython as ``sys.last_traceback``, by a debugger, by ``except ... as e``) keeps them alive: closing them
+        stops the bar's refresh thread and cancels ``executor.map``'s futures not yet running (so that a
+        ``with executor:`` does not wait for them).
         """
         it = tracked(seq)
         try:

@@ -232,3 +232,72 @@ def test_recognised_layer_gradcheck_in_its_data_at_capped_vertices():
 
     assert torch.autograd.gradcheck(f, (x, torch.ones(1, dtype=DT, requires_grad=True),
                                         torch.full((n,), 0.5, dtype=DT, requires_grad=True)), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the review's cases
+def test_a_fixed_coordinate_at_a_dependent_face_stays_fixed():
+    # lb_3 == ub_3 is an equality row (+e_3 = 0.3), never a loosened bound, whichever side x is on: d/db is the mean
+    # of its one-sided derivatives (2 and 1), and d/dc of the pair moved together that of the pair's value
+    parts = dict(B=[[1.0, 1.0, 1.0]], b=[1.0], lb=[0.0, 0.0, 0.3], ub=[0.7, 1.0, 0.3])
+    g = [[1.0, 2.0, 3.0]]
+    for x in ([[2.0, -1.0, -1.0]], [[2.0, -1.0, 3.0]], [[2.0, -1.0, 0.31]]):
+        got = _layer_grads(x, parts, g)
+        assert got["b"][0] == pytest.approx(1.5, abs=1e-9)
+        h, base = 1e-7, {k: np.asarray(v, float) for k, v in parts.items()}
+
+        def f(c, x=x, base=base):
+            q = {k: v.copy() for k, v in base.items()}
+            q["lb"][2] = q["ub"][2] = c
+            return float((pp.project(np.asarray(x, float), pp.Polyhedron(**q)).y * np.asarray(g, float)).sum())
+
+        pair = 0.5 * ((f(0.3 + h) - f(0.3)) / h + (f(0.3) - f(0.3 - h)) / h)
+        assert got["lb"][2] + got["ub"][2] == pytest.approx(pair, abs=1e-6)
+
+
+def test_data_gradients_at_dependent_faces_do_not_depend_on_a_rows_scale():
+    # two proportional equality rows (a dependency of B's own) beside the caps' dependency: scaling a row and its
+    # right-hand side by alpha divides that row's gradient by alpha and leaves the other's unchanged
+    x, g = [[2.0, 1.5, -0.05, -0.1]], [[1.0, 2.0, 3.0, 4.0]]
+    out = {}
+    for alpha in (1.0, 10.0):
+        parts = dict(B=[[1.0] * 4, [alpha] * 4], b=[1.0, alpha], lb=[0.0] * 4, ub=[0.5] * 4)
+        out[alpha] = _layer_grads(x, parts, g)["b"]
+    assert out[10.0][0] == pytest.approx(out[1.0][0], abs=1e-9)
+    assert 10.0 * out[10.0][1] == pytest.approx(out[1.0][1], abs=1e-9)
+
+
+def test_four_separate_dependencies_each_get_the_mean_of_their_one_sided_derivatives():
+    # four blocks y_2i + y_2i+1 = 1 with one coordinate at its cap and one at 0: 16 adjacent pieces, every block's
+    # d/db_i the mean of its two sides (a budget of pieces that stopped at 8 left one block one-sided)
+    k = 4
+    B = np.zeros((k, 2 * k))
+    for i in range(k):
+        B[i, 2 * i: 2 * i + 2] = 1.0
+    x = [[2.0, -1.0, 3.0, -0.5, 1.5, -2.0, 4.0, -0.1]]
+    g = [[1.0, 5.0, -2.0, 3.0, 4.0, 0.5, -1.0, 2.0]]
+    parts = dict(B=B, b=[1.0] * k, lb=[0.0] * (2 * k), ub=[1.0] * (2 * k))
+    got, want = _layer_grads(x, parts, g), _mean_one_sided(x, parts, g)
+    np.testing.assert_allclose(got["b"], want["b"], atol=1e-6)
+
+
+def test_learned_marginals_of_a_transport_polytope_follow_each_support_component():
+    # row and column sums (6 rows of rank 5: B's own dependency, kept out of the pieces) at a point whose support
+    # splits into two components (one more dependency, through the bounds): along every change of the marginals
+    # that keeps them consistent, the gradient gives the mean of the one-sided derivatives
+    k, n = 3, 9
+    B = np.zeros((2 * k, n))
+    for i in range(k):
+        B[i, i * k:(i + 1) * k] = 1.0
+        B[k + i, i::k] = 1.0
+    x = np.array([[3.0, -1, -1.5, -1, 3, 2.6, -0.7, 2.2, 3.1]])
+    g = np.arange(1.0, 10.0)[None, :]
+    got = _layer_grads(x, dict(B=B, b=np.ones(2 * k), lb=np.zeros(n)), g)["b"]
+
+    def f(b):
+        P = pp.Polyhedron(B=B, b=b, lb=np.zeros(n), allow_dependent_rows=True)
+        return float(pp.project(x, P).y[0] @ g[0])
+
+    h, b0 = 1e-7, np.ones(2 * k)
+    for d in (np.eye(6)[0] + np.eye(6)[3], np.eye(6)[1] + np.eye(6)[4], np.eye(6)[0] + np.eye(6)[4], np.ones(6)):
+        mean = 0.5 * ((f(b0 + h * d) - f(b0)) / h + (f(b0) - f(b0 - h * d)) / h)
+        assert got @ d == pytest.approx(mean, abs=1e-5)

@@ -65,7 +65,7 @@ def _refuse_script(*_: Any) -> Any:
     """``torch.jit.script`` of the layer (its ``__prepare_scriptable__``) or of a function calling :func:`project`.
 
     TorchScript compiles Python source; the projection's is not TorchScript (it runs NumPy and the solvers), and
-    the compiler's own error named a construct of this module ("Lambda aren't supported"), not the layer.
+    the compiler's own error would name a construct of this module, not the layer.
     """
     raise ProblemError("torch.jit.script cannot compile the projection layer (its forward runs solvers outside "
                        "torch); torch.compile works (the layer is a graph break)")
@@ -740,8 +740,8 @@ def _tracer(x: Any) -> str | None:
     The forward reads x's values (NumPy, the solvers): a tracer that runs it on placeholders or records it as a
     graph cannot. ``torch.jit.trace``, ``torch.export`` (fake / functional tensors), ``make_fx`` (a proxy dispatch
     mode: ``torch.func.linearize`` traces with it), ``torch.func.functionalize`` (no functionalisation rule for a
-    custom autograd.Function) and ``torch.fx.symbolic_trace`` (a Proxy for x). Their own errors came from inside
-    autograd.Function or a ``.item()`` ("trying to get value out of a tracing tensor"), naming neither.
+    custom autograd.Function) and ``torch.fx.symbolic_trace`` (a Proxy for x): named here, since their own errors
+    arise inside autograd.Function or a ``.item()`` and name neither the tracer nor the layer.
     """
     if isinstance(x, torch.fx.Proxy):
         return "torch.fx.symbolic_trace"

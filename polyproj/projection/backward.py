@@ -128,8 +128,8 @@ def _independent_pieces(info: Any, g: Any, v: VJPParts) -> VJPParts:
     active; that piece exists (for data near the given ones) only where the active rows ``H = [A_I; B; ±e_E]`` are
     independent. Where they are not — a dependency that involves an inequality row, e.g. ``Σy = b`` with every
     coordinate at a bound (a capped simplex with ``b = k·ub``, a one-hot point under ``ub = 1``) — no data near
-    the given ones keep them all active, and that formula gave ``∂L/∂b = 0`` and ``∂L/∂ub_i = g_i``, which
-    contradict ``1ᵀy = b``. There ``y`` is not differentiable in the data; an element of its Clarke Jacobian is
+    the given ones keep them all active, and that formula's ``∂L/∂b = 0``, ``∂L/∂ub_i = g_i`` would contradict
+    ``1ᵀy = b``. There ``y`` is not differentiable in the data; an element of its Clarke Jacobian is
     the derivative on an adjacent piece ``K``: active rows made independent by dropping inequality rows that a
     multiplier of the projection leaves at zero (``supp λ ⊆ K``), the piece where the dropped rows are loosened.
     :func:`_pieces` finds them by the ratio test along the multipliers' null directions (both ends of each, so
@@ -162,20 +162,33 @@ def _independent_pieces(info: Any, g: Any, v: VJPParts) -> VJPParts:
     lamA, lamB = mult[:, :m].copy(), mu.copy()
     activeA = host(info.active[:, :m]) > 0
     A_all, B_all = host(d.A), host(d.B)
+    # a coordinate with lb == ub is an equality row (+e_i = that value), not two droppable inequalities; its
+    # multiplier is the net one, mult_ub − mult_lb (whichever side the projection put it on)
+    fixed_all = np.broadcast_to(host(d.lb) == host(d.ub), (G.shape[0], n))
+    own = _own_dependency(B_all) if B_all.ndim == 2 else None
+    pk = p if own is None else own[0].size  # the rows of B the pieces carry
     eye = np.eye(n)
     rows = []  # per sample: (its active rows H, which are inequalities, their multipliers, the index lists)
     for s in idx:
         A = A_all[s] if A_all.ndim == 3 else A_all
         B = B_all[s] if B_all.ndim == 3 else B_all
-        ia, il, iu = np.flatnonzero(activeA[s]), np.flatnonzero(at_lb[s]), np.flatnonzero(at_ub[s])
-        H = np.concatenate([A[ia], B, -eye[il], eye[iu]], axis=0)
-        ineq = np.concatenate([np.ones(ia.size, bool), np.zeros(p, bool), np.ones(il.size + iu.size, bool)])
-        lam = np.concatenate([mult[s, ia], mu[s], mult[s, m + il], mult[s, m + n + iu]])
-        rows.append((H, ineq, lam, ia, il, iu))
+        mu_s = mu[s]
+        if own is not None:  # B's independent rows, with the multipliers that give the same Bᵀμ
+            keep_b, E, F, sB = own
+            B, mu_s = B[keep_b], sB[keep_b] * (F @ (mu_s / sB))
+        fixed, lo, up = fixed_all[s], at_lb[s] > 0, at_ub[s] > 0
+        ia, il, iu = np.flatnonzero(activeA[s]), np.flatnonzero(lo & ~fixed), np.flatnonzero(up & ~fixed)
+        ifx = np.flatnonzero((lo | up) & fixed)
+        H = np.concatenate([A[ia], B, -eye[il], eye[iu], eye[ifx]], axis=0)
+        ineq = np.concatenate([np.ones(ia.size, bool), np.zeros(pk, bool), np.ones(il.size + iu.size, bool),
+                               np.zeros(ifx.size, bool)])
+        lam = np.concatenate([mult[s, ia], mu_s, mult[s, m + il], mult[s, m + n + iu],
+                              mult[s, m + n + ifx] - mult[s, m + ifx]])
+        rows.append((H, ineq, lam, ia, il, iu, ifx))
     solved = _one_dependency(rows, G[idx])  # batched over the samples with one dependency; None for the others
     changed = False
     for j, s in enumerate(idx):
-        H, ineq, lam, ia, il, iu = rows[j]
+        H, ineq, lam, ia, il, iu, ifx = rows[j]
         if solved[j] is not None:
             rho, lam = solved[j]
         else:
@@ -183,18 +196,28 @@ def _independent_pieces(info: Any, g: Any, v: VJPParts) -> VJPParts:
             if pieces is None:  # no dependency through an inequality row: the least-norm split stands
                 continue
             rho, lam = np.zeros(H.shape[0]), np.zeros(H.shape[0])
-            for keep, lam_k in pieces:
-                rho[keep] += np.linalg.lstsq(H[keep].T, G[s], rcond=None)[0] / len(pieces)
+            norms = np.linalg.norm(H, axis=1)
+            scale = 1.0 / np.where(norms > 0, norms, 1.0)
+            for keep, lam_k in pieces:  # the least-norm split on unit rows: invariant to a row's scale
+                Hn = H[keep] * scale[keep, None]
+                rho[keep] += np.linalg.lstsq(Hn.T, G[s], rcond=None)[0] * scale[keep] / len(pieces)
                 lam = lam + lam_k / len(pieces)
         if rho is None:
             continue
         changed = True
-        ka, kb, kl = ia.size, ia.size + p, ia.size + p + il.size
+        ka, kb, kl, ku = ia.size, ia.size + pk, ia.size + pk + il.size, ia.size + pk + il.size + iu.size
         rA[s], lamA[s] = 0.0, 0.0
         rA[s, ia], lamA[s, ia] = rho[:ka], lam[:ka]
-        rB[s], lamB[s] = rho[ka:kb], lam[ka:kb]
+        if own is None:
+            rB[s], lamB[s] = rho[ka:kb], lam[ka:kb]
+        else:  # back to every row of B: the least-norm split on unit rows, as on an ordinary face
+            keep_b, E, F, sB = own
+            rB[s], lamB[s] = (sB * (E @ (t[ka:kb] / sB[keep_b])) for t in (rho, lam))
         glb[s], gub[s] = 0.0, 0.0
-        glb[s, il], gub[s, iu] = -rho[kb:kl], rho[kl:]
+        glb[s, il], gub[s, iu] = -rho[kb:kl], rho[kl:ku]
+        # a fixed coordinate's value is lb_i = ub_i: its gradient goes to the side the other path gives it
+        on_ub = at_ub[s, ifx] > 0
+        gub[s, ifx[on_ub]], glb[s, ifx[~on_ub]] = rho[ku:][on_ub], rho[ku:][~on_ub]
         Mr[s] = H[:kb].T @ rho[:kb]
     if not changed:
         return v
@@ -204,6 +227,33 @@ def _independent_pieces(info: Any, g: Any, v: VJPParts) -> VJPParts:
 
     return VJPParts(v.Jg, back(rA), back(rB), back(Mr), v.at_lb, v.at_ub, svd, back(glb), back(gub), back(lamA),
                     back(lamB))
+
+
+def _own_dependency(B: Any) -> tuple | None:
+    """Shared ``B``'s own dependency, kept out of the pieces: ``(kept rows, E, F, row scales)`` or None (independent).
+
+    Dependent rows of ``B`` (a transport polytope's row and column sums) are dependent on every face, whatever the
+    bounds; they involve no inequality row and add nothing a piece could drop. The pieces carry an independent
+    subset ``K`` of B's rows (QR with column pivoting of the unit rows ``B_n``); a split ``u'`` on ``K``'s unit rows
+    goes back to all rows as the least-norm ``u = E u'`` with ``B_nᵀ u = B_n,Kᵀ u'`` (``E = (B_nᵀ)⁺ B_n,Kᵀ``, the
+    ordinary face's split), and multipliers come to ``K`` by ``F = (B_n,Kᵀ)⁺ B_nᵀ``.
+    """
+    import numpy as np
+    import scipy.linalg
+
+    p, n = B.shape
+    if p < 2:
+        return None
+    nb = np.linalg.norm(B, axis=1)
+    sB = 1.0 / np.where(nb > 0, nb, 1.0)
+    Bn = B * sB[:, None]
+    _, R, piv = scipy.linalg.qr(Bn.T, mode="economic", pivoting=True)
+    dg = np.abs(np.diag(R))
+    rank = int(np.sum(dg > max(p, n) * np.finfo(np.float64).eps * (dg[0] if dg.size else 0.0)))
+    if rank == p:
+        return None
+    keep = np.sort(piv[:rank])
+    return keep, np.linalg.pinv(Bn.T) @ Bn[keep].T, np.linalg.pinv(Bn[keep].T) @ Bn.T, sB
 
 
 #: an entry of a null vector below this fraction of its largest is taken as zero (a row outside the dependency)
@@ -249,7 +299,8 @@ def _one_dependency(rows: list, G: Any) -> list:
             has = np.any(cand, axis=1) & one & involved
             tj = np.take_along_axis(t, drop[:, None], axis=1)
             lam_e = lam - np.where(has[:, None], tj, 0.0) * w
-            dropped = np.arange(k)[None, :] == drop[:, None]
+            # every row the step zeroes is dropped, ties included (:func:`_tied`)
+            dropped = _tied(cand, t, tj, lam, w) & has[:, None]
             lam_e[dropped] = 0.0
             keep = ~dropped
             Gram = Hn @ np.swapaxes(Hn, 1, 2) * (keep[:, :, None] & keep[:, None, :]) + np.eye(k) * dropped[:, :, None]
@@ -261,13 +312,35 @@ def _one_dependency(rows: list, G: Any) -> list:
             lam_sum += np.where(has[:, None], lam_e, 0.0)
             ends += has
         for i, j in enumerate(js):
+            if rank[i] == k:  # independent rows (B's own dependency taken out): the ordinary split stands
+                out[j] = (None, None)
+                continue
             if not one[i]:
-                continue  # several dependencies (or none: not flagged by the SVD here): one at a time
+                continue  # several dependencies: one at a time
             if not involved[i] or not ends[i]:
                 out[j] = (None, None)
                 continue
             out[j] = (rho_sum[i] / ends[i], lam_sum[i] / ends[i])
     return out
+
+
+#: ratio-test steps within this fraction of the problem's step scale (max |λ| / max |w|) are one step (a tie)
+TIE = 1e-9
+
+
+def _tied(cand: Any, t: Any, t_min: Any, lam: Any, w: Any) -> Any:
+    """The candidate rows whose ratio-test step equals the smallest one ``t_min`` (rows zeroed together).
+
+    A symmetric point (equal entries under equal caps) zeroes several multipliers at one step: dropping them all
+    keeps the piece symmetric (dropping one of them kept its twin active, a piece on which one coordinate alone
+    moves). Rows of the last axis; works for one sample (1-D) and a stack.
+    """
+    import numpy as np
+
+    scale = np.max(np.abs(lam), axis=-1, keepdims=True) / np.maximum(np.max(np.abs(w), axis=-1, keepdims=True),
+                                                                     np.finfo(np.float64).tiny)
+    with np.errstate(invalid="ignore"):  # non-candidates (t = inf), and samples with none (t_min = inf): False
+        return cand & (np.abs(t - t_min) <= TIE * np.maximum(scale, np.abs(t_min)))
 
 
 #: at most this many pieces are averaged (each dependency doubles them; beyond, the nearer end is followed)
@@ -279,14 +352,16 @@ def _pieces(H: Any, ineq: Any, lam: Any) -> list | None:
 
     ``Hᵀλ`` is the projection's ``x − y`` and must stay so with ``λ ≥ 0`` on the inequality rows (``ineq``).
     While the kept rows are dependent through an inequality row (a left null vector ``w`` of ``H_K``, found on unit
-    rows, chosen in the null space to weigh the inequality rows most), ``λ − t w`` is a multiplier for every ``t``
-    between the two ratio-test ends, each of which zeroes an inequality row that is then dropped. Each dependency
-    is followed to both of its ends (so that separate dependencies each get the mean of their one-sided
-    derivatives) until :data:`MAX_PIECES` pieces, then to the nearer end. None where no dependency involves an
+    rows, one of a sparse basis of the null space: a dependency on its own rows gets its own ``w``), ``λ − t w`` is
+    a multiplier for every ``t`` between the two ratio-test ends, each of which zeroes inequality rows (ties
+    together, :func:`_tied`) that are then dropped. Each dependency is followed to both of its ends (so that a
+    single dependency, and separate ones, get the mean of their one-sided derivatives) until :data:`MAX_PIECES`
+    pieces, then to the nearer end. None where no dependency involves an
     inequality row (dependent equality rows alone: the split of ``r`` is already a derivative along every
     consistent change of the data).
     """
     import numpy as np
+    import scipy.linalg
 
     norms = np.linalg.norm(H, axis=1)
     scale = 1.0 / np.where(norms > 0, norms, 1.0)
@@ -302,20 +377,26 @@ def _pieces(H: Any, ineq: Any, lam: Any) -> list | None:
         Nq = N[ineq[keep]]
         if Nq.size == 0 or np.max(np.abs(Nq)) <= NULL_ENTRY:
             return None  # only equality rows depend on each other
-        c = np.linalg.svd(Nq, full_matrices=False)[2][0]  # the null direction that weighs the inequality rows most
+        # a sparse basis of the null space, W = (N_P)⁻¹-normalised so that W is the identity on pivot rows P
+        # (chosen by QR with column pivoting of Nᵀ): dependencies on disjoint sets of rows get basis vectors of
+        # their own, each followed to its own two ends; the first one that involves an inequality row is taken
+        piv = scipy.linalg.qr(N.T, mode="r", pivoting=True)[1][: N.shape[1]]
+        W = np.linalg.solve(N[piv].T, N.T)
+        Wq = np.abs(W[:, ineq[keep]])
+        involved = np.max(Wq, axis=1) > NULL_ENTRY * np.max(np.abs(W), axis=1)
         w = np.zeros(H.shape[0])
-        w[keep] = (N @ c) * scale[keep]  # Hᵀw = 0 in the rows' own scale
+        w[keep] = W[int(np.argmax(involved))] * scale[keep]  # Hᵀw = 0 in the rows' own scale
         return w
 
     def ends(keep, lam, w):
         big = np.max(np.abs(w))
         out = []
-        for sign in (1.0, -1.0):  # λ − t w with t of this sign: the first inequality row it zeroes
-            cand = np.flatnonzero(keep & ineq & (sign * w > NULL_ENTRY * big))
-            if cand.size:
-                t = lam[cand] / w[cand]
-                j = cand[np.argmin(np.abs(t))]
-                out.append((j, lam[j] / w[j]))
+        for sign in (1.0, -1.0):  # λ − t w with t of this sign: the first inequality rows it zeroes (ties together)
+            cand = keep & ineq & (sign * w > NULL_ENTRY * big)
+            if cand.any():
+                t = np.where(cand, lam / np.where(cand, w, 1.0), np.inf)
+                t_min = t[np.argmin(np.abs(t))]
+                out.append((np.flatnonzero(_tied(cand, t, t_min, lam, w)), t_min))
         return out
 
     def follow(keep, lam, budget):
@@ -323,12 +404,12 @@ def _pieces(H: Any, ineq: Any, lam: Any) -> list | None:
         e = [] if w is None else ends(keep, lam, w)
         if not e:
             return [(keep, np.where(keep, lam, 0.0))]
-        if budget < 2 * len(e) or len(e) == 1:
+        if budget < len(e) or len(e) == 1:
             e = [min(e, key=lambda jt: abs(jt[1]))]
         out = []
-        for j, t in e:
+        for js, t in e:
             k2, l2 = keep.copy(), lam - t * w
-            k2[j], l2[j] = False, 0.0
+            k2[js], l2[js] = False, 0.0
             out += follow(k2, l2, budget // len(e))
         return out
 

@@ -774,8 +774,8 @@ def _late_polish(X, data: PolyData, solver, opts: PolishOptions, start: Projecti
     xp = array_namespace(X)
     shown = _unverified_active(X, data, start.y, start.mult, start.accuracy)
     # a start with no finite point was never begun (a per-point backend stopped by the limit before it): its
-    # "polish" would be a whole solve from the input point, the work the limit forbids (20,000 DAQP points under
-    # a 0.5 s limit took 13 s in it); it keeps its NaN point as TIME_LIMIT
+    # "polish" would be a whole solve from the input point, the work the limit forbids; it keeps its NaN point as
+    # TIME_LIMIT
     unstarted = ~xp.all(xp.isfinite(start.y), axis=1)
     blind = late & (_no_face(data, shown) | unstarted)
     if not bool(xp.any(blind)):

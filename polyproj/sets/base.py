@@ -381,8 +381,8 @@ def _checked_vjp(fn: Any) -> Any:
     @functools.wraps(fn)
     def vjp(self: Any, result: Any, G: Any) -> Any:
         y = getattr(result, "y", None)
-        if y is not None:  # G in the result's namespace (a NumPy G at a torch result failed inside the set)
-            try:  # and on its device: a G on another device of the same namespace failed inside the set
+        if y is not None:  # G moved to the result's namespace (the set computes in y's namespace)
+            try:  # and to its device: arrays of two devices do not combine
                 same = array_namespace(G) is array_namespace(y) and str(_device(G)) == str(_device(y))
             except TypeError:
                 same = False

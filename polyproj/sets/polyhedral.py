@@ -18,7 +18,7 @@ from array_api_compat import device as _device
 
 from ..backends.options import positive
 from ..errors import InfeasibleError, PolyprojError, ProblemError
-from ..linalg import own_contiguous
+from ..linalg import holds, own_contiguous, to_host
 from ..polydata import PolyData, RowLayout, empty_row
 from ..problem import Polyhedron
 from ..projection import backward
@@ -138,7 +138,7 @@ class Polyhedral(Projector):
             return self.polyhedron
         if self.data.batched:
             raise ProblemError("per-sample constraint data are not one Polyhedron")
-        d = PolyData(*(_host(v) for v in self.data.parts()))
+        d = PolyData(*(to_host(v) for v in self.data.parts()))
         return Polyhedron(A=d.A, a=d.a, B=d.B, b=d.b, lb=d.lb, ub=d.ub, n=d.n)
 
     def row_counts(self) -> tuple[int, int]:
@@ -162,11 +162,11 @@ class Polyhedral(Projector):
             same = array_namespace(self.data.A) is xp and str(_device(self.data.A)) == str(_device(X))
         except TypeError:
             same = False
-        dt = xp.float64 if _holds(xp, xp.float64, _device(X)) else xp.float32
+        dt = xp.float64 if holds(xp, xp.float64, _device(X)) else xp.float32
         if same:
             d = self.data.astype(dt)
         else:
-            d = PolyData(*(xp.asarray(own_contiguous(_host(v)), dtype=dt, device=_device(X))
+            d = PolyData(*(xp.asarray(own_contiguous(to_host(v)), dtype=dt, device=_device(X))
                            for v in self.data.parts()))
         self._like[key] = d
         return d
@@ -287,11 +287,11 @@ class Polyhedral(Projector):
         if act.shape != (X.shape[0], self.data.m + 2 * self.data.n):
             return None  # another batch size: no guess
         xp = array_namespace(X)
-        try:  # and on X's device: a previous result from another device failed with the namespace's ValueError
+        try:  # and on X's device: arrays of two devices do not combine
             same = array_namespace(act) is xp and str(_device(act)) == str(_device(X))
         except TypeError:
             same = False
-        return act if same else xp.asarray(np.asarray(_host(act) > 0), device=_device(X))
+        return act if same else xp.asarray(np.asarray(to_host(act) > 0), device=_device(X))
 
     def _batch_size(self) -> int:
         return int(np.prod(self.batch_shape)) if self.batch_shape else 1
@@ -380,21 +380,6 @@ def _dependent(info: FaceInfo, both: Any, eq_deficiency: int) -> Any:
             rank = put_rows(xp, rank, face.svd.idx, xp.sum(xp.astype(face.svd.s_inv > 0, xp.int64), axis=1))
         parts.append(rank < count - eq_deficiency)
     return (xp.concat(parts) if parts else both) | both
-
-
-def _holds(xp: Any, dtype: Any, device: Any) -> bool:
-    """Whether ``device`` holds arrays of ``dtype``: asked of the device itself, by making one (any namespace)."""
-    try:
-        xp.zeros((), dtype=dtype, device=device)
-    except Exception:  # torch's MPS: TypeError; array_api_strict: ValueError; others: RuntimeError
-        return False
-    return True
-
-
-def _host(v: Any) -> np.ndarray:
-    from ..linalg import to_host
-
-    return to_host(v)
 
 
 # ----------------------------------------------------------------------------- arrays -> PolyData

@@ -117,8 +117,8 @@ def _as_batch_vec(xp: Any, v: Any, b: int, size: int, name: str, fill: float, dt
 def _float_dtype(xp: Any, P: Any, q: Any, C: Any, dev: Any = None) -> Any:
     """float32 when every matrix given is float32, else float64; other dtypes must be real.
 
-    On a device without float64 (torch's MPS, array_api_strict's ``"no_float64"``) float32: integer data there
-    had been cast to float64, which the device refuses (the namespace's own error).
+    On a device without float64 (torch's MPS, array_api_strict's ``"no_float64"``) float32, integer data included
+    (the device refuses float64 arrays).
     """
     dtypes = [a.dtype for a in (P, q, C) if a is not None and hasattr(a, "dtype")]
     for a, name in ((P, "P"), (q, "q"), (C, "C")):
