@@ -301,3 +301,14 @@ def test_learned_marginals_of_a_transport_polytope_follow_each_support_component
     for d in (np.eye(6)[0] + np.eye(6)[3], np.eye(6)[1] + np.eye(6)[4], np.eye(6)[0] + np.eye(6)[4], np.ones(6)):
         mean = 0.5 * ((f(b0 + h * d) - f(b0)) / h + (f(b0) - f(b0 - h * d)) / h)
         assert got @ d == pytest.approx(mean, abs=1e-5)
+
+
+def test_a_symmetric_tie_drops_both_rows_together():
+    # x = (5, 5, -5) on sum = 2, 0 <= y <= 1: both caps' multipliers reach zero at one ratio-test step; dropping
+    # them together gives d/db (0.25) and each bound's gradient the mean of its one-sided derivatives (dropping one
+    # kept its twin active: d/db 0.5, d/dub (0.5, -0.5, 0) for a symmetric point)
+    x, g = [[5.0, 5.0, -5.0]], [[1.0, 0.0, 0.0]]
+    parts = dict(B=[[1.0, 1.0, 1.0]], b=[2.0], lb=[0.0] * 3, ub=[1.0] * 3)
+    got, want = _layer_grads(x, parts, g), _mean_one_sided(x, parts, g)
+    for k in ("b", "lb", "ub"):
+        np.testing.assert_allclose(got[k], want[k], atol=1e-6)
