@@ -75,8 +75,8 @@ def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish:
     S : Polyhedron or Projector
         A polyhedron (projected by a QP backend, then polished exactly) or any
         :class:`~polyproj.sets.Projector` (``pp.sets.Simplex(n)``, ``pp.sets.Box(lb, ub)``, a set of yours).
-    backend : str or QPSolver
-        For a Polyhedron: any registered backend, or ``"auto"`` (default): chosen per call by measurement
+    backend : str or QPSolver, optional
+        For a Polyhedron: any registered backend, or ``"auto"`` (default, also for None): chosen per call by measurement
         (:func:`polyproj.backends.defaults.auto_projection`: the ADMM start for a batch, DAQP per point
         for a few points or on long thin polytopes (m >= 3n), the batched IPM for per-sample data); batches use
         the backend's native batch path. Not for other Projectors.
@@ -113,6 +113,8 @@ def project(X: Any, S: Polyhedron | Projector, backend: Any = _UNSET, *, polish:
     (array([0.7, 0.3, 0. ]), array([False, False,  True]))
     """
     check_flags(polish=polish, structured=structured)
+    if backend is None:  # None is "the default", as in solve_qp: here the projection default ("auto"), not the QP one
+        backend = _UNSET
     if "warm_start" in settings and not isinstance(settings["warm_start"], (bool, np.bool_)):
         # (the backend's on/off setting; its message printed the whole result given)
         raise ProblemError(f"pp.project's warm_start is the backend's on/off setting, got a "

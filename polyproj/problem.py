@@ -471,7 +471,8 @@ class QP:
         C = _matrix(self.C, "C", n)
         if C is None:
             C = np.zeros((0, n))
-            if self.l is not None or self.u is not None:
+            # empty l/u fit the zero rows of no C, as an empty a without A does in a Polyhedron
+            if any(v is not None and np.prod(_shape(v, k)) for v, k in ((self.l, "l"), (self.u, "u"))):
                 raise ProblemError("l/u given without C")
         m = C.shape[0]
         l = _vector(self.l, "l", m, default=-np.inf, allow_inf=-1, rows=(C, "C", "l[i], u[i]", "lower", -1))
@@ -534,7 +535,7 @@ class QP:
     @functools.cached_property
     def eq_mask(self) -> np.ndarray:
         """Rows of C that are equalities (l == u)."""
-        return self.l == self.u
+        return _read_only(self.l == self.u)  # cached and shared by every reader: read-only, as the data
 
     @functools.cached_property
     def has_bounds(self) -> bool:
@@ -544,7 +545,7 @@ class QP:
     @functools.cached_property
     def bounded(self) -> np.ndarray:
         """Indices of the variables with a finite lower or upper bound."""
-        return np.flatnonzero(np.isfinite(self.lb) | np.isfinite(self.ub))
+        return _read_only(np.flatnonzero(np.isfinite(self.lb) | np.isfinite(self.ub)))
 
     @functools.cached_property
     def memo(self) -> dict[Any, Any]:
@@ -655,8 +656,9 @@ class QP:
         if not self.is_sparse:
             return self
         new = self.with_vectors()
-        object.__setattr__(new, "P", self.P.toarray() if sp.issparse(self.P) else self.P)
-        object.__setattr__(new, "C", self.C.toarray() if sp.issparse(self.C) else self.C)
+        # read-only as every QP's dense data (the problem is frozen; backends memoise what they derive from it)
+        object.__setattr__(new, "P", _read_only(self.P.toarray()) if sp.issparse(self.P) else self.P)
+        object.__setattr__(new, "C", _read_only(self.C.toarray()) if sp.issparse(self.C) else self.C)
         return new
 
     def __repr__(self) -> str:
@@ -784,13 +786,13 @@ class Polyhedron:
 
     @functools.cached_property
     def lb_idx(self) -> np.ndarray:
-        """Indices of finite lower bounds."""
-        return np.flatnonzero(np.isfinite(self.lb))
+        """Indices of finite lower bounds (read-only: cached, and the inequality numbering of every result)."""
+        return _read_only(np.flatnonzero(np.isfinite(self.lb)))
 
     @functools.cached_property
     def ub_idx(self) -> np.ndarray:
-        """Indices of finite upper bounds."""
-        return np.flatnonzero(np.isfinite(self.ub))
+        """Indices of finite upper bounds (read-only: cached, and the inequality numbering of every result)."""
+        return _read_only(np.flatnonzero(np.isfinite(self.ub)))
 
     @property
     def n_ineq(self) -> int:
@@ -800,13 +802,13 @@ class Polyhedron:
     # -- dense views used by projection and the HS-Jacobian
     @functools.cached_property
     def A_dense(self) -> np.ndarray:
-        """A as a dense array."""
-        return self.A.toarray() if sp.issparse(self.A) else self.A
+        """A as a dense array (read-only: cached and read by every later projection, as A itself)."""
+        return _read_only(self.A.toarray()) if sp.issparse(self.A) else self.A
 
     @functools.cached_property
     def B_dense(self) -> np.ndarray:
-        """B as a dense array."""
-        return self.B.toarray() if sp.issparse(self.B) else self.B
+        """B as a dense array (read-only: cached and read by every later projection, as B itself)."""
+        return _read_only(self.B.toarray()) if sp.issparse(self.B) else self.B
 
     # -- conversions
     def constraint_form(self):
@@ -823,6 +825,8 @@ class Polyhedron:
         """The QP whose solution is the projection of ``x``: P = I, q = -x."""
         C, l, u, lb, ub = self.constraint_form()
         x = np.zeros(self.n) if x is None else self._points(x, "x", batch=False)
+        if not np.isfinite(x).all():  # named as given: the QP's check named its q = -x
+            raise ProblemError(f"x contains NaN or inf (first at index {int(np.flatnonzero(~np.isfinite(x))[0])})")
         eye = sp.identity(self.n, format="csc") if sp.issparse(C) else np.eye(self.n)
         qp = QP(P=eye, q=-np.asarray(x, dtype=np.float64), C=C, l=l, u=u, lb=lb, ub=ub, check_psd=False)
         return qp

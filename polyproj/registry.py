@@ -14,6 +14,7 @@ Nothing is imported until a backend is used or its availability is asked for. A 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 import warnings
@@ -224,6 +225,13 @@ def _check_class(cls: Any, name: str) -> type[QPSolver]:
     if not isinstance(caps, Capabilities):
         raise PolyprojError(f"backend {name!r} ({cls.__name__}) declares capabilities = {caps!r:.80}; it must be a "
                             "polyproj.Capabilities, e.g. pp.Capabilities(dense=True, sparse=True)")
+    # each capability is a flag the pipeline branches on by truth: sparse="no" (truthy) sent sparse problems to a
+    # dense-only solver, so anything but True or False is refused here, by name
+    flags = {f.name: getattr(caps, f.name) for f in dataclasses.fields(caps)}
+    bad = {k: v for k, v in flags.items() if not isinstance(v, (bool, np.bool_))}
+    if bad:
+        raise PolyprojError(f"backend {name!r} ({cls.__name__}) declares capabilities that are not True or False: "
+                            f"{', '.join(f'{k}={v!r:.40}' for k, v in bad.items())}")
     return cls
 
 

@@ -237,6 +237,14 @@ class BatchSolution:
 
     def solution(self, i: int) -> Solution:
         """Element ``i`` as a :class:`Solution` (its ``info``: the batch's ``info["elements"][i]`` where given)."""
+        # one integer position (negative from the end), as take() reads them: a float, a bool or an array indexed
+        # the arrays otherwise (NumPy's or a list's bare IndexError, or a record of several elements as one)
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise ProblemError(f"solution(i) takes one integer position in the batch, got {type(i).__name__} {i!r:.40}"
+                               " (take(idx) selects several)")
+        if not -len(self) <= i < len(self):
+            raise ProblemError(f"solution({i}): position out of range for a batch of {len(self)}")
+        i = int(i) % len(self)
         elements = self.info.get("elements") if isinstance(self.info, dict) else None
         info = elements[i] if isinstance(elements, (list, tuple)) and len(elements) == len(self) \
             and isinstance(elements[i], dict) else {}
@@ -256,27 +264,60 @@ class BatchSolution:
         """The elements ``idx`` as a batch record of their own (times shared out by count)."""
         idx = _indices(idx, len(self))
         share = len(idx) / max(len(self), 1)
+        info = dict(self.info)
+        elements = _element_infos(self)
+        if elements is not None:  # per-element extras follow their elements (a permutation paired them wrongly)
+            info["elements"] = [elements[i] for i in idx.tolist()]
         return BatchSolution(self.x[idx], self.z[idx], self.z_box[idx], tuple(self.status[i] for i in idx),
                              self.iterations[idx], self.solve_time * share, self.setup_time * share, self.backend,
-                             None if self.qps is None else tuple(self.qps[i] for i in idx), dict(self.info))
+                             None if self.qps is None else tuple(self.qps[i] for i in idx), info)
 
     def put(self, idx: Sequence[int] | np.ndarray, other: BatchSolution) -> BatchSolution:
         """A copy with the elements ``idx`` replaced by those of ``other`` (in order): the inverse of :meth:`take`."""
         idx = _indices(idx, len(self))
+        if not isinstance(other, BatchSolution):  # (a Solution's bare TypeError before)
+            raise ProblemError(f"put takes a BatchSolution (a batch's take(idx), or BatchSolution.stack([...])), got "
+                               f"{type(other).__name__}")
         if len(other) != len(idx):
             raise ProblemError(f"put: {len(idx)} positions but {len(other)} elements to put there")
+        # the elements put must be of this batch's problems: other sizes were NumPy's bare broadcast ValueError
+        for k in ("x", "z", "z_box"):
+            mine, theirs = np.shape(getattr(self, k))[1:], np.shape(getattr(other, k))[1:]
+            if mine != theirs:
+                raise ProblemError(f"put: the elements' {k} have shape {theirs}, this batch's {mine}")
         x, z, z_box, its = (np.array(v, copy=True) for v in (self.x, self.z, self.z_box, self.iterations))
         x[idx], z[idx], z_box[idx], its[idx] = other.x, other.z, other.z_box, other.iterations
         status = list(self.status)
         for k, i in enumerate(idx.tolist()):
             status[i] = other.status[k]
-        return replace(self, x=x, z=z, z_box=z_box, status=tuple(status), iterations=its)
+        # what else describes an element is replaced with it: its extras (info["elements"]) and its problem, so that
+        # solution(i) pairs the new x with the new element's info and the residual methods with its QP
+        info, mine, theirs = dict(self.info), _element_infos(self), _element_infos(other)
+        if mine is not None or theirs is not None:
+            elements = list(mine) if mine is not None else [{} for _ in range(len(self))]
+            for k, i in enumerate(idx.tolist()):
+                elements[i] = theirs[k] if theirs is not None else {}
+            info["elements"] = elements
+        qps = self.qps
+        if qps is not None and other.qps is not None and len(idx):
+            qps = _ReplacedQPs(qps, {i: other.qps[k] for k, i in enumerate(idx.tolist())})
+        return replace(self, x=x, z=z, z_box=z_box, status=tuple(status), iterations=its, info=info, qps=qps)
 
     @classmethod
     def stack(cls, sols: list[Solution], backend: str = "", **kw: Any) -> BatchSolution:
         """Stack single solutions into a batch record (at least one)."""
         if not sols:
             raise ProblemError("BatchSolution.stack needs at least one Solution")
+        # Solutions of one problem size each: anything else was a bare AttributeError or NumPy's stack ValueError
+        bad = next((i for i, s in enumerate(sols) if not isinstance(s, Solution)), None)
+        if bad is not None:
+            raise ProblemError(f"BatchSolution.stack takes Solutions; element {bad} is a {type(sols[bad]).__name__}")
+        for k in ("x", "z", "z_box"):
+            shapes = [np.shape(getattr(s, k)) for s in sols]
+            odd = next((i for i, shp in enumerate(shapes) if shp != shapes[0]), None)
+            if odd is not None:
+                raise ProblemError(f"BatchSolution.stack: solution {odd}'s {k} has shape {shapes[odd]}, solution 0's "
+                                   f"{shapes[0]} (a batch holds solutions of one problem size)")
         return cls(
             x=np.stack([s.x for s in sols]),
             z=np.stack([s.z for s in sols]),
@@ -289,6 +330,32 @@ class BatchSolution:
             qps=tuple(s.qp for s in sols) if sols and sols[0].qp is not None else None,
             **kw,
         )
+
+
+def _element_infos(bs: BatchSolution) -> list | tuple | None:
+    """The batch's per-element extras, ``info["elements"]``, where given as one dict per element (else None)."""
+    elements = bs.info.get("elements") if isinstance(bs.info, dict) else None
+    if isinstance(elements, (list, tuple)) and len(elements) == len(bs):
+        return elements
+    return None
+
+
+class _ReplacedQPs(Sequence):
+    """The QPs of a batch with some elements' replaced (:meth:`BatchSolution.put`), without building the others."""
+
+    def __init__(self, base: Sequence, replaced: dict[int, Any]) -> None:
+        self._base, self._replaced = base, replaced
+
+    def __len__(self) -> int:
+        return len(self._base)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"element {i} of a batch of {len(self)}")
+        i = i % len(self)
+        return self._replaced[i] if i in self._replaced else self._base[i]
 
 
 def _indices(idx: Any, size: int) -> np.ndarray:

@@ -6,9 +6,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from ..solution import Status
 
 __all__ = ["Degeneracy", "ProjectionResult"]
+
+
+def _own_copy(a: Any) -> Any:
+    """A copy of an array of any namespace (NumPy, torch, CuPy, ...), on its device."""
+    if isinstance(a, np.ndarray):
+        return a.copy()
+    from array_api_compat import array_namespace
+
+    return array_namespace(a).asarray(a, copy=True)
 
 
 class Degeneracy:
@@ -118,6 +129,23 @@ class ProjectionResult:
     face: Any = field(default=None, repr=False, compare=False)
     #: for the result of a single point, the batch of one it came from (what a set's vjp computes on)
     batch_of_one: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The face is what the set's vjp (and a warm start) reads later; the fields are the user's to read and
+        # edit. A face that is one of those arrays (the simplices' face is their ``active`` mask) is given its own
+        # copy, so an edit of ``result.active`` (or of a single point's, a view of its batch's) cannot change J g.
+        face = self.face
+        if face is None or not hasattr(face, "shape"):
+            return
+        public = (self.y, self.active, self.multipliers, self.violation, self.polished)
+        if any(v is face or (isinstance(v, np.ndarray) and isinstance(face, np.ndarray)
+                             and np.may_share_memory(v, face)) for v in public):
+            object.__setattr__(self, "face", _own_copy(face))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling (and ``copy.deepcopy``) keeps the face apart from the fields, as construction does."""
+        self.__dict__.update(state)
+        self.__post_init__()
 
     @property
     def batched(self) -> bool:
