@@ -314,7 +314,7 @@ class IPMSolver(QPSolver):
             bs = self.solve_batch(sub, q=Q[:, red.free] + (sub.q - qp.q[red.free]),
                                   warm_start=None if x0 is None else BatchSolution(
                                       x=x0, z=np.zeros((size, sub.m)), z_box=np.zeros((size, sub.n)),
-                                      status=(Status.SOLVED,) * size))
+                                      status=(Status.SOLVED,) * size, iterations=np.zeros(size, dtype=np.int64)))
             xf, z, zbf = bs.x, np.array(bs.z, dtype=np.float64), bs.z_box
             st, it, info, wall = bs.status, bs.iterations, bs.info["elements"], bs.solve_time
         else:

@@ -19,7 +19,9 @@ The point is taken only when it is the clean, nondegenerate case, verified on ``
   ``σ = 1 + max|x| + max|y|`` (the degeneracy report calls a row weakly active at ``tol σ``), and every
   other row's slack above ``SEPARATION`` times its feasibility tolerance ``tol (|rhs| + ||row||_1 max|y|)``
   (:func:`polyproj.projection.polish._row_tol`; the polish counts a row at zero slack as active at a
-  tolerance never looser, at the size of the row's own terms);
+  tolerance never looser, at the size of the row's own terms) and above the rounding of ``y``,
+  ``REFINE_ROUNDINGS eps ||row||_1 max(|y|, |x − y|)`` (where ``y`` vanishes, a vertex through the origin,
+  ``row_tol`` alone calls a rounding-level slack clear);
 * KKT to the polish's tolerance ``tol``: the face's rows and the equalities hold, every row is feasible
   (to that tolerance), and the stationarity
   residual ``y − x + Aᵀλ_A + Bᵀμ − λ_lb + λ_ub`` is at most ``tol σ``.
@@ -53,7 +55,7 @@ from scipy.linalg.lapack import dpotrs
 from .. import linalg
 from ..polydata import PolyData
 from ..solution import Status
-from .faces import REFINE_STEPS, NamespaceState, off_rounding
+from .faces import REFINE_ROUNDINGS, REFINE_STEPS, NamespaceState, off_rounding
 from .pipeline import PipelineOutput
 from .polish import FaceRecord, can_bind
 
@@ -273,7 +275,13 @@ def _verified(X, Y, d: PolyData, dd: DirectData, mult, mu, active, tol: float) -
     slack = np.concatenate([a - Y @ A.T, Y - lb, ub - Y], axis=1)
     row_tol = tol * (np.abs(dd.rhs) + dd.rn1 * sy)
     bad = active & (~dd.fin | (np.abs(slack) > row_tol) | (mult * dd.rn2 <= SEPARATION * tol * sig))
-    bad |= ~active & dd.fin & (slack <= SEPARATION * row_tol)  # another row at (or near) its hyperplane
+    # another row at (or near) its hyperplane. Its slack is told from zero only beyond the rounding of y: the face
+    # point y = z − (Mᵀλ)_F carries an error ~eps ||row||_1 max(|y|, |x − y|) (the polish's rounding floor,
+    # polish._violation_tol), which row_tol (∝ |y|) does not cover where y vanishes (a vertex through the origin:
+    # a weakly active row left off the working set has a rounding-level slack there)
+    rounding = REFINE_ROUNDINGS * np.finfo(np.float64).eps * dd.rn1 * np.maximum(sy, np.abs(X - Y).max(
+        axis=1, keepdims=True))
+    bad |= ~active & dd.fin & (slack <= SEPARATION * np.maximum(row_tol, rounding))
     finite = np.isfinite(Y).all(axis=1)
     ok = ~bad.any(axis=1) & finite
     viol = np.maximum(-slack.min(axis=1, initial=0.0), 0.0)
