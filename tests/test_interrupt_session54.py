@@ -218,7 +218,22 @@ def test_an_interrupted_second_order_call_leaves_no_entries_in_the_log(study, mo
 
 
 # ----------------------------------------------------------------------------- a real SIGINT
-_THREADED_DAQP = textwrap.dedent("""
+#: the subprocesses' SIGINT to themselves, one second after the clock t0 starts
+_SIGINT_IN_ONE_SECOND = """def fire():
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=fire, daemon=True).start()
+    t0 = time.perf_counter()"""
+
+
+def _interrupted(script: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    """Run ``script`` (its ``{SIGINT_IN_ONE_SECOND}`` filled in) in a subprocess; its output lines as a dict."""
+    code = textwrap.dedent(script.replace("{SIGINT_IN_ONE_SECOND}", _SIGINT_IN_ONE_SECOND))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return run, dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+
+
+_THREADED_DAQP = """
     import os, signal, sys, threading, time
     import numpy as np, torch
     from threadpoolctl import threadpool_info
@@ -233,11 +248,7 @@ _THREADED_DAQP = textwrap.dedent("""
     few = X[:8].copy()
     ref = pp.project(few, P, backend="daqp").y
     before = ([(d["internal_api"], d["num_threads"]) for d in threadpool_info()], torch.get_num_threads())
-    def fire():
-        time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGINT)
-    threading.Thread(target=fire, daemon=True).start()
-    t0 = time.perf_counter()
+    {SIGINT_IN_ONE_SECOND}
     try:
         pp.project(X, P, backend="daqp")
         print("NOT INTERRUPTED")
@@ -247,14 +258,13 @@ _THREADED_DAQP = textwrap.dedent("""
     print("THREADS", before == after)
     print("UNCHANGED", np.array_equal(X, X0))
     print("AGAIN", float(np.max(np.abs(pp.project(few, P, backend="daqp").y - ref))))
-""")
+"""
 
 
 def test_sigint_during_a_threaded_batch_surfaces_at_once_and_leaves_the_process_as_it_was():
     t0 = time.perf_counter()
-    run = subprocess.run([sys.executable, "-c", _THREADED_DAQP], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    run, out = _interrupted(_THREADED_DAQP)
     wall = time.perf_counter() - t0
-    out = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "KI" in out, run.stdout
     assert float(out["KI"]) < 4.0  # the signal at 1 s; the threads stop at the end of their part (<= 64 points)
@@ -262,7 +272,7 @@ def test_sigint_during_a_threaded_batch_surfaces_at_once_and_leaves_the_process_
     assert wall < 60  # nothing left running keeps the interpreter from exiting
 
 
-_OSQP_BATCH = textwrap.dedent("""
+_OSQP_BATCH = """
     import os, signal, threading, time
     import numpy as np
     import polyproj as pp
@@ -270,25 +280,20 @@ _OSQP_BATCH = textwrap.dedent("""
     n, m = 60, 120
     P = pp.Polyhedron(A=rng.standard_normal((m, n)), a=rng.random(m))
     X = 3 * rng.standard_normal((30000, n))
-    def fire():
-        time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGINT)
-    threading.Thread(target=fire, daemon=True).start()
-    t0 = time.perf_counter()
+    {SIGINT_IN_ONE_SECOND}
     try:
         r = pp.project(X, P, backend="osqp")
         print("NOT INTERRUPTED", time.perf_counter() - t0)
     except KeyboardInterrupt:
         print("KI", time.perf_counter() - t0)
-""")
+"""
 
 
 def test_sigint_caught_by_osqps_own_handler_surfaces_as_keyboardinterrupt():
     # OSQP's C library takes SIGINT during its solve and returns OSQP_SIGINT: the glue raises it as Python's
     # KeyboardInterrupt (before: a NUMERICAL_ERROR status for that element, the batch ran on to the end)
     pytest.importorskip("osqp")
-    run = subprocess.run([sys.executable, "-c", _OSQP_BATCH], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    out = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+    run, out = _interrupted(_OSQP_BATCH)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "KI" in out, run.stdout
     assert float(out["KI"]) < 10.0  # the signal at 1 s; 30,000 points take minutes
