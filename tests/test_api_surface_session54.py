@@ -175,3 +175,24 @@ def test_project_backend_none_is_the_projection_default():
     X = np.random.default_rng(2).normal(size=(3, 2)) * 3
     assert pp.project(X, S, backend=None).backend == pp.project(X, S).backend
     assert pp.project(X[0], S, backend=None).backend == pp.project(X[0], S).backend
+
+
+def test_a_backends_settings_are_read_not_edited():
+    # an edit of solver.settings changed the solver and skipped the checks its constructor makes (eps_abs = -1
+    # was taken): the settings are fixed when the backend is made; a copy or a pickle keeps them, read-only
+    import copy
+    import pickle
+
+    s = pp.get_backend("ipm", eps_abs=1e-7)
+    assert s.settings["eps_abs"] == 1e-7 and dict(s.settings)["eps_abs"] == 1e-7
+    for edit in (lambda d: d.__setitem__("eps_abs", -1.0), lambda d: d.update(eps_abs=-1.0),
+                 lambda d: d.pop("eps_abs"), lambda d: d.clear(), lambda d: d.setdefault("x", 1)):
+        with pytest.raises(pp.SettingsError, match="fixed"):
+            edit(s.settings)
+    with pytest.raises(pp.SettingsError, match="fixed"):
+        s.backend_options["namespace"] = "torch"
+    assert s.settings["eps_abs"] == 1e-7
+    for t in (pickle.loads(pickle.dumps(s)), copy.deepcopy(s)):
+        assert dict(t.settings) == dict(s.settings)
+        with pytest.raises(pp.SettingsError):
+            t.settings["eps_abs"] = 1.0

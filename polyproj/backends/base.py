@@ -76,6 +76,23 @@ def report_batch(name: str, statuses: Any, iterations: Any, seconds: float, resi
     print(line, flush=True)
 
 
+class FixedSettings(dict):
+    """A backend's settings after construction: read like a dict, not edited (an edit would skip the checks above).
+
+    Settings are given to the constructor (``pp.get_backend(name, **settings)``), which checks them; a new
+    backend object is the way to change them. Pickles and copies as the dict it holds.
+    """
+
+    def _refuse(self, *_: Any, **__: Any) -> None:
+        raise SettingsError("a backend's settings are fixed when it is made (and checked then): make another, "
+                            "pp.get_backend(name, **settings)")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = __ior__ = _refuse  # type: ignore
+
+    def __reduce__(self) -> tuple:
+        return type(self), (dict(self),)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend can do (shown by ``polyproj backends``)."""
@@ -196,8 +213,9 @@ class QPSolver(abc.ABC):
                 raise SettingsError(f"{k} must be True or False, got {self.settings[k]!r}")
             self.settings[k] = bool(self.settings[k])
         #: the backend's own options as its solver takes them (checked, converted; None: the solver's default)
-        self.backend_options: dict[str, Any] = check_options(
-            self.name, {k: v for k, v in settings.items() if k in self.options}, self.option_checks)
+        self.backend_options: dict[str, Any] = FixedSettings(check_options(
+            self.name, {k: v for k, v in settings.items() if k in self.options}, self.option_checks))
+        self.settings = FixedSettings(self.settings)
 
     # ------------------------------------------------------------------ availability
     @classmethod
