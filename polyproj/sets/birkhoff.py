@@ -246,11 +246,29 @@ class SumsProjector(Projector):
     def _final(self, xp: Any, C: Any, face: FaceSolution, zero: Any) -> FaceSolution:
         """The reported face: the entries and rows at their bound, and their systems.
 
-        Support entries at zero to rounding (``<= zero`` (b, 1); below zero within the KKT test's
-        tolerance; none when ``zero`` is None) are set to 0 and leave the support, rows at their bound join
+        Support entries at zero to rounding (``<= zero`` (b, 1), the rounding at the sample's scale, scaled down
+        to the face's: ``C`` on the support and the duals; below zero within the KKT test's tolerance;
+        none when ``zero`` is None) are set to 0 and leave the support, rows at their bound join
         ``D`` (both weakly active); the samples whose face changed are factored again (the backward is ``J`` there).
         """
-        small = face.omega & (face.X <= zero[:, :, None]) if zero is not None else xp.zeros_like(face.omega)
+        if zero is None:
+            small = xp.zeros_like(face.omega)
+        else:
+            # an entry is at zero to the rounding of its Z = C − u − v − w, which reads C on the face's support and
+            # the duals only: ``zero`` (the rounding at the sample's scale, max|C| beyond 1) times the face's scale
+            # 1 + |C_ij| + max|C on Ω| + max|u| + max|v| + |w| relative to max(1, max|C|), at most 1 (unchanged
+            # but where the sample's largest entries lie off the support and in no dual: a far entry that no sum
+            # holds does not set the rounding of the others). The dual maxima, not the entry's own u_i, v_j: a
+            # dual's error comes from the others.
+            y, b = face.y, C.shape[0]
+            on = xp.reshape(xp.abs(C) * xp.astype(face.omega, C.dtype), (b, -1))
+            seen = (xp.max(on, axis=1, keepdims=True) + xp.max(xp.abs(y.u), axis=1, keepdims=True)
+                    + xp.max(xp.abs(y.v), axis=1, keepdims=True) + xp.abs(y.w))
+            own = 1.0 + xp.abs(C) + seen[:, :, None]
+            big = xp.max(xp.reshape(xp.abs(C), (b, -1)), axis=1, keepdims=True)
+            big = xp.where(big > 1.0, big, xp.ones_like(big))[:, :, None]
+            lim = zero[:, :, None] * xp.where(own < big, own / big, xp.ones_like(own))
+            small = face.omega & (face.X <= lim)
         changed = xp.any(xp.reshape(small, (small.shape[0], -1)), axis=1)
         rows = self._final_rows(xp, face)
         if rows is not None:
