@@ -308,6 +308,8 @@ def host_copy(v: Any) -> np.ndarray:
     """
     if isinstance(v, np.ndarray):
         return v
+    if not hasattr(v, "__dlpack__") and not hasattr(v, "__array_namespace__"):  # lists, numbers: NumPy reads them
+        return np.asarray(v)
     if hasattr(v, "detach") and hasattr(v, "cpu"):  # torch
         return v.detach().cpu().numpy()
     if type(v).__module__.split(".")[0] == "cupy":

@@ -186,7 +186,21 @@ class Solution:
         }
 
 
-class ElementQPs(Sequence):
+class LazyQPs(Sequence):
+    """A batch's element QPs, each built on access: a subclass gives ``__len__`` and ``_item(i)``, 0 <= i < len."""
+
+    def _item(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"element {i} of a batch of {len(self)}")
+        return self._item(int(i) % len(self))
+
+
+class ElementQPs(LazyQPs):
     """The QPs of a batch, built on access: element ``i`` is ``qp.with_vectors(**{k: v[i]})``.
 
     A batch of projections solves thousands of QPs that differ only in ``q``; building a QP record
@@ -199,12 +213,7 @@ class ElementQPs(Sequence):
     def __len__(self) -> int:
         return self._size
 
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return tuple(self[j] for j in range(*i.indices(self._size)))
-        if not -self._size <= i < self._size:
-            raise IndexError(f"element {i} of a batch of {self._size}")
-        i = i % self._size
+    def _item(self, i: int) -> Any:
         return self._qp.with_vectors(validate=False, **{k: v[i] for k, v in self._vectors.items()})
 
 
@@ -245,9 +254,8 @@ class BatchSolution:
         if not -len(self) <= i < len(self):
             raise ProblemError(f"solution({i}): position out of range for a batch of {len(self)}")
         i = int(i) % len(self)
-        elements = self.info.get("elements") if isinstance(self.info, dict) else None
-        info = elements[i] if isinstance(elements, (list, tuple)) and len(elements) == len(self) \
-            and isinstance(elements[i], dict) else {}
+        elements = _element_infos(self)
+        info = elements[i] if elements is not None and isinstance(elements[i], dict) else {}
         return Solution(
             x=self.x[i],
             z=self.z[i],
@@ -340,7 +348,7 @@ def _element_infos(bs: BatchSolution) -> list | tuple | None:
     return None
 
 
-class _ReplacedQPs(Sequence):
+class _ReplacedQPs(LazyQPs):
     """The QPs of a batch with some elements' replaced (:meth:`BatchSolution.put`), without building the others."""
 
     def __init__(self, base: Sequence, replaced: dict[int, Any]) -> None:
@@ -349,12 +357,7 @@ class _ReplacedQPs(Sequence):
     def __len__(self) -> int:
         return len(self._base)
 
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return tuple(self[j] for j in range(*i.indices(len(self))))
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"element {i} of a batch of {len(self)}")
-        i = i % len(self)
+    def _item(self, i: int) -> Any:
         return self._replaced[i] if i in self._replaced else self._base[i]
 
 

@@ -10,7 +10,6 @@ and the start comes back in the input's namespace and device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ import numpy as np
 from ..linalg import from_host, to_host
 from ..polydata import PolyData, qp_multipliers_to_rows
 from ..problem import QP
-from ..solution import BatchSolution, Status
+from ..solution import BatchSolution, LazyQPs, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from .base import QPSolver
@@ -125,7 +124,7 @@ def solve_qps(solver: QPSolver, X: np.ndarray, d: PolyData) -> BatchSolution:
     return BatchSolution.stack(sols, backend=solver.name)
 
 
-class _Chain(Sequence):
+class _Chain(LazyQPs):
     """The element QPs of consecutive batches, one sequence (built on access)."""
 
     def __init__(self, seqs: list) -> None:
@@ -135,12 +134,7 @@ class _Chain(Sequence):
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return tuple(self[j] for j in range(*i.indices(len(self))))
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"element {i} of a batch of {len(self)}")
-        i %= len(self)
+    def _item(self, i: int) -> Any:
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
         return self._seqs[k][i - int(self._starts[k])]
 

@@ -32,7 +32,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from ..errors import ProblemError
-from ..linalg import host_copy
+from ..linalg import to_host
 from .faces import Face, expand_rows, machine_eps, put_rows
 
 __all__ = ["VJPParts", "data_vjp", "hs_vjp", "vjp_parts"]
@@ -151,20 +151,17 @@ def _independent_pieces(info: Any, g: Any, v: VJPParts) -> VJPParts:
     m, p, n = d.m, d.p, d.n
     dev = _device(g)
 
-    def host(t):  # an explicit transfer: np.asarray is refused off the host (CuPy, array_api_strict's devices)
-        return np.asarray(host_copy(t), dtype=np.float64)
-
-    idx = host(xp.nonzero(svd)[0]).astype(np.int64)
-    mult, mu = host(info.mult), host(info.mu)
-    at_lb, at_ub, G = host(v.at_lb), host(v.at_ub), host(g)
-    rA, rB, Mr = host(v.rA), host(v.rB), host(v.Mr)
+    idx = to_host(xp.nonzero(svd)[0]).astype(np.int64)
+    mult, mu = to_host(info.mult), to_host(info.mu)
+    at_lb, at_ub, G = to_host(v.at_lb), to_host(v.at_ub), to_host(g)
+    rA, rB, Mr = to_host(v.rA), to_host(v.rB), to_host(v.Mr)
     glb, gub = at_lb * (G - Mr), at_ub * (G - Mr)
     lamA, lamB = mult[:, :m].copy(), mu.copy()
-    activeA = host(info.active[:, :m]) > 0
-    A_all, B_all = host(d.A), host(d.B)
+    activeA = to_host(info.active[:, :m]) > 0
+    A_all, B_all = to_host(d.A), to_host(d.B)
     # a coordinate with lb == ub is an equality row (+e_i = that value), not two droppable inequalities; its
     # multiplier is the net one, mult_ub − mult_lb (whichever side the projection put it on)
-    fixed_all = np.broadcast_to(host(d.lb) == host(d.ub), (G.shape[0], n))
+    fixed_all = np.broadcast_to(to_host(d.lb) == to_host(d.ub), (G.shape[0], n))
     own = _own_dependency(B_all) if B_all.ndim == 2 else None
     pk = p if own is None else own[0].size  # the rows of B the pieces carry
     eye = np.eye(n)

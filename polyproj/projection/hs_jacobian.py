@@ -45,9 +45,7 @@ def _on_host(v: Any) -> Any:
     TypeError / RuntimeError, so the copy is asked for explicitly (one transfer). torch tensors are read by
     ``_asarray`` (which refuses a 'meta' one).
     """
-    if isinstance(v, np.ndarray) or hasattr(v, "detach") or not hasattr(v, "__array_namespace__"):
-        return v
-    return host_copy(v)
+    return v if hasattr(v, "detach") or not hasattr(v, "__array_namespace__") else host_copy(v)
 
 
 def _face(polyhedron: Any, active: Any, batch: int | None = None) -> tuple[bool, ActiveRows]:

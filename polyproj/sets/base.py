@@ -81,7 +81,7 @@ def as_namespace(v: Any, like: Any) -> Any:
     # another namespace or another device: through the host, by an explicit transfer (np.asarray is refused by
     # arrays off the host: CuPy's TypeError, array_api_strict's RuntimeError; same-namespace arrays of two devices
     # do not combine). Lists and scalars are read by NumPy.
-    host = host_copy(v) if hasattr(v, "__array_namespace__") or hasattr(v, "detach") else np.asarray(v)
+    host = host_copy(v)
     return xp.asarray(own_contiguous(np.asarray(host, dtype=np.float64)), dtype=like.dtype, device=_device(like))
 
 
